@@ -1,0 +1,373 @@
+//! [`Admission`]: a worker's hard cap — `N` engine slots plus an overflow of
+//! exactly `Q`, for `N + Q` requests in all.
+//!
+//! The overflow is a crossbeam `ArrayQueue` of capacity `Q - 1` plus one
+//! dispatcher *handoff* cell that holds the oldest waiting item between the
+//! queue and a slot: `Q - 1 + 1 = Q`, exact for every `Q >= 2`.
+//!
+//! Accounting lives in ONE atomic word, `running << 32 | queued`, so every
+//! decision (take a slot, hand a slot to the next waiter, free it) is a single
+//! compare-and-swap that sees all the others: no lost wake-ups. Items are
+//! stored *before* they are counted, so whoever claims a counted item finds
+//! one. The fast path (nothing queued, a slot free) is one CAS to admit and one
+//! to release; only the overflow path touches the handoff lock, and all pops
+//! happen under it, so waiting items run in arrival order.
+
+use std::fmt;
+
+use crossbeam_utils::CachePadded;
+
+use crate::error::WORKER_AT_CAPACITY;
+use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering, Queue};
+
+/// The environment variable that sets the overflow queue size `Q`.
+pub const QUEUE_LIMIT_ENV: &str = "DYN_DYNAMO_REQUEST_QUEUE_LIMIT";
+
+/// `Q` when the environment does not set it.
+pub const DEFAULT_QUEUE_LIMIT: usize = 16;
+
+/// Hands a queued item its permit when a slot frees up. Returns the permit
+/// back if the item can no longer use it (its client went away); the slot
+/// then passes to the next item.
+pub type Dispatch<T> = Box<dyn Fn(T, Permit<T>) -> Result<(), Permit<T>> + Send + Sync>;
+
+/// A worker's admission control: at most `N` running, at most `Q` waiting.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::mpsc;
+/// use loadgate::{Admission, Admitted};
+///
+/// let (ready_tx, ready_rx) = mpsc::channel();
+/// let admission = Admission::new(1, 2, Box::new(move |item: u32, permit| {
+///     ready_tx.send((item, permit)).map_err(|e| e.0 .1)
+/// }))
+/// .unwrap();
+/// let Ok(Admitted::Now(1, first)) = admission.try_admit(1) else { panic!() };
+/// assert!(matches!(admission.try_admit(2), Ok(Admitted::Queued)));
+/// assert!(matches!(admission.try_admit(3), Ok(Admitted::Queued)));
+/// assert_eq!(admission.try_admit(4).unwrap_err().into_inner(), 4); // N + Q = 3
+/// drop(first); // the slot passes to item 2
+/// assert_eq!(ready_rx.recv().unwrap().0, 2);
+/// ```
+pub struct Admission<T> {
+    /// `running << 32 | queued`.
+    state: CachePadded<AtomicU64>,
+    limit: u32,
+    queue_limit: u32,
+    queue: Queue<T>,
+    /// The oldest waiting item, between the queue and a slot.
+    handoff: Mutex<Option<T>>,
+    dispatch: Dispatch<T>,
+    rejected: CachePadded<AtomicU64>,
+}
+
+impl<T> fmt::Debug for Admission<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Admission")
+            .field("limit", &self.limit)
+            .field("queue_limit", &self.queue_limit)
+            .field("running", &self.running())
+            .field("queued", &self.queued())
+            .field("rejected", &self.rejected())
+            .finish()
+    }
+}
+
+/// What [`Admission::try_admit`] did with an item.
+#[derive(Debug)]
+pub enum Admitted<T> {
+    /// A slot was free and nothing was waiting: run now, holding the permit.
+    Now(T, Permit<T>),
+    /// Queued: the dispatch function gets the item and its permit later.
+    Queued,
+}
+
+/// The engine and the queue are full; the item comes back.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Rejected<T>(pub T);
+
+impl<T> Rejected<T> {
+    /// The refused item.
+    pub fn into_inner(self) -> T {
+        self.0
+    }
+}
+
+impl<T> fmt::Display for Rejected<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(WORKER_AT_CAPACITY)
+    }
+}
+
+impl<T: fmt::Debug> std::error::Error for Rejected<T> {}
+
+/// An invalid admission configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AdmissionError {
+    /// The engine request limit `N` must be at least 1.
+    ZeroLimit,
+    /// The queue limit `Q` must be at least 2 (`Q - 1` channel slots plus the
+    /// handoff make an exact cap only from 2).
+    QueueLimitTooSmall(usize),
+    /// A limit above `u32::MAX`.
+    TooLarge(usize),
+    /// `DYN_DYNAMO_REQUEST_QUEUE_LIMIT` is not a whole number.
+    InvalidQueueLimit(String),
+}
+
+impl fmt::Display for AdmissionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ZeroLimit => f.write_str("engine request limit must be at least 1"),
+            Self::QueueLimitTooSmall(q) => write!(f, "{QUEUE_LIMIT_ENV} must be at least 2, got {q}"),
+            Self::TooLarge(v) => write!(f, "limit {v} is larger than {}", u32::MAX),
+            Self::InvalidQueueLimit(v) => write!(f, "{QUEUE_LIMIT_ENV} must be a whole number >= 2, got {v:?}"),
+        }
+    }
+}
+
+impl std::error::Error for AdmissionError {}
+
+/// Parses `DYN_DYNAMO_REQUEST_QUEUE_LIMIT`: unset gives 16; anything but a
+/// whole number of at least 2 is an error.
+///
+/// # Errors
+///
+/// [`AdmissionError::InvalidQueueLimit`] or [`AdmissionError::QueueLimitTooSmall`].
+pub fn parse_queue_limit(value: Option<&str>) -> Result<usize, AdmissionError> {
+    let Some(raw) = value else {
+        return Ok(DEFAULT_QUEUE_LIMIT);
+    };
+    let q: usize = raw.trim().parse().map_err(|_| AdmissionError::InvalidQueueLimit(raw.to_owned()))?;
+    if q < 2 {
+        return Err(AdmissionError::QueueLimitTooSmall(q));
+    }
+    Ok(q)
+}
+
+#[inline]
+fn pack(running: u32, queued: u32) -> u64 {
+    (u64::from(running) << 32) | u64::from(queued)
+}
+
+#[inline]
+fn unpack(state: u64) -> (u32, u32) {
+    ((state >> 32) as u32, state as u32)
+}
+
+impl<T> Admission<T> {
+    /// `limit` engine slots (`N`) and an overflow of `queue_limit` (`Q`).
+    ///
+    /// # Errors
+    ///
+    /// `N = 0`, `Q < 2`, or a value above `u32::MAX`.
+    pub fn new(limit: usize, queue_limit: usize, dispatch: Dispatch<T>) -> Result<Arc<Self>, AdmissionError> {
+        if limit == 0 {
+            return Err(AdmissionError::ZeroLimit);
+        }
+        if queue_limit < 2 {
+            return Err(AdmissionError::QueueLimitTooSmall(queue_limit));
+        }
+        let limit32 = u32::try_from(limit).map_err(|_| AdmissionError::TooLarge(limit))?;
+        let queue_limit32 = u32::try_from(queue_limit).map_err(|_| AdmissionError::TooLarge(queue_limit))?;
+        Ok(Arc::new(Admission {
+            state: CachePadded::new(AtomicU64::new(0)),
+            limit: limit32,
+            queue_limit: queue_limit32,
+            queue: Queue::new(queue_limit - 1),
+            handoff: Mutex::new(None),
+            dispatch,
+            rejected: CachePadded::new(AtomicU64::new(0)),
+        }))
+    }
+
+    /// As [`new`](Self::new) with `Q` from `DYN_DYNAMO_REQUEST_QUEUE_LIMIT`.
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new), or an invalid environment value.
+    pub fn from_env(limit: usize, dispatch: Dispatch<T>) -> Result<Arc<Self>, AdmissionError> {
+        let q = parse_queue_limit(std::env::var(QUEUE_LIMIT_ENV).ok().as_deref())?;
+        Self::new(limit, q, dispatch)
+    }
+
+    /// Admits `item`: straight into a slot if one is free and nothing waits,
+    /// else into the overflow, else hands it back.
+    ///
+    /// # Errors
+    ///
+    /// [`Rejected`] with the item when `N + Q` are already admitted.
+    pub fn try_admit(self: &Arc<Self>, item: T) -> Result<Admitted<T>, Rejected<T>> {
+        // Acquire on every read of the state: pairs with the AcqRel CAS of
+        // whoever counted a stored item or freed a slot.
+        let mut state = self.state.load(Ordering::Acquire);
+        loop {
+            let (running, queued) = unpack(state);
+            if queued != 0 || running >= self.limit {
+                break;
+            }
+            match self.state.compare_exchange_weak(
+                state,
+                pack(running + 1, queued),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Ok(Admitted::Now(item, Permit::new(self.clone()))),
+                Err(actual) => state = actual,
+            }
+        }
+        self.enqueue(item)?;
+        // AcqRel: counts the item only after it is stored (Release), so a
+        // claimer that sees the count finds the item.
+        self.state.fetch_add(1, Ordering::AcqRel);
+        self.pump();
+        Ok(Admitted::Queued)
+    }
+
+    /// Stores `item` in the overflow (queue, making room by moving the oldest
+    /// item into the empty handoff), or hands it back when both are full.
+    #[cold]
+    fn enqueue(&self, mut item: T) -> Result<(), Rejected<T>> {
+        loop {
+            match self.queue.push(item) {
+                Ok(()) => return Ok(()),
+                Err(back) => item = back,
+            }
+            let mut handoff = lock(&self.handoff);
+            if handoff.is_some() {
+                // Relaxed: a statistic.
+                self.rejected.fetch_add(1, Ordering::Relaxed);
+                return Err(Rejected(item));
+            }
+            // The oldest waiting item moves on; all pops happen under this
+            // lock, so the handoff always holds the oldest.
+            *handoff = self.queue.pop();
+        }
+    }
+
+    /// The oldest stored item (handoff first).
+    fn take_oldest(&self) -> Option<T> {
+        let mut handoff = lock(&self.handoff);
+        handoff.take().or_else(|| self.queue.pop())
+    }
+
+    /// While items wait and slots are free: claim both, dispatch.
+    fn pump(self: &Arc<Self>) {
+        let mut state = self.state.load(Ordering::Acquire);
+        loop {
+            let (running, queued) = unpack(state);
+            if queued == 0 || running >= self.limit {
+                return;
+            }
+            match self.state.compare_exchange_weak(
+                state,
+                pack(running + 1, queued - 1),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    if !self.dispatch_claimed(Permit::new(self.clone())) {
+                        self.clone().release();
+                    }
+                    state = self.state.load(Ordering::Acquire);
+                }
+                Err(actual) => state = actual,
+            }
+        }
+    }
+
+    /// Gives the oldest waiting item the (already counted) slot of `permit`.
+    /// Returns false, with the slot still counted as running, if the item
+    /// could not take it.
+    fn dispatch_claimed(&self, permit: Permit<T>) -> bool {
+        let item = self.take_oldest().expect("a counted item is always stored");
+        match (self.dispatch)(item, permit) {
+            Ok(()) => true,
+            Err(mut back) => {
+                // Disarm: the caller passes the slot on without recursing.
+                back.admission = None;
+                false
+            }
+        }
+    }
+
+    /// Frees a slot, or hands it straight to the oldest waiting item.
+    fn release(self: Arc<Self>) {
+        let mut state = self.state.load(Ordering::Acquire);
+        loop {
+            let (running, queued) = unpack(state);
+            debug_assert!(running > 0, "release without a running permit");
+            let next = if queued > 0 { pack(running, queued - 1) } else { pack(running - 1, 0) };
+            match self.state.compare_exchange_weak(state, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) if queued == 0 => return,
+                Ok(_) => {
+                    // The slot moves on without being freed: the next item
+                    // cannot be overtaken by a new arrival. If it cannot
+                    // take it, go round again for the one after.
+                    if self.dispatch_claimed(Permit::new(self.clone())) {
+                        return;
+                    }
+                    state = self.state.load(Ordering::Acquire);
+                }
+                Err(actual) => state = actual,
+            }
+        }
+    }
+
+    /// Requests holding a slot now.
+    pub fn running(&self) -> usize {
+        // Relaxed: a gauge.
+        unpack(self.state.load(Ordering::Relaxed)).0 as usize
+    }
+
+    /// Requests waiting in the overflow now.
+    pub fn queued(&self) -> usize {
+        // Relaxed: a gauge.
+        unpack(self.state.load(Ordering::Relaxed)).1 as usize
+    }
+
+    /// Requests refused so far.
+    pub fn rejected(&self) -> u64 {
+        // Relaxed: a counter.
+        self.rejected.load(Ordering::Relaxed)
+    }
+
+    /// The engine request limit `N`.
+    pub fn limit(&self) -> usize {
+        self.limit as usize
+    }
+
+    /// The overflow size `Q`.
+    pub fn queue_limit(&self) -> usize {
+        self.queue_limit as usize
+    }
+}
+
+/// One engine slot; released when dropped (finished, failed, panicked or
+/// cancelled alike).
+#[must_use = "dropping a permit releases its slot at once"]
+pub struct Permit<T> {
+    admission: Option<Arc<Admission<T>>>,
+}
+
+impl<T> Permit<T> {
+    fn new(admission: Arc<Admission<T>>) -> Self {
+        Permit { admission: Some(admission) }
+    }
+}
+
+impl<T> fmt::Debug for Permit<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Permit")
+    }
+}
+
+impl<T> Drop for Permit<T> {
+    fn drop(&mut self) {
+        if let Some(admission) = self.admission.take() {
+            admission.release();
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! Per-rank load: the [`RankLoad`] snapshot, the [`LoadReport`] that carries it,
+//! and the cache-padded [`RankSlot`] that stores it in packed atomic words.
+
+use crossbeam_utils::CachePadded;
+
+use crate::sync::{AtomicU64, Ordering};
+
+/// Identifies a worker instance (a process serving one model).
+pub type WorkerId = u64;
+
+/// One data-parallel rank's load, as last reported.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RankLoad {
+    /// KV-cache blocks held by running sequences.
+    pub active_decode_blocks: u32,
+    /// KV-cache blocks the rank has in all; `0` means unknown.
+    pub kv_total_blocks: u32,
+    /// Prompt tokens admitted but not yet prefilled.
+    pub active_prefill_tokens: u32,
+    /// The engine's per-step token budget; `0` means unknown.
+    pub max_num_batched_tokens: u32,
+}
+
+impl RankLoad {
+    /// The field-wise combination the busy decision uses: the larger
+    /// numerators, and each denominator from `self` unless `self` does not
+    /// know it (0).
+    #[inline]
+    pub fn max_with(&self, other: &RankLoad) -> RankLoad {
+        RankLoad {
+            active_decode_blocks: self.active_decode_blocks.max(other.active_decode_blocks),
+            kv_total_blocks: if self.kv_total_blocks != 0 { self.kv_total_blocks } else { other.kv_total_blocks },
+            active_prefill_tokens: self.active_prefill_tokens.max(other.active_prefill_tokens),
+            max_num_batched_tokens: if self.max_num_batched_tokens != 0 {
+                self.max_num_batched_tokens
+            } else {
+                other.max_num_batched_tokens
+            },
+        }
+    }
+}
+
+/// Who measured a load: the worker itself, or the router from what it dispatched.
+///
+/// The two are stored apart and never overwrite each other; the busy decision
+/// uses the larger of the two.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Publisher {
+    /// The worker's own report of its engine state.
+    Worker,
+    /// The router's own tracking of what it dispatched and not yet seen end.
+    Router,
+}
+
+impl Publisher {
+    pub(crate) const COUNT: usize = 2;
+
+    #[inline]
+    pub(crate) fn index(self) -> usize {
+        match self {
+            Publisher::Worker => 0,
+            Publisher::Router => 1,
+        }
+    }
+}
+
+/// One rank's load from one publisher, with its sequence number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LoadReport {
+    /// The reporting worker.
+    pub worker: WorkerId,
+    /// The data-parallel rank, `0..dp_size`.
+    pub rank: u32,
+    /// Who measured it.
+    pub publisher: Publisher,
+    /// Increases with every report of this publisher for this rank; a report
+    /// whose `seq` is not above the last applied one is dropped.
+    pub seq: u64,
+    /// The load itself.
+    pub load: RankLoad,
+}
+
+#[inline]
+fn pack(hi: u32, lo: u32) -> u64 {
+    (u64::from(hi) << 32) | u64::from(lo)
+}
+
+#[inline]
+fn unpack(word: u64) -> (u32, u32) {
+    ((word >> 32) as u32, word as u32)
+}
+
+/// A timestamp value meaning "never reported".
+const NEVER: u64 = u64::MAX;
+
+/// One publisher's latest load for one rank.
+///
+/// Each numerator/denominator pair lives in ONE atomic word, so a reader never
+/// pairs a new numerator with an old denominator. Padded to its own cache line
+/// because the event-plane thread writes it while routers read neighbours.
+#[derive(Debug)]
+pub struct RankSlot {
+    inner: CachePadded<SlotWords>,
+}
+
+#[derive(Debug)]
+struct SlotWords {
+    /// `active_decode_blocks << 32 | kv_total_blocks`.
+    blocks: AtomicU64,
+    /// `active_prefill_tokens << 32 | max_num_batched_tokens`.
+    tokens: AtomicU64,
+    /// Last applied sequence number (0 = none yet).
+    seq: AtomicU64,
+    /// Monitor-clock nanoseconds of the last applied report, or [`NEVER`].
+    at: AtomicU64,
+}
+
+/// What [`RankSlot::store`] did with a report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotUpdate {
+    /// The report was not newer than the last one applied; nothing changed.
+    Stale,
+    /// The report was stored and the values are the same as before.
+    Unchanged,
+    /// The report was stored and some value changed.
+    Changed,
+}
+
+impl Default for RankSlot {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RankSlot {
+    /// An empty slot: never reported.
+    pub fn new() -> Self {
+        RankSlot {
+            inner: CachePadded::new(SlotWords {
+                blocks: AtomicU64::new(0),
+                tokens: AtomicU64::new(0),
+                seq: AtomicU64::new(0),
+                at: AtomicU64::new(NEVER),
+            }),
+        }
+    }
+
+    /// Stores `load` if `seq` is above the last applied sequence number.
+    ///
+    /// Reports of one publisher for one rank are expected from one thread at a
+    /// time (the event plane reads each connection on one thread); two racing
+    /// stores of the same slot may leave the older report's values, but never
+    /// a torn pair.
+    #[inline]
+    pub fn store(&self, seq: u64, load: &RankLoad, now: u64) -> SlotUpdate {
+        let w = &*self.inner;
+        // Relaxed: the seq word only orders reports of one publisher, whose
+        // stores come from one thread; readers synchronise via the worker's
+        // version counter (see `WorkerMonitor::apply`).
+        if w.seq.fetch_max(seq, Ordering::Relaxed) >= seq {
+            return SlotUpdate::Stale;
+        }
+        let blocks = pack(load.active_decode_blocks, load.kv_total_blocks);
+        let tokens = pack(load.active_prefill_tokens, load.max_num_batched_tokens);
+        // Release: a reader that acquires a word sees the timestamp and seq
+        // written before it. The swaps return the old words to detect change.
+        let old_blocks = w.blocks.swap(blocks, Ordering::AcqRel);
+        let old_tokens = w.tokens.swap(tokens, Ordering::AcqRel);
+        let was_fresh = w.at.swap(now, Ordering::AcqRel) != NEVER;
+        if was_fresh && old_blocks == blocks && old_tokens == tokens {
+            SlotUpdate::Unchanged
+        } else {
+            SlotUpdate::Changed
+        }
+    }
+
+    /// Adds `delta` blocks and tokens to the stored numerators (saturating);
+    /// the router-tracked publisher's path, which needs no sequence numbers.
+    #[inline]
+    pub(crate) fn add(&self, blocks: i64, tokens: i64, now: u64) {
+        let w = &*self.inner;
+        // AcqRel RMWs: increments from many request threads must all land.
+        let _ = w.blocks.fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+            let (a, t) = unpack(word);
+            Some(pack(offset(a, blocks), t))
+        });
+        let _ = w.tokens.fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+            let (a, t) = unpack(word);
+            Some(pack(offset(a, tokens), t))
+        });
+        w.at.store(now, Ordering::Release);
+    }
+
+    /// Replaces the denominators, keeping the numerators (router-tracked
+    /// capacity).
+    #[inline]
+    pub(crate) fn set_denominators(&self, kv_total_blocks: u32, max_num_batched_tokens: u32, now: u64) {
+        let w = &*self.inner;
+        // AcqRel RMWs: must not lose a concurrent `add` to the numerators.
+        let _ = w
+            .blocks
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| Some(pack(unpack(word).0, kv_total_blocks)));
+        let _ = w.tokens.fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+            Some(pack(unpack(word).0, max_num_batched_tokens))
+        });
+        w.at.store(now, Ordering::Release);
+    }
+
+    /// The stored load and the time it was stored, or `None` if never reported.
+    #[inline]
+    pub fn load(&self) -> Option<(RankLoad, u64)> {
+        let w = &*self.inner;
+        // Acquire: pairs with the stores' AcqRel swaps.
+        let at = w.at.load(Ordering::Acquire);
+        if at == NEVER {
+            return None;
+        }
+        let (active_decode_blocks, kv_total_blocks) = unpack(w.blocks.load(Ordering::Acquire));
+        let (active_prefill_tokens, max_num_batched_tokens) = unpack(w.tokens.load(Ordering::Acquire));
+        Some((RankLoad { active_decode_blocks, kv_total_blocks, active_prefill_tokens, max_num_batched_tokens }, at))
+    }
+}
+
+#[inline]
+fn offset(value: u32, delta: i64) -> u32 {
+    (i64::from(value) + delta).clamp(0, i64::from(u32::MAX)) as u32
+}

@@ -1,0 +1,34 @@
+//! The `loadgate` binary: frontend, simulated worker, load generator, demo.
+
+use clap::{Parser, Subcommand};
+use loadgate::server::{demo, frontend, loadgen, worker};
+
+/// Request rejection (load shedding) for LLM inference routers.
+#[derive(Debug, Parser)]
+#[command(name = "loadgate", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the HTTP frontend: routes OpenAI requests, sheds load.
+    Frontend(frontend::Args),
+    /// Run a simulated continuous-batching worker.
+    Worker(worker::Args),
+    /// Generate open-loop load against a frontend or worker.
+    Bench(loadgen::Args),
+    /// Frontend + 4 workers + load at 0.5x..3x capacity, shedding off and on.
+    Demo(demo::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Frontend(args) => frontend::run(args),
+        Command::Worker(args) => worker::run(args),
+        Command::Bench(args) => loadgen::run(args),
+        Command::Demo(args) => demo::run(args),
+    }
+}

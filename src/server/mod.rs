@@ -1,0 +1,9 @@
+//! The runnable system (feature `server`): HTTP frontend, simulated workers,
+//! the worker-to-frontend load event plane, the load generator and the demo.
+
+pub mod demo;
+pub mod engine;
+pub mod events;
+pub mod frontend;
+pub mod loadgen;
+pub mod worker;

@@ -1,0 +1,98 @@
+//! The one concurrency shim: std (plus arc-swap and crossbeam) normally, loom's
+//! model-checked stand-ins under `--cfg loom` with the `loom` feature.
+//!
+//! Nothing else in the crate names `std::sync::atomic`, `arc_swap` or
+//! `crossbeam_queue` directly, so the loom build checks every protocol in the
+//! crate. loom cannot see inside arc-swap or `ArrayQueue`; under loom they are
+//! replaced by mutex-based stand-ins with the same API, so the protocol *around*
+//! them is what gets checked.
+
+#[cfg(not(all(loom, feature = "loom")))]
+mod imp {
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+    pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
+
+    /// A swappable `Arc` whose reads are wait-free (arc-swap).
+    pub(crate) type Swap<T> = arc_swap::ArcSwap<T>;
+    /// A bounded lock-free MPMC queue (crossbeam).
+    pub(crate) type Queue<T> = crossbeam_queue::ArrayQueue<T>;
+}
+
+#[cfg(all(loom, feature = "loom"))]
+mod imp {
+    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+    pub(crate) use loom::sync::{Mutex, MutexGuard};
+    // Immutable shared data needs no model checking: std's `Arc` works on
+    // loom's threads, and keeps `Arc<str>` and friends available.
+    pub(crate) use std::sync::Arc;
+
+    /// loom stand-in for `arc_swap::ArcSwap`: a loom mutex around the `Arc`.
+    #[derive(Debug)]
+    pub(crate) struct Swap<T>(loom::sync::Mutex<std::sync::Arc<T>>);
+
+    impl<T> Swap<T> {
+        pub(crate) fn from_pointee(value: T) -> Self {
+            Self(loom::sync::Mutex::new(std::sync::Arc::new(value)))
+        }
+        pub(crate) fn load(&self) -> Guard<T> {
+            Guard(self.0.lock().unwrap().clone())
+        }
+        pub(crate) fn load_full(&self) -> std::sync::Arc<T> {
+            self.load()
+        }
+        pub(crate) fn store(&self, value: std::sync::Arc<T>) {
+            *self.0.lock().unwrap() = value;
+        }
+    }
+
+    /// What [`Swap::load`] returns: derefs to the `Arc`, like arc-swap's guard.
+    #[derive(Debug)]
+    pub(crate) struct Guard<T>(std::sync::Arc<T>);
+
+    impl<T> std::ops::Deref for Guard<T> {
+        type Target = std::sync::Arc<T>;
+        fn deref(&self) -> &std::sync::Arc<T> {
+            &self.0
+        }
+    }
+
+    /// loom stand-in for `crossbeam_queue::ArrayQueue`: a loom mutex around a
+    /// `VecDeque` with the same bounded push/pop API.
+    #[derive(Debug)]
+    pub(crate) struct Queue<T> {
+        items: loom::sync::Mutex<std::collections::VecDeque<T>>,
+        cap: usize,
+    }
+
+    impl<T> Queue<T> {
+        pub(crate) fn new(cap: usize) -> Self {
+            assert!(cap > 0, "capacity must be non-zero");
+            Self { items: loom::sync::Mutex::new(std::collections::VecDeque::new()), cap }
+        }
+        pub(crate) fn push(&self, value: T) -> Result<(), T> {
+            let mut items = self.items.lock().unwrap();
+            if items.len() == self.cap {
+                return Err(value);
+            }
+            items.push_back(value);
+            Ok(())
+        }
+        pub(crate) fn pop(&self) -> Option<T> {
+            self.items.lock().unwrap().pop_front()
+        }
+        pub(crate) fn len(&self) -> usize {
+            self.items.lock().unwrap().len()
+        }
+    }
+}
+
+pub(crate) use imp::*;
+
+/// Locks `mutex`, ignoring poisoning: every critical section in this crate
+/// leaves its data consistent before anything in it can panic.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    match mutex.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}

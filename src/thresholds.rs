@@ -1,0 +1,201 @@
+//! Busy thresholds: the three independently enabled signals, their validation
+//! and the exact per-rank evaluation.
+
+use std::fmt;
+
+use crate::load::RankLoad;
+
+/// One part per billion: fractional thresholds are stored with 9 decimal places.
+pub const PPB: u64 = 1_000_000_000;
+
+/// The largest accepted `active_prefill_tokens_threshold_frac`.
+pub const MAX_PREFILL_FRAC: f64 = 1_000_000.0;
+
+/// The busy thresholds of one model, as a person configures them.
+///
+/// Every field is `None` by default, and setting one enables only that signal.
+/// With all three `None` no worker of the model is ever excluded.
+///
+/// # Examples
+///
+/// ```
+/// use loadgate::{BusyThresholds, RankLoad};
+///
+/// let t = BusyThresholds { active_decode_blocks_threshold: Some(0.85), ..Default::default() }
+///     .validate()
+///     .unwrap();
+/// let load = |blocks| RankLoad { active_decode_blocks: blocks, kv_total_blocks: 100, ..Default::default() };
+/// assert!(!t.evaluate(&load(85)).any()); // exactly at the threshold: not busy
+/// assert!(t.evaluate(&load(86)).decode);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BusyThresholds {
+    /// Busy when `active_decode_blocks / kv_total_blocks` exceeds this, in `[0, 1]`.
+    pub active_decode_blocks_threshold: Option<f64>,
+    /// Busy when `active_prefill_tokens` exceeds this many tokens.
+    pub active_prefill_tokens_threshold: Option<u64>,
+    /// Busy when `active_prefill_tokens` exceeds this fraction of
+    /// `max_num_batched_tokens`, in `[0, 1_000_000]`.
+    pub active_prefill_tokens_threshold_frac: Option<f64>,
+}
+
+impl BusyThresholds {
+    /// Checks every configured value and returns the exact (fixed-point) form.
+    ///
+    /// # Errors
+    ///
+    /// [`ThresholdError`] names the first invalid field: a decode threshold that
+    /// is not finite or outside `[0, 1]`, or a fraction that is not finite,
+    /// negative or above [`MAX_PREFILL_FRAC`].
+    pub fn validate(&self) -> Result<Thresholds, ThresholdError> {
+        let decode_ppb = match self.active_decode_blocks_threshold {
+            None => None,
+            Some(v) if v.is_finite() && (0.0..=1.0).contains(&v) => Some(to_ppb(v)),
+            Some(v) => return Err(ThresholdError::DecodeBlocks(v)),
+        };
+        let prefill_frac_ppb = match self.active_prefill_tokens_threshold_frac {
+            None => None,
+            Some(v) if v.is_finite() && (0.0..=MAX_PREFILL_FRAC).contains(&v) => Some(to_ppb(v)),
+            Some(v) => return Err(ThresholdError::PrefillFrac(v)),
+        };
+        Ok(Thresholds { decode_ppb, prefill_tokens: self.active_prefill_tokens_threshold, prefill_frac_ppb })
+    }
+
+    /// True when no signal is configured.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// Rounds a validated, finite, non-negative value to parts per billion, once.
+fn to_ppb(value: f64) -> u64 {
+    // At most 1e6 * 1e9 = 1e15 < 2^53: the product and the cast are exact
+    // enough that rounding lands on the decimal the person wrote.
+    (value * PPB as f64).round() as u64
+}
+
+/// An invalid threshold value; the message names the field and the range.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ThresholdError {
+    /// `active_decode_blocks_threshold` is not a finite number in `[0, 1]`.
+    DecodeBlocks(f64),
+    /// `active_prefill_tokens_threshold_frac` is not a finite number in `[0, 1e6]`.
+    PrefillFrac(f64),
+}
+
+impl fmt::Display for ThresholdError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::DecodeBlocks(v) => {
+                write!(f, "active_decode_blocks_threshold must be a finite number between 0 and 1, got {v}")
+            }
+            Self::PrefillFrac(v) => write!(
+                f,
+                "active_prefill_tokens_threshold_frac must be a finite number between 0 and {MAX_PREFILL_FRAC}, got {v}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ThresholdError {}
+
+/// Validated thresholds in exact fixed-point form; compares in integers only.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Thresholds {
+    decode_ppb: Option<u64>,
+    prefill_tokens: Option<u64>,
+    prefill_frac_ppb: Option<u64>,
+}
+
+impl Thresholds {
+    /// No signal configured: nothing is ever busy.
+    pub const NONE: Thresholds = Thresholds { decode_ppb: None, prefill_tokens: None, prefill_frac_ppb: None };
+
+    /// True when at least one signal is configured.
+    #[inline]
+    pub fn is_enabled(&self) -> bool {
+        self.decode_ppb.is_some() || self.prefill_tokens.is_some() || self.prefill_frac_ppb.is_some()
+    }
+
+    /// The decode threshold in parts per billion, if set.
+    pub fn decode_ppb(&self) -> Option<u64> {
+        self.decode_ppb
+    }
+
+    /// The absolute prefill threshold in tokens, if set.
+    pub fn prefill_tokens(&self) -> Option<u64> {
+        self.prefill_tokens
+    }
+
+    /// The fractional prefill threshold in parts per billion, if set.
+    pub fn prefill_frac_ppb(&self) -> Option<u64> {
+        self.prefill_frac_ppb
+    }
+
+    /// The thresholds as a person reads them (the fixed-point values as `f64`).
+    pub fn to_config(&self) -> BusyThresholds {
+        BusyThresholds {
+            active_decode_blocks_threshold: self.decode_ppb.map(|p| p as f64 / PPB as f64),
+            active_prefill_tokens_threshold: self.prefill_tokens,
+            active_prefill_tokens_threshold_frac: self.prefill_frac_ppb.map(|p| p as f64 / PPB as f64),
+        }
+    }
+
+    /// Which configured signals fire for one rank's load. Comparisons are
+    /// strict and exact: `active * 1e9 > ppb * total` in `u128`.
+    #[inline]
+    pub fn evaluate(&self, load: &RankLoad) -> BusySignals {
+        let decode = match self.decode_ppb {
+            // A rank that does not know its KV capacity says nothing here.
+            Some(ppb) if load.kv_total_blocks != 0 => exceeds(load.active_decode_blocks, ppb, load.kv_total_blocks),
+            _ => false,
+        };
+        let prefill = match self.prefill_tokens {
+            Some(limit) => u64::from(load.active_prefill_tokens) > limit,
+            None => false,
+        };
+        let prefill_frac = match self.prefill_frac_ppb {
+            // Unknown `max_num_batched_tokens` (0) says nothing here.
+            Some(ppb) if load.max_num_batched_tokens != 0 => {
+                exceeds(load.active_prefill_tokens, ppb, load.max_num_batched_tokens)
+            }
+            _ => false,
+        };
+        BusySignals { decode, prefill, prefill_frac }
+    }
+}
+
+/// `active / total > ppb / 1e9`, exactly.
+#[inline]
+fn exceeds(active: u32, ppb: u64, total: u32) -> bool {
+    u128::from(active) * u128::from(PPB) > u128::from(ppb) * u128::from(total)
+}
+
+/// Which busy signals fired for a rank (or, aggregated, for a worker).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct BusySignals {
+    /// `active_decode_blocks / kv_total_blocks` exceeded its threshold.
+    pub decode: bool,
+    /// `active_prefill_tokens` exceeded the absolute threshold.
+    pub prefill: bool,
+    /// `active_prefill_tokens` exceeded the fraction of `max_num_batched_tokens`.
+    pub prefill_frac: bool,
+}
+
+impl BusySignals {
+    /// True when any signal fired: the rank is busy.
+    #[inline]
+    pub fn any(&self) -> bool {
+        self.decode || self.prefill || self.prefill_frac
+    }
+
+    /// The signals of both, or-ed.
+    #[inline]
+    pub fn union(self, other: BusySignals) -> BusySignals {
+        BusySignals {
+            decode: self.decode || other.decode,
+            prefill: self.prefill || other.prefill,
+            prefill_frac: self.prefill_frac || other.prefill_frac,
+        }
+    }
+}
