@@ -81,6 +81,8 @@ mod retry;
 mod router;
 mod sync;
 mod thresholds;
+pub mod wire;
+pub mod patch;
 
 #[cfg(feature = "server")]
 pub mod server;

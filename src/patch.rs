@@ -1,0 +1,266 @@
+//! The body of `POST /busy_threshold`: which model, and for each threshold
+//! whether to leave it, set it or clear it. Pure parser, no I/O.
+//!
+//! # Format
+//!
+//! A JSON object with a required `"model"` (a non-empty string) and any of
+//! three optional fields:
+//!
+//! | field | value |
+//! |---|---|
+//! | `active_decode_blocks_threshold` | a number in `[0, 1]` |
+//! | `active_prefill_tokens_threshold` | a non-negative integer (`u64`) |
+//! | `active_prefill_tokens_threshold_frac` | a number in `[0, 1_000_000]` |
+//!
+//! A field that is absent leaves the threshold unchanged, a number sets it,
+//! `null` clears it. A body with only `"model"` reads the thresholds. Any
+//! other key, a value of another type, or a number out of range is an error,
+//! never a silent default (a typo must not turn a change into a read).
+//!
+//! # Examples
+//!
+//! ```
+//! use loadgate::patch::{parse_threshold_patch, Change};
+//! use loadgate::BusyThresholds;
+//!
+//! let patch = parse_threshold_patch(br#"{"model":"llama","active_decode_blocks_threshold":0.85,
+//!     "active_prefill_tokens_threshold":null}"#).unwrap();
+//! assert_eq!(patch.model, "llama");
+//! assert_eq!(patch.decode, Change::Set(0.85));
+//! assert_eq!(patch.prefill, Change::Clear);
+//! assert_eq!(patch.prefill_frac, Change::Unchanged);
+//!
+//! let mut current = BusyThresholds { active_prefill_tokens_threshold: Some(4096), ..Default::default() };
+//! patch.apply(&mut current);
+//! assert_eq!(current, BusyThresholds { active_decode_blocks_threshold: Some(0.85), ..Default::default() });
+//! ```
+
+use std::fmt;
+
+use serde_json::Value;
+
+use crate::thresholds::{BusyThresholds, MAX_PREFILL_FRAC};
+
+/// Field name of the decode-blocks threshold.
+pub const DECODE_FIELD: &str = "active_decode_blocks_threshold";
+/// Field name of the absolute prefill-tokens threshold.
+pub const PREFILL_FIELD: &str = "active_prefill_tokens_threshold";
+/// Field name of the fractional prefill-tokens threshold.
+pub const PREFILL_FRAC_FIELD: &str = "active_prefill_tokens_threshold_frac";
+
+/// What a request does to one threshold.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum Change<T> {
+    /// Field absent: keep the current value.
+    #[default]
+    Unchanged,
+    /// A value: set it.
+    Set(T),
+    /// `null`: clear it (the signal is disabled).
+    Clear,
+}
+
+impl<T: Copy> Change<T> {
+    /// Applies the change to `slot`.
+    pub fn apply_to(self, slot: &mut Option<T>) {
+        match self {
+            Change::Unchanged => {}
+            Change::Set(v) => *slot = Some(v),
+            Change::Clear => *slot = None,
+        }
+    }
+}
+
+/// A parsed `POST /busy_threshold` body.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ThresholdPatch {
+    /// The model whose thresholds are read or changed.
+    pub model: String,
+    /// `active_decode_blocks_threshold`.
+    pub decode: Change<f64>,
+    /// `active_prefill_tokens_threshold`.
+    pub prefill: Change<u64>,
+    /// `active_prefill_tokens_threshold_frac`.
+    pub prefill_frac: Change<f64>,
+}
+
+impl ThresholdPatch {
+    /// True when no threshold field was given: the request only reads.
+    pub fn is_read(&self) -> bool {
+        self.decode == Change::Unchanged && self.prefill == Change::Unchanged && self.prefill_frac == Change::Unchanged
+    }
+
+    /// Applies every change to `thresholds` (fields left absent stay).
+    pub fn apply(&self, thresholds: &mut BusyThresholds) {
+        self.decode.apply_to(&mut thresholds.active_decode_blocks_threshold);
+        self.prefill.apply_to(&mut thresholds.active_prefill_tokens_threshold);
+        self.prefill_frac.apply_to(&mut thresholds.active_prefill_tokens_threshold_frac);
+    }
+}
+
+/// Why a body is not a valid threshold patch (HTTP 400).
+#[derive(Clone, Debug, PartialEq)]
+pub enum PatchError {
+    /// Not JSON at all (the parser's message).
+    Json(String),
+    /// JSON, but not an object.
+    NotAnObject,
+    /// `"model"` is missing, not a string, or empty.
+    Model,
+    /// A key that is none of the known fields.
+    UnknownField(String),
+    /// A field has a value of the wrong type or out of range.
+    InvalidValue {
+        /// The field.
+        field: &'static str,
+        /// What was expected.
+        expected: &'static str,
+    },
+}
+
+impl fmt::Display for PatchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Json(e) => write!(f, "body is not valid JSON: {e}"),
+            Self::NotAnObject => f.write_str("body must be a JSON object"),
+            Self::Model => f.write_str("\"model\" must be a non-empty string"),
+            Self::UnknownField(k) => write!(f, "unknown field {k:?}"),
+            Self::InvalidValue { field, expected } => write!(f, "{field} must be {expected} or null"),
+        }
+    }
+}
+
+impl std::error::Error for PatchError {}
+
+/// Parses a `POST /busy_threshold` body (see the module docs for the format).
+///
+/// # Errors
+///
+/// [`PatchError`] for anything but a JSON object with a non-empty string
+/// `"model"` and known fields holding `null` or an in-range value of their
+/// type. The accepted values are exactly those
+/// [`BusyThresholds::validate`] accepts.
+pub fn parse_threshold_patch(body: &[u8]) -> Result<ThresholdPatch, PatchError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| PatchError::Json(e.to_string()))?;
+    let Value::Object(fields) = value else {
+        return Err(PatchError::NotAnObject);
+    };
+    let mut patch = ThresholdPatch {
+        model: String::new(),
+        decode: Change::Unchanged,
+        prefill: Change::Unchanged,
+        prefill_frac: Change::Unchanged,
+    };
+    let mut model = None;
+    for (key, value) in &fields {
+        match key.as_str() {
+            "model" => match value {
+                Value::String(m) if !m.is_empty() => model = Some(m.clone()),
+                _ => return Err(PatchError::Model),
+            },
+            DECODE_FIELD => patch.decode = fraction(value, DECODE_FIELD, 1.0, "a number between 0 and 1")?,
+            PREFILL_FIELD => patch.prefill = unsigned(value)?,
+            PREFILL_FRAC_FIELD => {
+                patch.prefill_frac =
+                    fraction(value, PREFILL_FRAC_FIELD, MAX_PREFILL_FRAC, "a number between 0 and 1000000")?
+            }
+            other => return Err(PatchError::UnknownField(other.to_owned())),
+        }
+    }
+    patch.model = model.ok_or(PatchError::Model)?;
+    Ok(patch)
+}
+
+fn fraction(value: &Value, field: &'static str, max: f64, expected: &'static str) -> Result<Change<f64>, PatchError> {
+    match value {
+        Value::Null => Ok(Change::Clear),
+        Value::Number(n) => match n.as_f64() {
+            Some(v) if v.is_finite() && (0.0..=max).contains(&v) => Ok(Change::Set(v)),
+            _ => Err(PatchError::InvalidValue { field, expected }),
+        },
+        _ => Err(PatchError::InvalidValue { field, expected }),
+    }
+}
+
+fn unsigned(value: &Value) -> Result<Change<u64>, PatchError> {
+    match value {
+        Value::Null => Ok(Change::Clear),
+        Value::Number(n) if n.as_u64().is_some() => Ok(Change::Set(n.as_u64().unwrap_or_default())),
+        _ => Err(PatchError::InvalidValue { field: PREFILL_FIELD, expected: "a non-negative integer" }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<ThresholdPatch, PatchError> {
+        parse_threshold_patch(s.as_bytes())
+    }
+
+    #[test]
+    fn model_only_is_a_read() {
+        let p = parse(r#"{"model":"m"}"#).unwrap();
+        assert!(p.is_read());
+        assert_eq!(p.model, "m");
+    }
+
+    #[test]
+    fn absent_set_and_clear() {
+        let p = parse(
+            r#"{"model":"m","active_prefill_tokens_threshold":4096,"active_prefill_tokens_threshold_frac":null}"#,
+        )
+        .unwrap();
+        assert_eq!(p.decode, Change::Unchanged);
+        assert_eq!(p.prefill, Change::Set(4096));
+        assert_eq!(p.prefill_frac, Change::Clear);
+        assert!(!p.is_read());
+        let mut t = BusyThresholds {
+            active_decode_blocks_threshold: Some(0.5),
+            active_prefill_tokens_threshold_frac: Some(2.0),
+            ..Default::default()
+        };
+        p.apply(&mut t);
+        assert_eq!(
+            t,
+            BusyThresholds {
+                active_decode_blocks_threshold: Some(0.5),
+                active_prefill_tokens_threshold: Some(4096),
+                active_prefill_tokens_threshold_frac: None,
+            }
+        );
+    }
+
+    #[test]
+    fn invalid_values_are_errors() {
+        for body in [
+            r#"{"model":"m","active_decode_blocks_threshold":1.5}"#,
+            r#"{"model":"m","active_decode_blocks_threshold":-0.1}"#,
+            r#"{"model":"m","active_decode_blocks_threshold":"0.5"}"#,
+            r#"{"model":"m","active_prefill_tokens_threshold":-1}"#,
+            r#"{"model":"m","active_prefill_tokens_threshold":1.5}"#,
+            r#"{"model":"m","active_prefill_tokens_threshold":true}"#,
+            r#"{"model":"m","active_prefill_tokens_threshold_frac":1000001}"#,
+            r#"{"model":"m","active_prefill_tokens_threshold_frac":[1]}"#,
+        ] {
+            assert!(matches!(parse(body), Err(PatchError::InvalidValue { .. })), "{body}");
+        }
+        assert_eq!(
+            parse(r#"{"model":"m","active_decode_blocks":0.5}"#),
+            Err(PatchError::UnknownField("active_decode_blocks".into()))
+        );
+        assert_eq!(parse(r#"{"active_decode_blocks_threshold":0.5}"#), Err(PatchError::Model));
+        assert_eq!(parse(r#"{"model":""}"#), Err(PatchError::Model));
+        assert_eq!(parse(r#"{"model":3}"#), Err(PatchError::Model));
+        assert_eq!(parse("[1]"), Err(PatchError::NotAnObject));
+        assert!(matches!(parse("{"), Err(PatchError::Json(_))));
+    }
+
+    #[test]
+    fn accepted_values_validate() {
+        let p = parse(r#"{"model":"m","active_decode_blocks_threshold":1,"active_prefill_tokens_threshold_frac":1000000,"active_prefill_tokens_threshold":0}"#).unwrap();
+        let mut t = BusyThresholds::default();
+        p.apply(&mut t);
+        assert!(t.validate().is_ok());
+    }
+}

@@ -1,0 +1,385 @@
+//! The load event plane's wire format: compact length-prefixed binary frames
+//! that workers send to frontends over TCP. Pure codec, no I/O.
+//!
+//! # Layout
+//!
+//! Every frame is a 4-byte header followed by its payload. All integers are
+//! big-endian.
+//!
+//! ```text
+//! offset size  field
+//! 0      1     magic   0xB1 (format version 1; anything else is garbage)
+//! 1      1     kind    1 = Register, 2 = Load, 3 = Deregister
+//! 2      2     length  payload length in bytes (header excluded)
+//! 4      n     payload
+//! ```
+//!
+//! A whole frame is at most [`MAX_FRAME`] bytes. Payloads, by kind:
+//!
+//! ```text
+//! Register   worker u64 | dp_size u32 | model_len u16 | model (UTF-8) | addr_len u16 | http_addr (UTF-8)
+//! Load       worker u64 | rank u32 | seq u64
+//!            | active_decode_blocks u32 | kv_total_blocks u32
+//!            | active_prefill_tokens u32 | max_num_batched_tokens u32     (exactly 36 bytes)
+//! Deregister worker u64                                                     (exactly 8 bytes)
+//! ```
+//!
+//! A payload must be consumed exactly: trailing bytes are an error. The
+//! decoder checks the magic, the kind and the length as soon as those bytes
+//! arrive, so garbage is rejected before a whole frame is buffered.
+//!
+//! # Examples
+//!
+//! ```
+//! use bytes::BytesMut;
+//! use loadgate::wire::{decode, encode, Frame};
+//! use loadgate::RankLoad;
+//!
+//! let frame = Frame::Load { worker: 7, rank: 0, seq: 1, load: RankLoad { active_decode_blocks: 3, ..Default::default() } };
+//! let mut buf = BytesMut::new();
+//! encode(&frame, &mut buf).unwrap();
+//! let mut partial = buf.split_to(10);
+//! assert_eq!(decode(&mut partial), Ok(None)); // needs more bytes
+//! partial.unsplit(buf);
+//! assert_eq!(decode(&mut partial), Ok(Some(frame)));
+//! assert!(partial.is_empty());
+//! ```
+
+use std::fmt;
+
+use bytes::{Buf, BufMut, BytesMut};
+
+use crate::load::{RankLoad, WorkerId};
+
+/// The first byte of every frame: the format's magic and version.
+pub const MAGIC: u8 = 0xB1;
+
+/// Bytes in a frame header: magic, kind, payload length.
+pub const HEADER_LEN: usize = 4;
+
+/// The largest frame (header included) a decoder accepts and an encoder writes.
+pub const MAX_FRAME: usize = 4096;
+
+const KIND_REGISTER: u8 = 1;
+const KIND_LOAD: u8 = 2;
+const KIND_DEREGISTER: u8 = 3;
+
+const LOAD_PAYLOAD: usize = 8 + 4 + 8 + 4 * 4;
+const DEREGISTER_PAYLOAD: usize = 8;
+/// Fixed part of a Register payload: worker, dp size, two string lengths.
+const REGISTER_FIXED: usize = 8 + 4 + 2 + 2;
+
+/// One message on the event plane.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// A worker announces itself (sent first on every connection).
+    Register {
+        /// The worker's id.
+        worker: WorkerId,
+        /// Its data-parallel size.
+        dp_size: u32,
+        /// The model it serves.
+        model: String,
+        /// Where its HTTP server listens, `HOST:PORT`.
+        http_addr: String,
+    },
+    /// The latest load of one rank.
+    Load {
+        /// The worker.
+        worker: WorkerId,
+        /// The data-parallel rank.
+        rank: u32,
+        /// Increasing per worker and rank; older reports are dropped.
+        seq: u64,
+        /// The load.
+        load: RankLoad,
+    },
+    /// The worker leaves (graceful shutdown).
+    Deregister {
+        /// The worker.
+        worker: WorkerId,
+    },
+}
+
+/// Why bytes could not be decoded (the connection should be closed), or a
+/// frame could not be encoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WireError {
+    /// The first byte is not [`MAGIC`].
+    BadMagic(u8),
+    /// The kind byte names no frame.
+    UnknownKind(u8),
+    /// The frame would exceed [`MAX_FRAME`] bytes (the total is given).
+    Oversized(usize),
+    /// The payload length does not fit the frame kind (fixed-size kinds), or
+    /// the payload's string lengths and the payload length disagree.
+    BadLength {
+        /// The frame kind.
+        kind: u8,
+        /// The declared payload length.
+        len: usize,
+    },
+    /// A string field is not UTF-8.
+    InvalidUtf8,
+}
+
+impl fmt::Display for WireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::BadMagic(b) => write!(f, "bad magic byte {b:#04x} (expected {MAGIC:#04x})"),
+            Self::UnknownKind(k) => write!(f, "unknown frame kind {k}"),
+            Self::Oversized(n) => write!(f, "frame of {n} bytes exceeds the {MAX_FRAME}-byte limit"),
+            Self::BadLength { kind, len } => write!(f, "payload length {len} is invalid for frame kind {kind}"),
+            Self::InvalidUtf8 => f.write_str("string field is not valid UTF-8"),
+        }
+    }
+}
+
+impl std::error::Error for WireError {}
+
+/// Appends `frame` to `dst`.
+///
+/// # Errors
+///
+/// [`WireError::Oversized`] when a Register's strings make the frame larger
+/// than [`MAX_FRAME`]; nothing is written then.
+pub fn encode(frame: &Frame, dst: &mut BytesMut) -> Result<(), WireError> {
+    match frame {
+        Frame::Register { worker, dp_size, model, http_addr } => {
+            let payload = REGISTER_FIXED + model.len() + http_addr.len();
+            if HEADER_LEN + payload > MAX_FRAME {
+                return Err(WireError::Oversized(HEADER_LEN + payload));
+            }
+            dst.reserve(HEADER_LEN + payload);
+            put_header(dst, KIND_REGISTER, payload);
+            dst.put_u64(*worker);
+            dst.put_u32(*dp_size);
+            // Lengths fit: each string is shorter than MAX_FRAME < u16::MAX.
+            dst.put_u16(model.len() as u16);
+            dst.put_slice(model.as_bytes());
+            dst.put_u16(http_addr.len() as u16);
+            dst.put_slice(http_addr.as_bytes());
+        }
+        Frame::Load { worker, rank, seq, load } => {
+            dst.reserve(HEADER_LEN + LOAD_PAYLOAD);
+            put_header(dst, KIND_LOAD, LOAD_PAYLOAD);
+            dst.put_u64(*worker);
+            dst.put_u32(*rank);
+            dst.put_u64(*seq);
+            dst.put_u32(load.active_decode_blocks);
+            dst.put_u32(load.kv_total_blocks);
+            dst.put_u32(load.active_prefill_tokens);
+            dst.put_u32(load.max_num_batched_tokens);
+        }
+        Frame::Deregister { worker } => {
+            dst.reserve(HEADER_LEN + DEREGISTER_PAYLOAD);
+            put_header(dst, KIND_DEREGISTER, DEREGISTER_PAYLOAD);
+            dst.put_u64(*worker);
+        }
+    }
+    Ok(())
+}
+
+fn put_header(dst: &mut BytesMut, kind: u8, payload: usize) {
+    dst.put_u8(MAGIC);
+    dst.put_u8(kind);
+    // Fits: callers keep HEADER_LEN + payload <= MAX_FRAME < u16::MAX.
+    dst.put_u16(payload as u16);
+}
+
+/// Takes one frame off the front of `src`.
+///
+/// Returns `Ok(None)` when `src` holds only a valid prefix of a frame (read
+/// more and call again; nothing is consumed), `Ok(Some(frame))` after
+/// consuming exactly that frame's bytes.
+///
+/// # Errors
+///
+/// [`WireError`] for bytes that can never become a valid frame: a bad magic,
+/// an unknown kind, a length over [`MAX_FRAME`] or wrong for the kind,
+/// string lengths that disagree with the payload length, or invalid UTF-8.
+/// The header is checked as soon as its bytes are present. After an error the
+/// contents of `src` are unspecified: close the connection.
+pub fn decode(src: &mut BytesMut) -> Result<Option<Frame>, WireError> {
+    let Some(&magic) = src.first() else {
+        return Ok(None);
+    };
+    if magic != MAGIC {
+        return Err(WireError::BadMagic(magic));
+    }
+    let Some(&kind) = src.get(1) else {
+        return Ok(None);
+    };
+    if !matches!(kind, KIND_REGISTER | KIND_LOAD | KIND_DEREGISTER) {
+        return Err(WireError::UnknownKind(kind));
+    }
+    if src.len() < HEADER_LEN {
+        return Ok(None);
+    }
+    let len = usize::from(u16::from_be_bytes([src[2], src[3]]));
+    if HEADER_LEN + len > MAX_FRAME {
+        return Err(WireError::Oversized(HEADER_LEN + len));
+    }
+    let length_ok = match kind {
+        KIND_LOAD => len == LOAD_PAYLOAD,
+        KIND_DEREGISTER => len == DEREGISTER_PAYLOAD,
+        _ => len >= REGISTER_FIXED,
+    };
+    if !length_ok {
+        return Err(WireError::BadLength { kind, len });
+    }
+    if src.len() < HEADER_LEN + len {
+        return Ok(None);
+    }
+    let frame = parse_payload(kind, &src[HEADER_LEN..HEADER_LEN + len])?;
+    src.advance(HEADER_LEN + len);
+    Ok(Some(frame))
+}
+
+/// Parses a complete payload whose length already suits `kind`.
+fn parse_payload(kind: u8, mut p: &[u8]) -> Result<Frame, WireError> {
+    let len = p.len();
+    match kind {
+        KIND_LOAD => Ok(Frame::Load {
+            worker: p.get_u64(),
+            rank: p.get_u32(),
+            seq: p.get_u64(),
+            load: RankLoad {
+                active_decode_blocks: p.get_u32(),
+                kv_total_blocks: p.get_u32(),
+                active_prefill_tokens: p.get_u32(),
+                max_num_batched_tokens: p.get_u32(),
+            },
+        }),
+        KIND_DEREGISTER => Ok(Frame::Deregister { worker: p.get_u64() }),
+        _ => {
+            let bad = WireError::BadLength { kind, len };
+            let worker = p.get_u64();
+            let dp_size = p.get_u32();
+            let model = take_string(&mut p).ok_or(bad)??;
+            if p.remaining() < 2 {
+                return Err(bad);
+            }
+            let http_addr = take_string(&mut p).ok_or(bad)??;
+            if p.has_remaining() {
+                return Err(bad);
+            }
+            Ok(Frame::Register { worker, dp_size, model, http_addr })
+        }
+    }
+}
+
+/// Reads a `u16` length and that many UTF-8 bytes; `None` when the payload is
+/// too short.
+fn take_string(p: &mut &[u8]) -> Option<Result<String, WireError>> {
+    if p.remaining() < 2 {
+        return None;
+    }
+    let n = usize::from(p.get_u16());
+    if p.remaining() < n {
+        return None;
+    }
+    let (head, tail) = p.split_at(n);
+    *p = tail;
+    Some(std::str::from_utf8(head).map(str::to_owned).map_err(|_| WireError::InvalidUtf8))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn register() -> Frame {
+        Frame::Register { worker: 42, dp_size: 2, model: "llama".into(), http_addr: "127.0.0.1:8000".into() }
+    }
+
+    fn roundtrip(frame: Frame) {
+        let mut buf = BytesMut::new();
+        encode(&frame, &mut buf).unwrap();
+        let total = buf.len();
+        // Every strict prefix needs more bytes and consumes nothing.
+        for cut in 0..total {
+            let mut prefix = BytesMut::from(&buf[..cut]);
+            assert_eq!(decode(&mut prefix), Ok(None), "prefix {cut} of {total}");
+            assert_eq!(prefix.len(), cut);
+        }
+        assert_eq!(decode(&mut buf), Ok(Some(frame)));
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn frames_roundtrip() {
+        roundtrip(register());
+        roundtrip(Frame::Load {
+            worker: u64::MAX,
+            rank: 3,
+            seq: 99,
+            load: RankLoad {
+                active_decode_blocks: 1,
+                kv_total_blocks: 2,
+                active_prefill_tokens: 3,
+                max_num_batched_tokens: u32::MAX,
+            },
+        });
+        roundtrip(Frame::Deregister { worker: 0 });
+        roundtrip(Frame::Register { worker: 1, dp_size: 1, model: "é".into(), http_addr: String::new() });
+    }
+
+    #[test]
+    fn back_to_back_frames_decode_in_order() {
+        let mut buf = BytesMut::new();
+        encode(&register(), &mut buf).unwrap();
+        encode(&Frame::Deregister { worker: 42 }, &mut buf).unwrap();
+        assert_eq!(decode(&mut buf), Ok(Some(register())));
+        assert_eq!(decode(&mut buf), Ok(Some(Frame::Deregister { worker: 42 })));
+        assert_eq!(decode(&mut buf), Ok(None));
+    }
+
+    #[test]
+    fn garbage_is_rejected_from_its_first_bytes() {
+        assert_eq!(decode(&mut BytesMut::from(&b"GET / HTTP/1.1"[..])), Err(WireError::BadMagic(b'G')));
+        assert_eq!(decode(&mut BytesMut::from(&[MAGIC, 9][..])), Err(WireError::UnknownKind(9)));
+        assert_eq!(decode(&mut BytesMut::from(&[MAGIC, KIND_LOAD, 0xFF, 0xFF][..])), Err(WireError::Oversized(65539)));
+        assert_eq!(
+            decode(&mut BytesMut::from(&[MAGIC, KIND_LOAD, 0, 35][..])),
+            Err(WireError::BadLength { kind: KIND_LOAD, len: 35 })
+        );
+        assert_eq!(
+            decode(&mut BytesMut::from(&[MAGIC, KIND_DEREGISTER, 0, 9][..])),
+            Err(WireError::BadLength { kind: KIND_DEREGISTER, len: 9 })
+        );
+    }
+
+    #[test]
+    fn register_strings_must_match_the_payload() {
+        let mut buf = BytesMut::new();
+        encode(&register(), &mut buf).unwrap();
+        // Declare one byte more than the strings use: trailing byte.
+        let mut longer = buf.clone();
+        longer[3] += 1;
+        longer.put_u8(0);
+        assert!(matches!(decode(&mut longer), Err(WireError::BadLength { .. })));
+        // A model length that runs past the payload.
+        let mut overrun = buf.clone();
+        overrun[HEADER_LEN + 12] = 0xFF;
+        assert!(matches!(decode(&mut overrun), Err(WireError::BadLength { .. })));
+        // Invalid UTF-8 in the model.
+        let mut bad = buf;
+        bad[HEADER_LEN + 14] = 0xFF;
+        assert_eq!(decode(&mut bad), Err(WireError::InvalidUtf8));
+    }
+
+    #[test]
+    fn oversized_register_is_not_encoded() {
+        let frame = Frame::Register { worker: 1, dp_size: 1, model: "m".repeat(MAX_FRAME), http_addr: String::new() };
+        let mut buf = BytesMut::new();
+        assert!(matches!(encode(&frame, &mut buf), Err(WireError::Oversized(_))));
+        assert!(buf.is_empty());
+        let max = Frame::Register {
+            worker: 1,
+            dp_size: 1,
+            model: "m".repeat(MAX_FRAME - HEADER_LEN - REGISTER_FIXED),
+            http_addr: String::new(),
+        };
+        roundtrip(max);
+    }
+}
