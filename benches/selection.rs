@@ -1,1 +1,235 @@
-fn main() {}
+//! Route selection: loadgate's `Router::route` and `ModelRouter::route`
+//! against two baselines measured in the same criterion group:
+//!
+//! - `floor`: a bare `AtomicUsize` round-robin (`fetch_add % n`) over a `Vec`
+//!   of ids, with no busy filtering at all — nothing can be cheaper;
+//! - `rwlock`: the reference's way — an `RwLock<Vec<WorkerId>>` of instances
+//!   and an `RwLock<HashSet<WorkerId>>` busy set; every route clones the
+//!   instance list, filters the busy ones out into a new `Vec`, then picks
+//!   round-robin.
+//!
+//! Busy bits are set through real reports against a decode threshold. The
+//! `contended` group repeats the 64-worker / 25 % case while a second thread,
+//! started on a barrier, flips a worker busy/free in a loop (each
+//! implementation flips its own busy state; the floor has none, so its second
+//! thread flips loadgate's monitor, which the floor never reads, to put the
+//! same load on the machine).
+
+use std::collections::HashSet;
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, RwLock};
+use std::thread;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use loadgate::{
+    BusyThresholds, LoadReport, ModelRouter, MonitorConfig, Policy, Publisher, RankLoad, Router, WorkerId,
+    WorkerMonitor,
+};
+
+const MODEL: &str = "llama";
+const WORKER_COUNTS: [usize; 4] = [8, 64, 1024, 8192];
+const BUSY_PERCENTS: [usize; 3] = [0, 25, 99];
+
+/// Above the 0.5 decode threshold.
+const BUSY_LOAD: RankLoad =
+    RankLoad { active_decode_blocks: 90, kv_total_blocks: 100, active_prefill_tokens: 0, max_num_batched_tokens: 0 };
+/// Below it.
+const FREE_LOAD: RankLoad =
+    RankLoad { active_decode_blocks: 10, kv_total_blocks: 100, active_prefill_tokens: 0, max_num_batched_tokens: 0 };
+
+/// Which of `n` workers are busy at `percent`: `n * percent / 100` of them,
+/// spread evenly over the ids.
+fn busy_ids(n: usize, percent: usize) -> Vec<WorkerId> {
+    let busy = n * percent / 100;
+    (0..busy).map(|k| (k * n / busy) as WorkerId).collect()
+}
+
+/// A worker that stays free at every busy percentage (the flipper's target).
+fn flip_target(n: usize, percent: usize) -> WorkerId {
+    let busy: HashSet<WorkerId> = busy_ids(n, percent).into_iter().collect();
+    (0..n as WorkerId).find(|id| !busy.contains(id)).expect("some worker is free")
+}
+
+/// A monitor with `n` single-rank workers and a decode threshold, with the
+/// workers of `busy_ids(n, percent)` reported busy.
+fn loadgate_fixture(n: usize, percent: usize) -> (Router, ModelRouter) {
+    let config = MonitorConfig {
+        default_thresholds: BusyThresholds { active_decode_blocks_threshold: Some(0.5), ..Default::default() },
+        ..Default::default()
+    };
+    let monitor = Arc::new(WorkerMonitor::new(config).expect("valid thresholds"));
+    for id in 0..n as WorkerId {
+        monitor.register(id, MODEL, 1).expect("register");
+        let load = FREE_LOAD;
+        monitor.apply(&LoadReport { worker: id, rank: 0, publisher: Publisher::Worker, seq: 1, load }).expect("apply");
+    }
+    for id in busy_ids(n, percent) {
+        let load = BUSY_LOAD;
+        monitor.apply(&LoadReport { worker: id, rank: 0, publisher: Publisher::Worker, seq: 2, load }).expect("apply");
+    }
+    let busy = monitor.workers().iter().filter(|w| w.busy).count();
+    assert_eq!(busy, n * percent / 100, "busy bits set through reports");
+    let router = Router::new(monitor, Policy::RoundRobin);
+    let handle = router.model(MODEL).expect("known model");
+    (router, handle)
+}
+
+/// The floor: round-robin over a fixed list, no filtering.
+struct Floor {
+    ids: Vec<WorkerId>,
+    cursor: AtomicUsize,
+}
+
+impl Floor {
+    fn new(n: usize) -> Self {
+        Floor { ids: (0..n as WorkerId).collect(), cursor: AtomicUsize::new(0) }
+    }
+
+    #[inline]
+    fn route(&self) -> WorkerId {
+        self.ids[self.cursor.fetch_add(1, Ordering::Relaxed) % self.ids.len()]
+    }
+}
+
+/// The reference's way: clone the instance list, filter the busy set out,
+/// pick round-robin.
+struct RwLockRouter {
+    instances: RwLock<Vec<WorkerId>>,
+    busy: RwLock<HashSet<WorkerId>>,
+    cursor: AtomicUsize,
+}
+
+impl RwLockRouter {
+    fn new(n: usize, percent: usize) -> Self {
+        RwLockRouter {
+            instances: RwLock::new((0..n as WorkerId).collect()),
+            busy: RwLock::new(busy_ids(n, percent).into_iter().collect()),
+            cursor: AtomicUsize::new(0),
+        }
+    }
+
+    #[inline]
+    fn route(&self) -> Option<WorkerId> {
+        let instances = self.instances.read().unwrap().clone();
+        let eligible: Vec<WorkerId> = {
+            let busy = self.busy.read().unwrap();
+            instances.into_iter().filter(|id| !busy.contains(id)).collect()
+        };
+        if eligible.is_empty() {
+            return None;
+        }
+        Some(eligible[self.cursor.fetch_add(1, Ordering::Relaxed) % eligible.len()])
+    }
+
+    fn set_busy(&self, id: WorkerId, busy: bool) {
+        let mut set = self.busy.write().unwrap();
+        if busy {
+            set.insert(id);
+        } else {
+            set.remove(&id);
+        }
+    }
+}
+
+fn selection(c: &mut Criterion) {
+    for percent in BUSY_PERCENTS {
+        let mut group = c.benchmark_group(format!("selection/busy_{percent}pct"));
+        group.throughput(Throughput::Elements(1));
+        for n in WORKER_COUNTS {
+            let (router, handle) = loadgate_fixture(n, percent);
+            let floor = Floor::new(n);
+            let reference = RwLockRouter::new(n, percent);
+            group.bench_with_input(BenchmarkId::new("floor_atomic_rr", n), &n, |b, _| {
+                b.iter(|| black_box(&floor).route())
+            });
+            group.bench_with_input(BenchmarkId::new("loadgate_router", n), &n, |b, _| {
+                b.iter(|| black_box(&router).route(black_box(MODEL), black_box(&[])))
+            });
+            group.bench_with_input(BenchmarkId::new("loadgate_model_router", n), &n, |b, _| {
+                b.iter(|| black_box(&handle).route(black_box(&[])))
+            });
+            group.bench_with_input(BenchmarkId::new("rwlock_clone_filter", n), &n, |b, _| {
+                b.iter(|| black_box(&reference).route())
+            });
+        }
+        group.finish();
+    }
+}
+
+/// Runs `flip` in a loop on a second thread (started on a barrier) while
+/// `measure` runs on this one.
+fn with_flipper(flip: impl FnMut() + Send, measure: impl FnOnce()) {
+    let stop = AtomicBool::new(false);
+    let barrier = Barrier::new(2);
+    thread::scope(|s| {
+        let flipper = s.spawn(|| {
+            let mut flip = flip;
+            barrier.wait();
+            let mut flips = 0u64;
+            // Relaxed: a stop flag; nothing else hangs on it.
+            while !stop.load(Ordering::Relaxed) {
+                flip();
+                flips += 1;
+            }
+            flips
+        });
+        barrier.wait();
+        measure();
+        stop.store(true, Ordering::Relaxed);
+        let flips = flipper.join().expect("flipper");
+        assert!(flips > 0, "the second thread flipped bits");
+    });
+}
+
+/// A flipper over loadgate's monitor: alternately reports `worker` busy and
+/// free, each report flipping its bit.
+fn monitor_flipper(router: &Router, worker: WorkerId) -> impl FnMut() + Send + '_ {
+    let monitor = router.monitor();
+    let mut seq = 1_000u64;
+    move || {
+        seq += 1;
+        let load = if seq % 2 == 0 { BUSY_LOAD } else { FREE_LOAD };
+        let applied = monitor.apply(&LoadReport { worker, rank: 0, publisher: Publisher::Worker, seq, load });
+        black_box(applied.expect("apply"));
+    }
+}
+
+fn contended(c: &mut Criterion) {
+    const N: usize = 64;
+    const PERCENT: usize = 25;
+    let target = flip_target(N, PERCENT);
+    let mut group = c.benchmark_group("selection_contended/64_workers_25pct_busy");
+    group.throughput(Throughput::Elements(1));
+
+    let (router, handle) = loadgate_fixture(N, PERCENT);
+    let floor = Floor::new(N);
+    with_flipper(monitor_flipper(&router, target), || {
+        group.bench_function("floor_atomic_rr", |b| b.iter(|| black_box(&floor).route()));
+    });
+
+    with_flipper(monitor_flipper(&router, target), || {
+        group.bench_function("loadgate_router", |b| {
+            b.iter(|| black_box(&router).route(black_box(MODEL), black_box(&[])))
+        });
+    });
+    with_flipper(monitor_flipper(&router, target), || {
+        group.bench_function("loadgate_model_router", |b| b.iter(|| black_box(&handle).route(black_box(&[]))));
+    });
+
+    let reference = RwLockRouter::new(N, PERCENT);
+    let mut busy = false;
+    with_flipper(
+        || {
+            busy = !busy;
+            reference.set_busy(target, busy);
+        },
+        || {
+            group.bench_function("rwlock_clone_filter", |b| b.iter(|| black_box(&reference).route()));
+        },
+    );
+    group.finish();
+}
+
+criterion_group!(benches, selection, contended);
+criterion_main!(benches);
