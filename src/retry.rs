@@ -52,7 +52,9 @@ impl RetryPolicy {
     /// is the random draw, passed in so the schedule is testable.
     pub fn delay(&self, attempt: u32, retry_after: Option<Duration>, unit: f64) -> Duration {
         let ceiling = self.base.saturating_mul(1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX)).min(self.cap);
-        let jittered = ceiling.mul_f64(unit.clamp(0.0, 1.0));
+        // A NaN draw would make `mul_f64` panic (clamp keeps NaN): treat it as 0.
+        let unit = if unit.is_nan() { 0.0 } else { unit.clamp(0.0, 1.0) };
+        let jittered = ceiling.mul_f64(unit);
         match retry_after {
             Some(server) => jittered.max(server.min(self.max_retry_after)),
             None => jittered,
