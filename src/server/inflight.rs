@@ -1,0 +1,223 @@
+//! What in-flight requests hold: [`InFlight`] counts them (and, in `kv`
+//! mode, the load the router tracked for them); a [`Held`] guard per request
+//! gives it all back when dropped, whatever ended the response.
+
+use std::fmt;
+
+use crate::server::tokens::{blocks_for, SseEvents};
+use crate::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
+use crate::{WorkerId, WorkerMonitor};
+
+/// Frontend-wide totals of what in-flight requests hold.
+#[derive(Debug)]
+pub struct InFlight {
+    monitor: Arc<WorkerMonitor>,
+    /// `Some` in `kv` mode: track load per worker, and also output blocks.
+    tracking: Option<Tracking>,
+    requests: AtomicU64,
+    tracked_blocks: AtomicU64,
+    tracked_prefill_tokens: AtomicU64,
+    /// Spreads tracked requests over a worker's ranks.
+    next_rank: AtomicUsize,
+}
+
+/// How the router tracks its own load (`--router-mode kv`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tracking {
+    /// Also add blocks for output tokens as they stream
+    /// (`--router-track-output-blocks`).
+    pub output_blocks: bool,
+}
+
+/// Totals, for `/metrics`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InFlightTotals {
+    /// Requests dispatched to a worker whose response has not ended.
+    pub requests: u64,
+    /// KV blocks the router tracks for them.
+    pub tracked_blocks: u64,
+    /// Prefill tokens the router tracks for them.
+    pub tracked_prefill_tokens: u64,
+}
+
+impl InFlight {
+    /// A ledger over `monitor`; `tracking` enables the router's own load.
+    pub fn new(monitor: Arc<WorkerMonitor>, tracking: Option<Tracking>) -> Self {
+        InFlight {
+            monitor,
+            tracking,
+            requests: AtomicU64::new(0),
+            tracked_blocks: AtomicU64::new(0),
+            tracked_prefill_tokens: AtomicU64::new(0),
+            next_rank: AtomicUsize::new(0),
+        }
+    }
+
+    /// Whether the router tracks its own load.
+    pub fn tracking(&self) -> bool {
+        self.tracking.is_some()
+    }
+
+    /// Counts a request dispatched to `worker` (with `dp_size` ranks) and, in
+    /// `kv` mode, adds its prompt to the router-tracked load of one rank.
+    pub fn hold(self: &Arc<Self>, worker: WorkerId, dp_size: u32, prompt_tokens: u64) -> Held {
+        // Relaxed: a gauge; no other memory depends on it.
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let mut held = Held {
+            ledger: self.clone(),
+            worker,
+            rank: 0,
+            prompt_tokens,
+            blocks: 0,
+            prefill_tokens: 0,
+            events: self.tracking.filter(|t| t.output_blocks).map(|_| SseEvents::default()),
+            started: false,
+        };
+        if self.tracking.is_some() {
+            // Relaxed: only spreads load; any interleaving is fine.
+            held.rank = (self.next_rank.fetch_add(1, Ordering::Relaxed) % dp_size.max(1) as usize) as u32;
+            held.add(blocks_for(prompt_tokens), prompt_tokens);
+        }
+        held
+    }
+
+    /// The current totals.
+    pub fn totals(&self) -> InFlightTotals {
+        // Relaxed: gauges read independently.
+        InFlightTotals {
+            requests: self.requests.load(Ordering::Relaxed),
+            tracked_blocks: self.tracked_blocks.load(Ordering::Relaxed),
+            tracked_prefill_tokens: self.tracked_prefill_tokens.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// What one request holds; dropping it releases everything. The proxy keeps
+/// it in the response body stream, so it lives exactly as long as the
+/// response: finished, failed, worker gone or client gone.
+pub struct Held {
+    ledger: Arc<InFlight>,
+    worker: WorkerId,
+    rank: u32,
+    prompt_tokens: u64,
+    blocks: u64,
+    prefill_tokens: u64,
+    /// Counts streamed tokens when output blocks are tracked.
+    events: Option<SseEvents>,
+    started: bool,
+}
+
+impl fmt::Debug for Held {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Held")
+            .field("worker", &self.worker)
+            .field("rank", &self.rank)
+            .field("blocks", &self.blocks)
+            .field("prefill_tokens", &self.prefill_tokens)
+            .finish()
+    }
+}
+
+impl Held {
+    /// The worker the request went to.
+    pub fn worker(&self) -> WorkerId {
+        self.worker
+    }
+
+    /// A chunk of the response body arrived: the prompt is prefilled (its
+    /// prefill tokens are released at the first chunk), and with output-block
+    /// tracking, the blocks grow with the tokens streamed so far.
+    pub fn on_chunk(&mut self, chunk: &[u8]) {
+        if !self.started {
+            self.started = true;
+            let prefill = self.prefill_tokens;
+            self.sub(0, prefill);
+        }
+        if let Some(events) = self.events.as_mut() {
+            let generated = events.feed(chunk);
+            let want = blocks_for(self.prompt_tokens + generated);
+            if want > self.blocks {
+                self.add(want - self.blocks, 0);
+            }
+        }
+    }
+
+    fn add(&mut self, blocks: u64, prefill_tokens: u64) {
+        if blocks == 0 && prefill_tokens == 0 {
+            return;
+        }
+        self.blocks += blocks;
+        self.prefill_tokens += prefill_tokens;
+        // Relaxed: gauges.
+        self.ledger.tracked_blocks.fetch_add(blocks, Ordering::Relaxed);
+        self.ledger.tracked_prefill_tokens.fetch_add(prefill_tokens, Ordering::Relaxed);
+        let _ = self.ledger.monitor.track(self.worker, self.rank, signed(blocks), signed(prefill_tokens));
+    }
+
+    fn sub(&mut self, blocks: u64, prefill_tokens: u64) {
+        if blocks == 0 && prefill_tokens == 0 {
+            return;
+        }
+        self.blocks -= blocks;
+        self.prefill_tokens -= prefill_tokens;
+        // Relaxed: gauges; never below zero, since each guard only removes what it added.
+        self.ledger.tracked_blocks.fetch_sub(blocks, Ordering::Relaxed);
+        self.ledger.tracked_prefill_tokens.fetch_sub(prefill_tokens, Ordering::Relaxed);
+        // The worker may be gone (deregistered): nothing left to release then.
+        let _ = self.ledger.monitor.track(self.worker, self.rank, -signed(blocks), -signed(prefill_tokens));
+    }
+}
+
+fn signed(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.sub(self.blocks, self.prefill_tokens);
+        // Relaxed: a gauge.
+        self.ledger.requests.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{MonitorConfig, RankLoad};
+
+    fn tracked(monitor: &WorkerMonitor, worker: WorkerId) -> RankLoad {
+        monitor.rank_snapshots().into_iter().find(|s| s.worker == worker).and_then(|s| s.tracked).unwrap_or_default()
+    }
+
+    #[test]
+    fn guard_releases_everything_it_tracked() {
+        let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
+        monitor.register(1, "m", 1).unwrap();
+        let ledger = Arc::new(InFlight::new(monitor.clone(), Some(Tracking { output_blocks: true })));
+        let mut held = ledger.hold(1, 1, 20);
+        assert_eq!(ledger.totals(), InFlightTotals { requests: 1, tracked_blocks: 2, tracked_prefill_tokens: 20 });
+        assert_eq!(tracked(&monitor, 1).active_decode_blocks, 2);
+        assert_eq!(tracked(&monitor, 1).active_prefill_tokens, 20);
+        // First token: prefill released. 13 more tokens: 33 tokens need 3 blocks.
+        held.on_chunk(b"data: {}\n\n");
+        assert_eq!(tracked(&monitor, 1).active_prefill_tokens, 0);
+        held.on_chunk(&b"data: {}\n\n".repeat(12));
+        assert_eq!(ledger.totals().tracked_blocks, 3);
+        assert_eq!(tracked(&monitor, 1).active_decode_blocks, 3);
+        drop(held);
+        assert_eq!(ledger.totals(), InFlightTotals::default());
+        assert_eq!(tracked(&monitor, 1), RankLoad::default());
+    }
+
+    #[test]
+    fn without_tracking_only_requests_are_counted() {
+        let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
+        monitor.register(1, "m", 1).unwrap();
+        let ledger = Arc::new(InFlight::new(monitor.clone(), None));
+        let held = ledger.hold(1, 1, 100);
+        assert_eq!(ledger.totals(), InFlightTotals { requests: 1, ..Default::default() });
+        assert!(monitor.rank_snapshots()[0].tracked.is_none());
+        drop(held);
+        assert_eq!(ledger.totals().requests, 0);
+    }
+}

@@ -1,0 +1,49 @@
+//! The frontend's error replies: OpenAI-shaped errors for the inference
+//! routes (`{"error":{"message","type","code"}}`) and the plain
+//! `{"error":"..."}` of the admin routes.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::{overload_status_code, Rejection};
+
+/// Seconds a rejected client should wait before retrying.
+pub const RETRY_AFTER_SECS: &str = "1";
+
+/// `{"error":{"message","type","code"}}` with `status`.
+pub fn openai_error(status: StatusCode, kind: &str, message: &str) -> Response {
+    let body = json!({"error": {"message": message, "type": kind, "code": status.as_u16()}});
+    (status, axum::Json(body)).into_response()
+}
+
+/// Every eligible worker is busy (or refused): the overload status (529 by
+/// default), `Retry-After`, and the Overloaded body.
+pub fn overloaded() -> Response {
+    let status = StatusCode::from_u16(overload_status_code()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+    let mut response = openai_error(status, "Overloaded", Rejection::Overloaded.message());
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
+    response
+}
+
+/// The model has no usable worker: 503 Unavailable.
+pub fn unavailable() -> Response {
+    let mut response = openai_error(StatusCode::SERVICE_UNAVAILABLE, "Unavailable", Rejection::Unavailable.message());
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
+    response
+}
+
+/// No such model: 404.
+pub fn unknown_model(model: &str) -> Response {
+    openai_error(StatusCode::NOT_FOUND, "NotFound", &format!("model {model:?} not found"))
+}
+
+/// The request body is unusable: 400.
+pub fn bad_request(message: &str) -> Response {
+    openai_error(StatusCode::BAD_REQUEST, "InvalidRequest", message)
+}
+
+/// `{"error":"..."}` with `status` (admin routes).
+pub fn plain_error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, axum::Json(json!({"error": message.into()}))).into_response()
+}

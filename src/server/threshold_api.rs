@@ -1,0 +1,87 @@
+//! `GET`/`POST /busy_threshold`: read and change a model's busy thresholds
+//! at run time. A change is applied (and every worker of the model
+//! re-evaluated) before the reply is sent.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use crate::patch::{parse_threshold_patch, DECODE_FIELD, PREFILL_FIELD, PREFILL_FRAC_FIELD};
+use crate::server::frontend::Frontend;
+use crate::server::reply::plain_error;
+use crate::{SetThresholdsError, Thresholds};
+
+/// Largest accepted `POST /busy_threshold` body.
+pub const MAX_BODY: usize = 64 * 1024;
+
+/// One model's thresholds as JSON (`null` where unset).
+pub fn thresholds_json(model: &str, thresholds: &Thresholds) -> Value {
+    let config = thresholds.to_config();
+    json!({
+        "model": model,
+        DECODE_FIELD: config.active_decode_blocks_threshold,
+        PREFILL_FIELD: config.active_prefill_tokens_threshold,
+        PREFILL_FRAC_FIELD: config.active_prefill_tokens_threshold_frac,
+    })
+}
+
+/// `GET /busy_threshold`: every known model's thresholds.
+pub async fn read_all(State(frontend): State<Arc<Frontend>>) -> Response {
+    let all: Vec<Value> =
+        frontend.monitor.all_thresholds().iter().map(|(model, t)| thresholds_json(model, t)).collect();
+    Json(json!({ "thresholds": all })).into_response()
+}
+
+/// `POST /busy_threshold`: `{"model":..., <fields>}`; a field absent is
+/// unchanged, a number sets, `null` clears; no field reads. Replies with the
+/// model's resulting thresholds. 415 unless the body is JSON, 413 above
+/// [`MAX_BODY`], 400 for an invalid body or value, 404 for an unknown model.
+pub async fn update(State(frontend): State<Arc<Frontend>>, headers: HeaderMap, body: Body) -> Response {
+    if !is_json(&headers) {
+        return plain_error(StatusCode::UNSUPPORTED_MEDIA_TYPE, "Content-Type must be application/json");
+    }
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+    if declared.is_some_and(|n: usize| n > MAX_BODY) {
+        return too_large();
+    }
+    let Ok(bytes) = axum::body::to_bytes(body, MAX_BODY).await else {
+        return too_large();
+    };
+    let patch = match parse_threshold_patch(&bytes) {
+        Ok(patch) => patch,
+        Err(e) => return plain_error(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    let result = if patch.is_read() {
+        frontend.monitor.thresholds(&patch.model).ok_or_else(|| SetThresholdsError::UnknownModel(patch.model.clone()))
+    } else {
+        frontend.monitor.update_thresholds(&patch.model, |t| patch.apply(t))
+    };
+    match result {
+        Ok(thresholds) => {
+            if !patch.is_read() {
+                tracing::info!(model = %patch.model, ?thresholds, "busy thresholds changed");
+            }
+            Json(thresholds_json(&patch.model, &thresholds)).into_response()
+        }
+        Err(e @ SetThresholdsError::UnknownModel(_)) => plain_error(StatusCode::NOT_FOUND, e.to_string()),
+        Err(e @ SetThresholdsError::Invalid(_)) => plain_error(StatusCode::BAD_REQUEST, e.to_string()),
+    }
+}
+
+fn too_large() -> Response {
+    plain_error(StatusCode::PAYLOAD_TOO_LARGE, format!("body must be at most {MAX_BODY} bytes"))
+}
+
+/// `application/json`, with or without parameters (`; charset=utf-8`).
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
+}
