@@ -11,5 +11,7 @@ pub mod loadgen;
 pub mod proxy;
 pub mod reply;
 pub mod threshold_api;
+pub mod openai;
+pub mod plot;
 pub mod tokens;
 pub mod worker;

@@ -1,0 +1,190 @@
+//! Integration tests of the real `loadgate worker` binary on 127.0.0.1:
+//! OpenAI shapes, the `N + Q` hard cap (test (c) of issue 3), and the
+//! configuration errors it refuses to start with.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_loadgate");
+
+/// A server child process, killed when dropped.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `loadgate <args>` and waits for its `listening http=...` line.
+fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn loadgate");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).expect("read the listening line");
+    let addr = line
+        .trim()
+        .strip_prefix("listening http=")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+    Server { child, addr }
+}
+
+/// A standalone worker (no frontend) with the cap `N = 1`, `Q = 2`.
+fn capped_worker() -> Server {
+    start(
+        &["worker", "--model", "m", "--http-port", "0", "--engine-request-limit", "1", "--decode-step-ms", "10"],
+        &[("DYN_DYNAMO_REQUEST_QUEUE_LIMIT", "2")],
+    )
+}
+
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find(|l| l.starts_with(name))?.rsplit(' ').next()?.parse().ok()
+}
+
+async fn metrics(client: &reqwest::Client, addr: &str) -> String {
+    client.get(format!("http://{addr}/metrics")).send().await.unwrap().text().await.unwrap()
+}
+
+async fn complete(client: reqwest::Client, addr: String, max_tokens: u32) -> (u16, String) {
+    let body = serde_json::json!({"model": "m", "prompt": "one two three", "max_tokens": max_tokens});
+    let resp = client.post(format!("http://{addr}/v1/completions")).json(&body).send().await.unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.text().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_caps_at_n_plus_q_and_refuses_the_next() {
+    let worker = capped_worker();
+    let client = reqwest::Client::new();
+    // Three long requests: one runs (N = 1), two wait (Q = 2).
+    let long: Vec<_> = (0..3).map(|_| tokio::spawn(complete(client.clone(), worker.addr.clone(), 150))).collect();
+    loop {
+        let text = metrics(&client, &worker.addr).await;
+        if metric(&text, "dynamo_engine_request") == Some(1.0) && metric(&text, "dynamo_request_queue") == Some(2.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The fourth concurrent request is refused.
+    let resp = client
+        .post(format!("http://{}/v1/completions", worker.addr))
+        .json(&serde_json::json!({"model": "m", "prompt": "x", "max_tokens": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 529);
+    assert_eq!(resp.headers().get("retry-after").unwrap(), "1");
+    assert_eq!(
+        resp.text().await.unwrap(),
+        r#"{"error":{"message":"Server overloaded: worker at capacity","type":"WorkerOverloaded","code":529}}"#
+    );
+    // The three accepted requests all complete.
+    for handle in long {
+        let (status, body) = handle.await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["usage"]["completion_tokens"], 150);
+    }
+    let text = metrics(&client, &worker.addr).await;
+    assert_eq!(metric(&text, "dynamo_rejection_request_total"), Some(1.0), "{text}");
+    assert_eq!(metric(&text, "dynamo_engine_request"), Some(0.0), "{text}");
+    assert_eq!(metric(&text, "dynamo_request_queue"), Some(0.0), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_gone_returns_the_permit() {
+    let worker = capped_worker();
+    let client = reqwest::Client::new();
+    // A streaming request whose client stops reading and goes away.
+    let body = serde_json::json!({"model": "m", "prompt": "a b", "max_tokens": 10000, "stream": true});
+    let url = format!("http://{}/v1/completions", worker.addr);
+    let resp = client.post(&url).json(&body).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(metric(&metrics(&client, &worker.addr).await, "dynamo_engine_request"), Some(1.0));
+    drop(resp);
+    loop {
+        if metric(&metrics(&client, &worker.addr).await, "dynamo_engine_request") == Some(0.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The slot is free again: a new request runs at once.
+    assert_eq!(complete(client.clone(), worker.addr.clone(), 2).await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_shapes_streaming_and_not() {
+    let worker = start(&["worker", "--model", "m", "--http-port", "0", "--dp-size", "2", "--worker-id", "42"], &[]);
+    let client = reqwest::Client::new();
+    let base = format!("http://{}", worker.addr);
+
+    let info: Value = client.get(format!("{base}/info")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(info, serde_json::json!({"worker_id": 42, "model": "m", "dp_size": 2}));
+    let models: Value = client.get(format!("{base}/v1/models")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(models["data"][0]["id"], "m");
+    assert_eq!(client.get(format!("{base}/health")).send().await.unwrap().status().as_u16(), 200);
+
+    let (status, body) = complete(client.clone(), worker.addr.clone(), 4).await;
+    assert_eq!(status, 200);
+    assert!(body.contains(r#""usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}"#), "{body}");
+
+    let chat = serde_json::json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": 3,
+        "stream": true,
+    });
+    let resp = client.post(format!("{base}/v1/chat/completions")).json(&chat).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let text = resp.text().await.unwrap();
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.len(), 5, "3 tokens, the finish chunk, [DONE]: {text}");
+    assert_eq!(*events.last().unwrap(), "data: [DONE]");
+    let first: Value = serde_json::from_str(events[0].strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(first["object"], "chat.completion.chunk");
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    let last: Value = serde_json::from_str(events[3].strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(last["usage"]["prompt_tokens"], 2);
+    assert_eq!(last["usage"]["completion_tokens"], 3);
+
+    let resp = client.post(format!("{base}/v1/completions")).body("nope").send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+}
+
+/// Runs `loadgate worker` with an invalid admission configuration: it must
+/// exit with an error that names the problem.
+fn refuses_to_start(extra: &[&str], env: &[(&str, &str)], expected: &str) {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["worker", "--model", "m", "--http-port", "0"]).args(extra);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run loadgate");
+    assert!(!out.status.success(), "the worker must not start");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(expected), "stderr {stderr:?} should mention {expected:?}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("listening"));
+}
+
+#[test]
+fn invalid_queue_limit_is_an_error() {
+    let cap = ["--engine-request-limit", "1"];
+    refuses_to_start(&cap, &[("DYN_DYNAMO_REQUEST_QUEUE_LIMIT", "many")], "DYN_DYNAMO_REQUEST_QUEUE_LIMIT");
+    refuses_to_start(&cap, &[("DYN_DYNAMO_REQUEST_QUEUE_LIMIT", "1")], "at least 2");
+    refuses_to_start(&["--engine-request-limit", "0"], &[], "at least 1");
+}
