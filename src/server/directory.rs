@@ -43,6 +43,11 @@ impl WorkerDirectory {
         self.workers.read().unwrap_or_else(|e| e.into_inner()).get(&worker).cloned()
     }
 
+    /// True when no worker is known.
+    pub fn is_empty(&self) -> bool {
+        self.workers.read().unwrap_or_else(|e| e.into_inner()).is_empty()
+    }
+
     /// Every known worker, sorted by id.
     pub fn list(&self) -> Vec<(WorkerId, WorkerAddress)> {
         let mut all: Vec<_> =

@@ -69,6 +69,8 @@ async fn proxy(frontend: Arc<Frontend>, endpoint: Endpoint, body: Bytes) -> Resp
             }
             Err(RouteError::Overloaded) => return frontend.reject_overloaded(&model, endpoint, excluded.at_capacity),
             Err(RouteError::Unavailable) => return reply::unavailable(),
+            // With no worker registered at all, the model may well exist: unavailable.
+            Err(RouteError::UnknownModel) if frontend.directory.is_empty() => return reply::unavailable(),
             Err(RouteError::UnknownModel) => return reply::unknown_model(&model),
         };
         match dispatch(&frontend, endpoint, worker, prompt, &body).await {

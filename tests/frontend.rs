@@ -1,0 +1,437 @@
+//! The frontend end to end: real `loadgate frontend` and `loadgate worker`
+//! processes on free 127.0.0.1 ports, driven over HTTP and the event port.
+//! Every child process is killed when its handle drops.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_loadgate");
+const MODEL: &str = "test-model";
+/// Generous: the machine is small and shared.
+const STARTUP: Duration = Duration::from_secs(30);
+const SETTLE: Duration = Duration::from_secs(15);
+
+/// A child process, killed on drop.
+struct Proc {
+    child: Child,
+    name: &'static str,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `loadgate <args>` and waits for its `listening ...` stdout line.
+fn spawn(name: &'static str, args: &[&str], env: &[(&str, &str)]) -> (Proc, String) {
+    let mut command = Command::new(BIN);
+    command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+    command.env("RUST_LOG", "warn");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let mut child = command.spawn().expect("spawn loadgate");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let proc = Proc { child, name };
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        if let Some(Ok(line)) = lines.next() {
+            let _ = tx.send(line);
+        }
+        // Keep draining so the child never blocks on a full pipe.
+        for _ in lines {}
+    });
+    let line = rx.recv_timeout(STARTUP).unwrap_or_else(|_| panic!("{} did not print its listening line", proc.name));
+    assert!(line.starts_with("listening http=127.0.0.1:"), "{name}: unexpected first line {line:?}");
+    (proc, line)
+}
+
+fn field<'a>(line: &'a str, key: &str) -> &'a str {
+    line.split_whitespace().find_map(|w| w.strip_prefix(key)).unwrap_or_else(|| panic!("no {key} in {line:?}"))
+}
+
+struct Frontend {
+    _proc: Proc,
+    http: String,
+    events: String,
+    client: reqwest::Client,
+}
+
+fn frontend(extra: &[&str]) -> Frontend {
+    let mut args = vec!["frontend", "--http-port", "0", "--event-port", "0"];
+    args.extend_from_slice(extra);
+    let (proc, line) = spawn("frontend", &args, &[]);
+    let http = format!("http://{}", field(&line, "http="));
+    let events = field(&line, "events=").to_owned();
+    Frontend { _proc: proc, http, events, client: reqwest::Client::new() }
+}
+
+struct Worker {
+    proc: Proc,
+    http: String,
+}
+
+fn worker(frontend: &Frontend, kv_total_blocks: u32, decode_step_ms: u32, extra: &[&str]) -> Worker {
+    let blocks = kv_total_blocks.to_string();
+    let step = decode_step_ms.to_string();
+    let mut args = vec![
+        "worker",
+        "--model",
+        MODEL,
+        "--http-port",
+        "0",
+        "--frontend",
+        &frontend.events,
+        "--kv-total-blocks",
+        &blocks,
+        "--decode-step-ms",
+        &step,
+    ];
+    args.extend_from_slice(extra);
+    let (proc, line) = spawn("worker", &args, &[]);
+    Worker { proc, http: format!("http://{}", field(&line, "http=")) }
+}
+
+/// `n` whitespace-separated words: `n` prompt tokens.
+fn prompt(n: usize) -> String {
+    vec!["word"; n].join(" ")
+}
+
+impl Frontend {
+    async fn metrics(&self) -> String {
+        self.client.get(format!("{}/metrics", self.http)).send().await.unwrap().text().await.unwrap()
+    }
+
+    /// The sum of every sample of `name` whose labels contain `filter`.
+    async fn metric(&self, name: &str, filter: &str) -> f64 {
+        sum_metric(&self.metrics().await, name, filter)
+    }
+
+    /// Waits until `check(metrics text)` holds.
+    async fn wait_metrics(&self, what: &str, check: impl Fn(&str) -> bool) {
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            let text = self.metrics().await;
+            if check(&text) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {what}; metrics:\n{text}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn wait_workers(&self, n: usize) {
+        self.wait_metrics(&format!("{n} registered workers"), |m| {
+            sum_metric(m, "loadgate_frontend_workers", "") == n as f64
+        })
+        .await;
+    }
+
+    async fn complete(&self, body: Value) -> reqwest::Response {
+        self.client.post(format!("{}/v1/completions", self.http)).json(&body).send().await.unwrap()
+    }
+
+    async fn post_threshold(&self, body: &str, content_type: &str) -> (u16, Value) {
+        let response = self
+            .client
+            .post(format!("{}/busy_threshold", self.http))
+            .header("content-type", content_type)
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+}
+
+fn sum_metric(text: &str, name: &str, filter: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b'{' | b' ')))
+        .filter(|l| l.contains(filter))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn request(words: usize, max_tokens: u32, stream: bool) -> Value {
+    json!({"model": MODEL, "prompt": prompt(words), "max_tokens": max_tokens, "stream": stream})
+}
+
+/// Fires `count` non-streaming requests `spacing` apart (open loop) and
+/// returns each one's status and body.
+async fn burst(frontend: &Frontend, count: usize, spacing: Duration) -> Vec<(u16, Option<String>, Value)> {
+    let mut tasks = Vec::new();
+    for _ in 0..count {
+        let client = frontend.client.clone();
+        let url = format!("{}/v1/completions", frontend.http);
+        tasks.push(tokio::spawn(async move {
+            let response = client.post(url).json(&request(64, 32, false)).send().await.unwrap();
+            let status = response.status().as_u16();
+            let retry_after = response.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
+            (status, retry_after, response.json::<Value>().await.unwrap_or(Value::Null))
+        }));
+        tokio::time::sleep(spacing).await;
+    }
+    let mut results = Vec::new();
+    for task in tasks {
+        results.push(task.await.unwrap());
+    }
+    results
+}
+
+/// Two workers of 24 KV blocks; each request holds 4 blocks at first and 6
+/// at the end, for 32 steps of 20 ms; 30 requests 15 ms apart.
+async fn saturate(extra_frontend_flags: &[&str]) -> (Frontend, Vec<(u16, Option<String>, Value)>) {
+    let fe = frontend(extra_frontend_flags);
+    let _w1 = worker(&fe, 24, 20, &[]);
+    let _w2 = worker(&fe, 24, 20, &[]);
+    fe.wait_workers(2).await;
+    let results = burst(&fe, 30, Duration::from_millis(15)).await;
+    (fe, results)
+}
+
+/// (a) With a decode threshold and saturated workers, some requests succeed,
+/// some get 529 with `Retry-After` and the Overloaded body, and the
+/// rejection counter equals the 529s the client saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_rejects_with_529_and_counts_each_rejection() {
+    let (fe, results) = saturate(&["--active-decode-blocks-threshold", "0.5"]).await;
+    let ok = results.iter().filter(|r| r.0 == 200).count();
+    let rejected: Vec<_> = results.iter().filter(|r| r.0 == 529).collect();
+    assert_eq!(ok + rejected.len(), results.len(), "only 200 and 529 expected: {results:?}");
+    assert!(ok > 0, "some requests must be served");
+    assert!(!rejected.is_empty(), "saturated workers must shed load");
+    for (_, retry_after, body) in &rejected {
+        assert_eq!(retry_after.as_deref(), Some("1"));
+        assert_eq!(
+            *body,
+            json!({"error": {"message": "All workers are busy, please retry later", "type": "Overloaded", "code": 529}})
+        );
+    }
+    for (status, _, body) in results.iter().filter(|r| r.0 == 200) {
+        assert_eq!(*status, 200);
+        assert_eq!(body["usage"]["prompt_tokens"], 64, "{body}");
+    }
+    let counted = fe.metric("dynamo_frontend_model_rejection_total", &format!("model=\"{MODEL}\"")).await;
+    assert_eq!(counted, rejected.len() as f64);
+    let by_decode = fe.metric("loadgate_frontend_rejection_reason_total", "reason=\"decode_blocks\"").await;
+    assert_eq!(by_decode, rejected.len() as f64, "every rejection was for the decode signal");
+    fe.wait_metrics("in-flight back to zero", |m| sum_metric(m, "loadgate_frontend_inflight_requests", "") == 0.0)
+        .await;
+}
+
+/// (b) The same load without any threshold: nothing is rejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_threshold_nothing_is_rejected() {
+    let (fe, results) = saturate(&[]).await;
+    assert!(results.iter().all(|r| r.0 == 200), "{results:?}");
+    assert_eq!(fe.metric("dynamo_frontend_model_rejection_total", "").await, 0.0);
+}
+
+/// Starts a streaming request and returns its byte stream after the first
+/// chunk arrived (the request is running on the worker).
+async fn start_stream(
+    fe: &Frontend,
+    words: usize,
+    max_tokens: u32,
+) -> impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> {
+    let response = fe.complete(request(words, max_tokens, true)).await;
+    assert_eq!(response.status().as_u16(), 200);
+    let mut stream = Box::pin(response.bytes_stream());
+    let first = stream.next().await.expect("a first chunk").expect("a first chunk");
+    assert!(first.starts_with(b"data: "), "{first:?}");
+    stream
+}
+
+/// (d) `/busy_threshold`: read, set, clear with null, absent = unchanged,
+/// the 400 / 415 / 413 / 404 cases, and a change decides the very next
+/// request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_threshold_reads_sets_clears_and_takes_effect_at_once() {
+    let fe = frontend(&[]);
+    let _w = worker(&fe, 20, 50, &[]);
+    fe.wait_workers(1).await;
+    let unset = json!({"model": MODEL, "active_decode_blocks_threshold": null,
+        "active_prefill_tokens_threshold": null, "active_prefill_tokens_threshold_frac": null});
+
+    // Read: GET lists every model; a POST with only the model reads it.
+    let all: Value = fe.client.get(format!("{}/busy_threshold", fe.http)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(all, json!({"thresholds": [unset.clone()]}));
+    let body = json!({"model": MODEL}).to_string();
+    assert_eq!(fe.post_threshold(&body, "application/json").await, (200, unset.clone()));
+
+    // A long request holds 7 of the worker's 20 blocks (100 prompt tokens), more as it decodes.
+    let _running = start_stream(&fe, 100, 100).await;
+    fe.wait_metrics("7 active blocks", |m| sum_metric(m, "dynamo_frontend_worker_active_decode_blocks", "") >= 7.0)
+        .await;
+    assert_eq!(fe.complete(request(1, 1, false)).await.status().as_u16(), 200);
+
+    // Set: the very next request is rejected.
+    let set = json!({"model": MODEL, "active_decode_blocks_threshold": 0.3}).to_string();
+    let (status, reply) = fe.post_threshold(&set, "application/json; charset=utf-8").await;
+    assert_eq!(status, 200);
+    assert_eq!(reply["active_decode_blocks_threshold"], 0.3);
+    assert_eq!(fe.complete(request(1, 1, false)).await.status().as_u16(), 529);
+
+    // Absent fields stay; another field is set alongside.
+    let more = json!({"model": MODEL, "active_prefill_tokens_threshold": 4096}).to_string();
+    let (status, reply) = fe.post_threshold(&more, "application/json").await;
+    assert_eq!(status, 200);
+    assert_eq!(reply["active_decode_blocks_threshold"], 0.3);
+    assert_eq!(reply["active_prefill_tokens_threshold"], 4096);
+
+    // Clear with null: the very next request is served.
+    let clear =
+        json!({"model": MODEL, "active_decode_blocks_threshold": null, "active_prefill_tokens_threshold": null})
+            .to_string();
+    assert_eq!(fe.post_threshold(&clear, "application/json").await, (200, unset.clone()));
+    assert_eq!(fe.complete(request(1, 1, false)).await.status().as_u16(), 200);
+
+    // Errors, each with {"error": "..."} and nothing changed.
+    for (body, content_type, status) in [
+        (json!({"model": MODEL, "active_decode_blocks_threshold": 1.5}).to_string(), "application/json", 400),
+        (json!({"model": MODEL, "active_decode_blocks_threshold": "0.5"}).to_string(), "application/json", 400),
+        (json!({"model": MODEL, "active_prefill_tokens_threshold": -3}).to_string(), "application/json", 400),
+        (json!({"model": MODEL, "active_decode_blocks": 0.5}).to_string(), "application/json", 400),
+        ("{not json".to_owned(), "application/json", 400),
+        (set.clone(), "text/plain", 415),
+        (format!("{{\"model\":\"{MODEL}\",\"pad\":\"{}\"}}", "x".repeat(70 * 1024)), "application/json", 413),
+        (json!({"model": "no-such-model", "active_decode_blocks_threshold": 0.5}).to_string(), "application/json", 404),
+        (json!({"model": "no-such-model"}).to_string(), "application/json", 404),
+    ] {
+        let (got, reply) = fe.post_threshold(&body, content_type).await;
+        assert_eq!(got, status, "{content_type} {}", &body[..body.len().min(80)]);
+        assert!(reply["error"].is_string(), "error body for {status}: {reply}");
+    }
+    let all: Value = fe.client.get(format!("{}/busy_threshold", fe.http)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(all, json!({"thresholds": [unset]}));
+}
+
+/// (e) No worker: 503 Unavailable, for any model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_worker_is_503_unavailable() {
+    let fe = frontend(&["--active-decode-blocks-threshold", "0.85"]);
+    let response = fe.complete(request(4, 4, false)).await;
+    assert_eq!(response.status().as_u16(), 503);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "Unavailable");
+    assert_eq!(body["error"]["code"], 503);
+    assert_eq!(fe.metric("dynamo_frontend_model_rejection_total", "").await, 0.0);
+}
+
+/// (f) A worker killed mid-stream: the client's stream fails, the worker is
+/// deregistered, and in-flight requests and router-tracked load return to
+/// zero; its model then answers 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_killed_mid_stream_releases_everything() {
+    let fe = frontend(&["--router-mode", "kv", "--router-track-output-blocks"]);
+    let mut w = worker(&fe, 64, 50, &[]);
+    fe.wait_workers(1).await;
+    let mut stream = start_stream(&fe, 40, 400).await;
+    let held = fe.metrics().await;
+    assert_eq!(sum_metric(&held, "loadgate_frontend_inflight_requests", ""), 1.0);
+    assert!(sum_metric(&held, "loadgate_frontend_tracked_blocks", "") >= 3.0, "{held}");
+
+    w.proc.child.kill().unwrap();
+    let mut body = Vec::new();
+    let failed = tokio::time::timeout(SETTLE, async {
+        while let Some(chunk) = stream.next().await {
+            match chunk {
+                Ok(bytes) => body.extend_from_slice(&bytes),
+                Err(_) => return true,
+            }
+        }
+        false
+    })
+    .await
+    .expect("the stream ends once the worker is gone");
+    assert!(failed, "the client must see an error, not a clean end");
+    assert!(!String::from_utf8_lossy(&body).contains("[DONE]"));
+
+    fe.wait_workers(0).await;
+    fe.wait_metrics("nothing held", |m| {
+        [
+            "loadgate_frontend_inflight_requests",
+            "loadgate_frontend_tracked_blocks",
+            "loadgate_frontend_tracked_prefill_tokens",
+        ]
+        .iter()
+        .all(|name| sum_metric(m, name, "") == 0.0)
+    })
+    .await;
+    assert_eq!(fe.complete(request(4, 4, false)).await.status().as_u16(), 503);
+    let _ = w.http;
+}
+
+/// (g) Garbage, oversized and truncated frames on the event port close only
+/// their own connection; the registered worker stays and requests are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_on_the_event_port_leaves_the_frontend_serving() {
+    let fe = frontend(&[]);
+    let _w = worker(&fe, 64, 10, &[]);
+    fe.wait_workers(1).await;
+
+    let garbage: [&[u8]; 4] = [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        &[0xB1, 2, 0xFF, 0xFF],                    // oversized Load
+        &[0xB1, 7, 0, 0],                          // unknown kind
+        &[0xB1, 2, 0, 36, 0, 0, 0, 0, 0, 0, 0, 1], // Load for an unregistered worker, cut short
+    ];
+    for bytes in garbage {
+        let mut conn = TcpStream::connect(&fe.events).unwrap();
+        conn.write_all(bytes).unwrap();
+        if bytes[0] == 0xB1 && bytes[1] == 2 && bytes.len() > 4 {
+            conn.shutdown(std::net::Shutdown::Write).unwrap(); // truncated frame, then EOF
+        }
+        conn.set_read_timeout(Some(SETTLE)).unwrap();
+        let mut buf = [0u8; 16];
+        // The frontend closes the connection: EOF (or a reset), never a hang.
+        let read = conn.read(&mut buf);
+        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+        if let Err(e) = &read {
+            assert_ne!(e.kind(), std::io::ErrorKind::WouldBlock, "connection left open");
+        }
+    }
+    // Past the deregistration grace period, the real worker is still there.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(fe.metric("loadgate_frontend_workers", "").await, 1.0);
+    let response = fe.complete(request(8, 4, false)).await;
+    assert_eq!(response.status().as_u16(), 200);
+    let health = fe.client.get(format!("{}/health", fe.http)).send().await.unwrap();
+    assert_eq!(health.status().as_u16(), 200);
+}
+
+/// The event plane alone: a fake worker registers and reports over a raw
+/// socket, then disconnects; it is deregistered after the grace period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_event_frames_register_report_and_expire() {
+    use loadgate::wire::{encode, Frame};
+    use loadgate::RankLoad;
+    let fe = frontend(&["--active-decode-blocks-threshold", "0.85"]);
+    let mut buf = bytes::BytesMut::new();
+    let register = Frame::Register { worker: 77, dp_size: 1, model: "raw".into(), http_addr: "127.0.0.1:9".into() };
+    encode(&register, &mut buf).unwrap();
+    let full = RankLoad { active_decode_blocks: 90, kv_total_blocks: 100, ..Default::default() };
+    encode(&Frame::Load { worker: 77, rank: 0, seq: 1, load: full }, &mut buf).unwrap();
+    let mut conn = TcpStream::connect(&fe.events).unwrap();
+    conn.write_all(&buf).unwrap();
+    fe.wait_metrics("the raw worker busy", |m| {
+        sum_metric(m, "loadgate_frontend_worker_busy", "worker_id=\"77\"") == 1.0
+            && sum_metric(m, "dynamo_frontend_worker_active_decode_blocks", "worker_id=\"77\"") == 90.0
+    })
+    .await;
+    let response = fe.client.post(format!("{}/v1/completions", fe.http)).json(&json!({"model": "raw", "prompt": "hi"}));
+    assert_eq!(response.send().await.unwrap().status().as_u16(), 529);
+    drop(conn);
+    fe.wait_workers(0).await;
+}
