@@ -1,0 +1,609 @@
+//! Model-based property test: random sequences of register / report / track /
+//! capacity / threshold / route / deregister / expire operations run against
+//! the real `WorkerMonitor` + `Router` and against a plain single-threaded
+//! reference written here (maps, `u128` arithmetic, straightforward loops).
+//! After every operation the two must agree on each call's result, on every
+//! worker's busy bit, on every published busy set, and on each rank's load.
+//!
+//! `PROPTEST_CASES` overrides the number of cases (default 256).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use loadgate::*;
+use proptest::prelude::*;
+
+const MODELS: [&str; 4] = ["a", "b", "c", ""];
+const WORKERS: u64 = 8;
+const PPB: u128 = 1_000_000_000;
+
+// ---------------------------------------------------------------- operations
+
+/// A threshold field's new value: in exact integer form (what the person
+/// wrote, in ppb for the fractions), or an invalid float.
+#[derive(Clone, Copy, Debug)]
+enum Value {
+    Clear,
+    Set(u64),
+    Invalid(f64),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Field {
+    Decode,
+    Prefill,
+    Frac,
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Register { worker: u64, model: usize, dp: u32 },
+    Deregister { worker: u64 },
+    AddModel { model: usize },
+    Report { worker: u64, rank: u32, router: bool, seq_step: i64, load: RankLoad },
+    Track { worker: u64, rank: u32, blocks: i64, tokens: i64 },
+    Capacity { worker: u64, rank: u32, kv: u32, mnbt: u32 },
+    SetAll { model: usize, decode: Option<u64>, prefill: Option<u64>, frac: Option<u64> },
+    Edit { model: usize, field: Field, value: Value },
+    Route { model: usize, policy: usize, exclude: Vec<u64> },
+    Advance { ms: u64 },
+}
+
+fn decode_ppb() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        prop::sample::select(vec![
+            0u64,
+            100_000_000,
+            290_000_000,
+            333_333_333,
+            500_000_000,
+            700_000_000,
+            850_000_000,
+            1_000_000_000
+        ]),
+        0u64..=1_000_000_000,
+    ]
+}
+
+fn frac_ppb() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        4 => prop::sample::select(vec![0u64, 100_000_000, 333_333_333, 500_000_000, 1_000_000_000, 1_500_000_000]),
+        4 => 0u64..=2_000_000_000,
+        1 => 0u64..=1_000_000_000_000_000, // up to MAX_PREFILL_FRAC
+    ]
+}
+
+fn value(field: Field) -> BoxedStrategy<Value> {
+    let set = match field {
+        Field::Decode => decode_ppb().boxed(),
+        Field::Prefill => (0u64..16).boxed(),
+        Field::Frac => frac_ppb().boxed(),
+    };
+    let invalid = match field {
+        Field::Decode => prop::sample::select(vec![f64::NAN, f64::INFINITY, -0.1, 1.5, 1.000_001]).boxed(),
+        Field::Frac => prop::sample::select(vec![f64::NAN, f64::NEG_INFINITY, -0.1, 1e7]).boxed(),
+        Field::Prefill => Just(f64::NAN).boxed(), // unused: the absolute threshold is an integer
+    };
+    let invalid_weight = if field == Field::Prefill { 0 } else { 1 };
+    prop_oneof![3 => Just(Value::Clear), 6 => set.prop_map(Value::Set), invalid_weight => invalid.prop_map(Value::Invalid)]
+        .boxed()
+}
+
+fn load() -> impl Strategy<Value = RankLoad> {
+    (0u32..=12, 0u32..=10, 0u32..=20, 0u32..=10).prop_map(|(a, t, p, m)| RankLoad {
+        active_decode_blocks: a,
+        kv_total_blocks: t,
+        active_prefill_tokens: p,
+        max_num_batched_tokens: m,
+    })
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let worker = 0..WORKERS;
+    let model = prop_oneof![12 => 0usize..3, 1 => Just(3usize)];
+    prop_oneof![
+        3 => (worker.clone(), model.clone(), prop_oneof![10 => 1u32..=4, 1 => Just(0u32), 1 => Just(65_537u32)])
+            .prop_map(|(worker, model, dp)| Op::Register { worker, model, dp }),
+        1 => worker.clone().prop_map(|worker| Op::Deregister { worker }),
+        1 => model.clone().prop_map(|model| Op::AddModel { model }),
+        10 => (worker.clone(), 0u32..5, any::<bool>(), -2i64..=3, load())
+            .prop_map(|(worker, rank, router, seq_step, load)| Op::Report { worker, rank, router, seq_step, load }),
+        3 => (worker.clone(), 0u32..5, -6i64..=8, -6i64..=8)
+            .prop_map(|(worker, rank, blocks, tokens)| Op::Track { worker, rank, blocks, tokens }),
+        1 => (worker.clone(), 0u32..5, 0u32..=10, 0u32..=10)
+            .prop_map(|(worker, rank, kv, mnbt)| Op::Capacity { worker, rank, kv, mnbt }),
+        2 => (model.clone(), prop::option::of(decode_ppb()), prop::option::of(0u64..16), prop::option::of(frac_ppb()))
+            .prop_map(|(model, decode, prefill, frac)| Op::SetAll { model, decode, prefill, frac }),
+        3 => (model.clone(), prop::sample::select(vec![Field::Decode, Field::Prefill, Field::Frac]))
+            .prop_flat_map(|(model, field)| value(field).prop_map(move |value| Op::Edit { model, field, value })),
+        8 => (model.clone(), 0usize..6, prop::collection::vec(0..WORKERS + 2, 0..4))
+            .prop_map(|(model, policy, exclude)| Op::Route { model, policy, exclude }),
+        2 => (0u64..=30).prop_map(|ms| Op::Advance { ms }),
+    ]
+}
+
+// ---------------------------------------------------------------- reference
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct RefThresholds {
+    decode: Option<u64>,
+    prefill: Option<u64>,
+    frac: Option<u64>,
+}
+
+impl RefThresholds {
+    fn enabled(&self) -> bool {
+        self.decode.is_some() || self.prefill.is_some() || self.frac.is_some()
+    }
+
+    /// `active / total > ppb / 1e9`, exactly, for each configured signal.
+    fn rank_busy(&self, l: &RankLoad) -> bool {
+        let over = |active: u32, ppb: u64, total: u32| u128::from(active) * PPB > u128::from(ppb) * u128::from(total);
+        let decode = matches!(self.decode, Some(ppb) if l.kv_total_blocks != 0 && over(l.active_decode_blocks, ppb, l.kv_total_blocks));
+        let prefill = matches!(self.prefill, Some(limit) if u64::from(l.active_prefill_tokens) > limit);
+        let frac = matches!(self.frac, Some(ppb) if l.max_num_batched_tokens != 0
+            && over(l.active_prefill_tokens, ppb, l.max_num_batched_tokens));
+        decode || prefill || frac
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct RefSlot {
+    load: RankLoad,
+    seq: u64,
+    /// Nanoseconds of the last store; `None`: never.
+    at: Option<u64>,
+}
+
+#[derive(Clone, Debug)]
+struct RefWorker {
+    model: String,
+    dp: u32,
+    reported: Vec<RefSlot>,
+    tracked: Vec<RefSlot>,
+}
+
+#[derive(Debug)]
+struct Reference {
+    now: u64,
+    staleness: Option<u64>,
+    default_thresholds: RefThresholds,
+    workers: BTreeMap<u64, RefWorker>,
+    models: BTreeMap<String, RefThresholds>,
+    /// Round-robin (and tie-rotation) cursor per model.
+    cursor: BTreeMap<String, usize>,
+}
+
+impl Reference {
+    fn reported(&self, w: &RefWorker, rank: u32) -> Option<RankLoad> {
+        let slot = w.reported[rank as usize];
+        let at = slot.at?;
+        let fresh = self.staleness.is_none_or(|window| self.now - at <= window);
+        fresh.then_some(slot.load)
+    }
+
+    fn tracked(&self, w: &RefWorker, rank: u32) -> Option<RankLoad> {
+        let slot = w.tracked[rank as usize];
+        slot.at.map(|_| slot.load)
+    }
+
+    /// The larger numerators; the reported denominator unless it is unknown.
+    fn effective(&self, w: &RefWorker, rank: u32) -> Option<RankLoad> {
+        match (self.reported(w, rank), self.tracked(w, rank)) {
+            (Some(r), Some(t)) => Some(RankLoad {
+                active_decode_blocks: r.active_decode_blocks.max(t.active_decode_blocks),
+                kv_total_blocks: if r.kv_total_blocks != 0 { r.kv_total_blocks } else { t.kv_total_blocks },
+                active_prefill_tokens: r.active_prefill_tokens.max(t.active_prefill_tokens),
+                max_num_batched_tokens: if r.max_num_batched_tokens != 0 {
+                    r.max_num_batched_tokens
+                } else {
+                    t.max_num_batched_tokens
+                },
+            }),
+            (r, t) => r.or(t),
+        }
+    }
+
+    fn busy(&self, id: u64) -> bool {
+        let Some(w) = self.workers.get(&id) else { return false };
+        let t = self.models[&w.model];
+        if !t.enabled() {
+            return false;
+        }
+        (0..w.dp).all(|rank| self.effective(w, rank).is_some_and(|l| t.rank_busy(&l)))
+    }
+
+    fn busy_bits(&self) -> BTreeMap<u64, bool> {
+        self.workers.keys().map(|&id| (id, self.busy(id))).collect()
+    }
+
+    /// (decode blocks, total blocks, prefill tokens) summed over ranks.
+    fn load(&self, id: u64) -> (u64, u64, u64) {
+        let w = &self.workers[&id];
+        let mut sum = (0, 0, 0);
+        for rank in 0..w.dp {
+            if let Some(l) = self.effective(w, rank) {
+                sum.0 += u64::from(l.active_decode_blocks);
+                sum.1 += u64::from(l.kv_total_blocks);
+                sum.2 += u64::from(l.active_prefill_tokens);
+            }
+        }
+        sum
+    }
+
+    /// Strictly less loaded: lower decode utilisation (unknown capacity counts
+    /// as 1), then fewer prefill tokens.
+    fn less_loaded(&self, a: u64, b: u64) -> bool {
+        let (la, lb) = (self.load(a), self.load(b));
+        let ua = u128::from(la.0) * u128::from(lb.1.max(1));
+        let ub = u128::from(lb.0) * u128::from(la.1.max(1));
+        ua < ub || (ua == ub && la.2 < lb.2)
+    }
+
+    fn instances(&self, model: &str) -> Vec<u64> {
+        self.workers.iter().filter(|(_, w)| w.model == model).map(|(&id, _)| id).collect()
+    }
+}
+
+fn cost(id: WorkerId, load: &WorkerLoad) -> u64 {
+    (id * 7 + load.active_decode_blocks + load.active_prefill_tokens) % 5
+}
+
+fn to_real(t: RefThresholds) -> BusyThresholds {
+    BusyThresholds {
+        active_decode_blocks_threshold: t.decode.map(|p| p as f64 / 1e9),
+        active_prefill_tokens_threshold: t.prefill,
+        active_prefill_tokens_threshold_frac: t.frac.map(|p| p as f64 / 1e9),
+    }
+}
+
+fn assert_thresholds(real: &Thresholds, model: &RefThresholds) -> Result<(), TestCaseError> {
+    prop_assert_eq!(real.decode_ppb(), model.decode);
+    prop_assert_eq!(real.prefill_tokens(), model.prefill);
+    prop_assert_eq!(real.prefill_frac_ppb(), model.frac);
+    Ok(())
+}
+
+// ---------------------------------------------------------------- the run
+
+struct System {
+    monitor: Arc<WorkerMonitor>,
+    mock: Arc<quanta::Mock>,
+    routers: Vec<Router>,
+    model: Reference,
+}
+
+impl System {
+    fn new(staleness_ms: Option<u64>, default_decode: Option<u64>) -> Self {
+        let (clock, mock) = quanta::Clock::mock();
+        let default_thresholds = RefThresholds { decode: default_decode, ..Default::default() };
+        let config = MonitorConfig {
+            staleness: staleness_ms.map(Duration::from_millis),
+            default_thresholds: to_real(default_thresholds),
+        };
+        let monitor = Arc::new(WorkerMonitor::with_clock(config, clock).unwrap());
+        let cost: CostFn = Arc::new(cost);
+        let routers =
+            [Policy::RoundRobin, Policy::Random, Policy::PowerOfTwoChoices, Policy::LeastLoaded, Policy::Cost(cost)]
+                .into_iter()
+                .map(|p| Router::new(monitor.clone(), p))
+                .collect();
+        let model = Reference {
+            now: 0,
+            staleness: staleness_ms.map(|ms| ms * 1_000_000),
+            default_thresholds,
+            workers: BTreeMap::new(),
+            models: BTreeMap::new(),
+            cursor: BTreeMap::new(),
+        };
+        System { monitor, mock, routers, model }
+    }
+
+    /// The flipped flag a call should report, given the bits before it.
+    fn outcome(&self, before: &BTreeMap<u64, bool>, worker: u64) -> Applied {
+        if before.get(&worker) != Some(&self.model.busy(worker)) {
+            Applied::Flipped
+        } else {
+            Applied::Stored
+        }
+    }
+
+    /// Shared checks of a slot-addressing op: the error, if any.
+    fn slot_error(&self, worker: u64, rank: u32) -> Option<ApplyError> {
+        match self.model.workers.get(&worker) {
+            None => Some(ApplyError::UnknownWorker(worker)),
+            Some(w) if rank >= w.dp => Some(ApplyError::RankOutOfRange { worker, rank, dp_size: w.dp }),
+            Some(_) => None,
+        }
+    }
+
+    fn step(&mut self, op: &Op) -> Result<(), TestCaseError> {
+        let before = self.model.busy_bits();
+        match op.clone() {
+            Op::Register { worker, model, dp } => {
+                let name = MODELS[model];
+                let real = self.monitor.register(worker, name, dp);
+                let expected = if dp == 0 || dp > 65_536 {
+                    Err(RegisterError::InvalidDpSize(dp))
+                } else if name.is_empty() {
+                    Err(RegisterError::EmptyModel)
+                } else if let Some(w) = self.model.workers.get(&worker) {
+                    if w.model == name && w.dp == dp {
+                        Ok(false)
+                    } else {
+                        Err(RegisterError::Conflict(worker))
+                    }
+                } else {
+                    let fresh = vec![RefSlot::default(); dp as usize];
+                    self.model.workers.insert(
+                        worker,
+                        RefWorker { model: name.to_owned(), dp, reported: fresh.clone(), tracked: fresh },
+                    );
+                    self.model.models.entry(name.to_owned()).or_insert(self.model.default_thresholds);
+                    Ok(true)
+                };
+                prop_assert_eq!(real, expected);
+            }
+            Op::Deregister { worker } => {
+                prop_assert_eq!(self.monitor.deregister(worker), self.model.workers.remove(&worker).is_some());
+            }
+            Op::AddModel { model } => {
+                let name = MODELS[model];
+                let new = !self.model.models.contains_key(name);
+                self.model.models.entry(name.to_owned()).or_insert(self.model.default_thresholds);
+                prop_assert_eq!(self.monitor.add_model(name), new);
+            }
+            Op::Report { worker, rank, router, seq_step, load } => {
+                let publisher = if router { Publisher::Router } else { Publisher::Worker };
+                let last = self.model.workers.get(&worker).and_then(|w| {
+                    let slots = if router { &w.tracked } else { &w.reported };
+                    slots.get(rank as usize).map(|s| s.seq)
+                });
+                let seq = (last.unwrap_or(0) as i64 + seq_step).max(0) as u64;
+                let real = self.monitor.apply(&LoadReport { worker, rank, publisher, seq, load });
+                let expected = match self.slot_error(worker, rank) {
+                    Some(e) => Err(e),
+                    None => {
+                        let now = self.model.now;
+                        let w = self.model.workers.get_mut(&worker).unwrap();
+                        let slot = if router { &mut w.tracked[rank as usize] } else { &mut w.reported[rank as usize] };
+                        if seq <= slot.seq {
+                            Ok(Applied::Stale)
+                        } else {
+                            *slot = RefSlot { load, seq, at: Some(now) };
+                            Ok(self.outcome(&before, worker))
+                        }
+                    }
+                };
+                prop_assert_eq!(real, expected, "report seq {}", seq);
+            }
+            Op::Track { worker, rank, blocks, tokens } => {
+                let real = self.monitor.track(worker, rank, blocks, tokens);
+                let expected = match self.slot_error(worker, rank) {
+                    Some(e) => Err(e),
+                    None => {
+                        let now = self.model.now;
+                        let slot = &mut self.model.workers.get_mut(&worker).unwrap().tracked[rank as usize];
+                        let add = |v: u32, d: i64| (i64::from(v) + d).clamp(0, i64::from(u32::MAX)) as u32;
+                        slot.load.active_decode_blocks = add(slot.load.active_decode_blocks, blocks);
+                        slot.load.active_prefill_tokens = add(slot.load.active_prefill_tokens, tokens);
+                        slot.at = Some(now);
+                        Ok(self.outcome(&before, worker))
+                    }
+                };
+                prop_assert_eq!(real, expected);
+            }
+            Op::Capacity { worker, rank, kv, mnbt } => {
+                let real = self.monitor.set_tracked_capacity(worker, rank, kv, mnbt);
+                let expected = match self.slot_error(worker, rank) {
+                    Some(e) => Err(e),
+                    None => {
+                        let now = self.model.now;
+                        let slot = &mut self.model.workers.get_mut(&worker).unwrap().tracked[rank as usize];
+                        slot.load.kv_total_blocks = kv;
+                        slot.load.max_num_batched_tokens = mnbt;
+                        slot.at = Some(now);
+                        Ok(self.outcome(&before, worker))
+                    }
+                };
+                prop_assert_eq!(real, expected);
+            }
+            Op::SetAll { model, decode, prefill, frac } => {
+                let name = MODELS[model];
+                let next = RefThresholds { decode, prefill, frac };
+                let real = self.monitor.set_thresholds(name, to_real(next));
+                match self.model.models.get_mut(name) {
+                    None => prop_assert_eq!(real, Err(SetThresholdsError::UnknownModel(name.to_owned()))),
+                    Some(t) => {
+                        *t = next;
+                        assert_thresholds(&real.unwrap(), &next)?;
+                    }
+                }
+            }
+            Op::Edit { model, field, value } => {
+                let name = MODELS[model];
+                let real = self.monitor.update_thresholds(name, |t| match (field, value) {
+                    (Field::Decode, Value::Clear) => t.active_decode_blocks_threshold = None,
+                    (Field::Decode, Value::Set(p)) => t.active_decode_blocks_threshold = Some(p as f64 / 1e9),
+                    (Field::Decode, Value::Invalid(v)) => t.active_decode_blocks_threshold = Some(v),
+                    (Field::Prefill, Value::Clear | Value::Invalid(_)) => t.active_prefill_tokens_threshold = None,
+                    (Field::Prefill, Value::Set(n)) => t.active_prefill_tokens_threshold = Some(n),
+                    (Field::Frac, Value::Clear) => t.active_prefill_tokens_threshold_frac = None,
+                    (Field::Frac, Value::Set(p)) => t.active_prefill_tokens_threshold_frac = Some(p as f64 / 1e9),
+                    (Field::Frac, Value::Invalid(v)) => t.active_prefill_tokens_threshold_frac = Some(v),
+                });
+                match self.model.models.get_mut(name) {
+                    None => prop_assert_eq!(real, Err(SetThresholdsError::UnknownModel(name.to_owned()))),
+                    Some(t) => match (field, value) {
+                        (Field::Decode, Value::Invalid(_)) => {
+                            prop_assert!(matches!(
+                                real,
+                                Err(SetThresholdsError::Invalid(ThresholdError::DecodeBlocks(_)))
+                            ))
+                        }
+                        (Field::Frac, Value::Invalid(_)) => {
+                            prop_assert!(matches!(
+                                real,
+                                Err(SetThresholdsError::Invalid(ThresholdError::PrefillFrac(_)))
+                            ))
+                        }
+                        _ => {
+                            let v = match value {
+                                Value::Set(v) => Some(v),
+                                _ => None,
+                            };
+                            match field {
+                                Field::Decode => t.decode = v,
+                                Field::Prefill => t.prefill = v,
+                                Field::Frac => t.frac = v,
+                            }
+                            assert_thresholds(&real.unwrap(), t)?;
+                        }
+                    },
+                }
+            }
+            Op::Route { model, policy, exclude } => self.route(MODELS[model], policy, &exclude)?,
+            Op::Advance { ms } => {
+                self.mock.increment(Duration::from_millis(ms));
+                self.model.now += ms * 1_000_000;
+                let flips = before.iter().filter(|(&id, &bit)| self.model.busy(id) != bit).count();
+                prop_assert_eq!(self.monitor.expire_stale(), flips);
+            }
+        }
+        self.check_state()
+    }
+
+    fn route(&mut self, name: &str, policy: usize, exclude: &[u64]) -> Result<(), TestCaseError> {
+        // Policy 5: round robin through a `ModelRouter` handle (same cursor).
+        let real = match policy {
+            5 => self.routers[0].model(name).and_then(|h| h.route(exclude)),
+            p => self.routers[p].route(name, exclude),
+        };
+        let Some(&thresholds) = self.model.models.get(name) else {
+            prop_assert_eq!(real, Err(RouteError::UnknownModel));
+            return Ok(());
+        };
+        let instances = self.model.instances(name);
+        if instances.is_empty() {
+            prop_assert_eq!(real, Err(RouteError::Unavailable));
+            return Ok(());
+        }
+        let filtering = thresholds.enabled();
+        let eligible: Vec<u64> = instances
+            .iter()
+            .copied()
+            .filter(|id| !(filtering && self.model.busy(*id)) && !exclude.contains(id))
+            .collect();
+        if eligible.is_empty() {
+            prop_assert_eq!(real, Err(RouteError::Overloaded));
+            return Ok(());
+        }
+        let chosen = real.map_err(|e| TestCaseError::fail(format!("expected a worker of {eligible:?}, got {e:?}")))?;
+        prop_assert!(eligible.contains(&chosen), "{} not eligible: {:?}", chosen, eligible);
+        let cursor = self.model.cursor.entry(name.to_owned()).or_insert(0);
+        match policy {
+            0 | 5 => {
+                prop_assert_eq!(chosen, eligible[*cursor % eligible.len()], "round robin order");
+                *cursor += 1;
+            }
+            2 if eligible.len() >= 2 => {
+                // Power of two: the less loaded of two distinct picks is never the strictly worst.
+                let worst = eligible.iter().all(|&e| e == chosen || self.model.less_loaded(e, chosen));
+                prop_assert!(!worst, "power of two picked the strictly most loaded {}", chosen);
+            }
+            3 => {
+                *cursor += 1;
+                for &e in &eligible {
+                    prop_assert!(!self.model.less_loaded(e, chosen), "least loaded chose {} over {}", chosen, e);
+                }
+            }
+            4 => {
+                *cursor += 1;
+                let load_of = |id| {
+                    let (a, t, p) = self.model.load(id);
+                    WorkerLoad { active_decode_blocks: a, kv_total_blocks: t, active_prefill_tokens: p }
+                };
+                let best = eligible.iter().map(|&e| cost(e, &load_of(e))).min().unwrap();
+                prop_assert_eq!(cost(chosen, &load_of(chosen)), best, "cost policy");
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn check_state(&self) -> Result<(), TestCaseError> {
+        let m = &self.model;
+        // Every worker's bit, and the listing.
+        let listed = self.monitor.workers();
+        let expected: Vec<WorkerInfo> = m
+            .workers
+            .iter()
+            .map(|(&id, w)| WorkerInfo { id, model: w.model.clone(), dp_size: w.dp, busy: m.busy(id) })
+            .collect();
+        prop_assert_eq!(listed, expected);
+        for id in 0..WORKERS + 2 {
+            prop_assert_eq!(self.monitor.is_busy(id), m.busy(id), "worker {}", id);
+        }
+        // Every model's published set and thresholds.
+        prop_assert_eq!(self.monitor.models(), m.models.keys().cloned().collect::<Vec<_>>());
+        for name in MODELS {
+            let Some(t) = m.models.get(name) else {
+                prop_assert!(self.monitor.busy_set(name).is_none());
+                prop_assert!(self.monitor.thresholds(name).is_none());
+                continue;
+            };
+            assert_thresholds(&self.monitor.thresholds(name).unwrap(), t)?;
+            let (ids, set) = self.monitor.busy_set(name).unwrap();
+            prop_assert_eq!(&ids, &m.instances(name));
+            prop_assert_eq!(set.len(), ids.len());
+            let bits: Vec<bool> = (0..ids.len()).map(|i| set.is_busy(i)).collect();
+            let expected: Vec<bool> = ids.iter().map(|&id| m.busy(id)).collect();
+            prop_assert_eq!(&bits, &expected, "busy set of {:?} over {:?}", name, ids);
+            prop_assert_eq!(set.busy_count(), expected.iter().filter(|b| **b).count());
+        }
+        // Every rank's latest load, as metrics read it.
+        let snapshots = self.monitor.rank_snapshots();
+        let mut expected = Vec::new();
+        for (&id, w) in &m.workers {
+            for rank in 0..w.dp {
+                expected.push(RankSnapshot {
+                    worker: id,
+                    rank,
+                    reported: m.reported(w, rank),
+                    tracked: m.tracked(w, rank),
+                });
+            }
+        }
+        prop_assert_eq!(snapshots, expected);
+        let ids: BTreeSet<u64> = m.workers.keys().copied().collect();
+        for id in 0..WORKERS {
+            let expected = ids.contains(&id).then(|| {
+                let (a, t, p) = m.load(id);
+                WorkerLoad { active_decode_blocks: a, kv_total_blocks: t, active_prefill_tokens: p }
+            });
+            prop_assert_eq!(self.monitor.worker_load(id), expected);
+        }
+        Ok(())
+    }
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn monitor_and_router_match_the_reference(
+        staleness_ms in prop::option::of(1u64..=40),
+        default_decode in prop::option::weighted(0.3, decode_ppb()),
+        ops in prop::collection::vec(op(), 1..80),
+    ) {
+        let mut system = System::new(staleness_ms, default_decode);
+        for op in &ops {
+            system.step(op)?;
+        }
+    }
+}
