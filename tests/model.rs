@@ -607,3 +607,62 @@ proptest! {
         }
     }
 }
+
+// ---------------------------------------------------------------- BusySet
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    /// The bitmap's scans agree with a `Vec<bool>` and plain loops, across
+    /// word boundaries, after any sequence of in-place and copying updates.
+    #[test]
+    fn busy_set_matches_a_vec_of_bools(
+        len in prop_oneof![0usize..=3, 60usize..=70, 120usize..=200],
+        flips in prop::collection::vec((any::<prop::sample::Index>(), any::<bool>(), any::<bool>()), 0..300),
+        probes in prop::collection::vec(0usize..=210, 1..20),
+    ) {
+        let mut set = BusySet::new(len);
+        let mut bits = vec![false; len];
+        for (index, busy, copy) in flips {
+            if len == 0 {
+                break;
+            }
+            let i = index.index(len);
+            if copy {
+                let next = set.with(i, busy);
+                prop_assert!(set.is_busy(i) == bits[i], "`with` must not change the original");
+                set = next;
+            } else {
+                set.set(i, busy);
+            }
+            bits[i] = busy;
+        }
+        let free: Vec<usize> = (0..len).filter(|&i| !bits[i]).collect();
+        prop_assert_eq!(set.len(), len);
+        prop_assert_eq!(set.is_empty(), len == 0);
+        prop_assert_eq!(set.free_count(), free.len());
+        prop_assert_eq!(set.busy_count(), len - free.len());
+        prop_assert_eq!(set.iter_free().collect::<Vec<_>>(), free.clone());
+        for i in 0..len + 70 {
+            prop_assert_eq!(set.is_busy(i), bits.get(i).copied().unwrap_or(false), "is_busy({})", i);
+        }
+        for n in 0..=free.len() {
+            prop_assert_eq!(set.nth_free(n), free.get(n).copied(), "nth_free({})", n);
+        }
+        prop_assert_eq!(set.nth_free(usize::MAX), None);
+        for start in probes {
+            // First free at or after `start`, wrapping; a start past the end wraps to 0.
+            let from = if start >= len { 0 } else { start };
+            let expected = free.iter().copied().find(|&i| i >= from).or_else(|| free.first().copied());
+            prop_assert_eq!(set.next_free_from(start), expected, "next_free_from({})", start);
+        }
+        // Equality follows the bits, not the history.
+        let mut fresh = BusySet::new(len);
+        for (i, &b) in bits.iter().enumerate() {
+            if b {
+                fresh.set(i, true);
+            }
+        }
+        prop_assert_eq!(&set, &fresh);
+    }
+}
