@@ -81,6 +81,16 @@ struct Worker {
 }
 
 fn worker(frontend: &Frontend, kv_total_blocks: u32, decode_step_ms: u32, extra: &[&str]) -> Worker {
+    worker_with_env(frontend, kv_total_blocks, decode_step_ms, extra, &[])
+}
+
+fn worker_with_env(
+    frontend: &Frontend,
+    kv_total_blocks: u32,
+    decode_step_ms: u32,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Worker {
     let blocks = kv_total_blocks.to_string();
     let step = decode_step_ms.to_string();
     let mut args = vec![
@@ -97,7 +107,7 @@ fn worker(frontend: &Frontend, kv_total_blocks: u32, decode_step_ms: u32, extra:
         &step,
     ];
     args.extend_from_slice(extra);
-    let (proc, line) = spawn("worker", &args, &[]);
+    let (proc, line) = spawn("worker", &args, env);
     Worker { proc, http: format!("http://{}", field(&line, "http=")) }
 }
 
@@ -208,6 +218,7 @@ async fn overload_rejects_with_529_and_counts_each_rejection() {
     let (fe, results) = saturate(&["--active-decode-blocks-threshold", "0.5"]).await;
     let ok = results.iter().filter(|r| r.0 == 200).count();
     let rejected: Vec<_> = results.iter().filter(|r| r.0 == 529).collect();
+    eprintln!("overload: {ok} served, {} rejected", rejected.len());
     assert_eq!(ok + rejected.len(), results.len(), "only 200 and 529 expected: {results:?}");
     assert!(ok > 0, "some requests must be served");
     assert!(!rejected.is_empty(), "saturated workers must shed load");
@@ -434,4 +445,73 @@ async fn raw_event_frames_register_report_and_expire() {
     assert_eq!(response.send().await.unwrap().status().as_u16(), 529);
     drop(conn);
     fe.wait_workers(0).await;
+}
+
+/// Fills `worker` (N = 1, Q = 2) with three long streaming requests sent
+/// directly to it: one running, two queued. Returns the tasks holding them.
+async fn fill(worker: &Worker) -> Vec<tokio::task::JoinHandle<()>> {
+    let client = reqwest::Client::new();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let client = client.clone();
+        let url = format!("{}/v1/completions", worker.http);
+        held.push(tokio::spawn(async move {
+            let response = client.post(url).json(&request(8, 400, true)).send().await.unwrap();
+            assert_eq!(response.status().as_u16(), 200);
+            let mut body = response.bytes_stream();
+            while let Some(Ok(_)) = body.next().await {}
+        }));
+    }
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let text = client.get(format!("{}/metrics", worker.http)).send().await.unwrap().text().await.unwrap();
+        if sum_metric(&text, "dynamo_engine_request", "") == 1.0 && sum_metric(&text, "dynamo_request_queue", "") == 2.0
+        {
+            return held;
+        }
+        assert!(Instant::now() < deadline, "worker never filled:\n{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn worker_rejections(client: &reqwest::Client, worker: &Worker) -> f64 {
+    let text = client.get(format!("{}/metrics", worker.http)).send().await.unwrap().text().await.unwrap();
+    sum_metric(&text, "dynamo_rejection_request_total", "")
+}
+
+/// Migration: a worker at its hard cap (N = 1, Q = 2) refuses; the frontend
+/// retries on the other worker and the client never sees the refusal. With
+/// both at capacity, the client gets the overload status, counted as a
+/// `worker_capacity` rejection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_request_migrates_then_overload_when_all_refuse() {
+    let fe = frontend(&[]);
+    let capped = [("DYN_DYNAMO_REQUEST_QUEUE_LIMIT", "2")];
+    let a = worker_with_env(&fe, 1024, 20, &["--engine-request-limit", "1"], &capped);
+    let b = worker_with_env(&fe, 1024, 20, &["--engine-request-limit", "1"], &capped);
+    fe.wait_workers(2).await;
+    let client = reqwest::Client::new();
+
+    // Fill A: one running, two queued.
+    let mut held = fill(&a).await;
+    // Round-robin tries A within two requests; A refuses, B serves.
+    for _ in 0..2 {
+        let response = fe.complete(request(8, 2, false)).await;
+        assert_eq!(response.status().as_u16(), 200);
+    }
+    assert!(worker_rejections(&client, &a).await >= 1.0, "A must have refused at least once");
+    assert_eq!(fe.metric("dynamo_frontend_model_rejection_total", "").await, 0.0);
+
+    // Fill B too: every worker refuses, the client gets 529.
+    held.extend(fill(&b).await);
+    let response = fe.complete(request(8, 2, false)).await;
+    assert_eq!(response.status().as_u16(), 529);
+    assert_eq!(response.headers().get("retry-after").unwrap(), "1");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "Overloaded");
+    assert_eq!(fe.metric("dynamo_frontend_model_rejection_total", "").await, 1.0);
+    assert_eq!(fe.metric("loadgate_frontend_rejection_reason_total", "reason=\"worker_capacity\"").await, 1.0);
+    for task in held {
+        task.abort();
+    }
 }
