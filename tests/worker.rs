@@ -13,7 +13,10 @@ const BIN: &str = env!("CARGO_BIN_EXE_loadgate");
 /// A server child process, killed when dropped.
 struct Server {
     child: Child,
+    /// The HTTP address.
     addr: String,
+    /// The whole `listening ...` line.
+    line: String,
 }
 
 impl Drop for Server {
@@ -40,15 +43,59 @@ fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
         .and_then(|rest| rest.split_whitespace().next())
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
         .to_owned();
-    Server { child, addr }
+    Server { child, addr, line: line.trim().to_owned() }
 }
 
-/// A standalone worker (no frontend) with the cap `N = 1`, `Q = 2`.
+/// A worker with the cap `N = 1`, `Q = 2`, standalone or pushing to the
+/// frontend event ports `frontends`.
+fn capped_worker_for(frontends: &[&str]) -> Server {
+    let mut args =
+        vec!["worker", "--model", "m", "--http-port", "0", "--engine-request-limit", "1", "--decode-step-ms", "10"];
+    for f in frontends {
+        args.extend(["--frontend", f]);
+    }
+    start(&args, &[("DYN_DYNAMO_REQUEST_QUEUE_LIMIT", "2")])
+}
+
 fn capped_worker() -> Server {
-    start(
-        &["worker", "--model", "m", "--http-port", "0", "--engine-request-limit", "1", "--decode-step-ms", "10"],
-        &[("DYN_DYNAMO_REQUEST_QUEUE_LIMIT", "2")],
-    )
+    capped_worker_for(&[])
+}
+
+/// A frontend (no thresholds) and its event address.
+fn frontend() -> (Server, String) {
+    let server = start(&["frontend", "--http-port", "0", "--event-port", "0"], &[]);
+    let events = server
+        .line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("events="))
+        .unwrap_or_else(|| panic!("no events= in {:?}", server.line))
+        .to_owned();
+    (server, events)
+}
+
+/// Waits until the frontend has `n` registered workers.
+async fn wait_for_workers(client: &reqwest::Client, frontend: &Server, n: u64) {
+    loop {
+        let health: Value =
+            client.get(format!("http://{}/health", frontend.addr)).send().await.unwrap().json().await.unwrap();
+        if health["workers"].as_u64() == Some(n) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Fills `worker` to its cap with three long requests sent to it directly
+/// (one running, two queued); returns their handles.
+async fn fill(client: &reqwest::Client, worker: &Server) -> Vec<tokio::task::JoinHandle<(u16, String)>> {
+    let long: Vec<_> = (0..3).map(|_| tokio::spawn(complete(client.clone(), worker.addr.clone(), 300))).collect();
+    loop {
+        let text = metrics(client, &worker.addr).await;
+        if metric(&text, "dynamo_engine_request") == Some(1.0) && metric(&text, "dynamo_request_queue") == Some(2.0) {
+            return long;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 fn metric(text: &str, name: &str) -> Option<f64> {
@@ -164,6 +211,51 @@ async fn openai_shapes_streaming_and_not() {
 
     let resp = client.post(format!("{base}/v1/completions")).body("nope").send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_request_migrates_to_the_other_worker() {
+    let (frontend, events) = frontend();
+    let full = capped_worker_for(&[&events]);
+    let free = capped_worker_for(&[&events]);
+    let client = reqwest::Client::new();
+    wait_for_workers(&client, &frontend, 2).await;
+    let long = fill(&client, &full).await;
+    // Round-robin sends some of these to the full worker first: it refuses,
+    // the frontend migrates the request to the free one, the client never knows.
+    for _ in 0..4 {
+        let (status, body) = complete(client.clone(), frontend.addr.clone(), 2).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let refused = metric(&metrics(&client, &full.addr).await, "dynamo_rejection_request_total").unwrap();
+    assert!(refused >= 1.0, "the full worker refused at least one request");
+    let served = metric(&metrics(&client, &free.addr).await, "dynamo_rejection_request_total").unwrap();
+    assert_eq!(served, 0.0);
+    let fe = metrics(&client, &frontend.addr).await;
+    assert!(!fe.lines().any(|l| l.starts_with("dynamo_frontend_model_rejection_total") && !l.ends_with(" 0")), "{fe}");
+    drop(long);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusal_with_nowhere_to_migrate_reaches_the_client() {
+    let (frontend, events) = frontend();
+    let worker = capped_worker_for(&[&events]);
+    let client = reqwest::Client::new();
+    wait_for_workers(&client, &frontend, 1).await;
+    let long = fill(&client, &worker).await;
+    let (status, body) = complete(client.clone(), frontend.addr.clone(), 2).await;
+    assert_eq!(status, 529, "{body}");
+    let error: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(error["error"]["code"], 529);
+    assert_eq!(metric(&metrics(&client, &worker.addr).await, "dynamo_rejection_request_total"), Some(1.0));
+    let fe = metrics(&client, &frontend.addr).await;
+    let rejected: f64 = fe
+        .lines()
+        .filter(|l| l.starts_with("dynamo_frontend_model_rejection_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(rejected, 1.0, "{fe}");
+    drop(long);
 }
 
 /// Runs `loadgate worker` with an invalid admission configuration: it must
