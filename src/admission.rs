@@ -10,8 +10,8 @@
 //! compare-and-swap that sees all the others: no lost wake-ups. Items are
 //! stored *before* they are counted, so whoever claims a counted item finds
 //! one. The fast path (nothing queued, a slot free) is one CAS to admit and one
-//! to release; only the overflow path touches the handoff lock, and all pops
-//! happen under it, so waiting items run in arrival order.
+//! to release; only the overflow path touches the handoff lock, and all pushes,
+//! counts and pops happen under it, so waiting items run in arrival order.
 
 use std::fmt;
 
@@ -219,32 +219,42 @@ impl<T> Admission<T> {
             }
         }
         self.enqueue(item)?;
-        // AcqRel: counts the item only after it is stored (Release), so a
-        // claimer that sees the count finds the item.
-        self.state.fetch_add(1, Ordering::AcqRel);
         self.pump();
         Ok(Admitted::Queued)
     }
 
-    /// Stores `item` in the overflow (queue, making room by moving the oldest
-    /// item into the empty handoff), or hands it back when both are full.
+    /// Stores and counts `item` in the overflow (queue, making room by moving
+    /// the oldest item into the empty handoff), or hands it back when both
+    /// are full.
+    ///
+    /// Cold path: takes the handoff lock. Storing and counting under the
+    /// same lock that every pop takes means a claimer only ever takes a
+    /// counted item, so a counted item cannot be overtaken by a later
+    /// arrival (loom found that when an uncounted item could be taken).
     #[cold]
-    fn enqueue(&self, mut item: T) -> Result<(), Rejected<T>> {
-        loop {
-            match self.queue.push(item) {
-                Ok(()) => return Ok(()),
-                Err(back) => item = back,
-            }
-            let mut handoff = lock(&self.handoff);
+    fn enqueue(&self, item: T) -> Result<(), Rejected<T>> {
+        let mut handoff = lock(&self.handoff);
+        let item = match self.queue.push(item) {
+            Ok(()) => None,
+            Err(back) => Some(back),
+        };
+        if let Some(item) = item {
             if handoff.is_some() {
                 // Relaxed: a statistic.
                 self.rejected.fetch_add(1, Ordering::Relaxed);
                 return Err(Rejected(item));
             }
-            // The oldest waiting item moves on; all pops happen under this
-            // lock, so the handoff always holds the oldest.
+            // The oldest waiting item moves on, which makes room in the queue:
+            // all pushes and pops happen under this lock.
             *handoff = self.queue.pop();
+            if self.queue.push(item).is_err() {
+                unreachable!("the queue has room after a pop under the handoff lock");
+            }
         }
+        // AcqRel: counts the item only after it is stored (Release), so a
+        // claimer that sees the count finds the item.
+        self.state.fetch_add(1, Ordering::AcqRel);
+        Ok(())
     }
 
     /// The oldest stored item (handoff first).

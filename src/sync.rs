@@ -38,7 +38,7 @@ mod imp {
             Guard(self.0.lock().unwrap().clone())
         }
         pub(crate) fn load_full(&self) -> std::sync::Arc<T> {
-            self.load()
+            self.0.lock().unwrap().clone()
         }
         pub(crate) fn store(&self, value: std::sync::Arc<T>) {
             *self.0.lock().unwrap() = value;
@@ -80,6 +80,7 @@ mod imp {
         pub(crate) fn pop(&self) -> Option<T> {
             self.items.lock().unwrap().pop_front()
         }
+        #[allow(dead_code)] // API parity with `ArrayQueue::len`
         pub(crate) fn len(&self) -> usize {
             self.items.lock().unwrap().len()
         }

@@ -1,0 +1,185 @@
+//! loom: the worker hard cap. `N = 1` engine slot, `Q = 2` overflow, three
+//! threads: never more than `N` running, never more than `N + Q` admitted,
+//! every admitted item runs exactly once, queued items run in arrival order,
+//! rejected items come back intact.
+#![cfg(loom)]
+
+use std::sync::{OnceLock, Weak};
+
+use loadgate::{Admission, Admitted, Permit};
+use loadgate_loom_tests::run_model;
+use loom::sync::atomic::{AtomicUsize, Ordering};
+use loom::sync::{Arc, Mutex};
+use loom::thread;
+
+const N: usize = 1;
+const Q: usize = 2;
+
+/// A request: its id and a payload that must survive a rejection unchanged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Item {
+    id: u32,
+    payload: u64,
+}
+
+fn item(id: u32) -> Item {
+    Item { id, payload: u64::from(id) * 1_000_003 + 7 }
+}
+
+/// What the engine sees: an independent count of items holding a permit,
+/// and the order in which items ran.
+struct Engine {
+    running: AtomicUsize,
+    runs: Mutex<Vec<u32>>,
+    admission: OnceLock<Weak<Admission<Item>>>,
+}
+
+impl Engine {
+    /// Runs `item` while its permit is held, checking the cap from the
+    /// outside (our counter) and the inside (the admission's gauges).
+    fn run(&self, item: Item, permit: Permit<Item>) {
+        assert_eq!(item, self::item(item.id), "item corrupted on its way to the engine");
+        // SeqCst: a test counter; the strongest ordering hides nothing.
+        let before = self.running.fetch_add(1, Ordering::SeqCst);
+        assert!(before < N, "{} items running at once with N = {N}", before + 1);
+        if let Some(admission) = self.admission.get().and_then(Weak::upgrade) {
+            assert!(admission.running() <= N, "running() = {} > N", admission.running());
+            assert!(admission.running() + admission.queued() <= N + Q, "more than N + Q admitted");
+        }
+        self.runs.lock().unwrap().push(item.id);
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        drop(permit); // the slot passes to the next waiting item, if any
+    }
+}
+
+fn setup() -> (Arc<Engine>, std::sync::Arc<Admission<Item>>) {
+    let engine =
+        Arc::new(Engine { running: AtomicUsize::new(0), runs: Mutex::new(Vec::new()), admission: OnceLock::new() });
+    let dispatcher = engine.clone();
+    let admission = Admission::new(
+        N,
+        Q,
+        Box::new(move |item: Item, permit| {
+            dispatcher.run(item, permit);
+            Ok(())
+        }),
+    )
+    .unwrap();
+    engine.admission.set(std::sync::Arc::downgrade(&admission)).unwrap();
+    (engine, admission)
+}
+
+/// What one submitting thread saw: ids admitted (in submission order) and
+/// items handed back.
+#[derive(Default)]
+struct Outcome {
+    admitted: Vec<u32>,
+    rejected: Vec<Item>,
+}
+
+/// Submits `ids` one after another; runs an item admitted straight away.
+fn submit(engine: &Engine, admission: &std::sync::Arc<Admission<Item>>, ids: &[u32]) -> Outcome {
+    let mut outcome = Outcome::default();
+    for &id in ids {
+        match admission.try_admit(item(id)) {
+            Ok(Admitted::Now(item, permit)) => {
+                outcome.admitted.push(id);
+                engine.run(item, permit);
+            }
+            Ok(Admitted::Queued) => outcome.admitted.push(id),
+            Err(rejected) => outcome.rejected.push(rejected.into_inner()),
+        }
+        assert!(admission.running() <= N);
+        assert!(admission.running() + admission.queued() <= N + Q);
+    }
+    outcome
+}
+
+/// Every admitted id ran exactly once, nothing rejected ran, rejected items
+/// are intact, and each thread's admitted items ran in the order it
+/// submitted them.
+fn check(runs: &[u32], outcomes: &[&Outcome], held: Option<u32>) {
+    let mut admitted: Vec<u32> = outcomes.iter().flat_map(|o| o.admitted.iter().copied()).chain(held).collect();
+    admitted.sort_unstable();
+    let mut ran = runs.to_vec();
+    ran.sort_unstable();
+    assert_eq!(ran, admitted, "admitted items and runs differ (runs in order: {runs:?})");
+    for outcome in outcomes {
+        for rejected in &outcome.rejected {
+            assert_eq!(*rejected, item(rejected.id), "rejected item came back changed");
+            assert!(!runs.contains(&rejected.id), "rejected item {} ran", rejected.id);
+        }
+        let order: Vec<u32> = runs.iter().copied().filter(|id| outcome.admitted.contains(id)).collect();
+        assert_eq!(order, outcome.admitted, "one thread's items ran out of order");
+    }
+}
+
+/// The slot is held throughout: of four items submitted concurrently by two
+/// threads, exactly `Q` are queued and the rest come back; the queued ones
+/// run, in order, once the slot is released.
+#[test]
+fn cap_is_exact_while_the_slot_is_held() {
+    run_model("admission/cap_is_exact_while_the_slot_is_held", || {
+        let (engine, admission) = setup();
+        let Ok(Admitted::Now(first, permit)) = admission.try_admit(item(0)) else { panic!("first item must run now") };
+        let threads: Vec<_> = [[1, 2], [3, 4]]
+            .into_iter()
+            .map(|ids| {
+                let (engine, admission) = (engine.clone(), admission.clone());
+                thread::spawn(move || submit(&engine, &admission, &ids))
+            })
+            .collect();
+        let outcomes: Vec<Outcome> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let admitted: usize = outcomes.iter().map(|o| o.admitted.len()).sum();
+        assert_eq!(admitted, Q, "with the slot held, exactly Q items must be admitted");
+        assert_eq!(admission.running(), N);
+        assert_eq!(admission.queued(), Q);
+        assert_eq!(admission.rejected(), 2);
+        engine.run(first, permit);
+        check(&engine.runs.lock().unwrap(), &outcomes.iter().collect::<Vec<_>>(), Some(0));
+        assert_eq!((admission.running(), admission.queued()), (0, 0));
+    });
+}
+
+/// The slot is released while two threads submit two items each: the
+/// released slot, the direct admissions and the queue race.
+#[test]
+fn release_races_two_submitters() {
+    run_model("admission/release_races_two_submitters", || {
+        let (engine, admission) = setup();
+        let Ok(Admitted::Now(first, permit)) = admission.try_admit(item(0)) else { panic!("first item must run now") };
+        let threads: Vec<_> = [[1, 2], [3, 4]]
+            .into_iter()
+            .map(|ids| {
+                let (engine, admission) = (engine.clone(), admission.clone());
+                thread::spawn(move || submit(&engine, &admission, &ids))
+            })
+            .collect();
+        engine.run(first, permit);
+        let outcomes: Vec<Outcome> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        check(&engine.runs.lock().unwrap(), &outcomes.iter().collect::<Vec<_>>(), Some(0));
+        // Nothing is left behind: no lost wake-up.
+        assert_eq!((admission.running(), admission.queued()), (0, 0));
+        let rejected: usize = outcomes.iter().map(|o| o.rejected.len()).sum();
+        assert_eq!(admission.rejected(), rejected as u64);
+    });
+}
+
+/// Three threads each submit one item and run it at once when admitted
+/// directly: capacity `N + Q = 3` admits all three, and all three run.
+#[test]
+fn three_submitters_all_run() {
+    run_model("admission/three_submitters_all_run", || {
+        let (engine, admission) = setup();
+        let threads: Vec<_> = (1..=3)
+            .map(|id| {
+                let (engine, admission) = (engine.clone(), admission.clone());
+                thread::spawn(move || submit(&engine, &admission, &[id]))
+            })
+            .collect();
+        let outcomes: Vec<Outcome> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        assert!(outcomes.iter().all(|o| o.rejected.is_empty()), "rejected below N + Q");
+        check(&engine.runs.lock().unwrap(), &outcomes.iter().collect::<Vec<_>>(), None);
+        assert_eq!((admission.running(), admission.queued()), (0, 0));
+    });
+}

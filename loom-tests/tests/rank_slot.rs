@@ -1,0 +1,128 @@
+//! loom: a reader never pairs a numerator with a denominator from a
+//! different report, and router-tracked increments are never lost.
+#![cfg(loom)]
+
+use loadgate::{MonitorConfig, RankLoad, RankSlot, WorkerMonitor};
+use loadgate_loom_tests::run_model;
+use loom::sync::Arc;
+use loom::thread;
+
+/// Report `k`: every pair is a multiple of `k`, and the two pairs differ, so
+/// a torn pair, a pair from two reports or a pair from before any report is
+/// recognisable.
+fn report(k: u32) -> RankLoad {
+    RankLoad {
+        active_decode_blocks: k,
+        kv_total_blocks: k * 10,
+        active_prefill_tokens: k * 100,
+        max_num_batched_tokens: k * 1000,
+    }
+}
+
+/// Which report the blocks pair and the tokens pair of `load` come from.
+fn reports_of(load: &RankLoad, written: &[u32]) -> (u32, u32) {
+    let blocks = load.active_decode_blocks;
+    assert!(
+        written.contains(&blocks) && load.kv_total_blocks == blocks * 10,
+        "blocks pair {}/{} is not one that was written",
+        load.active_decode_blocks,
+        load.kv_total_blocks
+    );
+    let tokens = load.active_prefill_tokens / 100;
+    assert!(
+        written.contains(&tokens)
+            && load.active_prefill_tokens == tokens * 100
+            && load.max_num_batched_tokens == tokens * 1000,
+        "tokens pair {}/{} is not one that was written",
+        load.active_prefill_tokens,
+        load.max_num_batched_tokens
+    );
+    (blocks, tokens)
+}
+
+/// One writer stores reports 1, 2, 3 in order; a reader loading twice only
+/// ever sees written pairs, and never goes back to an older report.
+#[test]
+fn reader_never_sees_a_torn_pair() {
+    run_model("rank_slot/reader_never_sees_a_torn_pair", || {
+        let slot = Arc::new(RankSlot::new());
+        let writer = {
+            let slot = slot.clone();
+            thread::spawn(move || {
+                for k in 1..=3u32 {
+                    slot.store(u64::from(k), &report(k), u64::from(k));
+                }
+            })
+        };
+        let mut last = (0, 0);
+        for _ in 0..2 {
+            if let Some((load, _at)) = slot.load() {
+                let seen = reports_of(&load, &[1, 2, 3]);
+                assert!(seen.0 >= last.0 && seen.1 >= last.1, "went back from {last:?} to {seen:?}");
+                last = seen;
+            }
+        }
+        writer.join().unwrap();
+        let (load, at) = slot.load().expect("reported");
+        assert_eq!((load, at), (report(3), 3));
+    });
+}
+
+/// Two writers race on one slot (not the intended use, one publisher per
+/// thread, but it must still never tear): every read is a written pair.
+#[test]
+fn racing_writers_never_tear() {
+    run_model("rank_slot/racing_writers_never_tear", || {
+        let slot = Arc::new(RankSlot::new());
+        let writers: Vec<_> = [1u32, 2]
+            .into_iter()
+            .map(|k| {
+                let slot = slot.clone();
+                thread::spawn(move || {
+                    slot.store(u64::from(k), &report(k), u64::from(k));
+                })
+            })
+            .collect();
+        if let Some((load, _)) = slot.load() {
+            reports_of(&load, &[1, 2]);
+        }
+        for w in writers {
+            w.join().unwrap();
+        }
+        let (load, _) = slot.load().expect("reported");
+        reports_of(&load, &[1, 2]);
+    });
+}
+
+/// Router-tracked load: two request threads add to the same rank while a
+/// third sets its capacity; no increment and no capacity is lost.
+#[test]
+fn tracked_increments_are_never_lost() {
+    run_model("rank_slot/tracked_increments_are_never_lost", || {
+        let (clock, _mock) = quanta::Clock::mock();
+        let monitor = Arc::new(WorkerMonitor::with_clock(MonitorConfig::default(), clock).unwrap());
+        monitor.register(1, "m", 1).unwrap();
+        let adders: Vec<_> = (0..2)
+            .map(|_| {
+                let monitor = monitor.clone();
+                thread::spawn(move || {
+                    monitor.track(1, 0, 3, 50).unwrap();
+                })
+            })
+            .collect();
+        monitor.set_tracked_capacity(1, 0, 100, 1000).unwrap();
+        for a in adders {
+            a.join().unwrap();
+        }
+        let snapshot = monitor.rank_snapshots()[0];
+        assert_eq!(
+            snapshot.tracked,
+            Some(RankLoad {
+                active_decode_blocks: 6,
+                kv_total_blocks: 100,
+                active_prefill_tokens: 100,
+                max_num_batched_tokens: 1000
+            })
+        );
+    });
+}
