@@ -493,7 +493,7 @@ impl System {
         let eligible: Vec<u64> = instances
             .iter()
             .copied()
-            .filter(|id| !(filtering && self.model.busy(*id)) && !exclude.contains(id))
+            .filter(|id| (!filtering || !self.model.busy(*id)) && !exclude.contains(id))
             .collect();
         if eligible.is_empty() {
             prop_assert_eq!(real, Err(RouteError::Overloaded));

@@ -172,7 +172,8 @@ mod thresholds {
     fn exactly_at_029_is_not_busy() {
         // The reference's `used > thr * total` calls 29 of 100 busy (0.29 * 100.0
         // is 28.999999999999996).
-        assert!(29.0 > 0.29 * 100.0, "the f64 pitfall this test guards against");
+        let (used, threshold, total) = std::hint::black_box((29.0, 0.29, 100.0));
+        assert!(used > threshold * total, "the f64 pitfall this test guards against");
         assert_decode_boundary(0.29, 100, 29);
     }
 
