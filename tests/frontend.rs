@@ -515,3 +515,53 @@ async fn refused_request_migrates_then_overload_when_all_refuse() {
         task.abort();
     }
 }
+
+/// A client that goes away mid-stream: the frontend drops the worker stream
+/// and releases the request's in-flight count and tracked load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_disconnect_releases_everything() {
+    let fe = frontend(&["--router-mode", "kv"]);
+    let _w = worker(&fe, 64, 50, &[]);
+    fe.wait_workers(1).await;
+    let stream = start_stream(&fe, 40, 400).await;
+    let held = fe.metrics().await;
+    assert_eq!(sum_metric(&held, "loadgate_frontend_inflight_requests", ""), 1.0);
+    assert_eq!(sum_metric(&held, "loadgate_frontend_tracked_blocks", ""), 3.0, "ceil(40 / 16) prompt blocks");
+    // The first token arrived: the prompt's prefill tokens are released.
+    assert_eq!(sum_metric(&held, "loadgate_frontend_tracked_prefill_tokens", ""), 0.0);
+    drop(stream);
+    fe.wait_metrics("nothing held", |m| {
+        sum_metric(m, "loadgate_frontend_inflight_requests", "") == 0.0
+            && sum_metric(m, "loadgate_frontend_tracked_blocks", "") == 0.0
+    })
+    .await;
+    assert_eq!(fe.metric("loadgate_frontend_workers", "").await, 1.0, "the worker stays");
+}
+
+/// `--worker URL` registers a worker that is not on the event plane; bad
+/// bodies are 400, unknown models 404, and `/v1/models` lists the model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_flag_registers_from_info_and_requests_are_validated() {
+    let (standalone, line) = spawn("worker", &["worker", "--model", MODEL, "--http-port", "0"], &[]);
+    let url = format!("http://{}", field(&line, "http="));
+    let fe = frontend(&["--worker", &url]);
+    fe.wait_workers(1).await;
+    let response = fe.complete(request(8, 3, false)).await;
+    assert_eq!(response.status().as_u16(), 200);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["usage"]["completion_tokens"], 3);
+
+    let chat = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 2});
+    let response = fe.client.post(format!("{}/v1/chat/completions", fe.http)).json(&chat).send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+
+    let unknown = fe.complete(json!({"model": "no-such-model", "prompt": "hi"})).await;
+    assert_eq!(unknown.status().as_u16(), 404);
+    for bad in ["not json", "[1, 2]", r#"{"prompt": "no model"}"#] {
+        let response = fe.client.post(format!("{}/v1/completions", fe.http)).body(bad).send().await.unwrap().status();
+        assert_eq!(response.as_u16(), 400, "{bad}");
+    }
+    let models: Value = fe.client.get(format!("{}/v1/models", fe.http)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(models["data"][0]["id"], MODEL);
+    drop(standalone);
+}
