@@ -180,18 +180,14 @@ impl Router {
             }
             (None, Policy::Random) => eligible.nth(fastrand::usize(..count)),
             (None, Policy::PowerOfTwoChoices) => {
-                let a = eligible.nth(fastrand::usize(..count));
+                let i = fastrand::usize(..count);
+                let a = eligible.nth(i);
                 if count == 1 {
                     a
                 } else {
-                    let mut k = fastrand::usize(..count - 1);
-                    let b = eligible.nth(k);
-                    let b = if b == a {
-                        k += 1;
-                        eligible.nth(k)
-                    } else {
-                        b
-                    };
+                    // Uniform over the other `count - 1`: skip over `i`.
+                    let k = fastrand::usize(..count - 1);
+                    let b = eligible.nth(if k >= i { k + 1 } else { k });
                     if self.load(view, b).cmp_load(&self.load(view, a)).is_lt() {
                         b
                     } else {

@@ -837,6 +837,37 @@ mod routing {
     }
 
     #[test]
+    fn power_of_two_draws_two_distinct_workers_uniformly() {
+        // 1: 50%, 2: 40%, 3: 10%, none busy. Power of two returns the less
+        // loaded of a uniformly drawn pair: {1,2} -> 2, {1,3} and {2,3} -> 3.
+        // So 3 wins 2/3 of the time and 1 never does. A biased second draw
+        // (never or rarely the last eligible) shows as 3 winning ~1/2.
+        let monitor = monitor_with(&[1, 2, 3, 4], 1, decode(0.99));
+        for (w, used) in [(1, 50), (2, 40), (3, 10), (4, 0)] {
+            monitor.apply(&report(w, 0, 1, blocks(used, 100))).unwrap();
+        }
+        let router = Router::new(monitor, Policy::PowerOfTwoChoices);
+        // Excluding 4 both ways: through the exclusion scan, and with 4 deregistered-like busy.
+        let counts = count_picks(&router, &[4], 6000);
+        assert_eq!(counts.get(&1), None, "the most loaded of three can never win a pair: {counts:?}");
+        let third = counts.get(&3).copied().unwrap_or(0);
+        // Expected 4000, standard deviation ~37: [3700, 4300] is over 8 sigma wide.
+        assert!((3700..=4300).contains(&third), "worker 3 won {third} of 6000, expected ~4000: {counts:?}");
+    }
+
+    #[test]
+    fn power_of_two_is_uniform_without_exclusions() {
+        let monitor = monitor_with(&[1, 2, 3], 1, decode(0.99));
+        for (w, used) in [(1, 50), (2, 40), (3, 10)] {
+            monitor.apply(&report(w, 0, 1, blocks(used, 100))).unwrap();
+        }
+        let router = Router::new(monitor, Policy::PowerOfTwoChoices);
+        let counts = count_picks(&router, &[], 6000);
+        let third = counts.get(&3).copied().unwrap_or(0);
+        assert!((3700..=4300).contains(&third), "worker 3 won {third} of 6000, expected ~4000: {counts:?}");
+    }
+
+    #[test]
     fn least_loaded_picks_the_minimum() {
         let router = Router::new(loaded_pool(), Policy::LeastLoaded);
         for _ in 0..10 {
