@@ -1,5 +1,5 @@
 //! The load event plane: workers push their registration and per-rank load
-//! to every frontend over TCP, in [`wire`](crate::wire) frames.
+//! to every frontend over TCP, in [`crate::wire`] frames.
 //!
 //! - Worker side: [`EventPublisher`], a std thread with one blocking
 //!   connection per frontend; reconnects with backoff, coalesces reports
