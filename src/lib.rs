@@ -31,6 +31,7 @@
 //! | [`Migration`] | retry on another worker after a hard-cap refusal |
 //! | [`RetryPolicy`] | client backoff with jitter, honouring `Retry-After` |
 //! | [`RejectionMetrics`] | counters and Prometheus text |
+//! | [`wire::Frame`], [`patch::ThresholdPatch`] | the event plane's binary frames and the `/busy_threshold` body (pure codecs) |
 //!
 //! # Example
 //!
