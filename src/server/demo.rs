@@ -247,11 +247,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let report = runtime.block_on(run_bench(&config))?;
             drop(pool);
             eprintln!(
-                "  shedding {:<4} {multiple:>3}x: goodput {:>5.1} req/s, rejected {:>5.1} %, p99 TTFT {:>8.1} ms",
+                "  shedding {:<4} {multiple:>3}x: goodput {:>5.1} req/s, rejected {:>5.1} %, p99 TTFT {:>8.1} ms, \
+                 unfinished at the drain deadline {}",
                 if shedding.is_some() { "on" } else { "off" },
                 report.goodput(),
                 report.rejected_pct(),
-                Percentiles::of(&report.ttft).p99
+                Percentiles::of(&report.ttft).p99,
+                report.unfinished
             );
             runs.push(Run { report });
         }

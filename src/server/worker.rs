@@ -18,6 +18,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt as _;
 use axum::Router;
 use futures_util::{Stream, StreamExt};
 use tokio::sync::oneshot;
@@ -160,7 +161,10 @@ async fn serve(args: Args, admission: Option<Arc<Admission<Waiter>>>) -> anyhow:
     std::io::stdout().flush()?;
     tracing::info!(worker_id = id, model = %args.model, %addr, "worker started");
     tokio::select! {
-        served = axum::serve(listener, app) => served?,
+        served = axum::serve(listener.tap_io(|tcp| {
+            // Tokens are small writes: without this, Nagle holds each one back.
+            let _ = tcp.set_nodelay(true);
+        }), app) => served?,
         () = shutdown_signal() => tracing::info!("worker stopping"),
     }
     drop(publisher);
