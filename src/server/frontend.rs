@@ -14,6 +14,7 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use axum::Json;
 use serde_json::{json, Value};
 
@@ -270,6 +271,10 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.http_port)).await?;
     let http = listener.local_addr()?;
     let router = app(frontend.clone());
+    // No Nagle delay on small SSE chunks.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let server = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, router).await {
             tracing::error!(error = %e, "HTTP server failed");
