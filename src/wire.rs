@@ -382,4 +382,61 @@ mod tests {
         };
         roundtrip(max);
     }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic_and_consume_only_whole_frames(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600)) {
+            let mut buf = BytesMut::from(&bytes[..]);
+            let mut seen = 0;
+            loop {
+                let before = buf.len();
+                match decode(&mut buf) {
+                    Ok(Some(frame)) => {
+                        // What was consumed re-encodes to the same bytes.
+                        let mut again = BytesMut::new();
+                        encode(&frame, &mut again).unwrap();
+                        proptest::prop_assert_eq!(&again[..], &bytes[seen..seen + before - buf.len()]);
+                        seen += before - buf.len();
+                    }
+                    Ok(None) => {
+                        proptest::prop_assert_eq!(buf.len(), before);
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+
+        #[test]
+        fn headed_garbage_never_panics(kind in 0u8..5, len in 0u16..80, tail in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..100)) {
+            let mut buf = BytesMut::new();
+            buf.put_u8(MAGIC);
+            buf.put_u8(kind);
+            buf.put_u16(len);
+            buf.extend_from_slice(&tail);
+            let before = buf.len();
+            match decode(&mut buf) {
+                Ok(Some(_)) => proptest::prop_assert_eq!(before - buf.len(), HEADER_LEN + usize::from(len)),
+                Ok(None) => proptest::prop_assert!(tail.len() < usize::from(len)),
+                Err(_) => {}
+            }
+        }
+
+        #[test]
+        fn load_frames_roundtrip(worker: u64, rank: u32, seq: u64, a: u32, b: u32, c: u32, d: u32) {
+            let load = RankLoad { active_decode_blocks: a, kv_total_blocks: b, active_prefill_tokens: c, max_num_batched_tokens: d };
+            let frame = Frame::Load { worker, rank, seq, load };
+            let mut buf = BytesMut::new();
+            encode(&frame, &mut buf).unwrap();
+            proptest::prop_assert_eq!(decode(&mut buf), Ok(Some(frame)));
+        }
+
+        #[test]
+        fn register_frames_roundtrip(worker: u64, dp_size: u32, model in ".{0,40}", http_addr in ".{0,40}") {
+            let frame = Frame::Register { worker, dp_size, model, http_addr };
+            let mut buf = BytesMut::new();
+            encode(&frame, &mut buf).unwrap();
+            proptest::prop_assert_eq!(decode(&mut buf), Ok(Some(frame)));
+        }
+    }
 }
