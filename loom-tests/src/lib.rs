@@ -16,19 +16,29 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// The preemption bound used when `LOOM_MAX_PREEMPTIONS` is not set.
+/// The preemption bound of [`run_model`], for models with three busy
+/// threads (hundreds of thousands of executions already at 3).
 pub const DEFAULT_PREEMPTIONS: usize = 2;
 
 /// Checks `f` under every interleaving loom explores with at most
-/// `LOOM_MAX_PREEMPTIONS` (default [`DEFAULT_PREEMPTIONS`]) preemptions, and
-/// prints how many executions that took and how long.
+/// [`DEFAULT_PREEMPTIONS`] preemptions (`LOOM_MAX_PREEMPTIONS` overrides),
+/// and prints how many executions that took and how long.
 pub fn run_model<F>(name: &str, f: F)
+where
+    F: Fn() + Sync + Send + 'static,
+{
+    run_model_with(name, DEFAULT_PREEMPTIONS, f);
+}
+
+/// As [`run_model`], with a deeper default bound for a model small enough to
+/// afford it (`LOOM_MAX_PREEMPTIONS` still overrides).
+pub fn run_model_with<F>(name: &str, preemptions: usize, f: F)
 where
     F: Fn() + Sync + Send + 'static,
 {
     let mut builder = loom::model::Builder::new();
     if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(DEFAULT_PREEMPTIONS);
+        builder.preemption_bound = Some(preemptions);
     }
     let bound = builder.preemption_bound;
     // A plain std counter: it counts executions, outside the model.

@@ -7,7 +7,7 @@
 use std::sync::{OnceLock, Weak};
 
 use loadgate::{Admission, Admitted, Permit};
-use loadgate_loom_tests::run_model;
+use loadgate_loom_tests::{run_model, run_model_with};
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
@@ -119,7 +119,7 @@ fn check(runs: &[u32], outcomes: &[&Outcome], held: Option<u32>) {
 /// run, in order, once the slot is released.
 #[test]
 fn cap_is_exact_while_the_slot_is_held() {
-    run_model("admission/cap_is_exact_while_the_slot_is_held", || {
+    run_model_with("admission/cap_is_exact_while_the_slot_is_held", 4, || {
         let (engine, admission) = setup();
         let Ok(Admitted::Now(first, permit)) = admission.try_admit(item(0)) else { panic!("first item must run now") };
         let threads: Vec<_> = [[1, 2], [3, 4]]

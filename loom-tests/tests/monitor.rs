@@ -9,7 +9,7 @@ use std::sync::Arc;
 use loadgate::{
     BusyThresholds, LoadReport, MonitorConfig, Policy, Publisher, RankLoad, RouteError, Router, WorkerId, WorkerMonitor,
 };
-use loadgate_loom_tests::run_model;
+use loadgate_loom_tests::run_model_with;
 use loom::thread;
 
 const MODEL: &str = "m";
@@ -59,7 +59,7 @@ fn published(monitor: &WorkerMonitor, ids: &[WorkerId]) -> Vec<bool> {
 /// worker 3 stays busy; the main thread reads the busy set twice.
 #[test]
 fn two_writers_never_lose_a_flip() {
-    run_model("monitor/two_writers_never_lose_a_flip", || {
+    run_model_with("monitor/two_writers_never_lose_a_flip", 4, || {
         let ids = [1, 2, 3];
         let monitor = monitor(0.5, &[(1, 60), (2, 10), (3, 90)]);
         assert_eq!(published(&monitor, &ids), [true, false, true]);
@@ -105,7 +105,7 @@ fn two_writers_never_lose_a_flip() {
 /// under either threshold: the end state is free, whichever runs first.
 #[test]
 fn threshold_change_races_a_report() {
-    run_model("monitor/threshold_change_races_a_report", || {
+    run_model_with("monitor/threshold_change_races_a_report", 4, || {
         let monitor = monitor(0.7, &[(1, 60)]); // 60 % of 0.7: free
         assert!(!monitor.is_busy(1));
         let setter = {
@@ -126,7 +126,7 @@ fn threshold_change_races_a_report() {
 /// with no threshold nothing is busy, and the router routes to it.
 #[test]
 fn threshold_clear_races_a_report() {
-    run_model("monitor/threshold_clear_races_a_report", || {
+    run_model_with("monitor/threshold_clear_races_a_report", 4, || {
         let monitor = monitor(0.5, &[(1, 40)]);
         let router = Router::new(monitor.clone(), Policy::RoundRobin);
         let clearer = {

@@ -3,7 +3,7 @@
 #![cfg(loom)]
 
 use loadgate::{MonitorConfig, RankLoad, RankSlot, WorkerMonitor};
-use loadgate_loom_tests::run_model;
+use loadgate_loom_tests::{run_model, run_model_with};
 use loom::sync::Arc;
 use loom::thread;
 
@@ -44,7 +44,7 @@ fn reports_of(load: &RankLoad, written: &[u32]) -> (u32, u32) {
 /// ever sees written pairs, and never goes back to an older report.
 #[test]
 fn reader_never_sees_a_torn_pair() {
-    run_model("rank_slot/reader_never_sees_a_torn_pair", || {
+    run_model_with("rank_slot/reader_never_sees_a_torn_pair", 4, || {
         let slot = Arc::new(RankSlot::new());
         let writer = {
             let slot = slot.clone();
@@ -72,7 +72,7 @@ fn reader_never_sees_a_torn_pair() {
 /// thread, but it must still never tear): every read is a written pair.
 #[test]
 fn racing_writers_never_tear() {
-    run_model("rank_slot/racing_writers_never_tear", || {
+    run_model_with("rank_slot/racing_writers_never_tear", 4, || {
         let slot = Arc::new(RankSlot::new());
         let writers: Vec<_> = [1u32, 2]
             .into_iter()
