@@ -1537,4 +1537,161 @@ mod concurrency {
             assert_eq!(set.busy_count(), expected.iter().filter(|b| **b).count());
         }
     }
+
+    #[test]
+    fn two_writers_on_different_ranks_of_one_worker_lose_no_change() {
+        for round in 0..4u64 {
+            let monitor = monitor_with(&[1], 2, decode(0.5));
+            let barrier = Arc::new(Barrier::new(2));
+            let writers: Vec<_> = [0u32, 1]
+                .into_iter()
+                .map(|rank| {
+                    let (monitor, barrier) = (monitor.clone(), barrier.clone());
+                    thread::spawn(move || {
+                        barrier.wait();
+                        let end_busy = (u64::from(rank) + round) % 3 != 0;
+                        for seq in 1..=FLIPS {
+                            let busy = (seq % 2 == 0) == end_busy;
+                            monitor.apply(&report(1, rank, seq, blocks(if busy { 60 } else { 40 }, 100))).unwrap();
+                        }
+                        end_busy
+                    })
+                })
+                .collect();
+            let ends: Vec<bool> = writers.into_iter().map(|h| h.join().unwrap()).collect();
+            assert_eq!(monitor.is_busy(1), ends.iter().all(|b| *b), "round {round}: ranks ended {ends:?}");
+        }
+    }
+
+    #[test]
+    fn threshold_changes_racing_reports_end_consistent() {
+        for round in 0..4u64 {
+            let monitor = monitor_with(&[1, 2], 1, decode(0.5));
+            let barrier = Arc::new(Barrier::new(3));
+            let reporters: Vec<_> = [1u64, 2]
+                .into_iter()
+                .map(|worker| {
+                    let (monitor, barrier) = (monitor.clone(), barrier.clone());
+                    thread::spawn(move || {
+                        barrier.wait();
+                        for seq in 1..=FLIPS {
+                            let used = ((seq * 7 + worker * 13 + round) % 100) as u32;
+                            monitor.apply(&report(worker, 0, seq, blocks(used, 100))).unwrap();
+                        }
+                    })
+                })
+                .collect();
+            let setter = {
+                let (monitor, barrier) = (monitor.clone(), barrier.clone());
+                thread::spawn(move || {
+                    barrier.wait();
+                    for i in 0..FLIPS / 10 {
+                        let t = match (i + round) % 3 {
+                            0 => BusyThresholds::default(),
+                            1 => decode(0.3),
+                            _ => decode(0.6),
+                        };
+                        monitor.set_thresholds("m", t).unwrap();
+                    }
+                })
+            };
+            for h in reporters {
+                h.join().unwrap();
+            }
+            setter.join().unwrap();
+            // After the dust settles the published bits are those of the final inputs.
+            let t = monitor.thresholds("m").unwrap();
+            for (w, snap) in [1u64, 2].into_iter().zip(monitor.rank_snapshots()) {
+                let expected = t.evaluate(&snap.effective().unwrap()).any();
+                assert_eq!(monitor.is_busy(w), expected, "round {round}, worker {w}: {snap:?} under {t:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn admission_under_contention_never_exceeds_n_and_runs_each_item_once() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+        use std::sync::mpsc;
+
+        const N: usize = 2;
+        const Q: usize = 3;
+        const PER_THREAD: usize = if cfg!(miri) { 20 } else { 3_000 };
+        const THREADS: usize = 3;
+        let running = Arc::new(AtomicUsize::new(0));
+        let max_running = Arc::new(AtomicUsize::new(0));
+        let ran: Arc<Vec<AtomicBool>> = Arc::new((0..THREADS * PER_THREAD).map(|_| AtomicBool::new(false)).collect());
+        let run = {
+            let (running, max_running, ran) = (running.clone(), max_running.clone(), ran.clone());
+            move |item: usize| {
+                let now = running.fetch_add(1, SeqCst) + 1;
+                max_running.fetch_max(now, SeqCst);
+                assert!(!ran[item].swap(true, SeqCst), "item {item} ran twice");
+                running.fetch_sub(1, SeqCst);
+            }
+        };
+        let (tx, rx) = mpsc::channel::<Option<(usize, Permit<usize>)>>();
+        let dispatch_tx = std::sync::Mutex::new(tx.clone());
+        let admission = Admission::new(
+            N,
+            Q,
+            Box::new(move |item, permit| {
+                dispatch_tx.lock().unwrap().send(Some((item, permit))).map_err(|e| e.0.unwrap().1)
+            }),
+        )
+        .unwrap();
+        let consumer = {
+            let run = run.clone();
+            thread::spawn(move || {
+                while let Some((item, permit)) = rx.recv().unwrap() {
+                    run(item);
+                    drop(permit);
+                }
+            })
+        };
+        let barrier = Arc::new(Barrier::new(THREADS));
+        let producers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (admission, barrier, run) = (admission.clone(), barrier.clone(), run.clone());
+                thread::spawn(move || {
+                    barrier.wait();
+                    let (mut admitted, mut refused) = (Vec::new(), 0);
+                    for i in 0..PER_THREAD {
+                        let item = t * PER_THREAD + i;
+                        match admission.try_admit(item) {
+                            Ok(Admitted::Now(item, permit)) => {
+                                run(item);
+                                drop(permit);
+                                admitted.push(item);
+                            }
+                            Ok(Admitted::Queued) => admitted.push(item),
+                            Err(Rejected(back)) => {
+                                assert_eq!(back, item);
+                                refused += 1;
+                            }
+                        }
+                    }
+                    (admitted, refused)
+                })
+            })
+            .collect();
+        let (mut admitted, mut refused) = (Vec::new(), 0u64);
+        for p in producers {
+            let (a, r) = p.join().unwrap();
+            admitted.extend(a);
+            refused += r;
+        }
+        // Queued items still drain through the consumer.
+        while admission.running() != 0 || admission.queued() != 0 {
+            thread::yield_now();
+        }
+        tx.send(None).unwrap();
+        consumer.join().unwrap();
+        assert!(max_running.load(SeqCst) <= N, "{} ran at once", max_running.load(SeqCst));
+        assert_eq!(admission.rejected(), refused);
+        let admitted: std::collections::HashSet<usize> = admitted.into_iter().collect();
+        for (item, ran) in ran.iter().enumerate() {
+            assert_eq!(ran.load(SeqCst), admitted.contains(&item), "item {item}");
+        }
+        assert!(!admitted.is_empty());
+    }
 }
