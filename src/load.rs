@@ -223,5 +223,6 @@ impl RankSlot {
 
 #[inline]
 fn offset(value: u32, delta: i64) -> u32 {
-    (i64::from(value) + delta).clamp(0, i64::from(u32::MAX)) as u32
+    // Saturating: a caller's extreme delta must not overflow the i64 sum.
+    i64::from(value).saturating_add(delta).clamp(0, i64::from(u32::MAX)) as u32
 }

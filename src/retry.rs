@@ -54,7 +54,9 @@ impl RetryPolicy {
         let ceiling = self.base.saturating_mul(1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX)).min(self.cap);
         // A NaN draw would make `mul_f64` panic (clamp keeps NaN): treat it as 0.
         let unit = if unit.is_nan() { 0.0 } else { unit.clamp(0.0, 1.0) };
-        let jittered = ceiling.mul_f64(unit);
+        // Not `mul_f64`: it panics when the product rounds past `Duration::MAX`
+        // (an uncapped policy); the product never exceeds `ceiling`.
+        let jittered = Duration::try_from_secs_f64(ceiling.as_secs_f64() * unit).map_or(ceiling, |d| d.min(ceiling));
         match retry_after {
             Some(server) => jittered.max(server.min(self.max_retry_after)),
             None => jittered,

@@ -484,6 +484,17 @@ mod reports {
     }
 
     #[test]
+    fn tracking_saturates_with_extreme_deltas() {
+        let monitor = monitor_with(&[1], 1, decode(0.5));
+        monitor.track(1, 0, 7, 7).unwrap();
+        monitor.track(1, 0, i64::MAX, i64::MAX).unwrap();
+        let full = RankLoad { active_decode_blocks: u32::MAX, active_prefill_tokens: u32::MAX, ..Default::default() };
+        assert_eq!(monitor.rank_snapshots()[0].tracked, Some(full));
+        monitor.track(1, 0, i64::MIN, i64::MIN).unwrap();
+        assert_eq!(monitor.rank_snapshots()[0].tracked, Some(RankLoad::default()));
+    }
+
+    #[test]
     fn worker_load_sums_effective_ranks() {
         let monitor = monitor_with(&[1], 2, decode(0.5));
         monitor.apply(&report(1, 0, 1, RankLoad { active_prefill_tokens: 5, ..blocks(10, 100) })).unwrap();
@@ -1368,6 +1379,15 @@ mod retry {
             let d = p.delay(3, None, unit);
             assert!(d <= Duration::from_millis(800), "unit {unit}: {d:?}");
         }
+    }
+
+    #[test]
+    fn an_uncapped_policy_never_panics() {
+        let p = RetryPolicy { max_retries: 3, base: Duration::MAX, cap: Duration::MAX, max_retry_after: Duration::MAX };
+        for unit in [0.0, 0.5, 0.999_999_999, 1.0] {
+            assert!(p.delay(40, None, unit) <= Duration::MAX);
+        }
+        assert_eq!(p.delay(0, Some(Duration::MAX), 0.0), Duration::MAX);
     }
 
     #[test]
