@@ -381,3 +381,35 @@ impl<T> Drop for Permit<T> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_packs_running_and_queued() {
+        for (r, q) in [(0, 0), (1, 0), (0, 1), (u32::MAX, 3), (7, u32::MAX)] {
+            assert_eq!(unpack(pack(r, q)), (r, q));
+        }
+    }
+
+    #[test]
+    fn the_handoff_holds_the_oldest_waiting_item() {
+        // N = 1, Q = 3: a queue of 2 plus the handoff.
+        let admission = Admission::new(1, 3, Box::new(|_: u32, _| Ok(()))).unwrap();
+        let Ok(Admitted::Now(_, permit)) = admission.try_admit(0) else { panic!("a slot was free") };
+        for item in 1..=3 {
+            assert!(matches!(admission.try_admit(item), Ok(Admitted::Queued)));
+        }
+        assert_eq!(*lock(&admission.handoff), Some(1), "the oldest moved on to make room");
+        assert_eq!(admission.queue.len(), 2);
+        assert_eq!(admission.try_admit(4).unwrap_err().into_inner(), 4);
+        assert_eq!(admission.take_oldest(), Some(1));
+        assert_eq!(admission.take_oldest(), Some(2));
+        assert_eq!(admission.take_oldest(), Some(3));
+        assert_eq!(admission.take_oldest(), None);
+        // The accounting still counts the three as queued; forget the permit so
+        // its release does not look for them.
+        std::mem::forget(permit);
+    }
+}

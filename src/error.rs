@@ -111,3 +111,24 @@ pub fn overload_status_code() -> u16 {
     static CODE: OnceLock<u16> = OnceLock::new();
     *CODE.get_or_init(|| parse_overload_status(std::env::var(OVERLOAD_STATUS_ENV).ok().as_deref()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_number_follows_the_rule() {
+        for n in 0..=70_000u32 {
+            let expected = if (200..=999).contains(&n) { n as u16 } else { DEFAULT_OVERLOAD_STATUS };
+            assert_eq!(parse_overload_status(Some(&n.to_string())), expected, "{n}");
+            assert_eq!(parse_overload_status(Some(&format!("0{n}"))), expected, "0{n}");
+        }
+    }
+
+    #[test]
+    fn non_numbers_fall_back() {
+        for v in ["", " ", "5 03", "503a", "0x1f7", "５０３", "-0", "+200", "2e2"] {
+            assert_eq!(parse_overload_status(Some(v)), DEFAULT_OVERLOAD_STATUS, "{v:?}");
+        }
+    }
+}

@@ -226,3 +226,91 @@ fn offset(value: u32, delta: i64) -> u32 {
     // Saturating: a caller's extreme delta must not overflow the i64 sum.
     i64::from(value).saturating_add(delta).clamp(0, i64::from(u32::MAX)) as u32
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pack_round_trips() {
+        for (hi, lo) in [(0, 0), (1, 0), (0, 1), (u32::MAX, 0), (0, u32::MAX), (u32::MAX, u32::MAX), (0xdead_beef, 7)] {
+            assert_eq!(unpack(pack(hi, lo)), (hi, lo));
+        }
+    }
+
+    #[test]
+    fn offset_saturates_both_ways() {
+        assert_eq!(offset(5, -10), 0);
+        assert_eq!(offset(5, 3), 8);
+        assert_eq!(offset(u32::MAX - 1, 5), u32::MAX);
+        assert_eq!(offset(7, i64::MIN), 0);
+        assert_eq!(offset(7, i64::MAX), u32::MAX);
+    }
+
+    #[test]
+    fn store_reports_stale_unchanged_and_changed() {
+        let slot = RankSlot::new();
+        let a = RankLoad {
+            active_decode_blocks: 1,
+            kv_total_blocks: 2,
+            active_prefill_tokens: 3,
+            max_num_batched_tokens: 4,
+        };
+        let b = RankLoad { active_prefill_tokens: 9, ..a };
+        assert_eq!(slot.load(), None);
+        assert_eq!(slot.store(0, &a, 5), SlotUpdate::Stale, "0 is never above the initial sequence");
+        assert_eq!(slot.load(), None);
+        assert_eq!(slot.store(1, &a, 5), SlotUpdate::Changed, "the first store is a change");
+        assert_eq!(slot.load(), Some((a, 5)));
+        assert_eq!(slot.store(1, &b, 6), SlotUpdate::Stale);
+        assert_eq!(slot.store(3, &a, 7), SlotUpdate::Unchanged);
+        assert_eq!(slot.load(), Some((a, 7)), "an unchanged store still refreshes the time");
+        assert_eq!(slot.store(2, &b, 8), SlotUpdate::Stale, "older than 3");
+        assert_eq!(slot.store(4, &b, 8), SlotUpdate::Changed);
+        assert_eq!(slot.load(), Some((b, 8)));
+    }
+
+    #[test]
+    fn add_and_set_denominators_keep_the_other_half() {
+        let slot = RankSlot::new();
+        slot.set_denominators(100, 512, 1);
+        slot.add(30, 40, 2);
+        slot.add(-10, 0, 3);
+        let expected = RankLoad {
+            active_decode_blocks: 20,
+            kv_total_blocks: 100,
+            active_prefill_tokens: 40,
+            max_num_batched_tokens: 512,
+        };
+        assert_eq!(slot.load(), Some((expected, 3)));
+        slot.set_denominators(0, 1, 4);
+        let expected = RankLoad { kv_total_blocks: 0, max_num_batched_tokens: 1, ..expected };
+        assert_eq!(slot.load(), Some((expected, 4)));
+    }
+
+    #[test]
+    fn max_with_takes_larger_numerators_and_known_denominators() {
+        let reported = RankLoad {
+            active_decode_blocks: 5,
+            kv_total_blocks: 0,
+            active_prefill_tokens: 50,
+            max_num_batched_tokens: 64,
+        };
+        let tracked = RankLoad {
+            active_decode_blocks: 9,
+            kv_total_blocks: 100,
+            active_prefill_tokens: 1,
+            max_num_batched_tokens: 32,
+        };
+        let merged = reported.max_with(&tracked);
+        assert_eq!(
+            merged,
+            RankLoad {
+                active_decode_blocks: 9,
+                kv_total_blocks: 100,
+                active_prefill_tokens: 50,
+                max_num_batched_tokens: 64
+            }
+        );
+    }
+}

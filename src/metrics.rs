@@ -260,3 +260,33 @@ fn to_text(registry: &Registry) -> String {
     encode(&mut out, registry).expect("writing to a String cannot fail");
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counter_indexes_follow_the_label_lists() {
+        for (i, reason) in Reason::ALL.into_iter().enumerate() {
+            assert_eq!(reason.index(), i, "{reason:?}");
+        }
+        for (i, endpoint) in Endpoint::ALL.into_iter().enumerate() {
+            assert_eq!(endpoint as usize, i, "{endpoint:?}");
+        }
+        let mut labels: Vec<&str> = Reason::ALL.iter().map(|r| r.label()).collect();
+        labels.dedup();
+        assert_eq!(labels.len(), Reason::ALL.len());
+    }
+
+    #[test]
+    fn a_first_rejection_adds_the_row_once() {
+        let metrics = RejectionMetrics::default();
+        metrics.record("m", Endpoint::Completions, []);
+        metrics.record("m", Endpoint::Completions, [Reason::Excluded, Reason::WorkerCapacity]);
+        assert_eq!(metrics.rows.load().len(), 1);
+        assert_eq!(metrics.total("m", Endpoint::Completions), 2);
+        assert_eq!(metrics.total("m", Endpoint::ChatCompletions), 0);
+        assert_eq!(metrics.by_reason("m", Reason::Excluded), 1);
+        assert_eq!(metrics.by_reason("m", Reason::DecodeBlocks), 0);
+    }
+}

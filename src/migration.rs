@@ -103,3 +103,18 @@ impl Migration {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_kept_once_in_order() {
+        let mut m = Migration::new(2);
+        assert!(m.refused(5));
+        assert!(m.refused(3));
+        assert!(m.refused(5));
+        assert!(!m.refused(9));
+        assert_eq!(m.refusals(), [5, 3, 9]);
+    }
+}

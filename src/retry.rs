@@ -101,3 +101,23 @@ pub fn parse_retry_after(value: &str) -> Option<Duration> {
     }
     v.parse::<u64>().ok().map(Duration::from_secs)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ceiling_doubles_then_caps() {
+        let p = RetryPolicy { base: Duration::from_millis(100), cap: Duration::from_secs(1), ..Default::default() };
+        let ceilings: Vec<u128> = (0..7).map(|a| p.delay(a, None, 1.0).as_millis()).collect();
+        assert_eq!(ceilings, [100, 200, 400, 800, 1000, 1000, 1000]);
+    }
+
+    #[test]
+    fn the_default_policy() {
+        let p = RetryPolicy::default();
+        assert_eq!(p.max_retries, 5);
+        assert!(p.delay(0, None, 1.0) <= p.base);
+        assert_eq!(p.delay(100, Some(Duration::from_secs(3600)), 0.0), p.max_retry_after);
+    }
+}

@@ -199,3 +199,55 @@ impl BusySignals {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn to_ppb_recovers_every_written_decimal() {
+        // Every value with up to six decimals in [0, 1] (the f64 nearest the
+        // decimal, as a parser produces it) ...
+        for k in 0..=1_000_000u64 {
+            assert_eq!(to_ppb(k as f64 / 1e6), k * 1_000, "{k}e-6");
+        }
+        // ... a spread of nine-decimal ones, and up to MAX_PREFILL_FRAC.
+        for k in (0..=PPB).step_by(9_973) {
+            assert_eq!(to_ppb(k as f64 / 1e9), k, "{k}e-9");
+        }
+        for k in (0..=1_000_000 * PPB).step_by(99_999_999_977).chain([1_000_000 * PPB]) {
+            assert_eq!(to_ppb(k as f64 / 1e9), k, "{k}e-9");
+        }
+    }
+
+    #[test]
+    fn exceeds_matches_an_independent_hundredths_reference() {
+        // Threshold h/100: a/t > h/100 exactly when 100a > ht.
+        for h in 0..=100u64 {
+            let ppb = to_ppb(h as f64 / 100.0);
+            for t in 1..=100u32 {
+                for a in 0..=110u32 {
+                    assert_eq!(exceeds(a, ppb, t), 100 * u64::from(a) > h * u64::from(t), "{a}/{t} vs {h}%");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn exceeds_does_not_overflow_at_the_extremes() {
+        let max_ppb = to_ppb(MAX_PREFILL_FRAC);
+        assert!(!exceeds(u32::MAX, max_ppb, u32::MAX));
+        assert!(exceeds(u32::MAX, 0, u32::MAX));
+        assert!(!exceeds(u32::MAX, PPB, u32::MAX));
+        assert!(exceeds(u32::MAX, PPB - 1, u32::MAX));
+    }
+
+    #[test]
+    fn enabled_and_config_round_trip() {
+        assert!(!Thresholds::NONE.is_enabled());
+        assert_eq!(Thresholds::NONE.to_config(), BusyThresholds::default());
+        let only_prefill = BusyThresholds { active_prefill_tokens_threshold: Some(0), ..Default::default() };
+        assert!(only_prefill.validate().unwrap().is_enabled());
+        assert!(!only_prefill.is_empty());
+    }
+}
