@@ -603,4 +603,40 @@ mod tests {
         assert_eq!(rank.waiting(), 0);
         assert_eq!(rank.load().active_prefill_tokens, 0);
     }
+
+    #[tokio::test]
+    async fn engine_spreads_requests_over_ranks_and_reports_their_load() {
+        let reports = Arc::new(crate::sync::Mutex::new(Vec::new()));
+        let sink: LoadSink = {
+            let reports = reports.clone();
+            Arc::new(move |rank, load| crate::sync::lock(&reports).push((rank, load)))
+        };
+        let cfg = EngineConfig { dp_size: 2, decode_step: Duration::from_millis(1), ..config(100, 1000) };
+        let engine = Engine::start(cfg, sink);
+        let mut a = engine.submit(16, 3).unwrap();
+        let mut b = engine.submit(16, 3).unwrap();
+        for rx in [&mut a, &mut b] {
+            let mut tokens = Vec::new();
+            while let Some(t) = rx.recv().await {
+                tokens.push(t);
+            }
+            assert_eq!(tokens, vec![0, 1, 2]);
+        }
+        // Each rank ran one request, and each ends reporting an empty cache.
+        loop {
+            let seen = crate::sync::lock(&reports).clone();
+            let busy = |rank| seen.iter().any(|(r, l): &(u32, RankLoad)| *r == rank && l.active_decode_blocks > 0);
+            let last = |rank| seen.iter().rev().find(|(r, _)| *r == rank).map(|(_, l)| l.active_decode_blocks);
+            assert!(busy(0) && busy(1), "both ranks ran a request: {seen:?}");
+            if last(0) == Some(0) && last(1) == Some(0) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(
+            engine.submit(1000, 1000).unwrap_err(),
+            EngineError::ContextTooLong { tokens: 2000, capacity: 1600 },
+            "a request that can never fit is refused up front"
+        );
+    }
 }
