@@ -8,6 +8,7 @@
 //! load to every `--frontend` event port through an [`EventPublisher`].
 
 use std::convert::Infallible;
+use std::io::Write as _;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -157,7 +158,6 @@ async fn serve(args: Args, admission: Option<Arc<Admission<Waiter>>>) -> anyhow:
         .route("/metrics", get(metrics))
         .with_state(worker);
     println!("listening http={addr}");
-    use std::io::Write as _;
     std::io::stdout().flush()?;
     tracing::info!(worker_id = id, model = %args.model, %addr, "worker started");
     tokio::select! {
