@@ -201,6 +201,24 @@ mod thresholds {
     }
 
     #[test]
+    fn fractional_prefill_boundaries_are_exact_too() {
+        let frac = |v| BusyThresholds { active_prefill_tokens_threshold_frac: Some(v), ..Default::default() };
+        for (v, budget, free) in [
+            (0.85, 100, 85),
+            (0.29, 100, 29),
+            (0.1, 30, 3),
+            (0.7, 10, 7),
+            (0.85, u32::MAX, 3_650_722_200),
+            (0.29, u32::MAX, 1_245_540_515),
+            (1.0 / 3.0, u32::MAX, 1_431_655_763),
+            (1.0 / 3.0, 300, 99),
+        ] {
+            assert!(!rank_busy(frac(v), prefill(free, budget)), "{free}/{budget} at {v} must be free");
+            assert!(rank_busy(frac(v), prefill(free + 1, budget)), "{}/{budget} at {v} must be busy", free + 1);
+        }
+    }
+
+    #[test]
     fn one_third_uses_the_stored_nine_decimals() {
         // 1/3 is stored as 333_333_333 parts per billion, i.e. the decimal
         // 0.333333333 — slightly BELOW one third. The exact rule is
