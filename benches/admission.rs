@@ -1,1 +1,93 @@
-fn main() {}
+//! Admit + release: `Admission::try_admit` and dropping its `Permit`, against
+//! `tokio::sync::Semaphore::try_acquire` and dropping its permit, on 1 and 2
+//! threads (the second thread started on a barrier, doing the same work).
+//!
+//! Both have more slots than threads, so every attempt takes the fast path
+//! (loadgate: nothing queued, a slot free); the numbers compare the cost of
+//! the accounting itself.
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use loadgate::{Admission, Admitted};
+use tokio::sync::Semaphore;
+
+const SLOTS: usize = 64;
+const QUEUE: usize = 16;
+
+fn admission() -> Arc<Admission<u64>> {
+    Admission::new(SLOTS, QUEUE, Box::new(|_item, permit| Err(permit))).expect("valid limits")
+}
+
+#[inline]
+fn admit_release(admission: &Arc<Admission<u64>>, item: u64) {
+    match admission.try_admit(item) {
+        Ok(Admitted::Now(item, permit)) => {
+            black_box(item);
+            drop(black_box(permit));
+        }
+        _ => unreachable!("a slot is always free"),
+    }
+}
+
+#[inline]
+fn acquire_release(semaphore: &Semaphore) {
+    let permit = semaphore.try_acquire().expect("a permit is always free");
+    drop(black_box(permit));
+}
+
+/// Times `iters` calls of `op` on this thread while `helpers` more threads,
+/// started together on a barrier, run `op` until it finishes.
+fn timed(iters: u64, helpers: usize, op: &(dyn Fn(u64) + Sync)) -> Duration {
+    let stop = AtomicBool::new(false);
+    let barrier = Barrier::new(helpers + 1);
+    thread::scope(|s| {
+        for _ in 0..helpers {
+            s.spawn(|| {
+                barrier.wait();
+                let mut i = 0;
+                // Relaxed: a stop flag; nothing else hangs on it.
+                while !stop.load(Ordering::Relaxed) {
+                    op(i);
+                    i += 1;
+                }
+            });
+        }
+        barrier.wait();
+        let start = Instant::now();
+        for i in 0..iters {
+            op(i);
+        }
+        let elapsed = start.elapsed();
+        stop.store(true, Ordering::Relaxed);
+        elapsed
+    })
+}
+
+fn admit_release_bench(c: &mut Criterion) {
+    for threads in [1usize, 2] {
+        let mut group =
+            c.benchmark_group(format!("admit_release/{threads}_thread{}", if threads == 1 { "" } else { "s" }));
+        group.throughput(Throughput::Elements(1));
+
+        let gate = admission();
+        group.bench_function("loadgate_admission", |b| {
+            b.iter_custom(|iters| timed(iters, threads - 1, &|i| admit_release(black_box(&gate), i)))
+        });
+        assert_eq!((gate.running(), gate.queued(), gate.rejected()), (0, 0, 0));
+
+        let semaphore = Semaphore::new(SLOTS);
+        group.bench_function("tokio_semaphore", |b| {
+            b.iter_custom(|iters| timed(iters, threads - 1, &|_| acquire_release(black_box(&semaphore))))
+        });
+        assert_eq!(semaphore.available_permits(), SLOTS);
+        group.finish();
+    }
+}
+
+criterion_group!(benches, admit_release_bench);
+criterion_main!(benches);

@@ -1,5 +1,6 @@
-//! Route selection: loadgate's `Router::route` and `ModelRouter::route`
-//! against two baselines measured in the same criterion group:
+//! Route selection: loadgate's `Router::route` (by model name),
+//! `ModelRouter::route` (a shared per-model handle) and `LocalRouter::route`
+//! (a per-thread handle caching the published view) against two baselines measured in the same criterion group:
 //!
 //! - `floor`: a bare `AtomicUsize` round-robin (`fetch_add % n`) over a `Vec`
 //!   of ids, with no busy filtering at all — nothing can be cheaper;
@@ -23,8 +24,8 @@ use std::thread;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use loadgate::{
-    BusyThresholds, LoadReport, ModelRouter, MonitorConfig, Policy, Publisher, RankLoad, Router, WorkerId,
-    WorkerMonitor,
+    BusyThresholds, LoadReport, LocalRouter, ModelRouter, MonitorConfig, Policy, Publisher, RankLoad, RouteError,
+    Router, WorkerId, WorkerMonitor,
 };
 
 const MODEL: &str = "llama";
@@ -53,7 +54,7 @@ fn flip_target(n: usize, percent: usize) -> WorkerId {
 
 /// A monitor with `n` single-rank workers and a decode threshold, with the
 /// workers of `busy_ids(n, percent)` reported busy.
-fn loadgate_fixture(n: usize, percent: usize) -> (Router, ModelRouter) {
+fn loadgate_fixture(n: usize, percent: usize) -> (Router, ModelRouter, LocalRouter) {
     let config = MonitorConfig {
         default_thresholds: BusyThresholds { active_decode_blocks_threshold: Some(0.5), ..Default::default() },
         ..Default::default()
@@ -72,7 +73,40 @@ fn loadgate_fixture(n: usize, percent: usize) -> (Router, ModelRouter) {
     assert_eq!(busy, n * percent / 100, "busy bits set through reports");
     let router = Router::new(monitor, Policy::RoundRobin);
     let handle = router.model(MODEL).expect("known model");
-    (router, handle)
+    let local = handle.local();
+    (router, handle, local)
+}
+
+/// What a route call returned, as one word (`u64::MAX`: none), so the harness
+/// keeps every contestant's result alive at the same cost whatever its type.
+trait Choice {
+    fn word(self) -> u64;
+}
+
+impl Choice for WorkerId {
+    #[inline(always)]
+    fn word(self) -> u64 {
+        self
+    }
+}
+
+impl Choice for Option<WorkerId> {
+    #[inline(always)]
+    fn word(self) -> u64 {
+        self.unwrap_or(u64::MAX)
+    }
+}
+
+impl Choice for Result<WorkerId, RouteError> {
+    #[inline(always)]
+    fn word(self) -> u64 {
+        self.unwrap_or(u64::MAX)
+    }
+}
+
+#[inline(always)]
+fn chosen(choice: impl Choice) {
+    black_box(choice.word());
 }
 
 /// The floor: round-robin over a fixed list, no filtering.
@@ -137,20 +171,23 @@ fn selection(c: &mut Criterion) {
         let mut group = c.benchmark_group(format!("selection/busy_{percent}pct"));
         group.throughput(Throughput::Elements(1));
         for n in WORKER_COUNTS {
-            let (router, handle) = loadgate_fixture(n, percent);
+            let (router, handle, mut local) = loadgate_fixture(n, percent);
             let floor = Floor::new(n);
             let reference = RwLockRouter::new(n, percent);
             group.bench_with_input(BenchmarkId::new("floor_atomic_rr", n), &n, |b, _| {
-                b.iter(|| black_box(&floor).route())
+                b.iter(|| chosen(black_box(&floor).route()))
             });
             group.bench_with_input(BenchmarkId::new("loadgate_router", n), &n, |b, _| {
-                b.iter(|| black_box(&router).route(black_box(MODEL), black_box(&[])))
+                b.iter(|| chosen(black_box(&router).route(black_box(MODEL), black_box(&[]))))
             });
             group.bench_with_input(BenchmarkId::new("loadgate_model_router", n), &n, |b, _| {
-                b.iter(|| black_box(&handle).route(black_box(&[])))
+                b.iter(|| chosen(black_box(&handle).route(black_box(&[]))))
+            });
+            group.bench_with_input(BenchmarkId::new("loadgate_local_router", n), &n, |b, _| {
+                b.iter(|| chosen(black_box(&mut local).route(black_box(&[]))))
             });
             group.bench_with_input(BenchmarkId::new("rwlock_clone_filter", n), &n, |b, _| {
-                b.iter(|| black_box(&reference).route())
+                b.iter(|| chosen(black_box(&reference).route()))
             });
         }
         group.finish();
@@ -202,19 +239,25 @@ fn contended(c: &mut Criterion) {
     let mut group = c.benchmark_group("selection_contended/64_workers_25pct_busy");
     group.throughput(Throughput::Elements(1));
 
-    let (router, handle) = loadgate_fixture(N, PERCENT);
+    let (router, handle, mut local) = loadgate_fixture(N, PERCENT);
     let floor = Floor::new(N);
     with_flipper(monitor_flipper(&router, target), || {
-        group.bench_function("floor_atomic_rr", |b| b.iter(|| black_box(&floor).route()));
+        group.bench_function("floor_atomic_rr", |b| b.iter(|| chosen(black_box(&floor).route())));
     });
 
     with_flipper(monitor_flipper(&router, target), || {
         group.bench_function("loadgate_router", |b| {
-            b.iter(|| black_box(&router).route(black_box(MODEL), black_box(&[])))
+            b.iter(|| chosen(black_box(&router).route(black_box(MODEL), black_box(&[]))))
         });
     });
     with_flipper(monitor_flipper(&router, target), || {
-        group.bench_function("loadgate_model_router", |b| b.iter(|| black_box(&handle).route(black_box(&[]))));
+        group.bench_function("loadgate_model_router", |b| b.iter(|| chosen(black_box(&handle).route(black_box(&[])))));
+    });
+
+    with_flipper(monitor_flipper(&router, target), || {
+        group.bench_function("loadgate_local_router", |b| {
+            b.iter(|| chosen(black_box(&mut local).route(black_box(&[]))))
+        });
     });
 
     let reference = RwLockRouter::new(N, PERCENT);
@@ -225,7 +268,7 @@ fn contended(c: &mut Criterion) {
             reference.set_busy(target, busy);
         },
         || {
-            group.bench_function("rwlock_clone_filter", |b| b.iter(|| black_box(&reference).route()));
+            group.bench_function("rwlock_clone_filter", |b| b.iter(|| chosen(black_box(&reference).route())));
         },
     );
     group.finish();

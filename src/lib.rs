@@ -25,7 +25,7 @@
 //! | [`RankLoad`], [`LoadReport`], [`Publisher`], [`RankSlot`] | per-rank load and the packed atomic slot that stores it |
 //! | [`WorkerMonitor`], [`MonitorConfig`] | registry, reports, thresholds, busy-set publication |
 //! | [`BusySet`] | the published bitmap, with its word scans |
-//! | [`Router`], [`ModelRouter`], [`Policy`], [`RouteError`] | selection of an eligible instance |
+//! | [`Router`], [`ModelRouter`], [`LocalRouter`], [`Policy`], [`RouteError`] | selection of an eligible instance |
 //! | [`Admission`], [`Permit`], [`Admitted`], [`Rejected`] | the worker's `N + Q` hard cap |
 //! | [`Rejection`], [`overload_status_code`] | rejection classes and their HTTP status |
 //! | [`Migration`] | retry on another worker after a hard-cap refusal |
@@ -105,5 +105,5 @@ pub use monitor::{
     WorkerMonitor,
 };
 pub use retry::{is_retryable_status, parse_retry_after, RetryPolicy, Verdict};
-pub use router::{CostFn, ModelRouter, Policy, RouteError, Router};
+pub use router::{CostFn, LocalRouter, ModelRouter, Policy, RouteError, Router};
 pub use thresholds::{BusySignals, BusyThresholds, ThresholdError, Thresholds, MAX_PREFILL_FRAC, PPB};

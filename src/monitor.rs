@@ -127,14 +127,33 @@ pub(crate) struct ModelState {
 /// filtering applies, always consistent with each other.
 pub(crate) struct ModelView {
     pub(crate) instances: Arc<[Arc<WorkerEntry>]>,
+    /// The instances' ids, in the same order: what selection returns, read
+    /// without touching the entries (which the event plane writes).
+    pub(crate) ids: Arc<[WorkerId]>,
     pub(crate) busy: BusySet,
+    /// The ids a request with no exclusions may take, in instance order: the
+    /// free ones when filtering, else all. Derived once per publication so
+    /// round-robin picks with one index (the k-th entry is the k-th free
+    /// instance, as [`BusySet::nth_free`] would find it).
+    pub(crate) eligible: Arc<[WorkerId]>,
     /// True when the model has at least one threshold configured.
     pub(crate) filtering: bool,
 }
 
 impl ModelView {
+    /// A view of `instances` (whose ids are `ids`) with `busy`; builds the
+    /// eligible list (cold path: publication).
+    fn new(instances: Arc<[Arc<WorkerEntry>]>, ids: Arc<[WorkerId]>, busy: BusySet, filtering: bool) -> Self {
+        let eligible = if filtering && busy.busy_count() > 0 {
+            busy.iter_free().map(|position| ids[position]).collect()
+        } else {
+            ids.clone()
+        };
+        ModelView { instances, ids, busy, eligible, filtering }
+    }
+
     fn empty(filtering: bool) -> Self {
-        ModelView { instances: Arc::from(Vec::new()), busy: BusySet::new(0), filtering }
+        ModelView::new(Arc::from(Vec::new()), Arc::from(Vec::new()), BusySet::new(0), filtering)
     }
 }
 
@@ -578,11 +597,12 @@ impl WorkerMonitor {
             }
             let next_filtering = filtering.take().unwrap_or(view.filtering);
             if bits.is_some() || next_filtering != view.filtering {
-                model.view.store(Arc::new(ModelView {
-                    instances: view.instances.clone(),
-                    busy: bits.unwrap_or_else(|| view.busy.clone()),
-                    filtering: next_filtering,
-                }));
+                model.view.store(Arc::new(ModelView::new(
+                    view.instances.clone(),
+                    view.ids.clone(),
+                    bits.unwrap_or_else(|| view.busy.clone()),
+                    next_filtering,
+                )));
             }
             for (entry, before, busy) in seen {
                 // Release: a writer whose bump follows ours acquires this and
@@ -811,7 +831,8 @@ fn rebuild(instances: &[Arc<WorkerEntry>], filtering: bool) -> ModelView {
             busy.set(position, true);
         }
     }
-    ModelView { instances: Arc::from(instances.to_vec()), busy, filtering }
+    let ids = instances.iter().map(|e| e.id).collect();
+    ModelView::new(Arc::from(instances.to_vec()), ids, busy, filtering)
 }
 
 fn encode(s: BusySignals) -> u32 {

@@ -5,7 +5,7 @@ use std::fmt;
 
 use crate::load::WorkerId;
 use crate::monitor::{ModelState, ModelView, WorkerLoad, WorkerMonitor};
-use crate::sync::{Arc, Ordering};
+use crate::sync::{Arc, Ordering, Swap, SwapCache};
 
 /// A caller-supplied cost: lower is better (the hook a KV-aware router uses to
 /// prefer the worker with the best prefix overlap).
@@ -69,7 +69,8 @@ impl std::error::Error for RouteError {}
 /// Routes requests of any model known to a [`WorkerMonitor`].
 ///
 /// Selection takes no lock and allocates nothing: one registry load and a
-/// lookup (skip both with [`Router::model`]), one view load, a word scan.
+/// lookup (skip both with [`Router::model`]), one view load, a word select
+/// (skip the view load too with [`ModelRouter::local`]).
 ///
 /// # Examples
 ///
@@ -117,7 +118,7 @@ impl Router {
     #[inline]
     pub fn route(&self, model: &str, exclude: &[WorkerId]) -> Result<WorkerId, RouteError> {
         self.monitor.with_model(model, |state| match state {
-            Some(state) => self.select(state, exclude, self.policy_cost()),
+            Some(state) => self.select(state, &state.view.load(), exclude, self.policy_cost()),
             None => Err(RouteError::UnknownModel),
         })
     }
@@ -135,7 +136,7 @@ impl Router {
         cost: &dyn Fn(WorkerId, &WorkerLoad) -> u64,
     ) -> Result<WorkerId, RouteError> {
         self.monitor.with_model(model, |state| match state {
-            Some(state) => self.select(state, exclude, Some(cost)),
+            Some(state) => self.select(state, &state.view.load(), exclude, Some(cost)),
             None => Err(RouteError::UnknownModel),
         })
     }
@@ -150,6 +151,7 @@ impl Router {
         Ok(ModelRouter { router: self.clone(), state })
     }
 
+    #[inline]
     fn policy_cost(&self) -> Option<CostRef<'_>> {
         match &self.policy {
             Policy::Cost(f) => Some(&**f),
@@ -157,22 +159,34 @@ impl Router {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn select(
         &self,
         state: &ModelState,
+        view: &ModelView,
         exclude: &[WorkerId],
         cost: Option<CostRef<'_>>,
     ) -> Result<WorkerId, RouteError> {
-        let view = state.view.load();
-        let view: &ModelView = &view;
+        if exclude.is_empty() && cost.is_none() && matches!(self.policy, Policy::RoundRobin) {
+            return round_robin(state, view);
+        }
+        self.select_by_policy(state, view, exclude, cost)
+    }
+
+    fn select_by_policy(
+        &self,
+        state: &ModelState,
+        view: &ModelView,
+        exclude: &[WorkerId],
+        cost: Option<CostRef<'_>>,
+    ) -> Result<WorkerId, RouteError> {
         let eligible = Eligible::new(view, exclude);
         let count = eligible.count();
         if count == 0 {
             return Err(if view.instances.is_empty() { RouteError::Unavailable } else { RouteError::Overloaded });
         }
         let position = match (cost, &self.policy) {
-            (Some(cost), _) => self.lowest(state, &eligible, |p| cost(view.instances[p].id, &self.load(view, p))),
+            (Some(cost), _) => self.lowest(state, &eligible, |p| cost(view.ids[p], &self.load(view, p))),
             (None, Policy::RoundRobin) => {
                 // Relaxed: the cursor only spreads load; no data hangs on it.
                 let k = state.cursor.fetch_add(1, Ordering::Relaxed) % count;
@@ -207,7 +221,7 @@ impl Router {
             }
             (None, Policy::Cost(_)) => unreachable!("policy_cost returns the cost function"),
         };
-        Ok(view.instances[position].id)
+        Ok(view.ids[position])
     }
 
     #[inline]
@@ -233,6 +247,21 @@ impl Router {
     }
 }
 
+/// Round-robin with no exclusions, the common case: the same choice as the
+/// general path (the k-th request takes the (k mod eligible)-th eligible
+/// instance) in a cursor increment and one index into the view's eligible
+/// list.
+#[inline(always)]
+fn round_robin(state: &ModelState, view: &ModelView) -> Result<WorkerId, RouteError> {
+    let eligible = &*view.eligible;
+    if eligible.is_empty() {
+        return Err(if view.ids.is_empty() { RouteError::Unavailable } else { RouteError::Overloaded });
+    }
+    // Relaxed: the cursor only spreads load; no data hangs on it.
+    let k = state.cursor.fetch_add(1, Ordering::Relaxed) % eligible.len();
+    Ok(eligible[k])
+}
+
 /// Routes one model; obtained from [`Router::model`].
 #[derive(Clone)]
 pub struct ModelRouter {
@@ -254,7 +283,78 @@ impl ModelRouter {
     /// [`RouteError::Overloaded`] or [`RouteError::Unavailable`].
     #[inline]
     pub fn route(&self, exclude: &[WorkerId]) -> Result<WorkerId, RouteError> {
-        self.router.select(&self.state, exclude, self.router.policy_cost())
+        self.router.select(&self.state, &self.state.view.load(), exclude, self.router.policy_cost())
+    }
+
+    /// A handle for one thread (or one task) that keeps the model's last
+    /// published view and only reloads it when a new one is published.
+    pub fn local(&self) -> LocalRouter {
+        LocalRouter {
+            router: self.router.clone(),
+            state: self.state.clone(),
+            view: SwapCache::new(ViewSource(self.state.clone())),
+        }
+    }
+}
+
+/// Routes one model from one thread; obtained from [`ModelRouter::local`].
+///
+/// Same choices as [`ModelRouter::route`], and as fresh: each call checks the
+/// published view with one plain pointer load and reloads it only when it
+/// changed, so a call costs no more than the round-robin cursor's increment
+/// and a word select. It takes `&mut self`: give each thread its own clone.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use loadgate::{Policy, RouteError, Router, WorkerMonitor};
+///
+/// let monitor = Arc::new(WorkerMonitor::new(Default::default()).unwrap());
+/// monitor.register(1, "m", 1).unwrap();
+/// let router = Router::new(monitor.clone(), Policy::RoundRobin);
+/// let mut local = router.model("m").unwrap().local();
+/// assert_eq!(local.route(&[]), Ok(1));
+/// monitor.register(2, "m", 1).unwrap(); // seen by the next call
+/// assert_eq!(local.route(&[1]), Ok(2));
+/// assert_eq!(local.route(&[1, 2]), Err(RouteError::Overloaded));
+/// ```
+#[derive(Clone)]
+pub struct LocalRouter {
+    router: Router,
+    state: Arc<ModelState>,
+    view: SwapCache<ViewSource, ModelView>,
+}
+
+impl fmt::Debug for LocalRouter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalRouter").field("model", &self.state.name).finish()
+    }
+}
+
+impl LocalRouter {
+    /// As [`ModelRouter::route`].
+    ///
+    /// # Errors
+    ///
+    /// [`RouteError::Overloaded`] or [`RouteError::Unavailable`].
+    #[inline(always)]
+    pub fn route(&mut self, exclude: &[WorkerId]) -> Result<WorkerId, RouteError> {
+        let view = self.view.load();
+        self.router.select(&self.state, view, exclude, self.router.policy_cost())
+    }
+}
+
+/// Where a [`LocalRouter`]'s cache reloads from: the model's published view.
+#[derive(Clone)]
+struct ViewSource(Arc<ModelState>);
+
+impl std::ops::Deref for ViewSource {
+    type Target = Swap<ModelView>;
+
+    #[inline]
+    fn deref(&self) -> &Swap<ModelView> {
+        &self.0.view
     }
 }
 
@@ -274,7 +374,7 @@ impl<'a> Eligible<'a> {
             if exclude[..i].contains(id) {
                 continue; // listed twice
             }
-            if let Ok(p) = view.instances.binary_search_by_key(id, |e| e.id) {
+            if let Ok(p) = view.ids.binary_search(id) {
                 if !view.filtering || !view.busy.is_busy(p) {
                     excluded += 1;
                 }
@@ -285,13 +385,13 @@ impl<'a> Eligible<'a> {
 
     #[inline]
     fn count(&self) -> usize {
-        let free = if self.view.filtering { self.view.busy.free_count() } else { self.view.instances.len() };
+        let free = if self.view.filtering { self.view.busy.free_count() } else { self.view.ids.len() };
         free - self.excluded
     }
 
     #[inline]
     fn is_excluded(&self, position: usize) -> bool {
-        self.excluded != 0 && self.exclude.contains(&self.view.instances[position].id)
+        self.excluded != 0 && self.exclude.contains(&self.view.ids[position])
     }
 
     /// The k-th eligible position; `k < count()`.

@@ -14,6 +14,9 @@ mod imp {
 
     /// A swappable `Arc` whose reads are wait-free (arc-swap).
     pub(crate) type Swap<T> = arc_swap::ArcSwap<T>;
+    /// One thread's cache of a [`Swap`] reached through `A`: holds the last
+    /// `Arc` and revalidates with one plain pointer load (arc-swap's `Cache`).
+    pub(crate) type SwapCache<A, T> = arc_swap::Cache<A, Arc<T>>;
     /// A bounded lock-free MPMC queue (crossbeam).
     pub(crate) type Queue<T> = crossbeam_queue::ArrayQueue<T>;
 }
@@ -42,6 +45,31 @@ mod imp {
         }
         pub(crate) fn store(&self, value: std::sync::Arc<T>) {
             *self.0.lock().unwrap() = value;
+        }
+    }
+
+    /// loom stand-in for `arc_swap::Cache`: reloads from the [`Swap`] on every
+    /// `load`, so loom checks each read as if the cache had missed.
+    #[derive(Debug)]
+    pub(crate) struct SwapCache<A, T> {
+        source: A,
+        cached: std::sync::Arc<T>,
+    }
+
+    impl<A: std::ops::Deref<Target = Swap<T>>, T> SwapCache<A, T> {
+        pub(crate) fn new(source: A) -> Self {
+            let cached = source.load_full();
+            Self { source, cached }
+        }
+        pub(crate) fn load(&mut self) -> &std::sync::Arc<T> {
+            self.cached = self.source.load_full();
+            &self.cached
+        }
+    }
+
+    impl<A: Clone, T> Clone for SwapCache<A, T> {
+        fn clone(&self) -> Self {
+            Self { source: self.source.clone(), cached: self.cached.clone() }
         }
     }
 
