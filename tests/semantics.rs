@@ -1270,6 +1270,82 @@ mod status {
     }
 }
 
+/// The environment-reading paths, each run in a child process of this test
+/// binary so that setting a variable cannot race other tests' threads.
+mod environment {
+    use std::process::Command;
+
+    use super::*;
+
+    const CHILD: &str = "LOADGATE_TEST_CHILD";
+    const EXPECT: &str = "LOADGATE_TEST_EXPECT";
+
+    /// Runs the ignored test `name` alone in a child process with `vars` set.
+    fn child(name: &str, vars: &[(&str, &str)]) {
+        let output = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--ignored", "--test-threads=1"])
+            .env_remove(QUEUE_LIMIT_ENV)
+            .env_remove(OVERLOAD_STATUS_ENV)
+            .env(CHILD, "1")
+            .envs(vars.iter().copied())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success() && stdout.contains("1 passed"), "child {name} {vars:?}:\n{stdout}");
+    }
+
+    /// Runs only as a child: the expected value comes from the environment.
+    fn expected() -> Option<String> {
+        std::env::var_os(CHILD)?;
+        Some(std::env::var(EXPECT).unwrap())
+    }
+
+    #[test]
+    #[ignore = "runs as a child process of `overload_status_is_read_once_from_the_environment`"]
+    fn child_overload_status() {
+        let Some(expected) = expected() else { return };
+        let expected: u16 = expected.parse().unwrap();
+        assert_eq!(overload_status_code(), expected);
+        assert_eq!(Rejection::Overloaded.status(), expected);
+        assert_eq!(Rejection::WorkerOverloaded.status(), expected);
+        // Cached: a later change of the variable is not seen.
+        std::env::set_var(OVERLOAD_STATUS_ENV, "777");
+        assert_eq!(overload_status_code(), expected);
+    }
+
+    #[test]
+    fn overload_status_is_read_once_from_the_environment() {
+        let name = "environment::child_overload_status";
+        child(name, &[(EXPECT, "529")]);
+        for (value, expected) in [("503", "503"), ("abc", "529"), ("199", "529"), ("999", "999"), ("", "529")] {
+            child(name, &[(OVERLOAD_STATUS_ENV, value), (EXPECT, expected)]);
+        }
+    }
+
+    #[test]
+    #[ignore = "runs as a child process of `queue_limit_is_read_from_the_environment`"]
+    fn child_queue_limit() {
+        let Some(expected) = expected() else { return };
+        let result = Admission::<()>::from_env(2, Box::new(|_, _| Ok(())));
+        match expected.as_str() {
+            "invalid" => assert!(matches!(result.unwrap_err(), AdmissionError::InvalidQueueLimit(_))),
+            "small" => assert!(matches!(result.unwrap_err(), AdmissionError::QueueLimitTooSmall(_))),
+            q => assert_eq!(result.unwrap().queue_limit(), q.parse::<usize>().unwrap()),
+        }
+    }
+
+    #[test]
+    fn queue_limit_is_read_from_the_environment() {
+        let name = "environment::child_queue_limit";
+        child(name, &[(EXPECT, "16")]);
+        for (value, expected) in
+            [(" 4 ", "4"), ("2", "2"), ("abc", "invalid"), ("-3", "invalid"), ("1", "small"), ("0", "small")]
+        {
+            child(name, &[(QUEUE_LIMIT_ENV, value), (EXPECT, expected)]);
+        }
+    }
+}
+
 mod migration {
     use super::*;
 
