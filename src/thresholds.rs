@@ -67,11 +67,31 @@ impl BusyThresholds {
     }
 }
 
-/// Rounds a validated, finite, non-negative value to parts per billion, once.
+/// Rounds a validated, finite, non-negative value to parts per billion, once:
+/// the f64's exact value times 1e9, rounded half away from zero (as
+/// `f64::round`), in integers. `(value * 1e9).round()` would round twice,
+/// and the float product can land on a half that the exact value is below
+/// (744073.7095513705 would give ...371 instead of ...370; the fuzzer found it).
 fn to_ppb(value: f64) -> u64 {
-    // At most 1e6 * 1e9 = 1e15 < 2^53: the product and the cast are exact
-    // enough that rounding lands on the decimal the person wrote.
-    (value * PPB as f64).round() as u64
+    let bits = value.to_bits();
+    let biased = ((bits >> 52) & 0x7ff) as i32;
+    let fraction = bits & ((1 << 52) - 1);
+    // value = mantissa * 2^-shift (subnormals have no implicit bit).
+    let (mantissa, shift) = if biased == 0 { (fraction, 1074) } else { (fraction | 1 << 52, 1075 - biased) };
+    // Below 2^83: fits in u128.
+    let scaled = u128::from(mantissa) * u128::from(PPB);
+    let ppb = match shift {
+        // value >= 2^52: unreachable after validation; saturate.
+        ..=0 => u128::from(u64::MAX),
+        // value * 1e9 < 2^83 / 2^84 = 1/2: rounds to 0.
+        84.. => 0,
+        _ => {
+            let whole = scaled >> shift;
+            let rest = scaled & ((1 << shift) - 1);
+            whole + u128::from(rest >= 1 << (shift - 1))
+        }
+    };
+    u64::try_from(ppb).unwrap_or(u64::MAX)
 }
 
 /// An invalid threshold value; the message names the field and the range.
@@ -218,6 +238,17 @@ mod tests {
         for k in (0..=1_000_000 * PPB).step_by(99_999_999_977).chain([1_000_000 * PPB]) {
             assert_eq!(to_ppb(k as f64 / 1e9), k, "{k}e-9");
         }
+    }
+
+    #[test]
+    fn to_ppb_rounds_the_exact_value_once() {
+        // The f64 nearest 744073.7095513705 is just below ...370.5 ppb; the
+        // float product rounds up to the half (found by fuzz/thresholds).
+        assert_eq!(to_ppb(744073.7095513705), 744_073_709_551_370);
+        assert_eq!(to_ppb(1.0005e-6), 1_000); // just below 1000.5
+        assert_eq!(to_ppb(1.0 / 1024.0), 976_563); // exactly 976562.5: away from zero
+        assert_eq!(to_ppb(f64::from_bits(1)), 0); // the smallest subnormal
+        assert_eq!(to_ppb(-0.0), 0);
     }
 
     #[test]

@@ -1,0 +1,140 @@
+//! The event-plane frame codec: arbitrary bytes never panic, every frame that
+//! decodes re-encodes to exactly the bytes it consumed (and every strict
+//! prefix of them only asks for more), and arbitrary frames round-trip.
+#![no_main]
+
+use bytes::BytesMut;
+use libfuzzer_sys::arbitrary::{self, Arbitrary, Unstructured};
+use libfuzzer_sys::fuzz_target;
+use loadgate::wire::{decode, encode, Frame, WireError, HEADER_LEN, MAGIC, MAX_FRAME};
+use loadgate::RankLoad;
+
+#[derive(Arbitrary, Debug)]
+enum Input {
+    /// Bytes off a socket; mostly starting with the magic so frames decode.
+    Stream { magic_first: bool, bytes: Vec<u8> },
+    /// Frames to encode, concatenate and decode back.
+    Frames(Vec<FrameInput>),
+}
+
+#[derive(Arbitrary, Debug)]
+enum FrameInput {
+    Register { worker: u64, dp_size: u32, model: String, http_addr: String, pad: u16 },
+    Load { worker: u64, rank: u32, seq: u64, load: [u32; 4] },
+    Deregister { worker: u64 },
+}
+
+impl FrameInput {
+    fn frame(self) -> Frame {
+        match self {
+            FrameInput::Register { worker, dp_size, mut model, http_addr, pad } => {
+                // Sometimes long enough to hit MAX_FRAME.
+                model.extend(std::iter::repeat_n('m', usize::from(pad % 4200)));
+                Frame::Register { worker, dp_size, model, http_addr }
+            }
+            FrameInput::Load { worker, rank, seq, load: [a, b, c, d] } => Frame::Load {
+                worker,
+                rank,
+                seq,
+                load: RankLoad {
+                    active_decode_blocks: a,
+                    kv_total_blocks: b,
+                    active_prefill_tokens: c,
+                    max_num_batched_tokens: d,
+                },
+            },
+            FrameInput::Deregister { worker } => Frame::Deregister { worker },
+        }
+    }
+}
+
+/// The encoded size of `frame`, from the documented layout.
+fn encoded_len(frame: &Frame) -> usize {
+    HEADER_LEN
+        + match frame {
+            Frame::Register { model, http_addr, .. } => 8 + 4 + 2 + model.len() + 2 + http_addr.len(),
+            Frame::Load { .. } => 8 + 4 + 8 + 16,
+            Frame::Deregister { .. } => 8,
+        }
+}
+
+/// Decodes `bytes` frame by frame, checking each against its re-encoding.
+fn decode_stream(bytes: &[u8]) -> (Vec<Frame>, Result<(), WireError>, usize) {
+    let mut buf = BytesMut::from(bytes);
+    let mut frames = Vec::new();
+    let mut offset = 0;
+    loop {
+        let before = buf.len();
+        match decode(&mut buf) {
+            Ok(Some(frame)) => {
+                let used = before - buf.len();
+                let consumed = &bytes[offset..offset + used];
+                assert_eq!(&bytes[offset + used..], &buf[..], "decode consumed from the middle");
+                let mut again = BytesMut::new();
+                encode(&frame, &mut again).expect("a decoded frame encodes");
+                assert_eq!(&again[..], consumed, "{frame:?} re-encodes differently");
+                assert_eq!(used, encoded_len(&frame));
+                assert!(used <= MAX_FRAME);
+                if frames.is_empty() {
+                    // A strict prefix of a frame only asks for more (the
+                    // header cuts, then a spread of the payload cuts).
+                    let cuts = (0..used.min(16)).chain((16..used).step_by(97)).chain([used - 1]);
+                    for cut in cuts {
+                        let mut prefix = BytesMut::from(&consumed[..cut]);
+                        assert_eq!(decode(&mut prefix), Ok(None), "prefix of {cut} bytes of {frame:?}");
+                        assert_eq!(prefix.len(), cut, "a prefix was consumed");
+                    }
+                }
+                offset += used;
+                frames.push(frame);
+            }
+            Ok(None) => {
+                assert_eq!(&buf[..], &bytes[offset..], "Ok(None) consumed bytes");
+                assert!(buf.len() < MAX_FRAME, "{} bytes buffered without a frame", buf.len());
+                return (frames, Ok(()), buf.len());
+            }
+            Err(e) => {
+                if let WireError::BadMagic(b) = e {
+                    assert_ne!(b, MAGIC);
+                }
+                return (frames, Err(e), buf.len());
+            }
+        }
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(input) = Input::arbitrary_take_rest(Unstructured::new(data)) else { return };
+    match input {
+        Input::Stream { magic_first, mut bytes } => {
+            if magic_first {
+                bytes.insert(0, MAGIC);
+            }
+            decode_stream(&bytes);
+        }
+        Input::Frames(inputs) => {
+            let mut wire = BytesMut::new();
+            let mut sent = Vec::new();
+            for input in inputs {
+                let frame = input.frame();
+                let before = wire.len();
+                match encode(&frame, &mut wire) {
+                    Ok(()) => {
+                        assert_eq!(wire.len() - before, encoded_len(&frame));
+                        sent.push(frame);
+                    }
+                    Err(WireError::Oversized(n)) => {
+                        assert_eq!(n, encoded_len(&frame));
+                        assert!(n > MAX_FRAME);
+                        assert_eq!(wire.len(), before, "an oversized frame wrote bytes");
+                    }
+                    Err(e) => panic!("encode failed with {e:?}"),
+                }
+            }
+            let (received, end, rest) = decode_stream(&wire);
+            assert_eq!(end, Ok(()));
+            assert_eq!(rest, 0);
+            assert_eq!(received, sent);
+        }
+    }
+});
