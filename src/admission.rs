@@ -234,11 +234,7 @@ impl<T> Admission<T> {
     #[cold]
     fn enqueue(&self, item: T) -> Result<(), Rejected<T>> {
         let mut handoff = lock(&self.handoff);
-        let item = match self.queue.push(item) {
-            Ok(()) => None,
-            Err(back) => Some(back),
-        };
-        if let Some(item) = item {
+        if let Err(item) = self.queue.push(item) {
             if handoff.is_some() {
                 // Relaxed: a statistic.
                 self.rejected.fetch_add(1, Ordering::Relaxed);
