@@ -136,6 +136,11 @@ fn route_allocates_nothing() {
                 handle.route(exclude).unwrap();
             });
             assert_eq!(n, 0, "ModelRouter {policy:?} excluding {exclude:?}: {n} allocations");
+            let mut local = handle.local();
+            let n = allocations_per_calls(|| {
+                local.route(exclude).unwrap();
+            });
+            assert_eq!(n, 0, "LocalRouter {policy:?} excluding {exclude:?}: {n} allocations");
         }
     }
 }
@@ -176,6 +181,35 @@ fn route_with_staleness_configured_allocates_nothing() {
         });
         assert_eq!(n, 0, "{policy:?}: {n} allocations");
     }
+}
+
+#[test]
+fn local_router_reloading_a_new_view_allocates_nothing() {
+    // A flip publishes a new view (the writer allocates); the reader only swaps its cached pointer.
+    let monitor = pool(None);
+    let mut local = Router::new(monitor.clone(), Policy::RoundRobin).model("m").unwrap().local();
+    let mut seq = 100;
+    let mut flip = || {
+        seq += 1;
+        let used = if seq % 2 == 0 { 90 } else { 10 };
+        for rank in 0..2 {
+            let report = LoadReport { worker: 9, rank, publisher: Publisher::Worker, seq, load: blocks(used, 100) };
+            monitor.apply(&report).unwrap();
+        }
+    };
+    for _ in 0..16 {
+        flip();
+        local.route(&[]).unwrap();
+    }
+    let mut total = 0;
+    for _ in 0..100 {
+        flip();
+        // The first call after a publication is the one that reloads.
+        let before = ALLOCATIONS.with(Cell::get);
+        local.route(&[]).unwrap();
+        total += ALLOCATIONS.with(Cell::get) - before;
+    }
+    assert_eq!(total, 0);
 }
 
 /// Applies reports to worker `w` rank 0 whose values change every call but

@@ -38,16 +38,57 @@ enum Field {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Register { worker: u64, model: usize, dp: u32 },
-    Deregister { worker: u64 },
-    AddModel { model: usize },
-    Report { worker: u64, rank: u32, router: bool, seq_step: i64, load: RankLoad },
-    Track { worker: u64, rank: u32, blocks: i64, tokens: i64 },
-    Capacity { worker: u64, rank: u32, kv: u32, mnbt: u32 },
-    SetAll { model: usize, decode: Option<u64>, prefill: Option<u64>, frac: Option<u64> },
-    Edit { model: usize, field: Field, value: Value },
-    Route { model: usize, policy: usize, exclude: Vec<u64> },
-    Advance { ms: u64 },
+    Register {
+        worker: u64,
+        model: usize,
+        dp: u32,
+    },
+    Deregister {
+        worker: u64,
+    },
+    AddModel {
+        model: usize,
+    },
+    Report {
+        worker: u64,
+        rank: u32,
+        router: bool,
+        seq_step: i64,
+        load: RankLoad,
+    },
+    Track {
+        worker: u64,
+        rank: u32,
+        blocks: i64,
+        tokens: i64,
+    },
+    Capacity {
+        worker: u64,
+        rank: u32,
+        kv: u32,
+        mnbt: u32,
+    },
+    SetAll {
+        model: usize,
+        decode: Option<u64>,
+        prefill: Option<u64>,
+        frac: Option<u64>,
+    },
+    Edit {
+        model: usize,
+        field: Field,
+        value: Value,
+    },
+    /// `local`: through a long-lived `LocalRouter` (cached view) of the policy.
+    Route {
+        model: usize,
+        policy: usize,
+        local: bool,
+        exclude: Vec<u64>,
+    },
+    Advance {
+        ms: u64,
+    },
 }
 
 fn decode_ppb() -> impl Strategy<Value = u64> {
@@ -117,8 +158,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(model, decode, prefill, frac)| Op::SetAll { model, decode, prefill, frac }),
         3 => (model.clone(), prop::sample::select(vec![Field::Decode, Field::Prefill, Field::Frac]))
             .prop_flat_map(|(model, field)| value(field).prop_map(move |value| Op::Edit { model, field, value })),
-        8 => (model.clone(), 0usize..6, prop::collection::vec(0..WORKERS + 2, 0..4))
-            .prop_map(|(model, policy, exclude)| Op::Route { model, policy, exclude }),
+        8 => (model.clone(), 0usize..6, any::<bool>(), prop::collection::vec(0..WORKERS + 2, 0..4))
+            .prop_map(|(model, policy, local, exclude)| Op::Route { model, policy, local, exclude }),
         2 => (0u64..=30).prop_map(|ms| Op::Advance { ms }),
     ]
 }
@@ -271,6 +312,8 @@ struct System {
     monitor: Arc<WorkerMonitor>,
     mock: Arc<quanta::Mock>,
     routers: Vec<Router>,
+    /// Long-lived per-thread routers by (model, policy).
+    locals: BTreeMap<(String, usize), LocalRouter>,
     model: Reference,
 }
 
@@ -297,7 +340,7 @@ impl System {
             models: BTreeMap::new(),
             cursor: BTreeMap::new(),
         };
-        System { monitor, mock, routers, model }
+        System { monitor, mock, routers, locals: BTreeMap::new(), model }
     }
 
     /// The flipped flag a call should report, given the bits before it.
@@ -463,7 +506,7 @@ impl System {
                     },
                 }
             }
-            Op::Route { model, policy, exclude } => self.route(MODELS[model], policy, &exclude)?,
+            Op::Route { model, policy, local, exclude } => self.route(MODELS[model], policy, local, &exclude)?,
             Op::Advance { ms } => {
                 self.mock.increment(Duration::from_millis(ms));
                 self.model.now += ms * 1_000_000;
@@ -474,12 +517,24 @@ impl System {
         self.check_state()
     }
 
-    fn route(&mut self, name: &str, policy: usize, exclude: &[u64]) -> Result<(), TestCaseError> {
+    fn route(&mut self, name: &str, policy: usize, local: bool, exclude: &[u64]) -> Result<(), TestCaseError> {
         // Policy 5: round robin through a `ModelRouter` handle (same cursor).
-        let real = match policy {
-            5 => self.routers[0].model(name).and_then(|h| h.route(exclude)),
-            p => self.routers[p].route(name, exclude),
+        let router = &self.routers[policy % 5];
+        let real = if local {
+            // Kept across operations, so its cached view must follow every publication.
+            match self.locals.entry((name.to_owned(), policy % 5)) {
+                std::collections::btree_map::Entry::Occupied(mut e) => e.get_mut().route(exclude),
+                std::collections::btree_map::Entry::Vacant(e) => match router.model(name) {
+                    Ok(handle) => e.insert(handle.local()).route(exclude),
+                    Err(err) => Err(err),
+                },
+            }
+        } else if policy == 5 {
+            router.model(name).and_then(|h| h.route(exclude))
+        } else {
+            router.route(name, exclude)
         };
+        let policy = policy % 5;
         let Some(&thresholds) = self.model.models.get(name) else {
             prop_assert_eq!(real, Err(RouteError::UnknownModel));
             return Ok(());
@@ -503,7 +558,7 @@ impl System {
         prop_assert!(eligible.contains(&chosen), "{} not eligible: {:?}", chosen, eligible);
         let cursor = self.model.cursor.entry(name.to_owned()).or_insert(0);
         match policy {
-            0 | 5 => {
+            0 => {
                 prop_assert_eq!(chosen, eligible[*cursor % eligible.len()], "round robin order");
                 *cursor += 1;
             }
