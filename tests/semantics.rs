@@ -643,6 +643,27 @@ mod live_thresholds {
     }
 
     #[test]
+    fn a_local_router_sees_threshold_changes_and_expiry_at_once() {
+        let (clock, mock) = quanta::Clock::mock();
+        let config = MonitorConfig { staleness: Some(Duration::from_secs(1)), default_thresholds: decode(0.5) };
+        let monitor = Arc::new(WorkerMonitor::with_clock(config, clock).unwrap());
+        monitor.register(1, "m", 1).unwrap();
+        let mut local = Router::new(monitor.clone(), Policy::RoundRobin).model("m").unwrap().local();
+        assert_eq!(local.route(&[]), Ok(1));
+        monitor.apply(&report(1, 0, 1, blocks(60, 100))).unwrap();
+        assert_eq!(local.route(&[]), Err(RouteError::Overloaded));
+        monitor.update_thresholds("m", |t| t.active_decode_blocks_threshold = Some(0.7)).unwrap();
+        assert_eq!(local.route(&[]), Ok(1));
+        monitor.update_thresholds("m", |t| t.active_decode_blocks_threshold = Some(0.5)).unwrap();
+        assert_eq!(local.route(&[]), Err(RouteError::Overloaded));
+        mock.increment(Duration::from_secs(2));
+        assert_eq!(monitor.expire_stale(), 1);
+        assert_eq!(local.route(&[]), Ok(1));
+        monitor.deregister(1);
+        assert_eq!(local.route(&[]), Err(RouteError::Unavailable));
+    }
+
+    #[test]
     fn clearing_one_signal_keeps_the_others() {
         let both = BusyThresholds { active_prefill_tokens_threshold: Some(10), ..decode(0.5) };
         let monitor = monitor_with(&[1], 1, both);
