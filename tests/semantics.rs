@@ -1816,7 +1816,17 @@ mod concurrency {
             refused += r;
         }
         // Queued items still drain through the consumer.
-        while admission.running() != 0 || admission.queued() != 0 {
+        for spins in 0u64.. {
+            if admission.running() == 0 && admission.queued() == 0 {
+                break;
+            }
+            // A lost wake-up would leave items queued forever: fail instead of hanging.
+            assert!(
+                spins < 20_000_000,
+                "never drained: {} running, {} queued",
+                admission.running(),
+                admission.queued()
+            );
             thread::yield_now();
         }
         tx.send(None).unwrap();
