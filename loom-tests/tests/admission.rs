@@ -31,6 +31,8 @@ fn item(id: u32) -> Item {
 struct Engine {
     running: AtomicUsize,
     runs: Mutex<Vec<u32>>,
+    /// Queued items whose client was gone when their slot came.
+    gone: Mutex<Vec<u32>>,
     admission: OnceLock<Weak<Admission<Item>>>,
 }
 
@@ -53,13 +55,27 @@ impl Engine {
 }
 
 fn setup() -> (Arc<Engine>, std::sync::Arc<Admission<Item>>) {
-    let engine =
-        Arc::new(Engine { running: AtomicUsize::new(0), runs: Mutex::new(Vec::new()), admission: OnceLock::new() });
+    setup_refusing(|_| false)
+}
+
+/// As [`setup`], with a dispatcher that hands the permit back for the items
+/// `gone` picks (their client went away while they waited), recording them.
+fn setup_refusing(gone: fn(u32) -> bool) -> (Arc<Engine>, std::sync::Arc<Admission<Item>>) {
+    let engine = Arc::new(Engine {
+        running: AtomicUsize::new(0),
+        runs: Mutex::new(Vec::new()),
+        gone: Mutex::new(Vec::new()),
+        admission: OnceLock::new(),
+    });
     let dispatcher = engine.clone();
     let admission = Admission::new(
         N,
         Q,
         Box::new(move |item: Item, permit| {
+            if gone(item.id) {
+                dispatcher.gone.lock().unwrap().push(item.id);
+                return Err(permit);
+            }
             dispatcher.run(item, permit);
             Ok(())
         }),
@@ -180,6 +196,35 @@ fn three_submitters_all_run() {
         let outcomes: Vec<Outcome> = threads.into_iter().map(|t| t.join().unwrap()).collect();
         assert!(outcomes.iter().all(|o| o.rejected.is_empty()), "rejected below N + Q");
         check(&engine.runs.lock().unwrap(), &outcomes.iter().collect::<Vec<_>>(), None);
+        assert_eq!((admission.running(), admission.queued()), (0, 0));
+    });
+}
+
+/// A queued item whose client has gone hands its slot back: the slot passes
+/// to the next waiting item, and nothing is lost or run twice.
+#[test]
+fn a_gone_client_passes_its_slot_on() {
+    run_model_with("admission/a_gone_client_passes_its_slot_on", 3, || {
+        let (engine, admission) = setup_refusing(|id| id == 1);
+        let Ok(Admitted::Now(first, permit)) = admission.try_admit(item(0)) else { panic!("first item must run now") };
+        let queued: Vec<_> = [1, 2]
+            .into_iter()
+            .map(|id| {
+                let (engine, admission) = (engine.clone(), admission.clone());
+                thread::spawn(move || submit(&engine, &admission, &[id]))
+            })
+            .collect();
+        engine.run(first, permit);
+        let outcomes: Vec<Outcome> = queued.into_iter().map(|t| t.join().unwrap()).collect();
+        let gone = engine.gone.lock().unwrap().clone();
+        let runs = engine.runs.lock().unwrap().clone();
+        // Item 1 either ran straight away (admitted Now: no dispatch) or was
+        // queued and refused; item 2 always runs.
+        assert!(runs.contains(&2), "the slot was not passed on: runs {runs:?}, gone {gone:?}");
+        let mut seen: Vec<u32> = runs.iter().chain(&gone).copied().collect();
+        seen.sort_unstable();
+        assert_eq!(seen, [0, 1, 2], "runs {runs:?}, gone {gone:?}");
+        assert!(outcomes.iter().all(|o| o.rejected.is_empty()));
         assert_eq!((admission.running(), admission.queued()), (0, 0));
     });
 }
