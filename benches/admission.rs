@@ -1,13 +1,14 @@
 //! Admit + release: `Admission::try_admit` and dropping its `Permit`, against
 //! `tokio::sync::Semaphore::try_acquire` and dropping its permit, on 1 and 2
-//! threads (the second thread started on a barrier, doing the same work).
+//! threads sharing one gate (started together on a barrier, each doing the
+//! same number of calls; the time is until the last one finishes, so a
+//! reported time is the wall time of one call on every thread at once).
 //!
 //! Both have more slots than threads, so every attempt takes the fast path
 //! (loadgate: nothing queued, a slot free); the numbers compare the cost of
 //! the accounting itself.
 
 use std::hint::black_box;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -40,31 +41,24 @@ fn acquire_release(semaphore: &Semaphore) {
     drop(black_box(permit));
 }
 
-/// Times `iters` calls of `op` on this thread while `helpers` more threads,
-/// started together on a barrier, run `op` until it finishes.
-fn timed(iters: u64, helpers: usize, op: &(dyn Fn(u64) + Sync)) -> Duration {
-    let stop = AtomicBool::new(false);
-    let barrier = Barrier::new(helpers + 1);
+/// Times `threads` threads, started together on a barrier, each making
+/// `iters` calls of `op`: from the barrier until the last one finishes.
+fn timed(iters: u64, threads: usize, op: &(dyn Fn(u64) + Sync)) -> Duration {
+    let barrier = Barrier::new(threads);
     thread::scope(|s| {
-        for _ in 0..helpers {
-            s.spawn(|| {
-                barrier.wait();
-                let mut i = 0;
-                // Relaxed: a stop flag; nothing else hangs on it.
-                while !stop.load(Ordering::Relaxed) {
-                    op(i);
-                    i += 1;
-                }
-            });
-        }
+        let others: Vec<_> = (1..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    (0..iters).for_each(op);
+                })
+            })
+            .collect();
         barrier.wait();
         let start = Instant::now();
-        for i in 0..iters {
-            op(i);
-        }
-        let elapsed = start.elapsed();
-        stop.store(true, Ordering::Relaxed);
-        elapsed
+        (0..iters).for_each(op);
+        others.into_iter().for_each(|t| t.join().expect("benchmark thread"));
+        start.elapsed()
     })
 }
 
@@ -76,13 +70,13 @@ fn admit_release_bench(c: &mut Criterion) {
 
         let gate = admission();
         group.bench_function("loadgate_admission", |b| {
-            b.iter_custom(|iters| timed(iters, threads - 1, &|i| admit_release(black_box(&gate), i)))
+            b.iter_custom(|iters| timed(iters, threads, &|i| admit_release(black_box(&gate), i)))
         });
         assert_eq!((gate.running(), gate.queued(), gate.rejected()), (0, 0, 0));
 
         let semaphore = Semaphore::new(SLOTS);
         group.bench_function("tokio_semaphore", |b| {
-            b.iter_custom(|iters| timed(iters, threads - 1, &|_| acquire_release(black_box(&semaphore))))
+            b.iter_custom(|iters| timed(iters, threads, &|_| acquire_release(black_box(&semaphore))))
         });
         assert_eq!(semaphore.available_permits(), SLOTS);
         group.finish();

@@ -159,9 +159,37 @@ impl BusySet {
         Some(w * 64 + select_in_word(free, (n - self.free_before[w]) as u32) as usize)
     }
 
+    /// Calls `f` with every free instance in index order (a word at a time).
+    #[inline]
+    pub(crate) fn for_each_free(&self, mut f: impl FnMut(usize)) {
+        for (w, &word) in self.words.iter().enumerate() {
+            let mut free = !word;
+            if (w + 1) * 64 > self.len {
+                free &= (1u64 << (self.len % 64)) - 1;
+            }
+            while free != 0 {
+                f(w * 64 + free.trailing_zeros() as usize);
+                free &= free - 1;
+            }
+        }
+    }
+
     /// Free instances in index order.
     pub fn iter_free(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..self.len).filter(move |&i| !self.is_busy(i))
+        self.words.iter().enumerate().flat_map(move |(w, &word)| {
+            let mut free = !word;
+            if (w + 1) * 64 > self.len {
+                free &= (1u64 << (self.len % 64)) - 1;
+            }
+            // One word at a time: the lowest free bit, then drop it.
+            std::iter::from_fn(move || {
+                (free != 0).then(|| {
+                    let bit = free.trailing_zeros() as usize;
+                    free &= free - 1;
+                    w * 64 + bit
+                })
+            })
+        })
     }
 }
 
@@ -215,6 +243,11 @@ mod tests {
             for _ in 0..len * 2 {
                 set.set(rng.usize(..len), rng.bool());
                 let free: Vec<usize> = set.iter_free().collect();
+                let scanned: Vec<usize> = (0..len).filter(|&i| !set.is_busy(i)).collect();
+                assert_eq!(free, scanned, "len {len}");
+                let mut each = Vec::new();
+                set.for_each_free(|i| each.push(i));
+                assert_eq!(each, scanned, "len {len}");
                 assert_eq!(free.len(), set.free_count());
                 for (n, &index) in free.iter().enumerate() {
                     assert_eq!(set.nth_free(n), Some(index), "len {len} n {n}");

@@ -145,7 +145,9 @@ impl ModelView {
     /// eligible list (cold path: publication).
     fn new(instances: Arc<[Arc<WorkerEntry>]>, ids: Arc<[WorkerId]>, busy: BusySet, filtering: bool) -> Self {
         let eligible = if filtering && busy.busy_count() > 0 {
-            busy.iter_free().map(|position| ids[position]).collect()
+            let mut free = Vec::with_capacity(busy.free_count());
+            busy.for_each_free(|position| free.push(ids[position]));
+            Arc::from(free)
         } else {
             ids.clone()
         };
