@@ -107,7 +107,11 @@ impl EventPublisher {
             links,
             register,
             worker: registration.worker,
-            seq: 0,
+            // Start from the wall clock (µs) so a restarted worker that keeps
+            // its id is never taken for a replay of its previous life.
+            seq: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX / 2)),
             heartbeat: heartbeat.max(COALESCE),
         };
         let thread = std::thread::Builder::new().name("event-publisher".into()).spawn(move || pump.run())?;
