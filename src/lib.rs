@@ -78,12 +78,12 @@ mod load;
 mod metrics;
 mod migration;
 mod monitor;
+pub mod patch;
 mod retry;
 mod router;
 mod sync;
 mod thresholds;
 pub mod wire;
-pub mod patch;
 
 #[cfg(feature = "server")]
 pub mod server;
