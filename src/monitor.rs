@@ -170,45 +170,59 @@ pub(crate) struct ModelState {
     thresholds: Swap<Thresholds>,
     pub(crate) view: Swap<ModelView>,
     /// Serialises publication for this model (cold path: bit flips,
-    /// threshold changes, registration).
-    write: Mutex<()>,
+    /// threshold changes, registration), and holds the view replaced last
+    /// (see [`replace_view`]).
+    write: Mutex<Option<Arc<ModelView>>>,
     /// Round-robin cursor, shared by every router of this monitor.
     pub(crate) cursor: CachePadded<AtomicUsize>,
 }
 
 /// What a router reads with one load: instances, busy bits and whether
 /// filtering applies, always consistent with each other.
+///
+/// Aligned to its own cache lines so that the `Arc` counts in front of it
+/// (which the monitor's `load_full` bumps on every publication) never share
+/// a line with the fields routers read.
+#[repr(align(128))]
 pub(crate) struct ModelView {
     pub(crate) instances: Arc<[Arc<WorkerEntry>]>,
     /// The instances' ids, in the same order: what selection returns, read
-    /// without touching the entries (which the event plane writes).
-    pub(crate) ids: Arc<[WorkerId]>,
+    /// without touching the entries (which the event plane writes). Shared by
+    /// every view until the instances change; padded so that the `Arc`
+    /// counts, bumped at each publication, stay off the ids' lines.
+    pub(crate) ids: Arc<CachePadded<Box<[WorkerId]>>>,
     pub(crate) busy: BusySet,
-    /// The ids a request with no exclusions may take, in instance order: the
-    /// free ones when filtering, else all. Derived once per publication so
-    /// round-robin picks with one index (the k-th entry is the k-th free
-    /// instance, as [`BusySet::nth_free`] would find it).
-    pub(crate) eligible: Arc<[WorkerId]>,
+    /// The positions a request with no exclusions may take, in instance
+    /// order, when filtering leaves some out; `None` when every instance may
+    /// be taken. Derived once per publication so round-robin picks with one
+    /// index (the k-th entry is the k-th free instance, as
+    /// [`BusySet::nth_free`] would find it). Positions, not ids: 4 bytes each,
+    /// so a router fetches few cache lines of a freshly published view, and
+    /// the ids stay shared (and cached) across views.
+    pub(crate) free_positions: Option<Arc<[u32]>>,
     /// True when the model has at least one threshold configured.
     pub(crate) filtering: bool,
 }
 
 impl ModelView {
-    /// A view of `instances` (whose ids are `ids`) with `busy`; builds the
-    /// eligible list (cold path: publication).
-    fn new(instances: Arc<[Arc<WorkerEntry>]>, ids: Arc<[WorkerId]>, busy: BusySet, filtering: bool) -> Self {
-        let eligible = if filtering && busy.busy_count() > 0 {
+    /// A view of `instances` (whose ids are `ids`) with `busy`; lists the
+    /// free positions (cold path: publication).
+    fn new(
+        instances: Arc<[Arc<WorkerEntry>]>,
+        ids: Arc<CachePadded<Box<[WorkerId]>>>,
+        busy: BusySet,
+        filtering: bool,
+    ) -> Self {
+        let free_positions = (filtering && busy.busy_count() > 0).then(|| {
             let mut free = Vec::with_capacity(busy.free_count());
-            busy.for_each_free(|position| free.push(ids[position]));
+            busy.for_each_free(|position| free.push(u32::try_from(position).expect("fewer than 2^32 instances")));
             Arc::from(free)
-        } else {
-            ids.clone()
-        };
-        ModelView { instances, ids, busy, eligible, filtering }
+        });
+        ModelView { instances, ids, busy, free_positions, filtering }
     }
 
     fn empty(filtering: bool) -> Self {
-        ModelView::new(Arc::from(Vec::new()), Arc::from(Vec::new()), BusySet::new(0), filtering)
+        ModelView::new(Arc::from(Vec::new()), Arc::default(), BusySet::new(0), filtering)
     }
 }
 
@@ -444,12 +458,13 @@ impl WorkerMonitor {
             position: AtomicUsize::new(usize::MAX),
         });
         {
-            let _model = lock(&state.write);
+            let mut retired = lock(&state.write);
             let view = state.view.load_full();
             let mut instances: Vec<Arc<WorkerEntry>> = view.instances.iter().cloned().collect();
             instances.push(entry.clone());
             instances.sort_by_key(|e| e.id);
-            state.view.store(Arc::new(rebuild(&instances, view.filtering)));
+            let next = rebuild(&instances, view.filtering);
+            replace_view(&state, &mut retired, view, next);
         }
         let mut workers = current.workers.clone();
         workers.insert(worker, WorkerRecord { entry, model: state });
@@ -468,11 +483,12 @@ impl WorkerMonitor {
             return false;
         };
         {
-            let _model = lock(&rec.model.write);
+            let mut retired = lock(&rec.model.write);
             let view = rec.model.view.load_full();
             let instances: Vec<Arc<WorkerEntry>> = view.instances.iter().filter(|e| e.id != worker).cloned().collect();
             rec.entry.position.store(usize::MAX, Ordering::Relaxed); // under the model lock
-            rec.model.view.store(Arc::new(rebuild(&instances, view.filtering)));
+            let next = rebuild(&instances, view.filtering);
+            replace_view(&rec.model, &mut retired, view, next);
         }
         let mut workers = current.workers.clone();
         workers.remove(&worker);
@@ -486,7 +502,7 @@ impl WorkerMonitor {
             name,
             thresholds: Swap::from_pointee(self.default_thresholds),
             view: Swap::from_pointee(ModelView::empty(filtering)),
-            write: Mutex::new(()),
+            write: Mutex::new(None),
             cursor: CachePadded::new(AtomicUsize::new(0)),
         })
     }
@@ -617,8 +633,8 @@ impl WorkerMonitor {
     /// line with their slots, repeating while their versions move.
     #[cold]
     fn publish(&self, model: &ModelState, entries: &[Arc<WorkerEntry>]) -> Applied {
-        let _model = lock(&model.write);
-        self.reconcile_locked(model, entries.to_vec(), None)
+        let mut retired = lock(&model.write);
+        self.reconcile_locked(model, &mut retired, entries.to_vec(), None)
     }
 
     /// Under the model's lock: re-evaluate `pending`, publish one new view if
@@ -627,6 +643,7 @@ impl WorkerMonitor {
     fn reconcile_locked(
         &self,
         model: &ModelState,
+        retired: &mut Option<Arc<ModelView>>,
         mut pending: Vec<Arc<WorkerEntry>>,
         mut filtering: Option<bool>,
     ) -> Applied {
@@ -652,12 +669,13 @@ impl WorkerMonitor {
             }
             let next_filtering = filtering.take().unwrap_or(view.filtering);
             if bits.is_some() || next_filtering != view.filtering {
-                model.view.store(Arc::new(ModelView::new(
+                let next = ModelView::new(
                     view.instances.clone(),
                     view.ids.clone(),
                     bits.unwrap_or_else(|| view.busy.clone()),
                     next_filtering,
-                )));
+                );
+                replace_view(model, retired, view, next);
             }
             for (entry, before, busy) in seen {
                 // Release: a writer whose bump follows ours acquires this and
@@ -695,8 +713,8 @@ impl WorkerMonitor {
                 .collect();
             if !stale.is_empty() {
                 flips += stale.len();
-                let _model = lock(&model.write);
-                self.reconcile_locked(model, stale, None);
+                let mut retired = lock(&model.write);
+                self.reconcile_locked(model, &mut retired, stale, None);
             }
         }
         flips
@@ -725,13 +743,13 @@ impl WorkerMonitor {
     ) -> Result<Thresholds, SetThresholdsError> {
         let registry = self.registry.load_full();
         let state = registry.models.get(model).ok_or_else(|| SetThresholdsError::UnknownModel(model.to_owned()))?;
-        let _model = lock(&state.write);
+        let mut retired = lock(&state.write);
         let mut config = state.thresholds.load().to_config();
         edit(&mut config);
         let next = config.validate()?;
         state.thresholds.store(Arc::new(next));
         let instances = state.view.load().instances.to_vec();
-        self.reconcile_locked(state, instances, Some(next.is_enabled()));
+        self.reconcile_locked(state, &mut retired, instances, Some(next.is_enabled()));
         Ok(next)
     }
 
@@ -875,6 +893,16 @@ fn lookup(registry: &Registry, worker: WorkerId, rank: u32) -> Result<&WorkerRec
     Ok(rec)
 }
 
+/// Publishes `next` as `model`'s view, under the model's lock (`retired` is
+/// what it guards). The view it replaces is kept until the next publication,
+/// so the writer, not a router, usually drops the last reference to a view:
+/// a [`LocalRouter`](crate::LocalRouter) that still holds `old` only
+/// decrements a count when it moves on, and frees nothing on the hot path.
+fn replace_view(model: &ModelState, retired: &mut Option<Arc<ModelView>>, old: Arc<ModelView>, next: ModelView) {
+    model.view.store(Arc::new(next));
+    *retired = Some(old);
+}
+
 /// A fresh view over `instances` (sorted), keeping each one's published bit.
 /// Called under the model's lock.
 fn rebuild(instances: &[Arc<WorkerEntry>], filtering: bool) -> ModelView {
@@ -886,7 +914,7 @@ fn rebuild(instances: &[Arc<WorkerEntry>], filtering: bool) -> ModelView {
             busy.set(position, true);
         }
     }
-    let ids = instances.iter().map(|e| e.id).collect();
+    let ids = Arc::new(CachePadded::new(instances.iter().map(|e| e.id).collect()));
     ModelView::new(Arc::from(instances.to_vec()), ids, busy, filtering)
 }
 

@@ -249,17 +249,18 @@ impl Router {
 
 /// Round-robin with no exclusions, the common case: the same choice as the
 /// general path (the k-th request takes the (k mod eligible)-th eligible
-/// instance) in a cursor increment and one index into the view's eligible
-/// list.
+/// instance) in a cursor increment and one index into the view's list of
+/// free positions.
 #[inline(always)]
 fn round_robin(state: &ModelState, view: &ModelView) -> Result<WorkerId, RouteError> {
-    let eligible = &*view.eligible;
-    if eligible.is_empty() {
+    let count = view.free_positions.as_ref().map_or(view.ids.len(), |free| free.len());
+    if count == 0 {
         return Err(if view.ids.is_empty() { RouteError::Unavailable } else { RouteError::Overloaded });
     }
     // Relaxed: the cursor only spreads load; no data hangs on it.
-    let k = state.cursor.fetch_add(1, Ordering::Relaxed) % eligible.len();
-    Ok(eligible[k])
+    let k = state.cursor.fetch_add(1, Ordering::Relaxed) % count;
+    let position = view.free_positions.as_ref().map_or(k, |free| free[k] as usize);
+    Ok(view.ids[position])
 }
 
 /// Routes one model; obtained from [`Router::model`].
