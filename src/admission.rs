@@ -26,6 +26,9 @@ pub const QUEUE_LIMIT_ENV: &str = "DYN_DYNAMO_REQUEST_QUEUE_LIMIT";
 /// `Q` when the environment does not set it.
 pub const DEFAULT_QUEUE_LIMIT: usize = 16;
 
+/// The largest accepted `Q`.
+pub const MAX_QUEUE_LIMIT: usize = 1 << 20;
+
 /// Hands a queued item its permit when a slot frees up. Returns the permit
 /// back if the item can no longer use it (its client went away); the slot
 /// then passes to the next item.
@@ -113,6 +116,9 @@ pub enum AdmissionError {
     QueueLimitTooSmall(usize),
     /// A limit above `u32::MAX`.
     TooLarge(usize),
+    /// The queue limit `Q` is above [`MAX_QUEUE_LIMIT`] (the overflow is
+    /// allocated up front, so a typo must not exhaust memory).
+    QueueLimitTooLarge(usize),
     /// `DYN_DYNAMO_REQUEST_QUEUE_LIMIT` is not a whole number.
     InvalidQueueLimit(String),
 }
@@ -123,6 +129,7 @@ impl fmt::Display for AdmissionError {
             Self::ZeroLimit => f.write_str("engine request limit must be at least 1"),
             Self::QueueLimitTooSmall(q) => write!(f, "{QUEUE_LIMIT_ENV} must be at least 2, got {q}"),
             Self::TooLarge(v) => write!(f, "limit {v} is larger than {}", u32::MAX),
+            Self::QueueLimitTooLarge(q) => write!(f, "{QUEUE_LIMIT_ENV} must be at most {MAX_QUEUE_LIMIT}, got {q}"),
             Self::InvalidQueueLimit(v) => write!(f, "{QUEUE_LIMIT_ENV} must be a whole number >= 2, got {v:?}"),
         }
     }
@@ -143,6 +150,9 @@ pub fn parse_queue_limit(value: Option<&str>) -> Result<usize, AdmissionError> {
     let q: usize = raw.trim().parse().map_err(|_| AdmissionError::InvalidQueueLimit(raw.to_owned()))?;
     if q < 2 {
         return Err(AdmissionError::QueueLimitTooSmall(q));
+    }
+    if q > MAX_QUEUE_LIMIT {
+        return Err(AdmissionError::QueueLimitTooLarge(q));
     }
     Ok(q)
 }
@@ -169,6 +179,9 @@ impl<T> Admission<T> {
         }
         if queue_limit < 2 {
             return Err(AdmissionError::QueueLimitTooSmall(queue_limit));
+        }
+        if queue_limit > MAX_QUEUE_LIMIT {
+            return Err(AdmissionError::QueueLimitTooLarge(queue_limit));
         }
         let limit32 = u32::try_from(limit).map_err(|_| AdmissionError::TooLarge(limit))?;
         let queue_limit32 = u32::try_from(queue_limit).map_err(|_| AdmissionError::TooLarge(queue_limit))?;

@@ -90,7 +90,7 @@ pub mod server;
 
 pub use admission::{
     parse_queue_limit, Admission, AdmissionError, Admitted, Dispatch, Permit, Rejected, DEFAULT_QUEUE_LIMIT,
-    QUEUE_LIMIT_ENV,
+    MAX_QUEUE_LIMIT, QUEUE_LIMIT_ENV,
 };
 pub use busy::BusySet;
 pub use error::{

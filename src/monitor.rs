@@ -509,8 +509,12 @@ impl WorkerMonitor {
 
     /// Makes `model` known without any worker (so its thresholds can be set
     /// and it routes as unavailable rather than unknown). Returns whether it
-    /// was new.
+    /// was new; an empty name is refused (as [`register`](Self::register)
+    /// refuses it) and returns false.
     pub fn add_model(&self, model: &str) -> bool {
+        if model.is_empty() {
+            return false;
+        }
         let _registry = lock(&self.registry_write);
         let current = self.registry.load_full();
         if current.models.contains_key(model) {

@@ -393,8 +393,11 @@ impl System {
             }
             Op::AddModel { model } => {
                 let name = MODELS[model];
-                let new = !self.model.models.contains_key(name);
-                self.model.models.entry(name.to_owned()).or_insert(self.model.default_thresholds);
+                // An empty name is refused, as registration refuses it.
+                let new = !name.is_empty() && !self.model.models.contains_key(name);
+                if !name.is_empty() {
+                    self.model.models.entry(name.to_owned()).or_insert(self.model.default_thresholds);
+                }
                 prop_assert_eq!(self.monitor.add_model(name), new);
             }
             Op::Report { worker, rank, router, seq_step, load } => {

@@ -709,6 +709,8 @@ mod live_thresholds {
         monitor.register(1, "x", 1).unwrap();
         assert!(monitor.add_model("y"));
         assert!(!monitor.add_model("y"));
+        assert!(!monitor.add_model(""), "an empty model name is refused, as in register");
+        assert!(!monitor.has_model(""));
         assert_eq!(monitor.thresholds("x").unwrap().decode_ppb(), Some(500_000_000));
         assert_eq!(monitor.thresholds("y").unwrap().decode_ppb(), Some(500_000_000));
         monitor.apply(&report(1, 0, 1, blocks(60, 100))).unwrap();
@@ -1037,6 +1039,9 @@ mod admission {
         assert_eq!(parse_queue_limit(Some("2.5")), Err(AdmissionError::InvalidQueueLimit("2.5".into())));
         assert_eq!(parse_queue_limit(Some("1")), Err(AdmissionError::QueueLimitTooSmall(1)));
         assert_eq!(parse_queue_limit(Some("0")), Err(AdmissionError::QueueLimitTooSmall(0)));
+        // The overflow is allocated up front: a huge value is an error, not an out-of-memory.
+        assert_eq!(parse_queue_limit(Some("4000000000")), Err(AdmissionError::QueueLimitTooLarge(4_000_000_000)));
+        assert_eq!(parse_queue_limit(Some(&MAX_QUEUE_LIMIT.to_string())), Ok(MAX_QUEUE_LIMIT));
         let msg = parse_queue_limit(Some("abc")).unwrap_err().to_string();
         assert!(msg.contains(QUEUE_LIMIT_ENV) && msg.contains("abc"), "{msg}");
     }
