@@ -5,6 +5,8 @@
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use super::tokens::{content_value, prompt_value};
+
 /// Tokens generated when a request gives no `max_tokens`.
 pub const DEFAULT_MAX_TOKENS: u32 = 16;
 
@@ -44,10 +46,10 @@ pub fn parse_request(api: Api, body: &[u8]) -> Result<GenerationRequest, String>
     let Some(obj) = value.as_object() else { return Err("the request body must be a JSON object".into()) };
     let model = obj.get("model").and_then(Value::as_str).unwrap_or_default().to_owned();
     let prompt_tokens = match api {
-        Api::Completions => prompt_len(obj.get("prompt").ok_or("missing field `prompt`")?),
+        Api::Completions => prompt_value(obj.get("prompt").ok_or("missing field `prompt`")?),
         Api::ChatCompletions => {
             let messages = obj.get("messages").and_then(Value::as_array).ok_or("missing array field `messages`")?;
-            messages.iter().map(|m| m.get("content").map_or(0, content_len)).sum()
+            messages.iter().map(|m| m.get("content").map_or(0, content_value)).sum()
         }
     };
     let max_tokens = ["max_tokens", "max_completion_tokens"]
@@ -56,29 +58,6 @@ pub fn parse_request(api: Api, body: &[u8]) -> Result<GenerationRequest, String>
         .map_or(DEFAULT_MAX_TOKENS, |n| u32::try_from(n).unwrap_or(u32::MAX));
     let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(false);
     Ok(GenerationRequest { model, prompt_tokens: u32::try_from(prompt_tokens).unwrap_or(u32::MAX), max_tokens, stream })
-}
-
-fn words(text: &str) -> u64 {
-    text.split_whitespace().count() as u64
-}
-
-/// A completions prompt: text, token ids, or a batch of either.
-fn prompt_len(prompt: &Value) -> u64 {
-    match prompt {
-        Value::String(s) => words(s),
-        Value::Array(items) if items.iter().all(Value::is_number) => items.len() as u64,
-        Value::Array(items) => items.iter().map(prompt_len).sum(),
-        _ => 0,
-    }
-}
-
-/// A chat message content: text or an array of parts.
-fn content_len(content: &Value) -> u64 {
-    match content {
-        Value::String(s) => words(s),
-        Value::Array(parts) => parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).map(words).sum(),
-        _ => 0,
-    }
 }
 
 /// The filler text of output token `index`.

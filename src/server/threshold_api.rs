@@ -9,6 +9,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 use crate::patch::{parse_threshold_patch, DECODE_FIELD, PREFILL_FIELD, PREFILL_FRAC_FIELD};
@@ -18,6 +19,10 @@ use crate::{SetThresholdsError, Thresholds};
 
 /// Largest accepted `POST /busy_threshold` body.
 pub const MAX_BODY: usize = 64 * 1024;
+
+/// An oversized body up to this size is read to its end before the 413, so
+/// the client gets the answer rather than a reset while it is still sending.
+const DRAIN_LIMIT: usize = 1024 * 1024;
 
 /// One model's thresholds as JSON (`null` where unset).
 pub fn thresholds_json(model: &str, thresholds: &Thresholds) -> Value {
@@ -46,11 +51,13 @@ pub async fn update(State(frontend): State<Arc<Frontend>>, headers: HeaderMap, b
         return plain_error(StatusCode::UNSUPPORTED_MEDIA_TYPE, "Content-Type must be application/json");
     }
     let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
-    if declared.is_some_and(|n: usize| n > MAX_BODY) {
+    if declared.is_some_and(|n: usize| n > DRAIN_LIMIT) {
         return too_large();
     }
-    let Ok(bytes) = axum::body::to_bytes(body, MAX_BODY).await else {
-        return too_large();
+    let bytes = match read_limited(body).await {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => return too_large(),
+        Err(e) => return plain_error(StatusCode::BAD_REQUEST, format!("could not read the body: {e}")),
     };
     let patch = match parse_threshold_patch(&bytes) {
         Ok(patch) => patch,
@@ -71,6 +78,24 @@ pub async fn update(State(frontend): State<Arc<Frontend>>, headers: HeaderMap, b
         Err(e @ SetThresholdsError::UnknownModel(_)) => plain_error(StatusCode::NOT_FOUND, e.to_string()),
         Err(e @ SetThresholdsError::Invalid(_)) => plain_error(StatusCode::BAD_REQUEST, e.to_string()),
     }
+}
+
+/// The body if it is at most [`MAX_BODY`]; `None` if larger (read on to
+/// [`DRAIN_LIMIT`] and discarded, so the 413 reaches the client).
+async fn read_limited(body: Body) -> Result<Option<Vec<u8>>, axum::Error> {
+    let mut stream = body.into_data_stream();
+    let mut bytes = Vec::new();
+    let mut total = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk?;
+        total = total.saturating_add(chunk.len());
+        if total <= MAX_BODY {
+            bytes.extend_from_slice(&chunk);
+        } else if total > DRAIN_LIMIT {
+            break;
+        }
+    }
+    Ok((total <= MAX_BODY).then_some(bytes))
 }
 
 fn too_large() -> Response {

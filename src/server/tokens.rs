@@ -32,7 +32,7 @@ fn words(s: &str) -> u64 {
 }
 
 /// A completions `prompt`: a string, token ids, or a batch of either.
-fn prompt_value(prompt: &Value) -> u64 {
+pub(crate) fn prompt_value(prompt: &Value) -> u64 {
     match prompt {
         Value::String(s) => words(s),
         Value::Array(items) if items.iter().all(Value::is_number) => items.len() as u64,
@@ -42,7 +42,7 @@ fn prompt_value(prompt: &Value) -> u64 {
 }
 
 /// A chat message `content`: a string or a list of parts with `text`.
-fn content_value(content: &Value) -> u64 {
+pub(crate) fn content_value(content: &Value) -> u64 {
     match content {
         Value::String(s) => words(s),
         Value::Array(parts) => parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).map(words).sum(),

@@ -113,13 +113,7 @@ struct Worker {
 /// An invalid admission configuration (`--engine-request-limit 0`, an invalid
 /// `DYN_DYNAMO_REQUEST_QUEUE_LIMIT`), or a port that cannot be bound.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .try_init();
+    super::init_logging();
     let admission = match args.engine_request_limit {
         Some(limit) => Some(
             Admission::from_env(limit, Box::new(|waiter: Waiter, permit| waiter.0.send(permit)))
