@@ -16,7 +16,6 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
@@ -86,54 +85,9 @@ struct Registry {
 /// The registry's hash: every report looks up a worker id and every
 /// [`Router::route`](crate::Router::route) a model name, so SipHash's cost
 /// (tens of nanoseconds) shows on both hot paths. The keys are registered by
-/// the operator's workers, not chosen by clients, so an unkeyed hash is safe.
-type RegistryHash = BuildHasherDefault<RegistryHasher>;
-
-/// A word-at-a-time multiplicative hash with the splitmix64 finaliser, so
-/// ids that differ only in their high bits still spread over the buckets.
-#[derive(Default)]
-struct RegistryHasher(u64);
-
-impl RegistryHasher {
-    #[inline]
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-impl Hasher for RegistryHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for chunk in &mut chunks {
-            self.add(u64::from_le_bytes(chunk.try_into().expect("8 bytes")));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut word = [0u8; 8];
-            word[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(word));
-        }
-    }
-
-    #[inline]
-    fn write_u8(&mut self, byte: u8) {
-        self.add(u64::from(byte));
-    }
-
-    #[inline]
-    fn write_u64(&mut self, word: u64) {
-        self.add(word);
-    }
-
-    #[inline]
-    fn finish(&self) -> u64 {
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
+/// the operator's workers, not chosen by clients, so an unkeyed hash (rustc's
+/// Fx hash) is safe.
+type RegistryHash = rustc_hash::FxBuildHasher;
 
 #[derive(Clone)]
 struct WorkerRecord {
