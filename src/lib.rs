@@ -78,11 +78,13 @@ mod load;
 mod metrics;
 mod migration;
 mod monitor;
+mod padded;
 pub mod patch;
 mod retry;
 mod router;
 mod sync;
 mod thresholds;
+mod view;
 pub mod wire;
 
 #[cfg(feature = "server")]

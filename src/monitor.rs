@@ -22,8 +22,10 @@ use crossbeam_utils::CachePadded;
 
 use crate::busy::BusySet;
 use crate::load::{LoadReport, Publisher, RankLoad, RankSlot, SlotUpdate, WorkerId};
+use crate::padded::Padded;
 use crate::sync::{lock, Arc, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering, Swap};
 use crate::thresholds::{BusySignals, BusyThresholds, ThresholdError, Thresholds};
+use crate::view::ModelView;
 
 /// How a [`WorkerMonitor`] behaves; `Default` is no staleness window and no
 /// thresholds.
@@ -129,55 +131,6 @@ pub(crate) struct ModelState {
     write: Mutex<Option<Arc<ModelView>>>,
     /// Round-robin cursor, shared by every router of this monitor.
     pub(crate) cursor: CachePadded<AtomicUsize>,
-}
-
-/// What a router reads with one load: instances, busy bits and whether
-/// filtering applies, always consistent with each other.
-///
-/// Aligned to its own cache lines so that the `Arc` counts in front of it
-/// (which the monitor's `load_full` bumps on every publication) never share
-/// a line with the fields routers read.
-#[repr(align(128))]
-pub(crate) struct ModelView {
-    pub(crate) instances: Arc<[Arc<WorkerEntry>]>,
-    /// The instances' ids, in the same order: what selection returns, read
-    /// without touching the entries (which the event plane writes). Shared by
-    /// every view until the instances change; padded so that the `Arc`
-    /// counts, bumped at each publication, stay off the ids' lines.
-    pub(crate) ids: Arc<CachePadded<Box<[WorkerId]>>>,
-    pub(crate) busy: BusySet,
-    /// The positions a request with no exclusions may take, in instance
-    /// order, when filtering leaves some out; `None` when every instance may
-    /// be taken. Derived once per publication so round-robin picks with one
-    /// index (the k-th entry is the k-th free instance, as
-    /// [`BusySet::nth_free`] would find it). Positions, not ids: 4 bytes each,
-    /// so a router fetches few cache lines of a freshly published view, and
-    /// the ids stay shared (and cached) across views.
-    pub(crate) free_positions: Option<Arc<[u32]>>,
-    /// True when the model has at least one threshold configured.
-    pub(crate) filtering: bool,
-}
-
-impl ModelView {
-    /// A view of `instances` (whose ids are `ids`) with `busy`; lists the
-    /// free positions (cold path: publication).
-    fn new(
-        instances: Arc<[Arc<WorkerEntry>]>,
-        ids: Arc<CachePadded<Box<[WorkerId]>>>,
-        busy: BusySet,
-        filtering: bool,
-    ) -> Self {
-        let free_positions = (filtering && busy.busy_count() > 0).then(|| {
-            let mut free = Vec::with_capacity(busy.free_count());
-            busy.for_each_free(|position| free.push(u32::try_from(position).expect("fewer than 2^32 instances")));
-            Arc::from(free)
-        });
-        ModelView { instances, ids, busy, free_positions, filtering }
-    }
-
-    fn empty(filtering: bool) -> Self {
-        ModelView::new(Arc::from(Vec::new()), Arc::default(), BusySet::new(0), filtering)
-    }
 }
 
 /// What [`WorkerMonitor::apply`] did.
@@ -413,12 +366,14 @@ impl WorkerMonitor {
         });
         {
             let mut retired = lock(&state.write);
-            let view = state.view.load_full();
-            let mut instances: Vec<Arc<WorkerEntry>> = view.instances.iter().cloned().collect();
-            instances.push(entry.clone());
-            instances.sort_by_key(|e| e.id);
-            let next = rebuild(&instances, view.filtering);
-            replace_view(&state, &mut retired, view, next);
+            let next = {
+                let view = state.view.load();
+                let mut instances: Vec<Arc<WorkerEntry>> = view.instances.iter().cloned().collect();
+                instances.push(entry.clone());
+                instances.sort_by_key(|e| e.id);
+                rebuild(&instances, view.filtering)
+            };
+            replace_view(&state, &mut retired, next);
         }
         let mut workers = current.workers.clone();
         workers.insert(worker, WorkerRecord { entry, model: state });
@@ -438,11 +393,14 @@ impl WorkerMonitor {
         };
         {
             let mut retired = lock(&rec.model.write);
-            let view = rec.model.view.load_full();
-            let instances: Vec<Arc<WorkerEntry>> = view.instances.iter().filter(|e| e.id != worker).cloned().collect();
-            rec.entry.position.store(usize::MAX, Ordering::Relaxed); // under the model lock
-            let next = rebuild(&instances, view.filtering);
-            replace_view(&rec.model, &mut retired, view, next);
+            let next = {
+                let view = rec.model.view.load();
+                let instances: Vec<Arc<WorkerEntry>> =
+                    view.instances.iter().filter(|e| e.id != worker).cloned().collect();
+                rec.entry.position.store(usize::MAX, Ordering::Relaxed); // under the model lock
+                rebuild(&instances, view.filtering)
+            };
+            replace_view(&rec.model, &mut retired, next);
         }
         let mut workers = current.workers.clone();
         workers.remove(&worker);
@@ -609,7 +567,7 @@ impl WorkerMonitor {
         while !pending.is_empty() || filtering.is_some() {
             let thresholds = **model.thresholds.load();
             let now = self.now_ns();
-            let view = model.view.load_full();
+            let view = model.view.load();
             let mut bits: Option<BusySet> = None;
             let mut seen = Vec::with_capacity(pending.len());
             for entry in pending.drain(..) {
@@ -626,14 +584,14 @@ impl WorkerMonitor {
                 seen.push((entry, before, busy));
             }
             let next_filtering = filtering.take().unwrap_or(view.filtering);
-            if bits.is_some() || next_filtering != view.filtering {
-                let next = ModelView::new(
-                    view.instances.clone(),
-                    view.ids.clone(),
-                    bits.unwrap_or_else(|| view.busy.clone()),
-                    next_filtering,
-                );
-                replace_view(model, retired, view, next);
+            let changed = bits.is_some() || next_filtering != view.filtering;
+            let next = changed.then(|| {
+                let busy = bits.unwrap_or_else(|| view.busy.clone());
+                ModelView::new(view.instances.clone(), view.ids.clone(), busy, next_filtering)
+            });
+            drop(view); // before the swap, which would otherwise pay this guard's debt
+            if let Some(next) = next {
+                replace_view(model, retired, next);
             }
             for (entry, before, busy) in seen {
                 // Release: a writer whose bump follows ours acquires this and
@@ -854,11 +812,14 @@ fn lookup(registry: &Registry, worker: WorkerId, rank: u32) -> Result<&WorkerRec
 /// Publishes `next` as `model`'s view, under the model's lock (`retired` is
 /// what it guards). The view it replaces is kept until the next publication,
 /// so the writer, not a router, usually drops the last reference to a view:
-/// a [`LocalRouter`](crate::LocalRouter) that still holds `old` only
+/// a [`LocalRouter`](crate::LocalRouter) that still holds the old one only
 /// decrements a count when it moves on, and frees nothing on the hot path.
-fn replace_view(model: &ModelState, retired: &mut Option<Arc<ModelView>>, old: Arc<ModelView>, next: ModelView) {
-    model.view.store(Arc::new(next));
-    *retired = Some(old);
+///
+/// The caller holds no guard or `Arc` of the current view, and the swap
+/// hands back arc-swap's own reference: publishing touches no count of the
+/// view that routers are still reading.
+fn replace_view(model: &ModelState, retired: &mut Option<Arc<ModelView>>, next: ModelView) {
+    *retired = Some(model.view.swap(Arc::new(next)));
 }
 
 /// A fresh view over `instances` (sorted), keeping each one's published bit.
@@ -872,7 +833,7 @@ fn rebuild(instances: &[Arc<WorkerEntry>], filtering: bool) -> ModelView {
             busy.set(position, true);
         }
     }
-    let ids = Arc::new(CachePadded::new(instances.iter().map(|e| e.id).collect()));
+    let ids = Arc::new(CachePadded::new(Padded::new(instances.iter().map(|e| e.id))));
     ModelView::new(Arc::from(instances.to_vec()), ids, busy, filtering)
 }
 

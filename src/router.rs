@@ -4,8 +4,9 @@
 use std::fmt;
 
 use crate::load::WorkerId;
-use crate::monitor::{ModelState, ModelView, WorkerLoad, WorkerMonitor};
+use crate::monitor::{ModelState, WorkerLoad, WorkerMonitor};
 use crate::sync::{Arc, Ordering, Swap, SwapCache};
+use crate::view::ModelView;
 
 /// A caller-supplied cost: lower is better (the hook a KV-aware router uses to
 /// prefer the worker with the best prefix overlap).
@@ -253,14 +254,14 @@ impl Router {
 /// free positions.
 #[inline(always)]
 fn round_robin(state: &ModelState, view: &ModelView) -> Result<WorkerId, RouteError> {
-    let count = view.free_positions.as_ref().map_or(view.ids.len(), |free| free.len());
+    let ids = &**view.ids;
+    let count = view.free.count(ids.len());
     if count == 0 {
-        return Err(if view.ids.is_empty() { RouteError::Unavailable } else { RouteError::Overloaded });
+        return Err(if ids.is_empty() { RouteError::Unavailable } else { RouteError::Overloaded });
     }
     // Relaxed: the cursor only spreads load; no data hangs on it.
     let k = state.cursor.fetch_add(1, Ordering::Relaxed) % count;
-    let position = view.free_positions.as_ref().map_or(k, |free| free[k] as usize);
-    Ok(view.ids[position])
+    Ok(ids[view.free.nth(k)])
 }
 
 /// Routes one model; obtained from [`Router::model`].

@@ -46,6 +46,9 @@ mod imp {
         pub(crate) fn store(&self, value: std::sync::Arc<T>) {
             *self.0.lock().unwrap() = value;
         }
+        pub(crate) fn swap(&self, value: std::sync::Arc<T>) -> std::sync::Arc<T> {
+            std::mem::replace(&mut *self.0.lock().unwrap(), value)
+        }
     }
 
     /// loom stand-in for `arc_swap::Cache`: reloads from the [`Swap`] on every
