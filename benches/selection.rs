@@ -1,6 +1,7 @@
 //! Route selection: loadgate's `Router::route` (by model name),
 //! `ModelRouter::route` (a shared per-model handle) and `LocalRouter::route`
-//! (a per-thread handle caching the published view) against two baselines measured in the same criterion group:
+//! (a per-thread handle caching the published view) against two baselines
+//! measured in the same criterion group:
 //!
 //! - `floor`: a bare `AtomicUsize` round-robin (`fetch_add % n`) over a `Vec`
 //!   of ids, with no busy filtering at all — nothing can be cheaper;
@@ -11,16 +12,18 @@
 //!
 //! Busy bits are set through real reports against a decode threshold. The
 //! `contended` group repeats the 64-worker / 25 % case while a second thread,
-//! started on a barrier, flips a worker busy/free in a loop (each
-//! implementation flips its own busy state; the floor has none, so its second
-//! thread flips loadgate's monitor, which the floor never reads, to put the
-//! same load on the machine).
+//! started on a barrier, flips a worker busy/free: paced at 100 thousand and
+//! 1 million flips a second, and flat out (each implementation flips its own
+//! busy state; the floor has none, so its second thread flips loadgate's
+//! monitor, which the floor never reads, to put the same load on the
+//! machine).
 
 use std::collections::HashSet;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, RwLock};
 use std::thread;
+use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use loadgate::{
@@ -194,29 +197,68 @@ fn selection(c: &mut Criterion) {
     }
 }
 
-/// Runs `flip` in a loop on a second thread (started on a barrier) while
-/// `measure` runs on this one.
-fn with_flipper(flip: impl FnMut() + Send, measure: impl FnOnce()) {
+/// How fast the contended group's second thread flips bits: paced at a
+/// fixed rate (busy-waiting between flips, so it occupies its core all the
+/// same), or flat out.
+#[derive(Clone, Copy)]
+enum FlipRate {
+    PerSecond(u32),
+    FlatOut,
+}
+
+impl FlipRate {
+    const ALL: [FlipRate; 3] = [FlipRate::PerSecond(100_000), FlipRate::PerSecond(1_000_000), FlipRate::FlatOut];
+
+    fn label(self) -> String {
+        match self {
+            FlipRate::PerSecond(rate) if rate % 1_000_000 == 0 => format!("{}M_flips_per_s", rate / 1_000_000),
+            FlipRate::PerSecond(rate) => format!("{}k_flips_per_s", rate / 1_000),
+            FlipRate::FlatOut => "flat_out".to_owned(),
+        }
+    }
+}
+
+/// Runs `flip` on a second thread (started on a barrier) at `rate` while
+/// `measure` runs on this one; prints the rate it reached.
+fn with_flipper(rate: FlipRate, flip: impl FnMut() + Send, measure: impl FnOnce()) {
     let stop = AtomicBool::new(false);
     let barrier = Barrier::new(2);
-    thread::scope(|s| {
+    let started = thread::scope(|s| {
         let flipper = s.spawn(|| {
             let mut flip = flip;
+            let period = match rate {
+                FlipRate::PerSecond(rate) => Some(Duration::from_secs(1) / rate),
+                FlipRate::FlatOut => None,
+            };
             barrier.wait();
+            let mut next = Instant::now();
             let mut flips = 0u64;
-            // Relaxed: a stop flag; nothing else hangs on it.
-            while !stop.load(Ordering::Relaxed) {
+            loop {
                 flip();
                 flips += 1;
+                // Relaxed: a stop flag; nothing else hangs on it.
+                if stop.load(Ordering::Relaxed) {
+                    return flips;
+                }
+                if let Some(period) = period {
+                    next += period;
+                    while Instant::now() < next {
+                        std::hint::spin_loop();
+                    }
+                }
             }
-            flips
         });
         barrier.wait();
+        let started = Instant::now();
         measure();
         stop.store(true, Ordering::Relaxed);
-        let flips = flipper.join().expect("flipper");
-        assert!(flips > 0, "the second thread flipped bits");
+        (started, flipper.join().expect("flipper"))
     });
+    let (started, flips) = started;
+    let seconds = started.elapsed().as_secs_f64();
+    if seconds > 0.5 {
+        eprintln!("second thread: {:.0} flips/s", flips as f64 / seconds);
+    }
 }
 
 /// A flipper over loadgate's monitor: alternately reports `worker` busy and
@@ -241,36 +283,40 @@ fn contended(c: &mut Criterion) {
 
     let (router, handle, mut local) = loadgate_fixture(N, PERCENT);
     let floor = Floor::new(N);
-    with_flipper(monitor_flipper(&router, target), || {
-        group.bench_function("floor_atomic_rr", |b| b.iter(|| chosen(black_box(&floor).route())));
-    });
-
-    with_flipper(monitor_flipper(&router, target), || {
-        group.bench_function("loadgate_router", |b| {
-            b.iter(|| chosen(black_box(&router).route(black_box(MODEL), black_box(&[]))))
-        });
-    });
-    with_flipper(monitor_flipper(&router, target), || {
-        group.bench_function("loadgate_model_router", |b| b.iter(|| chosen(black_box(&handle).route(black_box(&[])))));
-    });
-
-    with_flipper(monitor_flipper(&router, target), || {
-        group.bench_function("loadgate_local_router", |b| {
-            b.iter(|| chosen(black_box(&mut local).route(black_box(&[]))))
-        });
-    });
-
     let reference = RwLockRouter::new(N, PERCENT);
-    let mut busy = false;
-    with_flipper(
-        || {
+    for rate in FlipRate::ALL {
+        let label = rate.label();
+        with_flipper(rate, monitor_flipper(&router, target), || {
+            group.bench_function(BenchmarkId::new("floor_atomic_rr", &label), |b| {
+                b.iter(|| chosen(black_box(&floor).route()))
+            });
+        });
+        with_flipper(rate, monitor_flipper(&router, target), || {
+            group.bench_function(BenchmarkId::new("loadgate_router", &label), |b| {
+                b.iter(|| chosen(black_box(&router).route(black_box(MODEL), black_box(&[]))))
+            });
+        });
+        with_flipper(rate, monitor_flipper(&router, target), || {
+            group.bench_function(BenchmarkId::new("loadgate_model_router", &label), |b| {
+                b.iter(|| chosen(black_box(&handle).route(black_box(&[]))))
+            });
+        });
+        with_flipper(rate, monitor_flipper(&router, target), || {
+            group.bench_function(BenchmarkId::new("loadgate_local_router", &label), |b| {
+                b.iter(|| chosen(black_box(&mut local).route(black_box(&[]))))
+            });
+        });
+        let mut busy = false;
+        let flip_reference = || {
             busy = !busy;
             reference.set_busy(target, busy);
-        },
-        || {
-            group.bench_function("rwlock_clone_filter", |b| b.iter(|| chosen(black_box(&reference).route())));
-        },
-    );
+        };
+        with_flipper(rate, flip_reference, || {
+            group.bench_function(BenchmarkId::new("rwlock_clone_filter", &label), |b| {
+                b.iter(|| chosen(black_box(&reference).route()))
+            });
+        });
+    }
     group.finish();
 }
 
