@@ -7,8 +7,13 @@ use std::ops::Deref;
 /// x86-64 (the adjacent-line prefetcher pulls lines in pairs).
 const PAD_BYTES: usize = 128;
 
-/// An immutable boxed slice with [`PAD_BYTES`] of padding on each side, so
-/// that no other allocation sits on the cache lines of its elements.
+/// A cache line.
+const LINE: usize = 64;
+
+/// An immutable boxed slice whose elements start on a cache-line boundary,
+/// with at least [`PAD_BYTES`] of padding on each side, so that no other
+/// allocation sits on the lines of its elements and a short slice takes as
+/// few lines as it can.
 ///
 /// Routers read these slices on every call while the monitor allocates and
 /// frees on other cores. With a plain `Box<[T]>`, the allocator's bookkeeping
@@ -20,28 +25,38 @@ const PAD_BYTES: usize = 128;
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct Padded<T> {
     storage: Box<[T]>,
+    /// Index of the first element in `storage`.
+    start: usize,
+    len: usize,
 }
 
 impl<T: Copy + Default> Padded<T> {
-    /// Elements of padding on each side (at least one).
+    /// Elements of padding on each side, before alignment (at least one).
     const PAD: usize = if size_of::<T>() == 0 { 1 } else { PAD_BYTES.div_ceil(size_of::<T>()) };
+    /// Extra elements that leave room to move the start to a line boundary.
+    const SLACK: usize = if size_of::<T>() == 0 { 0 } else { LINE / size_of::<T>() };
 
     /// A padded copy of `items` (cold path: allocates).
     pub(crate) fn new(items: impl ExactSizeIterator<Item = T>) -> Self {
-        let mut storage = Vec::with_capacity(items.len() + 2 * Self::PAD);
-        storage.resize(Self::PAD, T::default());
-        storage.extend(items);
-        storage.resize(storage.len() + Self::PAD, T::default());
-        Padded { storage: storage.into_boxed_slice() }
+        let len = items.len();
+        let mut storage = vec![T::default(); len + 2 * Self::PAD + Self::SLACK].into_boxed_slice();
+        // The first index at or after `PAD` whose address is on a line
+        // boundary (element sizes here divide the line size).
+        let first = storage[Self::PAD..].as_ptr() as usize;
+        let start = Self::PAD + (first.next_multiple_of(LINE) - first) / size_of::<T>().max(1);
+        for (slot, item) in storage[start..start + len].iter_mut().zip(items) {
+            *slot = item;
+        }
+        Padded { storage, start, len }
     }
 }
 
-impl<T: Copy + Default> Deref for Padded<T> {
+impl<T> Deref for Padded<T> {
     type Target = [T];
 
     #[inline]
     fn deref(&self) -> &[T] {
-        &self.storage[Self::PAD..self.storage.len() - Self::PAD]
+        &self.storage[self.start..self.start + self.len]
     }
 }
 
@@ -51,7 +66,7 @@ impl<T: Copy + Default> Default for Padded<T> {
     }
 }
 
-impl<T: Copy + Default + std::fmt::Debug> std::fmt::Debug for Padded<T> {
+impl<T: std::fmt::Debug> std::fmt::Debug for Padded<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list().entries(self.iter()).finish()
     }
@@ -67,20 +82,32 @@ mod tests {
             let items: Vec<u32> = (0..len).map(|i| i * 3 + 1).collect();
             let padded = Padded::new(items.iter().copied());
             assert_eq!(&*padded, &items[..]);
+            let wide: Vec<u64> = items.iter().map(|&i| u64::from(i) << 40).collect();
+            assert_eq!(&*Padded::new(wide.iter().copied()), &wide[..]);
         }
         assert!(Padded::<u8>::default().is_empty());
     }
 
+    /// The addresses of the allocation and of the elements.
+    fn addresses<T>(padded: &Padded<T>) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+        let (storage, data) = (padded.storage.as_ptr_range(), padded.as_ptr_range());
+        (storage.start as usize..storage.end as usize, data.start as usize..data.end as usize)
+    }
+
     #[test]
-    fn no_other_allocation_shares_an_element_line() {
-        let padded = Padded::new([1u8, 2, 3].into_iter());
-        let storage = padded.storage.as_ptr_range();
-        let data = padded.as_ptr_range();
-        // Every 128-byte pair of lines that holds an element lies inside the
-        // allocation.
-        let first_pair = data.start as usize & !(PAD_BYTES - 1);
-        let last_pair_end = ((data.end as usize - 1) | (PAD_BYTES - 1)) + 1;
-        assert!(first_pair >= storage.start as usize);
-        assert!(last_pair_end <= storage.end as usize);
+    fn starts_on_a_line_and_shares_no_line_pair() {
+        for len in [1, 3, 48, 64, 65, 300] {
+            let bytes = addresses(&Padded::new((0..len).map(|i| i as u8)));
+            let words = addresses(&Padded::new((0..len).map(|i| i as u64)));
+            for (storage, data) in [bytes, words] {
+                assert_eq!(data.start % LINE, 0, "len {len}");
+                // Every 128-byte pair of lines that holds an element lies
+                // inside the allocation.
+                let first_pair = data.start & !(PAD_BYTES - 1);
+                let last_pair_end = ((data.end - 1) | (PAD_BYTES - 1)) + 1;
+                assert!(first_pair >= storage.start, "len {len}");
+                assert!(last_pair_end <= storage.end, "len {len}");
+            }
+        }
     }
 }
