@@ -1,8 +1,12 @@
-//! Admit + release: `Admission::try_admit` and dropping its `Permit`, against
-//! `tokio::sync::Semaphore::try_acquire` and dropping its permit, on 1 and 2
-//! threads sharing one gate (started together on a barrier, each doing the
+//! Admit + release against `tokio::sync::Semaphore`, like for like, on 1 and
+//! 2 threads sharing one gate (started together on a barrier, each doing the
 //! same number of calls; the time is until the last one finishes, so a
-//! reported time is the wall time of one call on every thread at once).
+//! reported time is the wall time of one call on every thread at once):
+//!
+//! - borrowed permits: `Admission::try_admit_scoped` against
+//!   `Semaphore::try_acquire`, each permit dropped at once;
+//! - owned permits (which hold a reference to their gate, to move into a
+//!   task): `Admission::try_admit` against `Semaphore::try_acquire_owned`.
 //!
 //! Both have more slots than threads, so every attempt takes the fast path
 //! (loadgate: nothing queued, a slot free); the numbers compare the cost of
@@ -36,8 +40,25 @@ fn admit_release(admission: &Arc<Admission<u64>>, item: u64) {
 }
 
 #[inline]
+fn admit_release_scoped(admission: &Arc<Admission<u64>>, item: u64) {
+    match admission.try_admit_scoped(item) {
+        Ok(Admitted::Now(item, permit)) => {
+            black_box(item);
+            drop(black_box(permit));
+        }
+        _ => unreachable!("a slot is always free"),
+    }
+}
+
+#[inline]
 fn acquire_release(semaphore: &Semaphore) {
     let permit = semaphore.try_acquire().expect("a permit is always free");
+    drop(black_box(permit));
+}
+
+#[inline]
+fn acquire_release_owned(semaphore: &Arc<Semaphore>) {
+    let permit = semaphore.clone().try_acquire_owned().expect("a permit is always free");
     drop(black_box(permit));
 }
 
@@ -69,14 +90,20 @@ fn admit_release_bench(c: &mut Criterion) {
         group.throughput(Throughput::Elements(1));
 
         let gate = admission();
-        group.bench_function("loadgate_admission", |b| {
+        group.bench_function("loadgate_scoped", |b| {
+            b.iter_custom(|iters| timed(iters, threads, &|i| admit_release_scoped(black_box(&gate), i)))
+        });
+        group.bench_function("loadgate_owned", |b| {
             b.iter_custom(|iters| timed(iters, threads, &|i| admit_release(black_box(&gate), i)))
         });
         assert_eq!((gate.running(), gate.queued(), gate.rejected()), (0, 0, 0));
 
-        let semaphore = Semaphore::new(SLOTS);
-        group.bench_function("tokio_semaphore", |b| {
+        let semaphore = Arc::new(Semaphore::new(SLOTS));
+        group.bench_function("tokio_borrowed", |b| {
             b.iter_custom(|iters| timed(iters, threads, &|_| acquire_release(black_box(&semaphore))))
+        });
+        group.bench_function("tokio_owned", |b| {
+            b.iter_custom(|iters| timed(iters, threads, &|_| acquire_release_owned(black_box(&semaphore))))
         });
         assert_eq!(semaphore.available_permits(), SLOTS);
         group.finish();

@@ -10,8 +10,10 @@
 //! compare-and-swap that sees all the others: no lost wake-ups. Items are
 //! stored *before* they are counted, so whoever claims a counted item finds
 //! one. The fast path (nothing queued, a slot free) is one CAS to admit and one
-//! to release; only the overflow path touches the handoff lock, and all pushes,
-//! counts and pops happen under it, so waiting items run in arrival order.
+//! to release (plus a reference count for an owned [`Permit`]; none for a
+//! [`ScopedPermit`]); only the overflow path touches the handoff lock, and all
+//! pushes, counts and pops happen under it, so waiting items run in arrival
+//! order.
 
 use std::fmt;
 
@@ -78,11 +80,12 @@ impl<T> fmt::Debug for Admission<T> {
     }
 }
 
-/// What [`Admission::try_admit`] did with an item.
+/// What [`Admission::try_admit`] (permit `P` = [`Permit`]) or
+/// [`Admission::try_admit_scoped`] (`P` = [`ScopedPermit`]) did with an item.
 #[derive(Debug)]
-pub enum Admitted<T> {
+pub enum Admitted<T, P = Permit<T>> {
     /// A slot was free and nothing was waiting: run now, holding the permit.
-    Now(T, Permit<T>),
+    Now(T, P),
     /// Queued: the dispatch function gets the item and its permit later.
     Queued,
 }
@@ -209,25 +212,61 @@ impl<T> Admission<T> {
     /// Admits `item`: straight into a slot if one is free and nothing waits,
     /// else into the overflow, else hands it back.
     ///
+    /// The permit owns a reference to this gate, so it can move into a task;
+    /// [`try_admit_scoped`](Self::try_admit_scoped) saves that reference's
+    /// count updates when the request runs within the caller's scope.
+    ///
     /// # Errors
     ///
     /// [`Rejected`] with the item when `N + Q` are already admitted.
     pub fn try_admit(self: &Arc<Self>, item: T) -> Result<Admitted<T>, Rejected<T>> {
-        // Acquire on every read of the state: pairs with the AcqRel CAS of
-        // whoever counted a stored item or freed a slot.
-        let mut state = self.state.load(Ordering::Acquire);
+        Ok(match self.try_admit_scoped(item)? {
+            Admitted::Now(item, permit) => Admitted::Now(item, permit.into_owned()),
+            Admitted::Queued => Admitted::Queued,
+        })
+    }
+
+    /// As [`try_admit`](Self::try_admit), with a permit that borrows this
+    /// gate: admitting and releasing touch one atomic word and nothing else
+    /// (no reference count). Queued items still get an owned [`Permit`]
+    /// from the dispatcher.
+    ///
+    /// # Errors
+    ///
+    /// [`Rejected`] with the item when `N + Q` are already admitted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use loadgate::{Admission, Admitted};
+    ///
+    /// let admission = Admission::new(1, 2, Box::new(|_item: u32, permit| Err(permit))).unwrap();
+    /// let Ok(Admitted::Now(item, permit)) = admission.try_admit_scoped(7) else { panic!() };
+    /// assert_eq!((item, admission.running()), (7, 1));
+    /// drop(permit);
+    /// assert_eq!(admission.running(), 0);
+    /// ```
+    pub fn try_admit_scoped(self: &Arc<Self>, item: T) -> Result<Admitted<T, ScopedPermit<'_, T>>, Rejected<T>> {
+        // No load before the first CAS: it starts from a guess (an idle
+        // gate), since a failed CAS fetches the line for writing and returns
+        // the actual state anyway, where a load would fetch it twice (shared,
+        // then exclusive) whenever other threads use the gate.
+        let mut state = pack(0, 0);
         loop {
             let (running, queued) = unpack(state);
             if queued != 0 || running >= self.limit {
                 break;
             }
+            // Acquire on every read of the state (the failure ordering too):
+            // pairs with the AcqRel CAS of whoever counted a stored item or
+            // freed a slot.
             match self.state.compare_exchange_weak(
                 state,
                 pack(running + 1, queued),
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return Ok(Admitted::Now(item, Permit::new(self.clone()))),
+                Ok(_) => return Ok(Admitted::Now(item, ScopedPermit { admission: self })),
                 Err(actual) => state = actual,
             }
         }
@@ -288,7 +327,7 @@ impl<T> Admission<T> {
             ) {
                 Ok(_) => {
                     if !self.dispatch_claimed(Permit::new(self.clone())) {
-                        self.clone().release();
+                        self.release();
                     }
                     state = self.state.load(Ordering::Acquire);
                 }
@@ -313,8 +352,9 @@ impl<T> Admission<T> {
     }
 
     /// Frees a slot, or hands it straight to the oldest waiting item.
-    fn release(self: Arc<Self>) {
-        let mut state = self.state.load(Ordering::Acquire);
+    fn release(self: &Arc<Self>) {
+        // A guess, as in `try_admit`: this permit's slot is the only one.
+        let mut state = pack(1, 0);
         loop {
             let (running, queued) = unpack(state);
             debug_assert!(running > 0, "release without a running permit");
@@ -388,6 +428,36 @@ impl<T> Drop for Permit<T> {
         if let Some(admission) = self.admission.take() {
             admission.release();
         }
+    }
+}
+
+/// One engine slot held within the caller's scope, from
+/// [`Admission::try_admit_scoped`]; released when dropped.
+#[must_use = "dropping a permit releases its slot at once"]
+pub struct ScopedPermit<'a, T> {
+    admission: &'a Arc<Admission<T>>,
+}
+
+impl<T> ScopedPermit<'_, T> {
+    /// The same slot as a [`Permit`] that owns a reference to its gate (to
+    /// move into a task).
+    pub fn into_owned(self) -> Permit<T> {
+        let admission = self.admission.clone();
+        // The slot now belongs to the owned permit: skip this one's release.
+        std::mem::forget(self);
+        Permit::new(admission)
+    }
+}
+
+impl<T> fmt::Debug for ScopedPermit<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ScopedPermit")
+    }
+}
+
+impl<T> Drop for ScopedPermit<'_, T> {
+    fn drop(&mut self) {
+        self.admission.release();
     }
 }
 

@@ -91,8 +91,8 @@ pub mod wire;
 pub mod server;
 
 pub use admission::{
-    parse_queue_limit, Admission, AdmissionError, Admitted, Dispatch, Permit, Rejected, DEFAULT_QUEUE_LIMIT,
-    MAX_QUEUE_LIMIT, QUEUE_LIMIT_ENV,
+    parse_queue_limit, Admission, AdmissionError, Admitted, Dispatch, Permit, Rejected, ScopedPermit,
+    DEFAULT_QUEUE_LIMIT, MAX_QUEUE_LIMIT, QUEUE_LIMIT_ENV,
 };
 pub use busy::BusySet;
 pub use error::{

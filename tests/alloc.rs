@@ -1,6 +1,7 @@
 //! Proves the hot paths allocate nothing: every `Router::route` (each policy,
-//! with and without exclusions, and its error answers) and every
-//! `WorkerMonitor::apply` of a report that changes no busy bit.
+//! with and without exclusions, and its error answers), every
+//! `WorkerMonitor::apply` of a report that changes no busy bit, and a direct
+//! admission with its release.
 //!
 //! A counting global allocator counts allocations per thread, so tests
 //! running in parallel do not disturb each other's counts.
@@ -294,6 +295,18 @@ fn apply_errors_allocate_nothing() {
         assert!(monitor.apply(&out_of_range).is_err());
     });
     assert_eq!(n, 0);
+}
+
+#[test]
+fn direct_admission_and_release_allocate_nothing() {
+    let admission = Admission::new(2, 2, Box::new(|_item: u64, permit| Err(permit))).unwrap();
+    let n = allocations_per_calls(|| {
+        let Ok(Admitted::Now(_, scoped)) = admission.try_admit_scoped(1) else { panic!("a slot is free") };
+        let Ok(Admitted::Now(_, owned)) = admission.try_admit(2) else { panic!("a slot is free") };
+        drop((scoped, owned));
+    });
+    assert_eq!(n, 0);
+    assert_eq!(admission.running(), 0);
 }
 
 /// Control: a report that flips a bit publishes a new bitmap (the cold path

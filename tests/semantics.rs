@@ -1152,6 +1152,53 @@ mod admission {
     }
 
     #[test]
+    fn a_scoped_permit_counts_and_releases_like_an_owned_one() {
+        let (admission, rx) = channel_admission(1, 2, &[]);
+        let Ok(Admitted::Now(0, scoped)) = admission.try_admit_scoped(0) else { panic!("a slot was free") };
+        assert_eq!(admission.running(), 1);
+        // Same cap, same FIFO: the next arrivals queue, then one is refused.
+        assert!(matches!(admission.try_admit_scoped(1), Ok(Admitted::Queued)));
+        assert!(matches!(admission.try_admit(2), Ok(Admitted::Queued)));
+        assert_eq!(admission.try_admit_scoped(3).unwrap_err().into_inner(), 3);
+        // Dropping the scoped permit hands its slot to the oldest waiting item.
+        drop(scoped);
+        let (item, permit) = rx.try_recv().expect("the slot passed to the next item at once");
+        assert_eq!((item, admission.running(), admission.queued()), (1, 1, 1));
+        drop(permit);
+        let (item, permit) = rx.try_recv().expect("and on to the last one");
+        assert_eq!(item, 2);
+        drop(permit);
+        assert_eq!((admission.running(), admission.queued()), (0, 0));
+    }
+
+    #[test]
+    fn a_scoped_permit_turned_owned_keeps_its_slot_until_dropped() {
+        let (admission, _rx) = channel_admission(1, 2, &[]);
+        let Ok(Admitted::Now(_, scoped)) = admission.try_admit_scoped(0) else { panic!("a slot was free") };
+        let owned = scoped.into_owned();
+        assert_eq!(admission.running(), 1, "into_owned neither frees nor takes a slot");
+        let moved = std::thread::spawn(move || drop(owned));
+        moved.join().unwrap();
+        assert_eq!(admission.running(), 0);
+        assert_eq!(Arc::strong_count(&admission), 1, "the owned permit let go of its gate");
+    }
+
+    #[test]
+    fn a_scoped_permit_released_by_unwinding_passes_its_slot_on() {
+        let (admission, rx) = channel_admission(1, 2, &[]);
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            let Ok(Admitted::Now(_, _held)) = admission.try_admit_scoped(0) else { panic!("a slot was free") };
+            assert!(matches!(admission.try_admit(1), Ok(Admitted::Queued)));
+            panic!("the engine failed mid-request (expected by this test)");
+        }));
+        assert!(result.is_err());
+        let (item, permit) = rx.try_recv().expect("the unwound scoped permit passed its slot on");
+        assert_eq!(item, 1);
+        drop(permit);
+        assert_eq!(admission.running(), 0);
+    }
+
+    #[test]
     fn a_panicking_request_releases_its_slot() {
         let (admission, rx) = channel_admission(1, 2, &[]);
         let permit = now(admission.try_admit(0));

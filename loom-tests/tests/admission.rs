@@ -6,7 +6,7 @@
 
 use std::sync::{OnceLock, Weak};
 
-use loadgate::{Admission, Admitted, Permit};
+use loadgate::{Admission, Admitted};
 use loadgate_loom_tests::{run_model, run_model_with};
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::{Arc, Mutex};
@@ -39,7 +39,7 @@ struct Engine {
 impl Engine {
     /// Runs `item` while its permit is held, checking the cap from the
     /// outside (our counter) and the inside (the admission's gauges).
-    fn run(&self, item: Item, permit: Permit<Item>) {
+    fn run<P>(&self, item: Item, permit: P) {
         assert_eq!(item, self::item(item.id), "item corrupted on its way to the engine");
         // SeqCst: a test counter; the strongest ordering hides nothing.
         let before = self.running.fetch_add(1, Ordering::SeqCst);
@@ -137,7 +137,10 @@ fn check(runs: &[u32], outcomes: &[&Outcome], held: Option<u32>) {
 fn cap_is_exact_while_the_slot_is_held() {
     run_model_with("admission/cap_is_exact_while_the_slot_is_held", 4, || {
         let (engine, admission) = setup();
-        let Ok(Admitted::Now(first, permit)) = admission.try_admit(item(0)) else { panic!("first item must run now") };
+        // A scoped permit (no reference count): its release takes the same path.
+        let Ok(Admitted::Now(first, permit)) = admission.try_admit_scoped(item(0)) else {
+            panic!("first item must run now")
+        };
         let threads: Vec<_> = [[1, 2], [3, 4]]
             .into_iter()
             .map(|ids| {
@@ -163,7 +166,10 @@ fn cap_is_exact_while_the_slot_is_held() {
 fn release_races_two_submitters() {
     run_model("admission/release_races_two_submitters", || {
         let (engine, admission) = setup();
-        let Ok(Admitted::Now(first, permit)) = admission.try_admit(item(0)) else { panic!("first item must run now") };
+        // A scoped permit (no reference count): its release takes the same path.
+        let Ok(Admitted::Now(first, permit)) = admission.try_admit_scoped(item(0)) else {
+            panic!("first item must run now")
+        };
         let threads: Vec<_> = [[1, 2], [3, 4]]
             .into_iter()
             .map(|ids| {
@@ -206,7 +212,10 @@ fn three_submitters_all_run() {
 fn a_gone_client_passes_its_slot_on() {
     run_model_with("admission/a_gone_client_passes_its_slot_on", 3, || {
         let (engine, admission) = setup_refusing(|id| id == 1);
-        let Ok(Admitted::Now(first, permit)) = admission.try_admit(item(0)) else { panic!("first item must run now") };
+        // A scoped permit (no reference count): its release takes the same path.
+        let Ok(Admitted::Now(first, permit)) = admission.try_admit_scoped(item(0)) else {
+            panic!("first item must run now")
+        };
         let queued: Vec<_> = [1, 2]
             .into_iter()
             .map(|id| {
