@@ -51,6 +51,29 @@ impl<T: Copy + Default> Padded<T> {
     }
 }
 
+impl<T: Copy> Padded<T> {
+    /// Number of elements (without the slice bounds checks of `deref`).
+    #[inline(always)]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when there are no elements.
+    #[inline(always)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Element `index` (`index < len()`), with a single bounds check against
+    /// the whole allocation; hot paths index with values below `len()` by
+    /// construction, so this check never fails (and never reads padding).
+    #[inline(always)]
+    pub(crate) fn get(&self, index: usize) -> T {
+        debug_assert!(index < self.len, "index {index} out of range for {} elements", self.len);
+        self.storage[self.start + index]
+    }
+}
+
 impl<T> Deref for Padded<T> {
     type Target = [T];
 

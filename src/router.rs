@@ -261,7 +261,9 @@ fn round_robin(state: &ModelState, view: &ModelView) -> Result<WorkerId, RouteEr
     }
     // Relaxed: the cursor only spreads load; no data hangs on it.
     let k = state.cursor.fetch_add(1, Ordering::Relaxed) % count;
-    Ok(ids[view.free.nth(k)])
+    // Both indexes are in range by construction: k < count, and every free
+    // position is below the number of ids.
+    Ok(ids.get(view.free.nth(k)))
 }
 
 /// Routes one model; obtained from [`Router::model`].

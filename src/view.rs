@@ -100,8 +100,8 @@ impl FreePositions {
     pub(crate) fn nth(&self, k: usize) -> usize {
         match self {
             FreePositions::All => k,
-            FreePositions::Narrow(free) => usize::from(free[k]),
-            FreePositions::Wide(free) => free[k] as usize,
+            FreePositions::Narrow(free) => usize::from(free.get(k)),
+            FreePositions::Wide(free) => free.get(k) as usize,
         }
     }
 }
