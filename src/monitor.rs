@@ -624,7 +624,14 @@ impl WorkerMonitor {
             let stale: Vec<Arc<WorkerEntry>> = view
                 .instances
                 .iter()
-                .filter(|e| self.evaluate(e, &thresholds, now).0 != e.busy.load(Ordering::Acquire))
+                .filter(|e| {
+                    let (busy, reasons) = self.evaluate(e, &thresholds, now);
+                    // Relaxed: diagnostic labels only; last writer wins (as
+                    // in `changed`). Refreshed even when the bit stays.
+                    e.reasons.store(reasons, Ordering::Relaxed);
+                    // Acquire: pairs with the mirror's Release store.
+                    busy != e.busy.load(Ordering::Acquire)
+                })
                 .cloned()
                 .collect();
             if !stale.is_empty() {

@@ -555,6 +555,22 @@ mod staleness {
     }
 
     #[test]
+    fn expiry_refreshes_the_reasons_of_a_worker_that_stays_busy() {
+        let (clock, mock) = quanta::Clock::mock();
+        let thresholds = BusyThresholds { active_prefill_tokens_threshold: Some(10), ..decode(0.5) };
+        let config = MonitorConfig { staleness: Some(Duration::from_secs(3)), default_thresholds: thresholds };
+        let monitor = WorkerMonitor::with_clock(config, clock).unwrap();
+        monitor.register(1, "m", 1).unwrap();
+        monitor.apply(&report(1, 0, 1, blocks(60, 100))).unwrap();
+        monitor.track(1, 0, 0, 11).unwrap(); // the router's own prefill count never goes stale
+        assert_eq!(monitor.busy_reasons(1), BusySignals { decode: true, prefill: true, prefill_frac: false });
+        mock.increment(Duration::from_secs(4));
+        assert_eq!(monitor.expire_stale(), 0, "still busy on prefill");
+        assert!(monitor.is_busy(1));
+        assert_eq!(monitor.busy_reasons(1), BusySignals { prefill: true, ..Default::default() });
+    }
+
+    #[test]
     fn heartbeats_keep_a_steady_load_fresh() {
         let (monitor, mock) = stale_monitor(Duration::from_secs(3));
         monitor.apply(&report(1, 0, 1, blocks(60, 100))).unwrap();
