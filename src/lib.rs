@@ -26,7 +26,7 @@
 //! | [`WorkerMonitor`], [`MonitorConfig`] | registry, reports, thresholds, busy-set publication |
 //! | [`BusySet`] | the published bitmap, with its word scans |
 //! | [`Router`], [`ModelRouter`], [`LocalRouter`], [`Policy`], [`RouteError`] | selection of an eligible instance |
-//! | [`Admission`], [`Permit`], [`Admitted`], [`Rejected`] | the worker's `N + Q` hard cap |
+//! | [`Admission`], [`Permit`], [`ScopedPermit`], [`Admitted`], [`Rejected`] | the worker's `N + Q` hard cap |
 //! | [`Rejection`], [`overload_status_code`] | rejection classes and their HTTP status |
 //! | [`Migration`] | retry on another worker after a hard-cap refusal |
 //! | [`RetryPolicy`] | client backoff with jitter, honouring `Retry-After` |
