@@ -247,19 +247,15 @@ impl<T> Admission<T> {
     /// assert_eq!(admission.running(), 0);
     /// ```
     pub fn try_admit_scoped(self: &Arc<Self>, item: T) -> Result<Admitted<T, ScopedPermit<'_, T>>, Rejected<T>> {
-        // No load before the first CAS: it starts from a guess (an idle
-        // gate), since a failed CAS fetches the line for writing and returns
-        // the actual state anyway, where a load would fetch it twice (shared,
-        // then exclusive) whenever other threads use the gate.
-        let mut state = pack(0, 0);
+        // Acquire on every read of the state (the CAS's failure ordering
+        // too): pairs with the AcqRel CAS of whoever counted a stored item or
+        // freed a slot.
+        let mut state = self.state.load(Ordering::Acquire);
         loop {
             let (running, queued) = unpack(state);
             if queued != 0 || running >= self.limit {
                 break;
             }
-            // Acquire on every read of the state (the failure ordering too):
-            // pairs with the AcqRel CAS of whoever counted a stored item or
-            // freed a slot.
             match self.state.compare_exchange_weak(
                 state,
                 pack(running + 1, queued),
@@ -353,8 +349,7 @@ impl<T> Admission<T> {
 
     /// Frees a slot, or hands it straight to the oldest waiting item.
     fn release(self: &Arc<Self>) {
-        // A guess, as in `try_admit`: this permit's slot is the only one.
-        let mut state = pack(1, 0);
+        let mut state = self.state.load(Ordering::Acquire);
         loop {
             let (running, queued) = unpack(state);
             debug_assert!(running > 0, "release without a running permit");
