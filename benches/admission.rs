@@ -18,7 +18,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use loadgate::{Admission, Admitted};
+use loadgate::{Admission, Admitted, Rejected};
 use tokio::sync::Semaphore;
 
 const SLOTS: usize = 64;
@@ -28,9 +28,10 @@ fn admission() -> Arc<Admission<u64>> {
     Admission::new(SLOTS, QUEUE, Box::new(|_item, permit| Err(permit))).expect("valid limits")
 }
 
+/// Keeps a direct admission's item and permit alive, then drops the permit.
 #[inline]
-fn admit_release(admission: &Arc<Admission<u64>>, item: u64) {
-    match admission.try_admit(item) {
+fn run_now<P>(admitted: Result<Admitted<u64, P>, Rejected<u64>>) {
+    match admitted {
         Ok(Admitted::Now(item, permit)) => {
             black_box(item);
             drop(black_box(permit));
@@ -40,14 +41,13 @@ fn admit_release(admission: &Arc<Admission<u64>>, item: u64) {
 }
 
 #[inline]
+fn admit_release(admission: &Arc<Admission<u64>>, item: u64) {
+    run_now(admission.try_admit(item));
+}
+
+#[inline]
 fn admit_release_scoped(admission: &Arc<Admission<u64>>, item: u64) {
-    match admission.try_admit_scoped(item) {
-        Ok(Admitted::Now(item, permit)) => {
-            black_box(item);
-            drop(black_box(permit));
-        }
-        _ => unreachable!("a slot is always free"),
-    }
+    run_now(admission.try_admit_scoped(item));
 }
 
 #[inline]
