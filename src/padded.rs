@@ -22,7 +22,6 @@ const LINE: usize = 64;
 /// router's cache.
 ///
 /// Safe code only: the padding is ordinary elements that are never read.
-#[derive(Clone, PartialEq, Eq)]
 pub(crate) struct Padded<T> {
     storage: Box<[T]>,
     /// Index of the first element in `storage`.
