@@ -111,6 +111,21 @@ fn submit(engine: &Engine, admission: &std::sync::Arc<Admission<Item>>, ids: &[u
     outcome
 }
 
+/// Starts one thread per batch, each submitting its batch with [`submit`].
+fn spawn_submitters(
+    engine: &Arc<Engine>,
+    admission: &std::sync::Arc<Admission<Item>>,
+    batches: &[&'static [u32]],
+) -> Vec<thread::JoinHandle<Outcome>> {
+    batches
+        .iter()
+        .map(|&ids| {
+            let (engine, admission) = (engine.clone(), admission.clone());
+            thread::spawn(move || submit(&engine, &admission, ids))
+        })
+        .collect()
+}
+
 /// Every admitted id ran exactly once, nothing rejected ran, rejected items
 /// are intact, and each thread's admitted items ran in the order it
 /// submitted them.
@@ -137,17 +152,8 @@ fn check(runs: &[u32], outcomes: &[&Outcome], held: Option<u32>) {
 fn cap_is_exact_while_the_slot_is_held() {
     run_model_with("admission/cap_is_exact_while_the_slot_is_held", 4, || {
         let (engine, admission) = setup();
-        // A scoped permit (no reference count): its release takes the same path.
-        let Ok(Admitted::Now(first, permit)) = admission.try_admit_scoped(item(0)) else {
-            panic!("first item must run now")
-        };
-        let threads: Vec<_> = [[1, 2], [3, 4]]
-            .into_iter()
-            .map(|ids| {
-                let (engine, admission) = (engine.clone(), admission.clone());
-                thread::spawn(move || submit(&engine, &admission, &ids))
-            })
-            .collect();
+        let Ok(Admitted::Now(first, permit)) = admission.try_admit(item(0)) else { panic!("first item must run now") };
+        let threads = spawn_submitters(&engine, &admission, &[&[1, 2], &[3, 4]]);
         let outcomes: Vec<Outcome> = threads.into_iter().map(|t| t.join().unwrap()).collect();
         let admitted: usize = outcomes.iter().map(|o| o.admitted.len()).sum();
         assert_eq!(admitted, Q, "with the slot held, exactly Q items must be admitted");
@@ -170,13 +176,7 @@ fn release_races_two_submitters() {
         let Ok(Admitted::Now(first, permit)) = admission.try_admit_scoped(item(0)) else {
             panic!("first item must run now")
         };
-        let threads: Vec<_> = [[1, 2], [3, 4]]
-            .into_iter()
-            .map(|ids| {
-                let (engine, admission) = (engine.clone(), admission.clone());
-                thread::spawn(move || submit(&engine, &admission, &ids))
-            })
-            .collect();
+        let threads = spawn_submitters(&engine, &admission, &[&[1, 2], &[3, 4]]);
         engine.run(first, permit);
         let outcomes: Vec<Outcome> = threads.into_iter().map(|t| t.join().unwrap()).collect();
         check(&engine.runs.lock().unwrap(), &outcomes.iter().collect::<Vec<_>>(), Some(0));
@@ -193,12 +193,7 @@ fn release_races_two_submitters() {
 fn three_submitters_all_run() {
     run_model("admission/three_submitters_all_run", || {
         let (engine, admission) = setup();
-        let threads: Vec<_> = (1..=3)
-            .map(|id| {
-                let (engine, admission) = (engine.clone(), admission.clone());
-                thread::spawn(move || submit(&engine, &admission, &[id]))
-            })
-            .collect();
+        let threads = spawn_submitters(&engine, &admission, &[&[1], &[2], &[3]]);
         let outcomes: Vec<Outcome> = threads.into_iter().map(|t| t.join().unwrap()).collect();
         assert!(outcomes.iter().all(|o| o.rejected.is_empty()), "rejected below N + Q");
         check(&engine.runs.lock().unwrap(), &outcomes.iter().collect::<Vec<_>>(), None);
@@ -212,17 +207,8 @@ fn three_submitters_all_run() {
 fn a_gone_client_passes_its_slot_on() {
     run_model_with("admission/a_gone_client_passes_its_slot_on", 3, || {
         let (engine, admission) = setup_refusing(|id| id == 1);
-        // A scoped permit (no reference count): its release takes the same path.
-        let Ok(Admitted::Now(first, permit)) = admission.try_admit_scoped(item(0)) else {
-            panic!("first item must run now")
-        };
-        let queued: Vec<_> = [1, 2]
-            .into_iter()
-            .map(|id| {
-                let (engine, admission) = (engine.clone(), admission.clone());
-                thread::spawn(move || submit(&engine, &admission, &[id]))
-            })
-            .collect();
+        let Ok(Admitted::Now(first, permit)) = admission.try_admit(item(0)) else { panic!("first item must run now") };
+        let queued = spawn_submitters(&engine, &admission, &[&[1], &[2]]);
         engine.run(first, permit);
         let outcomes: Vec<Outcome> = queued.into_iter().map(|t| t.join().unwrap()).collect();
         let gone = engine.gone.lock().unwrap().clone();
