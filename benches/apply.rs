@@ -10,33 +10,14 @@
 //!   bitmap).
 
 use std::hint::black_box;
-use std::sync::Arc;
 
+mod common;
+
+use common::{decode_load, free_pool};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use loadgate::{Applied, BusyThresholds, LoadReport, MonitorConfig, Publisher, RankLoad, WorkerId, WorkerMonitor};
+use loadgate::{Applied, LoadReport, Publisher, RankLoad, WorkerId};
 
-const MODEL: &str = "llama";
 const WORKER_COUNTS: [usize; 3] = [8, 64, 1024];
-
-fn decode_load(active: u32) -> RankLoad {
-    RankLoad { active_decode_blocks: active, kv_total_blocks: 100, ..Default::default() }
-}
-
-/// A monitor with `n` single-rank workers, a 0.5 decode threshold, and every
-/// worker reported free.
-fn fixture(n: usize) -> Arc<WorkerMonitor> {
-    let config = MonitorConfig {
-        default_thresholds: BusyThresholds { active_decode_blocks_threshold: Some(0.5), ..Default::default() },
-        ..Default::default()
-    };
-    let monitor = Arc::new(WorkerMonitor::new(config).expect("valid thresholds"));
-    for id in 0..n as WorkerId {
-        monitor.register(id, MODEL, 1).expect("register");
-        let report = LoadReport { worker: id, rank: 0, publisher: Publisher::Worker, seq: 1, load: decode_load(10) };
-        monitor.apply(&report).expect("apply");
-    }
-    monitor
-}
 
 /// Benchmarks applying reports to the middle worker, the load of the `seq`-th
 /// report given by `load`; checks every report had the `expected` outcome.
@@ -47,7 +28,7 @@ fn bench_reports(
     load: impl Fn(u64) -> RankLoad,
     expected: Applied,
 ) {
-    let monitor = fixture(n);
+    let monitor = free_pool(n);
     let worker = (n / 2) as WorkerId;
     let mut seq = 1u64;
     group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {

@@ -21,26 +21,23 @@
 use std::collections::HashSet;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Barrier, RwLock};
+use std::sync::{Barrier, RwLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use loadgate::{
-    BusyThresholds, LoadReport, LocalRouter, ModelRouter, MonitorConfig, Policy, Publisher, RankLoad, RouteError,
-    Router, WorkerId, WorkerMonitor,
-};
+mod common;
 
-const MODEL: &str = "llama";
+use common::{decode_load, free_pool, MODEL};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use loadgate::{LoadReport, LocalRouter, ModelRouter, Policy, Publisher, RouteError, Router, WorkerId};
+
 const WORKER_COUNTS: [usize; 4] = [8, 64, 1024, 8192];
 const BUSY_PERCENTS: [usize; 3] = [0, 25, 99];
 
 /// Above the 0.5 decode threshold.
-const BUSY_LOAD: RankLoad =
-    RankLoad { active_decode_blocks: 90, kv_total_blocks: 100, active_prefill_tokens: 0, max_num_batched_tokens: 0 };
-/// Below it.
-const FREE_LOAD: RankLoad =
-    RankLoad { active_decode_blocks: 10, kv_total_blocks: 100, active_prefill_tokens: 0, max_num_batched_tokens: 0 };
+const BUSY_LOAD: u32 = 90;
+/// Below it (what `free_pool` reports).
+const FREE_LOAD: u32 = 10;
 
 /// Which of `n` workers are busy at `percent`: `n * percent / 100` of them,
 /// spread evenly over the ids.
@@ -55,21 +52,12 @@ fn flip_target(n: usize, percent: usize) -> WorkerId {
     (0..n as WorkerId).find(|id| !busy.contains(id)).expect("some worker is free")
 }
 
-/// A monitor with `n` single-rank workers and a decode threshold, with the
-/// workers of `busy_ids(n, percent)` reported busy.
+/// `common::free_pool(n)` with the workers of `busy_ids(n, percent)`
+/// reported busy.
 fn loadgate_fixture(n: usize, percent: usize) -> (Router, ModelRouter, LocalRouter) {
-    let config = MonitorConfig {
-        default_thresholds: BusyThresholds { active_decode_blocks_threshold: Some(0.5), ..Default::default() },
-        ..Default::default()
-    };
-    let monitor = Arc::new(WorkerMonitor::new(config).expect("valid thresholds"));
-    for id in 0..n as WorkerId {
-        monitor.register(id, MODEL, 1).expect("register");
-        let load = FREE_LOAD;
-        monitor.apply(&LoadReport { worker: id, rank: 0, publisher: Publisher::Worker, seq: 1, load }).expect("apply");
-    }
+    let monitor = free_pool(n);
     for id in busy_ids(n, percent) {
-        let load = BUSY_LOAD;
+        let load = decode_load(BUSY_LOAD);
         monitor.apply(&LoadReport { worker: id, rank: 0, publisher: Publisher::Worker, seq: 2, load }).expect("apply");
     }
     let busy = monitor.workers().iter().filter(|w| w.busy).count();
@@ -268,7 +256,7 @@ fn monitor_flipper(router: &Router, worker: WorkerId) -> impl FnMut() + Send + '
     let mut seq = 1_000u64;
     move || {
         seq += 1;
-        let load = if seq % 2 == 0 { BUSY_LOAD } else { FREE_LOAD };
+        let load = decode_load(if seq % 2 == 0 { BUSY_LOAD } else { FREE_LOAD });
         let applied = monitor.apply(&LoadReport { worker, rank: 0, publisher: Publisher::Worker, seq, load });
         black_box(applied.expect("apply"));
     }

@@ -1,0 +1,29 @@
+//! The pool both the selection and the apply benches start from.
+
+use std::sync::Arc;
+
+use loadgate::{BusyThresholds, LoadReport, MonitorConfig, Publisher, RankLoad, WorkerId, WorkerMonitor};
+
+/// The one model every worker serves.
+pub const MODEL: &str = "llama";
+
+/// `active` of 100 KV blocks in use (busy above 50, the pool's threshold).
+pub fn decode_load(active: u32) -> RankLoad {
+    RankLoad { active_decode_blocks: active, kv_total_blocks: 100, ..Default::default() }
+}
+
+/// A monitor with `n` single-rank workers (ids `0..n`) of [`MODEL`], a 0.5
+/// decode threshold, and every worker reported free (10 of 100 blocks, seq 1).
+pub fn free_pool(n: usize) -> Arc<WorkerMonitor> {
+    let config = MonitorConfig {
+        default_thresholds: BusyThresholds { active_decode_blocks_threshold: Some(0.5), ..Default::default() },
+        ..Default::default()
+    };
+    let monitor = Arc::new(WorkerMonitor::new(config).expect("valid thresholds"));
+    for id in 0..n as WorkerId {
+        monitor.register(id, MODEL, 1).expect("register");
+        let report = LoadReport { worker: id, rank: 0, publisher: Publisher::Worker, seq: 1, load: decode_load(10) };
+        monitor.apply(&report).expect("apply");
+    }
+    monitor
+}
