@@ -34,7 +34,8 @@ fn bench_reports(
     group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
         b.iter(|| {
             seq += 1;
-            let report = LoadReport { worker, rank: 0, publisher: Publisher::Worker, seq, load: load(seq) };
+            let report =
+                LoadReport { worker, incarnation: 0, rank: 0, publisher: Publisher::Worker, seq, load: load(seq) };
             let applied = black_box(&monitor).apply(black_box(&report));
             debug_assert_eq!(applied, Ok(expected));
             applied
@@ -42,7 +43,7 @@ fn bench_reports(
     });
     // The outcome the numbers claim, checked once outside the timing.
     seq += 1;
-    let report = LoadReport { worker, rank: 0, publisher: Publisher::Worker, seq, load: load(seq) };
+    let report = LoadReport { worker, incarnation: 0, rank: 0, publisher: Publisher::Worker, seq, load: load(seq) };
     assert_eq!(monitor.apply(&report), Ok(expected), "{name}");
 }
 

@@ -58,7 +58,9 @@ fn loadgate_fixture(n: usize, percent: usize) -> (Router, ModelRouter, LocalRout
     let monitor = free_pool(n);
     for id in busy_ids(n, percent) {
         let load = decode_load(BUSY_LOAD);
-        monitor.apply(&LoadReport { worker: id, rank: 0, publisher: Publisher::Worker, seq: 2, load }).expect("apply");
+        monitor
+            .apply(&LoadReport { worker: id, incarnation: 0, rank: 0, publisher: Publisher::Worker, seq: 2, load })
+            .expect("apply");
     }
     let busy = monitor.workers().iter().filter(|w| w.busy).count();
     assert_eq!(busy, n * percent / 100, "busy bits set through reports");
@@ -257,7 +259,8 @@ fn monitor_flipper(router: &Router, worker: WorkerId) -> impl FnMut() + Send + '
     move || {
         seq += 1;
         let load = decode_load(if seq % 2 == 0 { BUSY_LOAD } else { FREE_LOAD });
-        let applied = monitor.apply(&LoadReport { worker, rank: 0, publisher: Publisher::Worker, seq, load });
+        let applied =
+            monitor.apply(&LoadReport { worker, incarnation: 0, rank: 0, publisher: Publisher::Worker, seq, load });
         black_box(applied.expect("apply"));
     }
 }

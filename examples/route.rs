@@ -16,7 +16,7 @@ const MODEL: &str = "llama-3-8b";
 fn main() {
     let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).expect("valid config"));
     for worker in 1..=4 {
-        monitor.register(worker, MODEL, 2).expect("registers"); // 2 data-parallel ranks each
+        monitor.register(worker, MODEL, 2, 0).expect("registers"); // 2 data-parallel ranks each
     }
     let thresholds = BusyThresholds { active_decode_blocks_threshold: Some(0.85), ..Default::default() };
     monitor.set_thresholds(MODEL, thresholds).expect("valid thresholds");
@@ -27,7 +27,8 @@ fn main() {
     let mut report = |worker, rank, blocks| {
         seq += 1;
         let load = RankLoad { active_decode_blocks: blocks, kv_total_blocks: 100, ..Default::default() };
-        let applied = monitor.apply(&LoadReport { worker, rank, publisher: Publisher::Worker, seq, load });
+        let applied =
+            monitor.apply(&LoadReport { worker, incarnation: 0, rank, publisher: Publisher::Worker, seq, load });
         println!("  report worker {worker} rank {rank}: {blocks:>3}/100 blocks -> {:?}", applied.expect("registered"));
     };
     let route = |label: &str| {

@@ -5,22 +5,45 @@
 //! dispatcher *handoff* cell that holds the oldest waiting item between the
 //! queue and a slot: `Q - 1 + 1 = Q`, exact for every `Q >= 2`.
 //!
-//! Accounting lives in ONE atomic word, `running << 32 | queued`, so every
-//! decision (take a slot, hand a slot to the next waiter, free it) is a single
-//! compare-and-swap that sees all the others: no lost wake-ups. Items are
-//! stored *before* they are counted, so whoever claims a counted item finds
-//! one. The fast path (nothing queued, a slot free) is one CAS to admit and one
-//! to release (plus a reference count for an owned [`Permit`]; none for a
-//! [`ScopedPermit`]); only the overflow path touches the handoff lock, and all
-//! pushes, counts and pops happen under it, so waiting items run in arrival
-//! order.
+//! # Accounting
+//!
+//! ONE atomic word, `running << 32 | queued`, holds every count. The fast
+//! path (nothing queued, a slot free) is one compare-and-swap to admit and
+//! one to release (plus a reference count for an owned [`Permit`]; none for
+//! a [`ScopedPermit`]), and takes no lock.
+//!
+//! # Exact from both sides
+//!
+//! Once anything is queued, every change of `queued` happens under the
+//! handoff lock together with the storage change it counts: an arrival
+//! stores and counts its item, a claim (a released slot passed to the
+//! oldest waiter, or a free slot given to it) counts it out and takes it,
+//! in one critical section. So under the lock the storage holds exactly
+//! `queued` items, and the arrival's decision is made on the count: it is
+//! refused iff `Q` are already queued and every slot is taken (never more
+//! than `N + Q` admitted), and it is never refused while fewer are (a
+//! claimed item cannot linger in the storage and make it look full). The
+//! queue is an `ArrayQueue` for its bounded ring allocated once, up front,
+//! not for its lock-freedom: its pushes and pops all happen under the lock,
+//! because count and storage must change together, and the lock is only
+//! taken on the overflow path, where a request is about to wait anyway.
+//!
+//! # No recursion
+//!
+//! A dispatcher may drop the permit it is given at once (an item that
+//! finishes inline), which releases the slot from inside the release that
+//! passed it on. Releases that find items waiting are combined: one thread
+//! at a time passes slots on, in a loop, and a release that arrives meanwhile
+//! (from inside a dispatch on that thread, or on another thread) only counts
+//! itself for that loop to do. So a release never recurses more than one
+//! level, whatever `Q` is.
 
 use std::fmt;
 
 use crossbeam_utils::CachePadded;
 
 use crate::error::WORKER_AT_CAPACITY;
-use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering, Queue};
+use crate::sync::{lock, Arc, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering, Queue};
 
 /// The environment variable that sets the overflow queue size `Q`.
 pub const QUEUE_LIMIT_ENV: &str = "DYN_DYNAMO_REQUEST_QUEUE_LIMIT";
@@ -62,8 +85,12 @@ pub struct Admission<T> {
     limit: u32,
     queue_limit: u32,
     queue: Queue<T>,
-    /// The oldest waiting item, between the queue and a slot.
+    /// The oldest waiting item, between the queue and a slot. Its lock
+    /// guards every change of the storage and of `queued` (module docs).
     handoff: Mutex<Option<T>>,
+    /// Releases with items waiting that the thread passing slots on has yet
+    /// to do (see [`release_queued`](Self::release_queued)).
+    releases: CachePadded<AtomicU32>,
     dispatch: Dispatch<T>,
     rejected: CachePadded<AtomicU64>,
 }
@@ -194,6 +221,7 @@ impl<T> Admission<T> {
             queue_limit: queue_limit32,
             queue: Queue::new(queue_limit - 1),
             handoff: Mutex::new(None),
+            releases: CachePadded::new(AtomicU32::new(0)),
             dispatch,
             rejected: CachePadded::new(AtomicU64::new(0)),
         }))
@@ -271,100 +299,127 @@ impl<T> Admission<T> {
         Ok(Admitted::Queued)
     }
 
-    /// Stores and counts `item` in the overflow (queue, making room by moving
-    /// the oldest item into the empty handoff), or hands it back when both
-    /// are full.
+    /// Stores and counts `item` in the overflow, or hands it back when `Q`
+    /// are queued.
     ///
-    /// Cold path: takes the handoff lock. Storing and counting under the
-    /// same lock that every pop takes means a claimer only ever takes a
-    /// counted item, so a counted item cannot be overtaken by a later
-    /// arrival (loom found that when an uncounted item could be taken).
+    /// Cold path: takes the handoff lock, under which `queued` counts exactly
+    /// the stored items (module docs).
     #[cold]
     fn enqueue(&self, item: T) -> Result<(), Rejected<T>> {
         let mut handoff = lock(&self.handoff);
+        // Acquire: `queued` only changes under this lock, which we hold.
+        let (_, queued) = unpack(self.state.load(Ordering::Acquire));
+        if queued >= self.queue_limit {
+            // Relaxed: a statistic.
+            self.rejected.fetch_add(1, Ordering::Relaxed);
+            return Err(Rejected(item));
+        }
         if let Err(item) = self.queue.push(item) {
-            if handoff.is_some() {
-                // Relaxed: a statistic.
-                self.rejected.fetch_add(1, Ordering::Relaxed);
-                return Err(Rejected(item));
-            }
-            // The oldest waiting item moves on, which makes room in the queue:
-            // all pushes and pops happen under this lock.
+            // The storage holds `queued < Q` items and the queue `Q - 1`, so
+            // the handoff is empty: the oldest moves on, making room.
+            debug_assert!(handoff.is_none(), "the storage holds more than it counts");
             *handoff = self.queue.pop();
             if self.queue.push(item).is_err() {
                 unreachable!("the queue has room after a pop under the handoff lock");
             }
         }
-        // AcqRel: counts the item only after it is stored (Release), so a
-        // claimer that sees the count finds the item.
+        // AcqRel: a claimer that reads the count (under the lock, or in a
+        // failed fast-path CAS) sees the item stored.
         self.state.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 
-    /// The oldest stored item (handoff first).
-    fn take_oldest(&self) -> Option<T> {
-        let mut handoff = lock(&self.handoff);
-        handoff.take().or_else(|| self.queue.pop())
+    /// The oldest stored item (handoff first); the caller holds the lock and
+    /// has just counted the item out.
+    fn take_oldest(&self, handoff: &mut MutexGuard<'_, Option<T>>) -> T {
+        handoff.take().or_else(|| self.queue.pop()).expect("a counted item is always stored")
     }
 
     /// While items wait and slots are free: claim both, dispatch.
     fn pump(self: &Arc<Self>) {
-        let mut state = self.state.load(Ordering::Acquire);
         loop {
-            let (running, queued) = unpack(state);
-            if queued == 0 || running >= self.limit {
-                return;
-            }
-            match self.state.compare_exchange_weak(
-                state,
-                pack(running + 1, queued - 1),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => {
-                    if !self.dispatch_claimed(Permit::new(self.clone())) {
-                        self.release();
+            let item = {
+                let mut handoff = lock(&self.handoff);
+                // Acquire: pairs with the AcqRel CAS of whoever freed a slot.
+                let mut state = self.state.load(Ordering::Acquire);
+                loop {
+                    let (running, queued) = unpack(state);
+                    if queued == 0 || running >= self.limit {
+                        return;
                     }
-                    state = self.state.load(Ordering::Acquire);
+                    let next = pack(running + 1, queued - 1);
+                    match self.state.compare_exchange(state, next, Ordering::AcqRel, Ordering::Acquire) {
+                        Ok(_) => break,
+                        Err(actual) => state = actual,
+                    }
                 }
-                Err(actual) => state = actual,
-            }
-        }
-    }
-
-    /// Gives the oldest waiting item the (already counted) slot of `permit`.
-    /// Returns false, with the slot still counted as running, if the item
-    /// could not take it.
-    fn dispatch_claimed(&self, permit: Permit<T>) -> bool {
-        let item = self.take_oldest().expect("a counted item is always stored");
-        match (self.dispatch)(item, permit) {
-            Ok(()) => true,
-            Err(mut back) => {
-                // Disarm: the caller passes the slot on without recursing.
-                back.admission = None;
-                false
+                self.take_oldest(&mut handoff)
+            };
+            if let Err(back) = (self.dispatch)(item, Permit::new(self.clone())) {
+                // The item is gone: its slot passes on like any released one.
+                drop(back);
             }
         }
     }
 
     /// Frees a slot, or hands it straight to the oldest waiting item.
     fn release(self: &Arc<Self>) {
+        // Acquire on every read of the state (the CAS's failure ordering
+        // too): pairs with the AcqRel CAS of whoever counted an item or
+        // took a slot.
         let mut state = self.state.load(Ordering::Acquire);
         loop {
             let (running, queued) = unpack(state);
             debug_assert!(running > 0, "release without a running permit");
-            let next = if queued > 0 { pack(running, queued - 1) } else { pack(running - 1, 0) };
-            match self.state.compare_exchange_weak(state, next, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) if queued == 0 => return,
-                Ok(_) => {
-                    // The slot moves on without being freed: the next item
-                    // cannot be overtaken by a new arrival. If it cannot
-                    // take it, go round again for the one after.
-                    if self.dispatch_claimed(Permit::new(self.clone())) {
-                        return;
-                    }
-                    state = self.state.load(Ordering::Acquire);
+            if queued != 0 {
+                break;
+            }
+            match self.state.compare_exchange_weak(state, pack(running - 1, 0), Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return,
+                Err(actual) => state = actual,
+            }
+        }
+        self.release_queued();
+    }
+
+    /// A release with items waiting. One thread at a time passes slots on:
+    /// the first to arrive loops until no release is left, and one that
+    /// arrives meanwhile (from inside a dispatch of that loop, or on another
+    /// thread) adds itself to the count and returns; its slot stays counted
+    /// as running until the loop passes it on.
+    #[cold]
+    fn release_queued(self: &Arc<Self>) {
+        // AcqRel: whoever takes the count from 0 runs the loop; a later
+        // release's increment is seen by the loop's decrement.
+        if self.releases.fetch_add(1, Ordering::AcqRel) != 0 {
+            return;
+        }
+        loop {
+            if let Some(item) = self.pass_on() {
+                if let Err(mut back) = (self.dispatch)(item, Permit::new(self.clone())) {
+                    // The item is gone and the slot is still ours: disarm
+                    // the permit and pass the slot on again.
+                    back.admission = None;
+                    continue;
                 }
+            }
+            // AcqRel: pairs with the increments; the last one out stops.
+            if self.releases.fetch_sub(1, Ordering::AcqRel) == 1 {
+                return;
+            }
+        }
+    }
+
+    /// Under the handoff lock: moves one slot to the oldest waiting item
+    /// (returned, counted out and taken), or frees it when nothing waits.
+    fn pass_on(&self) -> Option<T> {
+        let mut handoff = lock(&self.handoff);
+        let mut state = self.state.load(Ordering::Acquire);
+        loop {
+            let (running, queued) = unpack(state);
+            let next = if queued > 0 { pack(running, queued - 1) } else { pack(running - 1, 0) };
+            match self.state.compare_exchange(state, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return (queued > 0).then(|| self.take_oldest(&mut handoff)),
                 Err(actual) => state = actual,
             }
         }
@@ -478,10 +533,12 @@ mod tests {
         assert_eq!(*lock(&admission.handoff), Some(1), "the oldest moved on to make room");
         assert_eq!(admission.queue.len(), 2);
         assert_eq!(admission.try_admit(4).unwrap_err().into_inner(), 4);
-        assert_eq!(admission.take_oldest(), Some(1));
-        assert_eq!(admission.take_oldest(), Some(2));
-        assert_eq!(admission.take_oldest(), Some(3));
-        assert_eq!(admission.take_oldest(), None);
+        let mut handoff = lock(&admission.handoff);
+        assert_eq!(admission.take_oldest(&mut handoff), 1);
+        assert_eq!(admission.take_oldest(&mut handoff), 2);
+        assert_eq!(admission.take_oldest(&mut handoff), 3);
+        assert!(handoff.is_none() && admission.queue.pop().is_none());
+        drop(handoff);
         // The accounting still counts the three as queued; forget the permit so
         // its release does not look for them.
         std::mem::forget(permit);

@@ -21,9 +21,9 @@
 //!
 //! | type | what it is |
 //! |---|---|
-//! | [`BusyThresholds`], [`Thresholds`], [`BusySignals`] | the three signals, validated to exact fixed point, and which fired |
+//! | [`BusyThresholds`], [`Thresholds`], [`BusySignals`] | the four signals, validated to exact fixed point, and which fired |
 //! | [`RankLoad`], [`LoadReport`], [`Publisher`], [`RankSlot`] | per-rank load and the packed atomic slot that stores it |
-//! | [`WorkerMonitor`], [`MonitorConfig`] | registry, reports, thresholds, busy-set publication |
+//! | [`WorkerMonitor`], [`MonitorConfig`], [`Applied`], [`Registered`] | registry, reports (incarnations and sequence numbers), thresholds, busy-set publication |
 //! | [`BusySet`] | the published bitmap, with its word scans |
 //! | [`Router`], [`ModelRouter`], [`LocalRouter`], [`Policy`], [`RouteError`] | selection of an eligible instance |
 //! | [`Admission`], [`Permit`], [`ScopedPermit`], [`Admitted`], [`Rejected`] | the worker's `N + Q` hard cap |
@@ -40,8 +40,9 @@
 //! use loadgate::*;
 //!
 //! let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
-//! monitor.register(1, "llama", 1).unwrap();
-//! monitor.register(2, "llama", 1).unwrap();
+//! // Worker id, model, data-parallel size, incarnation (picked at the worker's start).
+//! monitor.register(1, "llama", 1, 100).unwrap();
+//! monitor.register(2, "llama", 1, 200).unwrap();
 //! monitor
 //!     .set_thresholds("llama", BusyThresholds { active_decode_blocks_threshold: Some(0.85), ..Default::default() })
 //!     .unwrap();
@@ -49,10 +50,10 @@
 //!
 //! // Worker 1 fills its KV cache: 90 of 100 blocks.
 //! let full = RankLoad { active_decode_blocks: 90, kv_total_blocks: 100, ..Default::default() };
-//! monitor.apply(&LoadReport { worker: 1, rank: 0, publisher: Publisher::Worker, seq: 1, load: full }).unwrap();
+//! monitor.apply(&LoadReport { worker: 1, incarnation: 100, seq: 1, load: full, ..Default::default() }).unwrap();
 //! assert_eq!(router.route("llama", &[]), Ok(2)); // routed around the busy worker
 //!
-//! monitor.apply(&LoadReport { worker: 2, rank: 0, publisher: Publisher::Worker, seq: 1, load: full }).unwrap();
+//! monitor.apply(&LoadReport { worker: 2, incarnation: 200, seq: 1, load: full, ..Default::default() }).unwrap();
 //! assert_eq!(router.route("llama", &[]), Err(RouteError::Overloaded)); // shed: HTTP 529
 //!
 //! // Layer 2: a worker admits N = 1 running plus Q = 2 waiting.
@@ -63,6 +64,14 @@
 //! assert!(admission.try_admit(()).is_err()); // "Server overloaded: worker at capacity"
 //! # drop(running);
 //! ```
+//!
+//! # Growing without breaking
+//!
+//! The plain data structs ([`RankLoad`], [`LoadReport`], [`BusyThresholds`],
+//! [`BusySignals`], [`MonitorConfig`]) keep public fields and implement
+//! [`Default`]; build them with `..Default::default()`. A field added later
+//! always defaults to "not reported" or "not configured", so such code keeps
+//! compiling and keeps its meaning.
 //!
 //! More: `docs/architecture.md` (the layers, the data flow, why each
 //! structure), `docs/semantics.md`, `docs/benchmarks.md`.
@@ -84,7 +93,6 @@ mod retry;
 mod router;
 mod sync;
 mod thresholds;
-mod view;
 pub mod wire;
 
 #[cfg(feature = "server")]
@@ -103,8 +111,8 @@ pub use load::{LoadReport, Publisher, RankLoad, RankSlot, SlotUpdate, WorkerId};
 pub use metrics::{render_worker, Endpoint, Reason, RejectionMetrics, WorkerAdmissionStats};
 pub use migration::{Migration, MigrationError, DEFAULT_MIGRATION_LIMIT};
 pub use monitor::{
-    Applied, ApplyError, MonitorConfig, RankSnapshot, RegisterError, SetThresholdsError, WorkerInfo, WorkerLoad,
-    WorkerMonitor,
+    Applied, ApplyError, MonitorConfig, RankSnapshot, RegisterError, Registered, SetThresholdsError, WorkerInfo,
+    WorkerLoad, WorkerMonitor,
 };
 pub use retry::{is_retryable_status, parse_retry_after, RetryPolicy, Verdict};
 pub use router::{CostFn, LocalRouter, ModelRouter, Policy, RouteError, Router};

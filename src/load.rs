@@ -3,12 +3,22 @@
 
 use crossbeam_utils::CachePadded;
 
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// Identifies a worker instance (a process serving one model).
 pub type WorkerId = u64;
 
 /// One data-parallel rank's load, as last reported.
+///
+/// # Growing
+///
+/// Build it from [`Default`] and set the fields you know
+/// (`RankLoad { active_decode_blocks: 3, kv_total_blocks: 8, ..Default::default() }`):
+/// a field added later always has a default that means "not reported", so
+/// such code keeps compiling and keeps its meaning. The same rule holds for
+/// [`LoadReport`], [`BusyThresholds`](crate::BusyThresholds),
+/// [`BusySignals`](crate::BusySignals) and
+/// [`MonitorConfig`](crate::MonitorConfig).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct RankLoad {
     /// KV-cache blocks held by running sequences.
@@ -19,6 +29,11 @@ pub struct RankLoad {
     pub active_prefill_tokens: u32,
     /// The engine's per-step token budget; `0` means unknown.
     pub max_num_batched_tokens: u32,
+    /// Requests waiting in the engine's own queue (vLLM
+    /// `num_requests_waiting`, llama.cpp `requests_deferred`). `0` for an
+    /// engine without a queue: with the strict `>` of the threshold, 0 never
+    /// makes a rank busy, so "no queue" and "an empty queue" decide alike.
+    pub waiting_requests: u32,
 }
 
 impl RankLoad {
@@ -36,6 +51,7 @@ impl RankLoad {
             } else {
                 other.max_num_batched_tokens
             },
+            waiting_requests: self.waiting_requests.max(other.waiting_requests),
         }
     }
 }
@@ -44,9 +60,10 @@ impl RankLoad {
 ///
 /// The two are stored apart and never overwrite each other; the busy decision
 /// uses the larger of the two.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Publisher {
     /// The worker's own report of its engine state.
+    #[default]
     Worker,
     /// The router's own tracking of what it dispatched and not yet seen end.
     Router,
@@ -64,17 +81,35 @@ impl Publisher {
     }
 }
 
-/// One rank's load from one publisher, with its sequence number.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// One rank's load from one publisher.
+///
+/// # Freshness contract
+///
+/// - The worker picks its **incarnation** when it starts (a `u64`, e.g. its
+///   start time in nanoseconds) and sends it at registration
+///   ([`WorkerMonitor::register`](crate::WorkerMonitor::register)) and in
+///   every report. A report whose incarnation is not the worker's current one
+///   is dropped ([`Applied::OtherIncarnation`](crate::Applied)).
+/// - Registering again with a **different** incarnation (a restart) resets
+///   the worker's slots; the **same** incarnation keeps them (a reconnect).
+/// - Within an incarnation a report is applied iff its `seq` is greater than
+///   the last one applied for that `(rank, publisher)`; the first report of
+///   an incarnation is applied whatever its `seq` (0 included).
+///
+/// So no report can make later legitimate ones stale for longer than the
+/// incarnation it claims: a restarted worker always starts clean.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct LoadReport {
     /// The reporting worker.
     pub worker: WorkerId,
+    /// The worker's incarnation, as it registered.
+    pub incarnation: u64,
     /// The data-parallel rank, `0..dp_size`.
     pub rank: u32,
     /// Who measured it.
     pub publisher: Publisher,
-    /// Increases with every report of this publisher for this rank; a report
-    /// whose `seq` is not above the last applied one is dropped.
+    /// Increases with every report of this publisher for this rank within
+    /// one incarnation.
     pub seq: u64,
     /// The load itself.
     pub load: RankLoad,
@@ -93,6 +128,11 @@ fn unpack(word: u64) -> (u32, u32) {
 /// A timestamp value meaning "never reported".
 const NEVER: u64 = u64::MAX;
 
+/// `claim` bit: a writer is storing a report.
+const WRITING: u32 = 1;
+/// `claim` bit: `seq` holds the last applied sequence number.
+const HAS_SEQ: u32 = 2;
+
 /// One publisher's latest load for one rank.
 ///
 /// Each numerator/denominator pair lives in ONE atomic word, so a reader never
@@ -109,7 +149,12 @@ struct SlotWords {
     blocks: AtomicU64,
     /// `active_prefill_tokens << 32 | max_num_batched_tokens`.
     tokens: AtomicU64,
-    /// Last applied sequence number (0 = none yet).
+    /// `waiting_requests` (no denominator).
+    waiting: AtomicU32,
+    /// [`WRITING`] | [`HAS_SEQ`]: one writer at a time stores a report.
+    claim: AtomicU32,
+    /// Last applied sequence number; read and written only by the claim's
+    /// holder.
     seq: AtomicU64,
     /// Monitor-clock nanoseconds of the last applied report, or [`NEVER`].
     at: AtomicU64,
@@ -118,12 +163,13 @@ struct SlotWords {
 /// What [`RankSlot::store`] did with a report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SlotUpdate {
-    /// The report was not newer than the last one applied; nothing changed.
+    /// Stored: the slot now holds this report, whole.
+    Stored,
+    /// Not newer than the last report applied: nothing changed.
     Stale,
-    /// The report was stored and the values are the same as before.
-    Unchanged,
-    /// The report was stored and some value changed.
-    Changed,
+    /// Another writer was storing a report in this slot at that moment;
+    /// nothing changed (see [`RankSlot::store`]).
+    Contended,
 }
 
 impl Default for RankSlot {
@@ -139,39 +185,55 @@ impl RankSlot {
             inner: CachePadded::new(SlotWords {
                 blocks: AtomicU64::new(0),
                 tokens: AtomicU64::new(0),
+                waiting: AtomicU32::new(0),
+                claim: AtomicU32::new(0),
                 seq: AtomicU64::new(0),
                 at: AtomicU64::new(NEVER),
             }),
         }
     }
 
-    /// Stores `load` if `seq` is above the last applied sequence number.
+    /// Stores `load` if this is the slot's first report or `seq` is above the
+    /// last applied one.
     ///
-    /// Reports of one publisher for one rank are expected from one thread at a
-    /// time (the event plane reads each connection on one thread); two racing
-    /// stores of the same slot may leave the older report's values, but never
-    /// a torn pair.
+    /// One writer at a time: a store that finds another store of the same
+    /// slot in progress changes nothing and says [`SlotUpdate::Contended`]
+    /// (it never waits). So two racing writers can never leave one report's
+    /// values under the other's `seq`: the slot always holds the values of
+    /// the report whose `seq` it records. The event plane reads each
+    /// connection on one thread and a worker id belongs to one connection,
+    /// so in the server the claim is never contended.
     #[inline]
     pub fn store(&self, seq: u64, load: &RankLoad, now: u64) -> SlotUpdate {
         let w = &*self.inner;
-        // Relaxed: the seq word only orders reports of one publisher, whose
-        // stores come from one thread; readers synchronise via the worker's
-        // version counter (see `WorkerMonitor::apply`).
-        if w.seq.fetch_max(seq, Ordering::Relaxed) >= seq {
+        // Acquire: on success, sees everything the previous holder wrote
+        // before its Release of the claim (its seq above all).
+        let claim = w.claim.fetch_or(WRITING, Ordering::Acquire);
+        if claim & WRITING != 0 {
+            return SlotUpdate::Contended;
+        }
+        // Relaxed: only the claim's holder touches `seq`; the claim orders it.
+        if claim & HAS_SEQ != 0 && seq <= w.seq.load(Ordering::Relaxed) {
+            // Release: hands the claim back as it was (a swap: see below).
+            w.claim.swap(claim, Ordering::Release);
             return SlotUpdate::Stale;
         }
-        let blocks = pack(load.active_decode_blocks, load.kv_total_blocks);
-        let tokens = pack(load.active_prefill_tokens, load.max_num_batched_tokens);
-        // Release: a reader that acquires a word sees the timestamp and seq
-        // written before it. The swaps return the old words to detect change.
-        let old_blocks = w.blocks.swap(blocks, Ordering::AcqRel);
-        let old_tokens = w.tokens.swap(tokens, Ordering::AcqRel);
-        let was_fresh = w.at.swap(now, Ordering::AcqRel) != NEVER;
-        if was_fresh && old_blocks == blocks && old_tokens == tokens {
-            SlotUpdate::Unchanged
-        } else {
-            SlotUpdate::Changed
-        }
+        // Relaxed: the words are published by the Release store of `at`
+        // below, which readers acquire before reading them.
+        w.blocks.store(pack(load.active_decode_blocks, load.kv_total_blocks), Ordering::Relaxed);
+        w.tokens.store(pack(load.active_prefill_tokens, load.max_num_batched_tokens), Ordering::Relaxed);
+        w.waiting.store(load.waiting_requests, Ordering::Relaxed);
+        w.seq.store(seq, Ordering::Relaxed);
+        // Release: a reader that acquires this timestamp sees the words
+        // written before it (or later ones).
+        w.at.store(now, Ordering::Release);
+        // Release: the next holder's Acquire sees this report's seq. A swap,
+        // not a plain store: as a read-modify-write it lands after every
+        // claim attempt that saw this store in progress, so the bit such an
+        // attempt set is cleared too. loom found a plain store there leaving
+        // the slot claimed for good (loom-tests `rank_slot`).
+        w.claim.swap(HAS_SEQ, Ordering::Release);
+        SlotUpdate::Stored
     }
 
     /// Adds `delta` blocks and tokens to the stored numerators (saturating);
@@ -188,6 +250,7 @@ impl RankSlot {
             let (a, t) = unpack(word);
             Some(pack(offset(a, tokens), t))
         });
+        // Release: publishes the words to readers that acquire `at`.
         w.at.store(now, Ordering::Release);
     }
 
@@ -203,6 +266,7 @@ impl RankSlot {
         let _ = w.tokens.fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
             Some(pack(unpack(word).0, max_num_batched_tokens))
         });
+        // Release: publishes the words to readers that acquire `at`.
         w.at.store(now, Ordering::Release);
     }
 
@@ -210,14 +274,24 @@ impl RankSlot {
     #[inline]
     pub fn load(&self) -> Option<(RankLoad, u64)> {
         let w = &*self.inner;
-        // Acquire: pairs with the stores' AcqRel swaps.
+        // Acquire: pairs with the writers' Release store of `at`, so the
+        // words read below are at least as new as that report's.
         let at = w.at.load(Ordering::Acquire);
         if at == NEVER {
             return None;
         }
-        let (active_decode_blocks, kv_total_blocks) = unpack(w.blocks.load(Ordering::Acquire));
-        let (active_prefill_tokens, max_num_batched_tokens) = unpack(w.tokens.load(Ordering::Acquire));
-        Some((RankLoad { active_decode_blocks, kv_total_blocks, active_prefill_tokens, max_num_batched_tokens }, at))
+        // Relaxed: ordered after the Acquire above; each word is one pair.
+        let (active_decode_blocks, kv_total_blocks) = unpack(w.blocks.load(Ordering::Relaxed));
+        let (active_prefill_tokens, max_num_batched_tokens) = unpack(w.tokens.load(Ordering::Relaxed));
+        let waiting_requests = w.waiting.load(Ordering::Relaxed);
+        let load = RankLoad {
+            active_decode_blocks,
+            kv_total_blocks,
+            active_prefill_tokens,
+            max_num_batched_tokens,
+            waiting_requests,
+        };
+        Some((load, at))
     }
 }
 
@@ -248,26 +322,43 @@ mod tests {
     }
 
     #[test]
-    fn store_reports_stale_unchanged_and_changed() {
+    fn store_applies_the_first_report_and_then_only_newer_ones() {
         let slot = RankSlot::new();
         let a = RankLoad {
             active_decode_blocks: 1,
             kv_total_blocks: 2,
             active_prefill_tokens: 3,
             max_num_batched_tokens: 4,
+            waiting_requests: 5,
         };
         let b = RankLoad { active_prefill_tokens: 9, ..a };
         assert_eq!(slot.load(), None);
-        assert_eq!(slot.store(0, &a, 5), SlotUpdate::Stale, "0 is never above the initial sequence");
-        assert_eq!(slot.load(), None);
-        assert_eq!(slot.store(1, &a, 5), SlotUpdate::Changed, "the first store is a change");
+        assert_eq!(slot.store(0, &a, 5), SlotUpdate::Stored, "the first report applies, seq 0 included");
         assert_eq!(slot.load(), Some((a, 5)));
-        assert_eq!(slot.store(1, &b, 6), SlotUpdate::Stale);
-        assert_eq!(slot.store(3, &a, 7), SlotUpdate::Unchanged);
-        assert_eq!(slot.load(), Some((a, 7)), "an unchanged store still refreshes the time");
+        assert_eq!(slot.store(0, &b, 6), SlotUpdate::Stale);
+        assert_eq!(slot.store(3, &a, 7), SlotUpdate::Stored);
+        assert_eq!(slot.load(), Some((a, 7)), "a store of the same values still refreshes the time");
         assert_eq!(slot.store(2, &b, 8), SlotUpdate::Stale, "older than 3");
-        assert_eq!(slot.store(4, &b, 8), SlotUpdate::Changed);
+        assert_eq!(slot.store(4, &b, 8), SlotUpdate::Stored);
         assert_eq!(slot.load(), Some((b, 8)));
+        assert_eq!(slot.store(u64::MAX, &a, 9), SlotUpdate::Stored);
+        assert_eq!(slot.store(u64::MAX, &b, 10), SlotUpdate::Stale);
+        assert_eq!(slot.load(), Some((a, 9)));
+    }
+
+    #[test]
+    fn a_store_during_another_store_changes_nothing() {
+        let slot = RankSlot::new();
+        let a = RankLoad { active_decode_blocks: 1, ..Default::default() };
+        assert_eq!(slot.store(1, &a, 1), SlotUpdate::Stored);
+        // Hold the claim as a writer in the middle of its store would.
+        slot.inner.claim.fetch_or(WRITING, Ordering::Relaxed);
+        let b = RankLoad { active_decode_blocks: 2, ..Default::default() };
+        assert_eq!(slot.store(2, &b, 2), SlotUpdate::Contended);
+        assert_eq!(slot.load(), Some((a, 1)));
+        slot.inner.claim.fetch_and(!WRITING, Ordering::Relaxed);
+        assert_eq!(slot.store(2, &b, 2), SlotUpdate::Stored);
+        assert_eq!(slot.load(), Some((b, 2)));
     }
 
     #[test]
@@ -281,6 +372,7 @@ mod tests {
             kv_total_blocks: 100,
             active_prefill_tokens: 40,
             max_num_batched_tokens: 512,
+            waiting_requests: 0,
         };
         assert_eq!(slot.load(), Some((expected, 3)));
         slot.set_denominators(0, 1, 4);
@@ -295,12 +387,14 @@ mod tests {
             kv_total_blocks: 0,
             active_prefill_tokens: 50,
             max_num_batched_tokens: 64,
+            waiting_requests: 2,
         };
         let tracked = RankLoad {
             active_decode_blocks: 9,
             kv_total_blocks: 100,
             active_prefill_tokens: 1,
             max_num_batched_tokens: 32,
+            waiting_requests: 0,
         };
         let merged = reported.max_with(&tracked);
         assert_eq!(
@@ -309,7 +403,8 @@ mod tests {
                 active_decode_blocks: 9,
                 kv_total_blocks: 100,
                 active_prefill_tokens: 50,
-                max_num_batched_tokens: 64
+                max_num_batched_tokens: 64,
+                waiting_requests: 2,
             }
         );
     }

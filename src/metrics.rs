@@ -48,6 +48,8 @@ pub enum Reason {
     PrefillTokens,
     /// Active prefill tokens over the fraction of `max_num_batched_tokens`.
     PrefillTokensFrac,
+    /// Requests waiting in the engine's queue over their threshold.
+    WaitingRequests,
     /// Workers refused at their hard cap (after migration, if any).
     WorkerCapacity,
     /// Every free worker had already refused this request.
@@ -55,10 +57,11 @@ pub enum Reason {
 }
 
 impl Reason {
-    const ALL: [Reason; 5] = [
+    const ALL: [Reason; 6] = [
         Reason::DecodeBlocks,
         Reason::PrefillTokens,
         Reason::PrefillTokensFrac,
+        Reason::WaitingRequests,
         Reason::WorkerCapacity,
         Reason::Excluded,
     ];
@@ -69,6 +72,7 @@ impl Reason {
             Reason::DecodeBlocks => "decode_blocks",
             Reason::PrefillTokens => "prefill_tokens",
             Reason::PrefillTokensFrac => "prefill_tokens_frac",
+            Reason::WaitingRequests => "waiting_requests",
             Reason::WorkerCapacity => "worker_capacity",
             Reason::Excluded => "excluded",
         }
@@ -80,6 +84,7 @@ impl Reason {
             (s.decode, Reason::DecodeBlocks),
             (s.prefill, Reason::PrefillTokens),
             (s.prefill_frac, Reason::PrefillTokensFrac),
+            (s.waiting, Reason::WaitingRequests),
         ]
         .into_iter()
         .filter_map(|(fired, r)| fired.then_some(r))
@@ -189,12 +194,14 @@ impl RejectionMetrics {
         let decode = Family::<Vec<(&'static str, String)>, Gauge>::default();
         let prefill = Family::<Vec<(&'static str, String)>, Gauge>::default();
         let total = Family::<Vec<(&'static str, String)>, Gauge>::default();
+        let waiting = Family::<Vec<(&'static str, String)>, Gauge>::default();
         for snap in monitor.rank_snapshots() {
             let Some(load) = snap.effective() else { continue };
             let labels = vec![("worker_id", snap.worker.to_string()), ("dp_rank", snap.rank.to_string())];
             decode.get_or_create(&labels).set(i64::from(load.active_decode_blocks));
             prefill.get_or_create(&labels).set(i64::from(load.active_prefill_tokens));
             total.get_or_create(&labels).set(i64::from(load.kv_total_blocks));
+            waiting.get_or_create(&labels).set(i64::from(load.waiting_requests));
         }
         registry.register(
             "dynamo_frontend_worker_active_decode_blocks",
@@ -210,6 +217,11 @@ impl RejectionMetrics {
             "loadgate_frontend_worker_kv_total_blocks",
             "Latest observed total KV blocks per worker rank",
             total,
+        );
+        registry.register(
+            "loadgate_frontend_worker_waiting_requests",
+            "Latest observed requests waiting in the engine's queue per worker rank",
+            waiting,
         );
         let busy = Family::<Vec<(&'static str, String)>, Gauge>::default();
         for w in monitor.workers() {

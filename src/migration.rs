@@ -1,6 +1,8 @@
 //! [`Migration`]: route, and when a worker refuses at its hard cap, route
 //! again excluding every worker that refused, up to a limit.
 
+use std::fmt;
+
 use crate::error::Rejection;
 use crate::load::WorkerId;
 use crate::router::{RouteError, Router};
@@ -17,15 +19,18 @@ pub const DEFAULT_MIGRATION_LIMIT: usize = 3;
 ///
 /// ```
 /// use std::sync::Arc;
-/// use loadgate::{Migration, Policy, Rejection, Router, WorkerMonitor};
+/// use loadgate::{Migration, MigrationError, Policy, Rejection, RouteError, Router, WorkerMonitor};
 ///
 /// let monitor = Arc::new(WorkerMonitor::new(Default::default()).unwrap());
-/// monitor.register(1, "m", 1).unwrap();
-/// monitor.register(2, "m", 1).unwrap();
+/// monitor.register(1, "m", 1, 0).unwrap();
+/// monitor.register(2, "m", 1, 0).unwrap();
 /// let router = Router::new(monitor, Policy::RoundRobin);
 /// // Worker 1 is at capacity; worker 2 accepts.
 /// let served = Migration::new(3).run(&router, "m", |w| if w == 1 { Err(Rejection::WorkerOverloaded) } else { Ok(w) });
 /// assert_eq!(served, Ok(2));
+/// // A model nobody registered stays a 404-class error.
+/// let unknown = Migration::new(3).run(&router, "other", |w| Ok::<_, Rejection>(w));
+/// assert_eq!(unknown, Err(MigrationError::Route(RouteError::UnknownModel)));
 /// ```
 #[derive(Clone, Debug)]
 pub struct Migration {
@@ -36,10 +41,46 @@ pub struct Migration {
 /// Why a migrated request ended without a worker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MigrationError {
-    /// Routing failed (overloaded, unavailable, unknown model).
+    /// Routing failed before any worker refused: overloaded (every instance
+    /// busy), unavailable, or an unknown model (a 404, not a rejection).
     Route(RouteError),
-    /// Workers refused and the migration limit was reached.
+    /// Workers refused at their hard cap and no other worker is left, or the
+    /// migration limit was reached: the overload status.
     Exhausted,
+    /// A worker refused in a way another worker cannot help with.
+    Rejected(Rejection),
+}
+
+impl MigrationError {
+    /// The rejection the client should see, or `None` for an unknown model
+    /// (answer 404).
+    pub fn rejection(&self) -> Option<Rejection> {
+        match self {
+            MigrationError::Route(e) => Rejection::try_from(*e).ok(),
+            MigrationError::Exhausted => Some(Rejection::WorkerOverloaded),
+            MigrationError::Rejected(r) => Some(*r),
+        }
+    }
+}
+
+impl fmt::Display for MigrationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MigrationError::Route(e) => e.fmt(f),
+            MigrationError::Exhausted => f.write_str("every worker that could take the request refused at capacity"),
+            MigrationError::Rejected(r) => r.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for MigrationError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            MigrationError::Route(e) => Some(e),
+            MigrationError::Exhausted => None,
+            MigrationError::Rejected(r) => Some(r),
+        }
+    }
 }
 
 impl Migration {
@@ -77,28 +118,30 @@ impl Migration {
     ///
     /// # Errors
     ///
-    /// `Err(Rejection)` as the client should see it: the route error mapped to
-    /// a rejection, or the last worker's rejection.
+    /// [`MigrationError`]: the route error (an unknown model stays
+    /// [`RouteError::UnknownModel`]), [`MigrationError::Exhausted`] once
+    /// every worker left refused, or a worker's other rejection.
     pub fn run<R>(
         mut self,
         router: &Router,
         model: &str,
         mut send: impl FnMut(WorkerId) -> Result<R, Rejection>,
-    ) -> Result<R, Rejection> {
+    ) -> Result<R, MigrationError> {
         loop {
             let worker = match self.next(router, model) {
                 Ok(w) => w,
-                // All remaining workers refused or are busy: overloaded.
-                Err(RouteError::Overloaded) if !self.refused.is_empty() => return Err(Rejection::WorkerOverloaded),
-                Err(e) => return Err(Rejection::try_from(e).unwrap_or(Rejection::Unavailable)),
+                // All remaining workers refused or are busy.
+                Err(RouteError::Overloaded) if !self.refused.is_empty() => return Err(MigrationError::Exhausted),
+                Err(e) => return Err(MigrationError::Route(e)),
             };
             match send(worker) {
+                Ok(r) => return Ok(r),
                 Err(Rejection::WorkerOverloaded) => {
                     if !self.refused(worker) {
-                        return Err(Rejection::WorkerOverloaded);
+                        return Err(MigrationError::Exhausted);
                     }
                 }
-                other => return other,
+                Err(other) => return Err(MigrationError::Rejected(other)),
             }
         }
     }

@@ -4,13 +4,14 @@
 //! # Format
 //!
 //! A JSON object with a required `"model"` (a non-empty string) and any of
-//! three optional fields:
+//! four optional fields:
 //!
 //! | field | value |
 //! |---|---|
 //! | `active_decode_blocks_threshold` | a number in `[0, 1]` |
 //! | `active_prefill_tokens_threshold` | a non-negative integer (`u64`) |
 //! | `active_prefill_tokens_threshold_frac` | a number in `[0, 1_000_000]` |
+//! | `active_waiting_requests_threshold` | a non-negative integer (`u64`) |
 //!
 //! A field that is absent leaves the threshold unchanged, a number sets it,
 //! `null` clears it. A body with only `"model"` reads the thresholds. Any
@@ -29,6 +30,7 @@
 //! assert_eq!(patch.decode, Change::Set(0.85));
 //! assert_eq!(patch.prefill, Change::Clear);
 //! assert_eq!(patch.prefill_frac, Change::Unchanged);
+//! assert_eq!(patch.waiting, Change::Unchanged);
 //!
 //! let mut current = BusyThresholds { active_prefill_tokens_threshold: Some(4096), ..Default::default() };
 //! patch.apply(&mut current);
@@ -47,6 +49,8 @@ pub const DECODE_FIELD: &str = "active_decode_blocks_threshold";
 pub const PREFILL_FIELD: &str = "active_prefill_tokens_threshold";
 /// Field name of the fractional prefill-tokens threshold.
 pub const PREFILL_FRAC_FIELD: &str = "active_prefill_tokens_threshold_frac";
+/// Field name of the waiting-requests threshold.
+pub const WAITING_FIELD: &str = "active_waiting_requests_threshold";
 
 /// What a request does to one threshold.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -82,12 +86,17 @@ pub struct ThresholdPatch {
     pub prefill: Change<u64>,
     /// `active_prefill_tokens_threshold_frac`.
     pub prefill_frac: Change<f64>,
+    /// `active_waiting_requests_threshold`.
+    pub waiting: Change<u64>,
 }
 
 impl ThresholdPatch {
     /// True when no threshold field was given: the request only reads.
     pub fn is_read(&self) -> bool {
-        self.decode == Change::Unchanged && self.prefill == Change::Unchanged && self.prefill_frac == Change::Unchanged
+        self.decode == Change::Unchanged
+            && self.prefill == Change::Unchanged
+            && self.prefill_frac == Change::Unchanged
+            && self.waiting == Change::Unchanged
     }
 
     /// Applies every change to `thresholds` (fields left absent stay).
@@ -95,6 +104,7 @@ impl ThresholdPatch {
         self.decode.apply_to(&mut thresholds.active_decode_blocks_threshold);
         self.prefill.apply_to(&mut thresholds.active_prefill_tokens_threshold);
         self.prefill_frac.apply_to(&mut thresholds.active_prefill_tokens_threshold_frac);
+        self.waiting.apply_to(&mut thresholds.active_waiting_requests_threshold);
     }
 }
 
@@ -150,6 +160,7 @@ pub fn parse_threshold_patch(body: &[u8]) -> Result<ThresholdPatch, PatchError> 
         decode: Change::Unchanged,
         prefill: Change::Unchanged,
         prefill_frac: Change::Unchanged,
+        waiting: Change::Unchanged,
     };
     let mut model = None;
     for (key, value) in &fields {
@@ -159,7 +170,8 @@ pub fn parse_threshold_patch(body: &[u8]) -> Result<ThresholdPatch, PatchError> 
                 _ => return Err(PatchError::Model),
             },
             DECODE_FIELD => patch.decode = fraction(value, DECODE_FIELD, 1.0, "a number between 0 and 1")?,
-            PREFILL_FIELD => patch.prefill = unsigned(value)?,
+            PREFILL_FIELD => patch.prefill = unsigned(value, PREFILL_FIELD)?,
+            WAITING_FIELD => patch.waiting = unsigned(value, WAITING_FIELD)?,
             PREFILL_FRAC_FIELD => {
                 patch.prefill_frac =
                     fraction(value, PREFILL_FRAC_FIELD, MAX_PREFILL_FRAC, "a number between 0 and 1000000")?
@@ -182,11 +194,11 @@ fn fraction(value: &Value, field: &'static str, max: f64, expected: &'static str
     }
 }
 
-fn unsigned(value: &Value) -> Result<Change<u64>, PatchError> {
+fn unsigned(value: &Value, field: &'static str) -> Result<Change<u64>, PatchError> {
     match value {
         Value::Null => Ok(Change::Clear),
         Value::Number(n) if n.as_u64().is_some() => Ok(Change::Set(n.as_u64().unwrap_or_default())),
-        _ => Err(PatchError::InvalidValue { field: PREFILL_FIELD, expected: "a non-negative integer" }),
+        _ => Err(PatchError::InvalidValue { field, expected: "a non-negative integer" }),
     }
 }
 
@@ -227,8 +239,15 @@ mod tests {
                 active_decode_blocks_threshold: Some(0.5),
                 active_prefill_tokens_threshold: Some(4096),
                 active_prefill_tokens_threshold_frac: None,
+                active_waiting_requests_threshold: None,
             }
         );
+        let w = parse(r#"{"model":"m","active_waiting_requests_threshold":3}"#).unwrap();
+        assert_eq!(w.waiting, Change::Set(3));
+        w.apply(&mut t);
+        assert_eq!(t.active_waiting_requests_threshold, Some(3));
+        parse(r#"{"model":"m","active_waiting_requests_threshold":null}"#).unwrap().apply(&mut t);
+        assert_eq!(t.active_waiting_requests_threshold, None);
     }
 
     #[test]
@@ -242,9 +261,16 @@ mod tests {
             r#"{"model":"m","active_prefill_tokens_threshold":true}"#,
             r#"{"model":"m","active_prefill_tokens_threshold_frac":1000001}"#,
             r#"{"model":"m","active_prefill_tokens_threshold_frac":[1]}"#,
+            r#"{"model":"m","active_waiting_requests_threshold":-1}"#,
+            r#"{"model":"m","active_waiting_requests_threshold":0.5}"#,
+            r#"{"model":"m","active_waiting_requests_threshold":"3"}"#,
         ] {
             assert!(matches!(parse(body), Err(PatchError::InvalidValue { .. })), "{body}");
         }
+        assert_eq!(
+            parse(r#"{"model":"m","active_waiting_requests_threshold":-1}"#),
+            Err(PatchError::InvalidValue { field: WAITING_FIELD, expected: "a non-negative integer" })
+        );
         assert_eq!(
             parse(r#"{"model":"m","active_decode_blocks":0.5}"#),
             Err(PatchError::UnknownField("active_decode_blocks".into()))

@@ -1,12 +1,15 @@
 //! [`Router`]: picks an eligible instance of a model — not busy (when the
 //! model has a threshold), not excluded by this request — by policy.
 
+use std::collections::HashMap;
 use std::fmt;
 
+use crossbeam_utils::CachePadded;
+
 use crate::load::WorkerId;
+use crate::monitor::view::ModelView;
 use crate::monitor::{ModelState, WorkerLoad, WorkerMonitor};
-use crate::sync::{Arc, Ordering, Swap, SwapCache};
-use crate::view::ModelView;
+use crate::sync::{lock, Arc, AtomicUsize, Mutex, Ordering, Swap, SwapCache};
 
 /// A caller-supplied cost: lower is better (the hook a KV-aware router uses to
 /// prefer the worker with the best prefix overlap).
@@ -80,24 +83,93 @@ impl std::error::Error for RouteError {}
 /// use loadgate::{Policy, RouteError, Router, WorkerMonitor};
 ///
 /// let monitor = Arc::new(WorkerMonitor::new(Default::default()).unwrap());
-/// monitor.register(1, "m", 1).unwrap();
-/// monitor.register(2, "m", 1).unwrap();
+/// monitor.register(1, "m", 1, 0).unwrap();
+/// monitor.register(2, "m", 1, 0).unwrap();
 /// let router = Router::new(monitor, Policy::RoundRobin);
 /// assert_eq!(router.route("m", &[]), Ok(1));
 /// assert_eq!(router.route("m", &[]), Ok(2));
 /// assert_eq!(router.route("m", &[1, 2]), Err(RouteError::Overloaded));
 /// assert_eq!(router.route("other", &[]), Err(RouteError::UnknownModel));
 /// ```
-#[derive(Clone, Debug)]
+///
+/// Each router keeps its own round-robin cursor per model (shared by its
+/// clones and by the [`ModelRouter`]s and [`LocalRouter`]s made from it), so
+/// routers with different policies over one monitor never disturb each
+/// other's rotation.
+#[derive(Clone)]
 pub struct Router {
     monitor: Arc<WorkerMonitor>,
     policy: Policy,
+    models: Arc<RoutedModels>,
+}
+
+impl fmt::Debug for Router {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Router").field("policy", &self.policy).finish_non_exhaustive()
+    }
+}
+
+/// The models a router has routed, each with this router's cursor. Only
+/// models the monitor knows are added, so a client naming models cannot
+/// grow it.
+struct RoutedModels {
+    by_name: Swap<HashMap<Arc<str>, Arc<RoutedModel>, rustc_hash::FxBuildHasher>>,
+    /// Serialises additions (cold path: the first route of a model).
+    write: Mutex<()>,
+}
+
+/// One model as one router sees it.
+struct RoutedModel {
+    state: Arc<ModelState>,
+    /// This router's rotation over the model's eligible instances.
+    cursor: CachePadded<AtomicUsize>,
+}
+
+impl Default for RoutedModels {
+    fn default() -> Self {
+        RoutedModels { by_name: Swap::from_pointee(HashMap::default()), write: Mutex::new(()) }
+    }
+}
+
+impl RoutedModel {
+    /// The next value of the rotation.
+    #[inline]
+    fn turn(&self) -> usize {
+        // Relaxed: the cursor only spreads load; no data hangs on it.
+        self.cursor.fetch_add(1, Ordering::Relaxed)
+    }
 }
 
 impl Router {
     /// A router over `monitor`'s workers using `policy`.
     pub fn new(monitor: Arc<WorkerMonitor>, policy: Policy) -> Self {
-        Router { monitor, policy }
+        Router { monitor, policy, models: Arc::default() }
+    }
+
+    /// This router's view of `model`: one map lookup, or (the first time)
+    /// the monitor's.
+    #[inline]
+    fn with_routed<R>(&self, model: &str, f: impl FnOnce(&RoutedModel) -> R) -> Result<R, RouteError> {
+        if let Some(routed) = self.models.by_name.load().get(model) {
+            return Ok(f(routed));
+        }
+        Ok(f(&*self.add_model(model)?))
+    }
+
+    #[cold]
+    fn add_model(&self, model: &str) -> Result<Arc<RoutedModel>, RouteError> {
+        let state = self.monitor.model_state(model).ok_or(RouteError::UnknownModel)?;
+        let _write = lock(&self.models.write);
+        let current = self.models.by_name.load();
+        if let Some(routed) = current.get(model) {
+            return Ok(routed.clone());
+        }
+        let routed = Arc::new(RoutedModel { state, cursor: CachePadded::new(AtomicUsize::new(0)) });
+        let mut next = HashMap::clone(&current);
+        drop(current);
+        next.insert(routed.state.name.clone(), routed.clone());
+        self.models.by_name.store(Arc::new(next));
+        Ok(routed)
     }
 
     /// The monitor this router reads.
@@ -118,10 +190,7 @@ impl Router {
     /// [`RouteError`]: overloaded, unavailable, or unknown model.
     #[inline]
     pub fn route(&self, model: &str, exclude: &[WorkerId]) -> Result<WorkerId, RouteError> {
-        self.monitor.with_model(model, |state| match state {
-            Some(state) => self.select(state, &state.view.load(), exclude, self.policy_cost()),
-            None => Err(RouteError::UnknownModel),
-        })
+        self.with_routed(model, |routed| self.select(routed, &routed.state.view().load(), exclude, self.policy_cost()))?
     }
 
     /// As [`route`](Self::route), ranking eligible instances by `cost` (lowest
@@ -136,10 +205,7 @@ impl Router {
         exclude: &[WorkerId],
         cost: &dyn Fn(WorkerId, &WorkerLoad) -> u64,
     ) -> Result<WorkerId, RouteError> {
-        self.monitor.with_model(model, |state| match state {
-            Some(state) => self.select(state, &state.view.load(), exclude, Some(cost)),
-            None => Err(RouteError::UnknownModel),
-        })
+        self.with_routed(model, |routed| self.select(routed, &routed.state.view().load(), exclude, Some(cost)))?
     }
 
     /// A handle that routes `model` without the per-call model lookup.
@@ -148,8 +214,12 @@ impl Router {
     ///
     /// [`RouteError::UnknownModel`] if the model has never been seen.
     pub fn model(&self, model: &str) -> Result<ModelRouter, RouteError> {
-        let state = self.monitor.model_state(model).ok_or(RouteError::UnknownModel)?;
-        Ok(ModelRouter { router: self.clone(), state })
+        let known = self.models.by_name.load().get(model).cloned();
+        let routed = match known {
+            Some(routed) => routed,
+            None => self.add_model(model)?,
+        };
+        Ok(ModelRouter { router: self.clone(), routed })
     }
 
     #[inline]
@@ -163,20 +233,20 @@ impl Router {
     #[inline(always)]
     fn select(
         &self,
-        state: &ModelState,
+        routed: &RoutedModel,
         view: &ModelView,
         exclude: &[WorkerId],
         cost: Option<CostRef<'_>>,
     ) -> Result<WorkerId, RouteError> {
         if exclude.is_empty() && cost.is_none() && matches!(self.policy, Policy::RoundRobin) {
-            return round_robin(state, view);
+            return round_robin(routed, view);
         }
-        self.select_by_policy(state, view, exclude, cost)
+        self.select_by_policy(routed, view, exclude, cost)
     }
 
     fn select_by_policy(
         &self,
-        state: &ModelState,
+        routed: &RoutedModel,
         view: &ModelView,
         exclude: &[WorkerId],
         cost: Option<CostRef<'_>>,
@@ -187,12 +257,8 @@ impl Router {
             return Err(if view.instances.is_empty() { RouteError::Unavailable } else { RouteError::Overloaded });
         }
         let position = match (cost, &self.policy) {
-            (Some(cost), _) => self.lowest(state, &eligible, |p| cost(view.ids[p], &self.load(view, p))),
-            (None, Policy::RoundRobin) => {
-                // Relaxed: the cursor only spreads load; no data hangs on it.
-                let k = state.cursor.fetch_add(1, Ordering::Relaxed) % count;
-                eligible.nth(k)
-            }
+            (Some(cost), _) => self.lowest(routed, &eligible, |p| cost(view.ids[p], &self.load(view, p))),
+            (None, Policy::RoundRobin) => eligible.nth(routed.turn() % count),
             (None, Policy::Random) => eligible.nth(fastrand::usize(..count)),
             (None, Policy::PowerOfTwoChoices) => {
                 let i = fastrand::usize(..count);
@@ -212,7 +278,7 @@ impl Router {
             }
             (None, Policy::LeastLoaded) => {
                 let mut best = None::<(usize, WorkerLoad)>;
-                eligible.for_each_from(self.start(state, view), |p| {
+                eligible.for_each_from(start(routed, view), |p| {
                     let load = self.load(view, p);
                     if best.as_ref().is_none_or(|(_, b)| load.cmp_load(b).is_lt()) {
                         best = Some((p, load));
@@ -230,15 +296,9 @@ impl Router {
         self.monitor.load_of(&view.instances[position])
     }
 
-    #[inline]
-    fn start(&self, state: &ModelState, view: &ModelView) -> usize {
-        // Relaxed: the cursor only spreads ties; no data hangs on it.
-        state.cursor.fetch_add(1, Ordering::Relaxed) % view.instances.len().max(1)
-    }
-
-    fn lowest(&self, state: &ModelState, eligible: &Eligible<'_>, mut cost: impl FnMut(usize) -> u64) -> usize {
+    fn lowest(&self, routed: &RoutedModel, eligible: &Eligible<'_>, mut cost: impl FnMut(usize) -> u64) -> usize {
         let mut best = None::<(usize, u64)>;
-        eligible.for_each_from(self.start(state, eligible.view), |p| {
+        eligible.for_each_from(start(routed, eligible.view), |p| {
             let c = cost(p);
             if best.is_none_or(|(_, b)| c < b) {
                 best = Some((p, c));
@@ -253,29 +313,36 @@ impl Router {
 /// instance) in a cursor increment and one index into the view's list of
 /// free positions.
 #[inline(always)]
-fn round_robin(state: &ModelState, view: &ModelView) -> Result<WorkerId, RouteError> {
+fn round_robin(routed: &RoutedModel, view: &ModelView) -> Result<WorkerId, RouteError> {
     let ids = &**view.ids;
     let count = view.free.count(ids.len());
     if count == 0 {
         return Err(if ids.is_empty() { RouteError::Unavailable } else { RouteError::Overloaded });
     }
-    // Relaxed: the cursor only spreads load; no data hangs on it.
-    let k = state.cursor.fetch_add(1, Ordering::Relaxed) % count;
+    let k = routed.turn() % count;
     // Both indexes are in range by construction: k < count, and every free
     // position is below the number of ids.
     Ok(ids.get(view.free.nth(k)))
 }
 
-/// Routes one model; obtained from [`Router::model`].
+/// Where the least-loaded and cost policies start their scan (ties go to
+/// the first from a rotating start).
+#[inline]
+fn start(routed: &RoutedModel, view: &ModelView) -> usize {
+    routed.turn() % view.instances.len().max(1)
+}
+
+/// Routes one model; obtained from [`Router::model`]. Shares its router's
+/// rotation.
 #[derive(Clone)]
 pub struct ModelRouter {
     router: Router,
-    state: Arc<ModelState>,
+    routed: Arc<RoutedModel>,
 }
 
 impl fmt::Debug for ModelRouter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ModelRouter").field("model", &self.state.name).finish()
+        f.debug_struct("ModelRouter").field("model", &self.routed.state.name).finish()
     }
 }
 
@@ -287,7 +354,7 @@ impl ModelRouter {
     /// [`RouteError::Overloaded`] or [`RouteError::Unavailable`].
     #[inline]
     pub fn route(&self, exclude: &[WorkerId]) -> Result<WorkerId, RouteError> {
-        self.router.select(&self.state, &self.state.view.load(), exclude, self.router.policy_cost())
+        self.router.select(&self.routed, &self.routed.state.view().load(), exclude, self.router.policy_cost())
     }
 
     /// A handle for one thread (or one task) that keeps the model's last
@@ -295,8 +362,8 @@ impl ModelRouter {
     pub fn local(&self) -> LocalRouter {
         LocalRouter {
             router: self.router.clone(),
-            state: self.state.clone(),
-            view: SwapCache::new(ViewSource(self.state.clone())),
+            routed: self.routed.clone(),
+            view: SwapCache::new(ViewSource(self.routed.state.clone())),
         }
     }
 }
@@ -315,24 +382,24 @@ impl ModelRouter {
 /// use loadgate::{Policy, RouteError, Router, WorkerMonitor};
 ///
 /// let monitor = Arc::new(WorkerMonitor::new(Default::default()).unwrap());
-/// monitor.register(1, "m", 1).unwrap();
+/// monitor.register(1, "m", 1, 0).unwrap();
 /// let router = Router::new(monitor.clone(), Policy::RoundRobin);
 /// let mut local = router.model("m").unwrap().local();
 /// assert_eq!(local.route(&[]), Ok(1));
-/// monitor.register(2, "m", 1).unwrap(); // seen by the next call
+/// monitor.register(2, "m", 1, 0).unwrap(); // seen by the next call
 /// assert_eq!(local.route(&[1]), Ok(2));
 /// assert_eq!(local.route(&[1, 2]), Err(RouteError::Overloaded));
 /// ```
 #[derive(Clone)]
 pub struct LocalRouter {
     router: Router,
-    state: Arc<ModelState>,
+    routed: Arc<RoutedModel>,
     view: SwapCache<ViewSource, ModelView>,
 }
 
 impl fmt::Debug for LocalRouter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LocalRouter").field("model", &self.state.name).finish()
+        f.debug_struct("LocalRouter").field("model", &self.routed.state.name).finish()
     }
 }
 
@@ -345,7 +412,7 @@ impl LocalRouter {
     #[inline(always)]
     pub fn route(&mut self, exclude: &[WorkerId]) -> Result<WorkerId, RouteError> {
         let view = self.view.load();
-        self.router.select(&self.state, view, exclude, self.router.policy_cost())
+        self.router.select(&self.routed, view, exclude, self.router.policy_cost())
     }
 }
 
@@ -358,7 +425,7 @@ impl std::ops::Deref for ViewSource {
 
     #[inline]
     fn deref(&self) -> &Swap<ModelView> {
-        &self.0.view
+        self.0.view()
     }
 }
 

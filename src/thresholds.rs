@@ -1,4 +1,4 @@
-//! Busy thresholds: the three independently enabled signals, their validation
+//! Busy thresholds: the four independently enabled signals, their validation
 //! and the exact per-rank evaluation.
 
 use std::fmt;
@@ -14,7 +14,9 @@ pub const MAX_PREFILL_FRAC: f64 = 1_000_000.0;
 /// The busy thresholds of one model, as a person configures them.
 ///
 /// Every field is `None` by default, and setting one enables only that signal.
-/// With all three `None` no worker of the model is ever excluded.
+/// With all four `None` no worker of the model is ever excluded. Build it
+/// with `..Default::default()`: a signal added later defaults to `None`
+/// (see [`RankLoad`]'s *Growing*).
 ///
 /// # Examples
 ///
@@ -37,6 +39,8 @@ pub struct BusyThresholds {
     /// Busy when `active_prefill_tokens` exceeds this fraction of
     /// `max_num_batched_tokens`, in `[0, 1_000_000]`.
     pub active_prefill_tokens_threshold_frac: Option<f64>,
+    /// Busy when `waiting_requests` (the engine's own queue) exceeds this.
+    pub active_waiting_requests_threshold: Option<u64>,
 }
 
 impl BusyThresholds {
@@ -58,7 +62,12 @@ impl BusyThresholds {
             Some(v) if v.is_finite() && (0.0..=MAX_PREFILL_FRAC).contains(&v) => Some(to_ppb(v)),
             Some(v) => return Err(ThresholdError::PrefillFrac(v)),
         };
-        Ok(Thresholds { decode_ppb, prefill_tokens: self.active_prefill_tokens_threshold, prefill_frac_ppb })
+        Ok(Thresholds {
+            decode_ppb,
+            prefill_tokens: self.active_prefill_tokens_threshold,
+            prefill_frac_ppb,
+            waiting_requests: self.active_waiting_requests_threshold,
+        })
     }
 
     /// True when no signal is configured.
@@ -125,16 +134,21 @@ pub struct Thresholds {
     decode_ppb: Option<u64>,
     prefill_tokens: Option<u64>,
     prefill_frac_ppb: Option<u64>,
+    waiting_requests: Option<u64>,
 }
 
 impl Thresholds {
     /// No signal configured: nothing is ever busy.
-    pub const NONE: Thresholds = Thresholds { decode_ppb: None, prefill_tokens: None, prefill_frac_ppb: None };
+    pub const NONE: Thresholds =
+        Thresholds { decode_ppb: None, prefill_tokens: None, prefill_frac_ppb: None, waiting_requests: None };
 
     /// True when at least one signal is configured.
     #[inline]
     pub fn is_enabled(&self) -> bool {
-        self.decode_ppb.is_some() || self.prefill_tokens.is_some() || self.prefill_frac_ppb.is_some()
+        self.decode_ppb.is_some()
+            || self.prefill_tokens.is_some()
+            || self.prefill_frac_ppb.is_some()
+            || self.waiting_requests.is_some()
     }
 
     /// The decode threshold in parts per billion, if set.
@@ -152,12 +166,18 @@ impl Thresholds {
         self.prefill_frac_ppb
     }
 
+    /// The waiting-requests threshold, if set.
+    pub fn waiting_requests(&self) -> Option<u64> {
+        self.waiting_requests
+    }
+
     /// The thresholds as a person reads them (the fixed-point values as `f64`).
     pub fn to_config(&self) -> BusyThresholds {
         BusyThresholds {
             active_decode_blocks_threshold: self.decode_ppb.map(|p| p as f64 / PPB as f64),
             active_prefill_tokens_threshold: self.prefill_tokens,
             active_prefill_tokens_threshold_frac: self.prefill_frac_ppb.map(|p| p as f64 / PPB as f64),
+            active_waiting_requests_threshold: self.waiting_requests,
         }
     }
 
@@ -181,7 +201,11 @@ impl Thresholds {
             }
             _ => false,
         };
-        BusySignals { decode, prefill, prefill_frac }
+        let waiting = match self.waiting_requests {
+            Some(limit) => u64::from(load.waiting_requests) > limit,
+            None => false,
+        };
+        BusySignals { decode, prefill, prefill_frac, waiting }
     }
 }
 
@@ -200,13 +224,15 @@ pub struct BusySignals {
     pub prefill: bool,
     /// `active_prefill_tokens` exceeded the fraction of `max_num_batched_tokens`.
     pub prefill_frac: bool,
+    /// `waiting_requests` exceeded its threshold.
+    pub waiting: bool,
 }
 
 impl BusySignals {
     /// True when any signal fired: the rank is busy.
     #[inline]
     pub fn any(&self) -> bool {
-        self.decode || self.prefill || self.prefill_frac
+        self.decode || self.prefill || self.prefill_frac || self.waiting
     }
 
     /// The signals of both, or-ed.
@@ -216,6 +242,7 @@ impl BusySignals {
             decode: self.decode || other.decode,
             prefill: self.prefill || other.prefill,
             prefill_frac: self.prefill_frac || other.prefill_frac,
+            waiting: self.waiting || other.waiting,
         }
     }
 }
@@ -280,5 +307,22 @@ mod tests {
         let only_prefill = BusyThresholds { active_prefill_tokens_threshold: Some(0), ..Default::default() };
         assert!(only_prefill.validate().unwrap().is_enabled());
         assert!(!only_prefill.is_empty());
+        let only_waiting = BusyThresholds { active_waiting_requests_threshold: Some(3), ..Default::default() };
+        let t = only_waiting.validate().unwrap();
+        assert!(t.is_enabled());
+        assert_eq!(t.to_config(), only_waiting);
+    }
+
+    #[test]
+    fn waiting_requests_compare_strictly() {
+        let t = BusyThresholds { active_waiting_requests_threshold: Some(2), ..Default::default() }.validate().unwrap();
+        let waiting = |n| RankLoad { waiting_requests: n, ..Default::default() };
+        assert!(!t.evaluate(&waiting(2)).any(), "at the threshold: not busy");
+        assert_eq!(t.evaluate(&waiting(3)), BusySignals { waiting: true, ..Default::default() });
+        let zero =
+            BusyThresholds { active_waiting_requests_threshold: Some(0), ..Default::default() }.validate().unwrap();
+        assert!(!zero.evaluate(&waiting(0)).any(), "no queue (0) is never busy");
+        assert!(zero.evaluate(&waiting(1)).waiting);
+        assert!(zero.evaluate(&RankLoad { waiting_requests: u32::MAX, ..Default::default() }).waiting);
     }
 }

@@ -8,7 +8,8 @@
 //!
 //! ```text
 //! offset size  field
-//! 0      1     magic   0xB1 (format version 1; anything else is garbage)
+//! 0      1     magic   0xB2 (format version 2; 0xB0 | v is version v,
+//!                      refused as `UnsupportedVersion`; anything else is garbage)
 //! 1      1     kind    1 = Register, 2 = Load, 3 = Deregister
 //! 2      2     length  payload length in bytes (header excluded)
 //! 4      n     payload
@@ -17,12 +18,25 @@
 //! A whole frame is at most [`MAX_FRAME`] bytes. Payloads, by kind:
 //!
 //! ```text
-//! Register   worker u64 | dp_size u32 | model_len u16 | model (UTF-8) | addr_len u16 | http_addr (UTF-8)
-//! Load       worker u64 | rank u32 | seq u64
+//! Register   worker u64 | incarnation u64 | dp_size u32
+//!            | model_len u16 | model (UTF-8) | addr_len u16 | http_addr (UTF-8)
+//! Load       worker u64 | incarnation u64 | rank u32 | seq u64
 //!            | active_decode_blocks u32 | kv_total_blocks u32
-//!            | active_prefill_tokens u32 | max_num_batched_tokens u32     (exactly 36 bytes)
-//! Deregister worker u64                                                     (exactly 8 bytes)
+//!            | active_prefill_tokens u32 | max_num_batched_tokens u32
+//!            | waiting_requests u32                                        (exactly 48 bytes)
+//! Deregister worker u64 | incarnation u64                                  (exactly 16 bytes)
 //! ```
+//!
+//! The incarnation and `seq` follow [`LoadReport`](crate::LoadReport)'s
+//! freshness contract: a worker picks its incarnation at start (e.g. its
+//! start time in ns) and sends it in every frame; a Register with a new
+//! incarnation resets the worker's slots; within one incarnation `seq`
+//! increases per rank, and the first report of an incarnation applies
+//! whatever its `seq`.
+//!
+//! Version 1 (magic 0xB1) had no incarnation and no waiting requests; its
+//! frames are refused with [`WireError::UnsupportedVersion`], so a worker
+//! of the old format is told (and logged) rather than misread.
 //!
 //! A payload must be consumed exactly: trailing bytes are an error. The
 //! decoder checks the magic, the kind and the length as soon as those bytes
@@ -35,7 +49,8 @@
 //! use loadgate::wire::{decode, encode, Frame};
 //! use loadgate::RankLoad;
 //!
-//! let frame = Frame::Load { worker: 7, rank: 0, seq: 1, load: RankLoad { active_decode_blocks: 3, ..Default::default() } };
+//! let load = RankLoad { active_decode_blocks: 3, ..Default::default() };
+//! let frame = Frame::Load { worker: 7, incarnation: 1, rank: 0, seq: 1, load };
 //! let mut buf = BytesMut::new();
 //! encode(&frame, &mut buf).unwrap();
 //! let mut partial = buf.split_to(10);
@@ -52,7 +67,10 @@ use bytes::{Buf, BufMut, BytesMut};
 use crate::load::{RankLoad, WorkerId};
 
 /// The first byte of every frame: the format's magic and version.
-pub const MAGIC: u8 = 0xB1;
+pub const MAGIC: u8 = 0xB2;
+
+/// The format version [`MAGIC`] carries.
+pub const VERSION: u8 = MAGIC & 0x0F;
 
 /// Bytes in a frame header: magic, kind, payload length.
 pub const HEADER_LEN: usize = 4;
@@ -64,10 +82,11 @@ const KIND_REGISTER: u8 = 1;
 const KIND_LOAD: u8 = 2;
 const KIND_DEREGISTER: u8 = 3;
 
-const LOAD_PAYLOAD: usize = 8 + 4 + 8 + 4 * 4;
-const DEREGISTER_PAYLOAD: usize = 8;
-/// Fixed part of a Register payload: worker, dp size, two string lengths.
-const REGISTER_FIXED: usize = 8 + 4 + 2 + 2;
+const LOAD_PAYLOAD: usize = 8 + 8 + 4 + 8 + 5 * 4;
+const DEREGISTER_PAYLOAD: usize = 8 + 8;
+/// Fixed part of a Register payload: worker, incarnation, dp size, two
+/// string lengths.
+const REGISTER_FIXED: usize = 8 + 8 + 4 + 2 + 2;
 
 /// One message on the event plane.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,6 +95,8 @@ pub enum Frame {
     Register {
         /// The worker's id.
         worker: WorkerId,
+        /// The worker's incarnation (picked at its start).
+        incarnation: u64,
         /// Its data-parallel size.
         dp_size: u32,
         /// The model it serves.
@@ -87,9 +108,11 @@ pub enum Frame {
     Load {
         /// The worker.
         worker: WorkerId,
+        /// The incarnation it registered.
+        incarnation: u64,
         /// The data-parallel rank.
         rank: u32,
-        /// Increasing per worker and rank; older reports are dropped.
+        /// Increasing per rank within the incarnation; older reports are dropped.
         seq: u64,
         /// The load.
         load: RankLoad,
@@ -98,6 +121,8 @@ pub enum Frame {
     Deregister {
         /// The worker.
         worker: WorkerId,
+        /// The incarnation that leaves.
+        incarnation: u64,
     },
 }
 
@@ -105,8 +130,11 @@ pub enum Frame {
 /// frame could not be encoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WireError {
-    /// The first byte is not [`MAGIC`].
+    /// The first byte is not [`MAGIC`] nor another version's magic.
     BadMagic(u8),
+    /// The frame is of another format version (0xB0 | version) than
+    /// [`VERSION`].
+    UnsupportedVersion(u8),
     /// The kind byte names no frame.
     UnknownKind(u8),
     /// The frame would exceed [`MAX_FRAME`] bytes (the total is given).
@@ -127,6 +155,9 @@ impl fmt::Display for WireError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::BadMagic(b) => write!(f, "bad magic byte {b:#04x} (expected {MAGIC:#04x})"),
+            Self::UnsupportedVersion(v) => {
+                write!(f, "event-plane frame of format version {v}; this build speaks version {VERSION} only")
+            }
             Self::UnknownKind(k) => write!(f, "unknown frame kind {k}"),
             Self::Oversized(n) => write!(f, "frame of {n} bytes exceeds the {MAX_FRAME}-byte limit"),
             Self::BadLength { kind, len } => write!(f, "payload length {len} is invalid for frame kind {kind}"),
@@ -145,7 +176,7 @@ impl std::error::Error for WireError {}
 /// than [`MAX_FRAME`]; nothing is written then.
 pub fn encode(frame: &Frame, dst: &mut BytesMut) -> Result<(), WireError> {
     match frame {
-        Frame::Register { worker, dp_size, model, http_addr } => {
+        Frame::Register { worker, incarnation, dp_size, model, http_addr } => {
             let payload = REGISTER_FIXED + model.len() + http_addr.len();
             if HEADER_LEN + payload > MAX_FRAME {
                 return Err(WireError::Oversized(HEADER_LEN + payload));
@@ -153,6 +184,7 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) -> Result<(), WireError> {
             dst.reserve(HEADER_LEN + payload);
             put_header(dst, KIND_REGISTER, payload);
             dst.put_u64(*worker);
+            dst.put_u64(*incarnation);
             dst.put_u32(*dp_size);
             // Lengths fit: each string is shorter than MAX_FRAME < u16::MAX.
             dst.put_u16(model.len() as u16);
@@ -160,21 +192,24 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) -> Result<(), WireError> {
             dst.put_u16(http_addr.len() as u16);
             dst.put_slice(http_addr.as_bytes());
         }
-        Frame::Load { worker, rank, seq, load } => {
+        Frame::Load { worker, incarnation, rank, seq, load } => {
             dst.reserve(HEADER_LEN + LOAD_PAYLOAD);
             put_header(dst, KIND_LOAD, LOAD_PAYLOAD);
             dst.put_u64(*worker);
+            dst.put_u64(*incarnation);
             dst.put_u32(*rank);
             dst.put_u64(*seq);
             dst.put_u32(load.active_decode_blocks);
             dst.put_u32(load.kv_total_blocks);
             dst.put_u32(load.active_prefill_tokens);
             dst.put_u32(load.max_num_batched_tokens);
+            dst.put_u32(load.waiting_requests);
         }
-        Frame::Deregister { worker } => {
+        Frame::Deregister { worker, incarnation } => {
             dst.reserve(HEADER_LEN + DEREGISTER_PAYLOAD);
             put_header(dst, KIND_DEREGISTER, DEREGISTER_PAYLOAD);
             dst.put_u64(*worker);
+            dst.put_u64(*incarnation);
         }
     }
     Ok(())
@@ -195,8 +230,8 @@ fn put_header(dst: &mut BytesMut, kind: u8, payload: usize) {
 ///
 /// # Errors
 ///
-/// [`WireError`] for bytes that can never become a valid frame: a bad magic,
-/// an unknown kind, a length over [`MAX_FRAME`] or wrong for the kind,
+/// [`WireError`] for bytes that can never become a valid frame: a bad magic
+/// or another format version, an unknown kind, a length over [`MAX_FRAME`] or wrong for the kind,
 /// string lengths that disagree with the payload length, or invalid UTF-8.
 /// The header is checked as soon as its bytes are present. After an error the
 /// contents of `src` are unspecified: close the connection.
@@ -205,7 +240,11 @@ pub fn decode(src: &mut BytesMut) -> Result<Option<Frame>, WireError> {
         return Ok(None);
     };
     if magic != MAGIC {
-        return Err(WireError::BadMagic(magic));
+        return Err(if magic & 0xF0 == MAGIC & 0xF0 {
+            WireError::UnsupportedVersion(magic & 0x0F)
+        } else {
+            WireError::BadMagic(magic)
+        });
     }
     let Some(&kind) = src.get(1) else {
         return Ok(None);
@@ -242,6 +281,7 @@ fn parse_payload(kind: u8, mut p: &[u8]) -> Result<Frame, WireError> {
     match kind {
         KIND_LOAD => Ok(Frame::Load {
             worker: p.get_u64(),
+            incarnation: p.get_u64(),
             rank: p.get_u32(),
             seq: p.get_u64(),
             load: RankLoad {
@@ -249,12 +289,14 @@ fn parse_payload(kind: u8, mut p: &[u8]) -> Result<Frame, WireError> {
                 kv_total_blocks: p.get_u32(),
                 active_prefill_tokens: p.get_u32(),
                 max_num_batched_tokens: p.get_u32(),
+                waiting_requests: p.get_u32(),
             },
         }),
-        KIND_DEREGISTER => Ok(Frame::Deregister { worker: p.get_u64() }),
+        KIND_DEREGISTER => Ok(Frame::Deregister { worker: p.get_u64(), incarnation: p.get_u64() }),
         _ => {
             let bad = WireError::BadLength { kind, len };
             let worker = p.get_u64();
+            let incarnation = p.get_u64();
             let dp_size = p.get_u32();
             let model = take_string(&mut p).ok_or(bad)??;
             if p.remaining() < 2 {
@@ -264,7 +306,7 @@ fn parse_payload(kind: u8, mut p: &[u8]) -> Result<Frame, WireError> {
             if p.has_remaining() {
                 return Err(bad);
             }
-            Ok(Frame::Register { worker, dp_size, model, http_addr })
+            Ok(Frame::Register { worker, incarnation, dp_size, model, http_addr })
         }
     }
 }
@@ -289,7 +331,13 @@ mod tests {
     use super::*;
 
     fn register() -> Frame {
-        Frame::Register { worker: 42, dp_size: 2, model: "llama".into(), http_addr: "127.0.0.1:8000".into() }
+        Frame::Register {
+            worker: 42,
+            incarnation: 7,
+            dp_size: 2,
+            model: "llama".into(),
+            http_addr: "127.0.0.1:8000".into(),
+        }
     }
 
     fn roundtrip(frame: Frame) {
@@ -311,6 +359,7 @@ mod tests {
         roundtrip(register());
         roundtrip(Frame::Load {
             worker: u64::MAX,
+            incarnation: u64::MAX - 1,
             rank: 3,
             seq: 99,
             load: RankLoad {
@@ -318,19 +367,26 @@ mod tests {
                 kv_total_blocks: 2,
                 active_prefill_tokens: 3,
                 max_num_batched_tokens: u32::MAX,
+                waiting_requests: 5,
             },
         });
-        roundtrip(Frame::Deregister { worker: 0 });
-        roundtrip(Frame::Register { worker: 1, dp_size: 1, model: "é".into(), http_addr: String::new() });
+        roundtrip(Frame::Deregister { worker: 0, incarnation: 3 });
+        roundtrip(Frame::Register {
+            worker: 1,
+            incarnation: 0,
+            dp_size: 1,
+            model: "é".into(),
+            http_addr: String::new(),
+        });
     }
 
     #[test]
     fn back_to_back_frames_decode_in_order() {
         let mut buf = BytesMut::new();
         encode(&register(), &mut buf).unwrap();
-        encode(&Frame::Deregister { worker: 42 }, &mut buf).unwrap();
+        encode(&Frame::Deregister { worker: 42, incarnation: 7 }, &mut buf).unwrap();
         assert_eq!(decode(&mut buf), Ok(Some(register())));
-        assert_eq!(decode(&mut buf), Ok(Some(Frame::Deregister { worker: 42 })));
+        assert_eq!(decode(&mut buf), Ok(Some(Frame::Deregister { worker: 42, incarnation: 7 })));
         assert_eq!(decode(&mut buf), Ok(None));
     }
 
@@ -340,13 +396,24 @@ mod tests {
         assert_eq!(decode(&mut BytesMut::from(&[MAGIC, 9][..])), Err(WireError::UnknownKind(9)));
         assert_eq!(decode(&mut BytesMut::from(&[MAGIC, KIND_LOAD, 0xFF, 0xFF][..])), Err(WireError::Oversized(65539)));
         assert_eq!(
-            decode(&mut BytesMut::from(&[MAGIC, KIND_LOAD, 0, 35][..])),
-            Err(WireError::BadLength { kind: KIND_LOAD, len: 35 })
+            decode(&mut BytesMut::from(&[MAGIC, KIND_LOAD, 0, 47][..])),
+            Err(WireError::BadLength { kind: KIND_LOAD, len: 47 })
         );
         assert_eq!(
             decode(&mut BytesMut::from(&[MAGIC, KIND_DEREGISTER, 0, 9][..])),
             Err(WireError::BadLength { kind: KIND_DEREGISTER, len: 9 })
         );
+    }
+
+    #[test]
+    fn frames_of_the_first_version_are_refused_by_version() {
+        // A version-1 Load frame, as a worker of the old format sends it.
+        let mut v1 = BytesMut::from(&[0xB1, KIND_LOAD, 0, 36][..]);
+        v1.extend_from_slice(&[0; 36]);
+        assert_eq!(decode(&mut v1), Err(WireError::UnsupportedVersion(1)));
+        assert!(WireError::UnsupportedVersion(1).to_string().contains("version 1"));
+        assert_eq!(decode(&mut BytesMut::from(&[0xBF][..])), Err(WireError::UnsupportedVersion(15)));
+        assert_eq!(decode(&mut BytesMut::from(&[0xA2][..])), Err(WireError::BadMagic(0xA2)));
     }
 
     #[test]
@@ -360,22 +427,29 @@ mod tests {
         assert!(matches!(decode(&mut longer), Err(WireError::BadLength { .. })));
         // A model length that runs past the payload.
         let mut overrun = buf.clone();
-        overrun[HEADER_LEN + 12] = 0xFF;
+        overrun[HEADER_LEN + 20] = 0xFF;
         assert!(matches!(decode(&mut overrun), Err(WireError::BadLength { .. })));
         // Invalid UTF-8 in the model.
         let mut bad = buf;
-        bad[HEADER_LEN + 14] = 0xFF;
+        bad[HEADER_LEN + 22] = 0xFF;
         assert_eq!(decode(&mut bad), Err(WireError::InvalidUtf8));
     }
 
     #[test]
     fn oversized_register_is_not_encoded() {
-        let frame = Frame::Register { worker: 1, dp_size: 1, model: "m".repeat(MAX_FRAME), http_addr: String::new() };
+        let frame = Frame::Register {
+            worker: 1,
+            incarnation: 1,
+            dp_size: 1,
+            model: "m".repeat(MAX_FRAME),
+            http_addr: String::new(),
+        };
         let mut buf = BytesMut::new();
         assert!(matches!(encode(&frame, &mut buf), Err(WireError::Oversized(_))));
         assert!(buf.is_empty());
         let max = Frame::Register {
             worker: 1,
+            incarnation: 1,
             dp_size: 1,
             model: "m".repeat(MAX_FRAME - HEADER_LEN - REGISTER_FIXED),
             http_addr: String::new(),
@@ -423,17 +497,17 @@ mod tests {
         }
 
         #[test]
-        fn load_frames_roundtrip(worker: u64, rank: u32, seq: u64, a: u32, b: u32, c: u32, d: u32) {
-            let load = RankLoad { active_decode_blocks: a, kv_total_blocks: b, active_prefill_tokens: c, max_num_batched_tokens: d };
-            let frame = Frame::Load { worker, rank, seq, load };
+        fn load_frames_roundtrip(worker: u64, incarnation: u64, rank: u32, seq: u64, a: u32, b: u32, c: u32, d: u32, e: u32) {
+            let load = RankLoad { active_decode_blocks: a, kv_total_blocks: b, active_prefill_tokens: c, max_num_batched_tokens: d, waiting_requests: e };
+            let frame = Frame::Load { worker, incarnation, rank, seq, load };
             let mut buf = BytesMut::new();
             encode(&frame, &mut buf).unwrap();
             proptest::prop_assert_eq!(decode(&mut buf), Ok(Some(frame)));
         }
 
         #[test]
-        fn register_frames_roundtrip(worker: u64, dp_size: u32, model in ".{0,40}", http_addr in ".{0,40}") {
-            let frame = Frame::Register { worker, dp_size, model, http_addr };
+        fn register_frames_roundtrip(worker: u64, incarnation: u64, dp_size: u32, model in ".{0,40}", http_addr in ".{0,40}") {
+            let frame = Frame::Register { worker, incarnation, dp_size, model, http_addr };
             let mut buf = BytesMut::new();
             encode(&frame, &mut buf).unwrap();
             proptest::prop_assert_eq!(decode(&mut buf), Ok(Some(frame)));

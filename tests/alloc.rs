@@ -93,16 +93,25 @@ fn blocks(active: u32, total: u32) -> RankLoad {
 fn pool(staleness: Option<Duration>) -> Arc<WorkerMonitor> {
     let monitor = Arc::new(WorkerMonitor::new(MonitorConfig { staleness, default_thresholds: decode(0.5) }).unwrap());
     for w in 0..100u64 {
-        monitor.register(w, "m", 2).unwrap();
+        monitor.register(w, "m", 2, 0).unwrap();
         let used = if w % 4 == 0 { 60 } else { (w % 50) as u32 };
         for rank in 0..2 {
             let load = RankLoad { active_prefill_tokens: w as u32, ..blocks(used, 100) };
-            monitor.apply(&LoadReport { worker: w, rank, publisher: Publisher::Worker, seq: 1, load }).unwrap();
+            monitor
+                .apply(&LoadReport { worker: w, incarnation: 0, rank, publisher: Publisher::Worker, seq: 1, load })
+                .unwrap();
         }
     }
-    monitor.register(1000, "hot", 1).unwrap();
+    monitor.register(1000, "hot", 1, 0).unwrap();
     monitor
-        .apply(&LoadReport { worker: 1000, rank: 0, publisher: Publisher::Worker, seq: 1, load: blocks(99, 100) })
+        .apply(&LoadReport {
+            worker: 1000,
+            incarnation: 0,
+            rank: 0,
+            publisher: Publisher::Worker,
+            seq: 1,
+            load: blocks(99, 100),
+        })
         .unwrap();
     monitor.add_model("empty");
     assert_eq!(monitor.busy_set("m").unwrap().1.busy_count(), 25);
@@ -194,7 +203,14 @@ fn local_router_reloading_a_new_view_allocates_nothing() {
         seq += 1;
         let used = if seq % 2 == 0 { 90 } else { 10 };
         for rank in 0..2 {
-            let report = LoadReport { worker: 9, rank, publisher: Publisher::Worker, seq, load: blocks(used, 100) };
+            let report = LoadReport {
+                worker: 9,
+                incarnation: 0,
+                rank,
+                publisher: Publisher::Worker,
+                seq,
+                load: blocks(used, 100),
+            };
             monitor.apply(&report).unwrap();
         }
     };
@@ -220,7 +236,7 @@ fn changing_reports(monitor: &WorkerMonitor, worker: WorkerId, publisher: Publis
     allocations_per_calls(|| {
         seq += 1;
         let used = if busy { 51 + (seq % 49) as u32 } else { (seq % 50) as u32 };
-        let report = LoadReport { worker, rank: 0, publisher, seq, load: blocks(used, 100) };
+        let report = LoadReport { worker, incarnation: 0, rank: 0, publisher, seq, load: blocks(used, 100) };
         assert_ne!(monitor.apply(&report), Ok(Applied::Flipped));
     })
 }
@@ -244,7 +260,8 @@ fn apply_without_a_flip_allocates_nothing() {
 #[test]
 fn apply_of_a_duplicate_or_unchanged_report_allocates_nothing() {
     let monitor = pool(None);
-    let stale = LoadReport { worker: 2, rank: 1, publisher: Publisher::Worker, seq: 1, load: blocks(0, 100) };
+    let stale =
+        LoadReport { worker: 2, incarnation: 0, rank: 1, publisher: Publisher::Worker, seq: 1, load: blocks(0, 100) };
     let n = allocations_per_calls(|| assert_eq!(monitor.apply(&stale), Ok(Applied::Stale)));
     assert_eq!(n, 0, "stale report: {n} allocations");
 
@@ -262,13 +279,20 @@ fn apply_to_a_partly_busy_multi_rank_worker_allocates_nothing() {
     let monitor = pool(None);
     // Worker 5: rank 0 busy, rank 1 toggles values but stays free: the worker stays free.
     monitor
-        .apply(&LoadReport { worker: 5, rank: 0, publisher: Publisher::Worker, seq: 2, load: blocks(90, 100) })
+        .apply(&LoadReport {
+            worker: 5,
+            incarnation: 0,
+            rank: 0,
+            publisher: Publisher::Worker,
+            seq: 2,
+            load: blocks(90, 100),
+        })
         .unwrap();
     let mut seq = 10;
     let n = allocations_per_calls(|| {
         seq += 1;
         let load = blocks((seq % 40) as u32, 100);
-        let report = LoadReport { worker: 5, rank: 1, publisher: Publisher::Worker, seq, load };
+        let report = LoadReport { worker: 5, incarnation: 0, rank: 1, publisher: Publisher::Worker, seq, load };
         assert_eq!(monitor.apply(&report), Ok(Applied::Stored));
     });
     assert_eq!(n, 0);
@@ -289,7 +313,14 @@ fn tracking_without_a_flip_allocates_nothing() {
 fn apply_errors_allocate_nothing() {
     let monitor = pool(None);
     let n = allocations_per_calls(|| {
-        let unknown = LoadReport { worker: 777, rank: 0, publisher: Publisher::Worker, seq: 1, load: blocks(1, 1) };
+        let unknown = LoadReport {
+            worker: 777,
+            incarnation: 0,
+            rank: 0,
+            publisher: Publisher::Worker,
+            seq: 1,
+            load: blocks(1, 1),
+        };
         assert_eq!(monitor.apply(&unknown), Err(ApplyError::UnknownWorker(777)));
         let out_of_range = LoadReport { worker: 3, rank: 9, ..unknown };
         assert!(monitor.apply(&out_of_range).is_err());
@@ -314,12 +345,19 @@ fn direct_admission_and_release_allocate_nothing() {
 #[test]
 fn a_flip_is_seen_by_the_counter() {
     let monitor = pool(None);
-    monitor.register(2000, "m", 1).unwrap();
+    monitor.register(2000, "m", 1, 0).unwrap();
     let mut seq = 10;
     let n = allocations_per_calls(|| {
         seq += 1;
         let used = if seq % 2 == 1 { 90 } else { 10 };
-        let report = LoadReport { worker: 2000, rank: 0, publisher: Publisher::Worker, seq, load: blocks(used, 100) };
+        let report = LoadReport {
+            worker: 2000,
+            incarnation: 0,
+            rank: 0,
+            publisher: Publisher::Worker,
+            seq,
+            load: blocks(used, 100),
+        };
         assert_eq!(monitor.apply(&report), Ok(Applied::Flipped));
     });
     assert!(n > 0, "flipping reports publish new views");

@@ -273,7 +273,8 @@ async fn busy_threshold_reads_sets_clears_and_takes_effect_at_once() {
     let _w = worker(&fe, 20, 50, &[]);
     fe.wait_workers(1).await;
     let unset = json!({"model": MODEL, "active_decode_blocks_threshold": null,
-        "active_prefill_tokens_threshold": null, "active_prefill_tokens_threshold_frac": null});
+        "active_prefill_tokens_threshold": null, "active_prefill_tokens_threshold_frac": null,
+        "active_waiting_requests_threshold": null});
 
     // Read: GET lists every model; a POST with only the model reads it.
     let all: Value = fe.client.get(format!("{}/busy_threshold", fe.http)).send().await.unwrap().json().await.unwrap();
@@ -301,6 +302,14 @@ async fn busy_threshold_reads_sets_clears_and_takes_effect_at_once() {
     assert_eq!(reply["active_decode_blocks_threshold"], 0.3);
     assert_eq!(reply["active_prefill_tokens_threshold"], 4096);
 
+    // The fourth signal: set and cleared like the others.
+    let waiting = json!({"model": MODEL, "active_waiting_requests_threshold": 2}).to_string();
+    let (status, reply) = fe.post_threshold(&waiting, "application/json").await;
+    assert_eq!((status, &reply["active_waiting_requests_threshold"]), (200, &json!(2)));
+    let waiting = json!({"model": MODEL, "active_waiting_requests_threshold": null}).to_string();
+    let (status, reply) = fe.post_threshold(&waiting, "application/json").await;
+    assert_eq!((status, &reply["active_waiting_requests_threshold"]), (200, &Value::Null));
+
     // Clear with null: the very next request is served.
     let clear =
         json!({"model": MODEL, "active_decode_blocks_threshold": null, "active_prefill_tokens_threshold": null})
@@ -313,6 +322,8 @@ async fn busy_threshold_reads_sets_clears_and_takes_effect_at_once() {
         (json!({"model": MODEL, "active_decode_blocks_threshold": 1.5}).to_string(), "application/json", 400),
         (json!({"model": MODEL, "active_decode_blocks_threshold": "0.5"}).to_string(), "application/json", 400),
         (json!({"model": MODEL, "active_prefill_tokens_threshold": -3}).to_string(), "application/json", 400),
+        (json!({"model": MODEL, "active_waiting_requests_threshold": -1}).to_string(), "application/json", 400),
+        (json!({"model": MODEL, "active_waiting_requests_threshold": 1.5}).to_string(), "application/json", 400),
         (json!({"model": MODEL, "active_decode_blocks": 0.5}).to_string(), "application/json", 400),
         ("{not json".to_owned(), "application/json", 400),
         (set.clone(), "text/plain", 415),
@@ -430,10 +441,16 @@ async fn raw_event_frames_register_report_and_expire() {
     use loadgate::RankLoad;
     let fe = frontend(&["--active-decode-blocks-threshold", "0.85"]);
     let mut buf = bytes::BytesMut::new();
-    let register = Frame::Register { worker: 77, dp_size: 1, model: "raw".into(), http_addr: "127.0.0.1:9".into() };
+    let register = Frame::Register {
+        worker: 77,
+        incarnation: 1,
+        dp_size: 1,
+        model: "raw".into(),
+        http_addr: "127.0.0.1:9".into(),
+    };
     encode(&register, &mut buf).unwrap();
     let full = RankLoad { active_decode_blocks: 90, kv_total_blocks: 100, ..Default::default() };
-    encode(&Frame::Load { worker: 77, rank: 0, seq: 1, load: full }, &mut buf).unwrap();
+    encode(&Frame::Load { worker: 77, incarnation: 1, rank: 0, seq: 1, load: full }, &mut buf).unwrap();
     let mut conn = TcpStream::connect(&fe.events).unwrap();
     conn.write_all(&buf).unwrap();
     fe.wait_metrics("the raw worker busy", |m| {

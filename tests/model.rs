@@ -1,5 +1,6 @@
-//! Model-based property test: random sequences of register / report / track /
-//! capacity / threshold / route / deregister / expire operations run against
+//! Model-based property test: random sequences of register (incarnations
+//! included) / report / track / capacity / threshold (all four signals) /
+//! route / deregister / expire operations run against
 //! the real `WorkerMonitor` + `Router` and against a plain single-threaded
 //! reference written here (maps, `u128` arithmetic, straightforward loops).
 //! After every operation the two must agree on each call's result, on every
@@ -34,6 +35,7 @@ enum Field {
     Decode,
     Prefill,
     Frac,
+    Waiting,
 }
 
 #[derive(Clone, Debug)]
@@ -42,6 +44,7 @@ enum Op {
         worker: u64,
         model: usize,
         dp: u32,
+        incarnation: u64,
     },
     Deregister {
         worker: u64,
@@ -54,6 +57,8 @@ enum Op {
         rank: u32,
         router: bool,
         seq_step: i64,
+        /// The worker's current incarnation, or (Some) this one.
+        incarnation: Option<u64>,
         load: RankLoad,
     },
     Track {
@@ -73,6 +78,7 @@ enum Op {
         decode: Option<u64>,
         prefill: Option<u64>,
         frac: Option<u64>,
+        waiting: Option<u64>,
     },
     Edit {
         model: usize,
@@ -118,25 +124,27 @@ fn frac_ppb() -> impl Strategy<Value = u64> {
 fn value(field: Field) -> BoxedStrategy<Value> {
     let set = match field {
         Field::Decode => decode_ppb().boxed(),
-        Field::Prefill => (0u64..16).boxed(),
+        Field::Prefill | Field::Waiting => (0u64..16).boxed(),
         Field::Frac => frac_ppb().boxed(),
     };
     let invalid = match field {
         Field::Decode => prop::sample::select(vec![f64::NAN, f64::INFINITY, -0.1, 1.5, 1.000_001]).boxed(),
         Field::Frac => prop::sample::select(vec![f64::NAN, f64::NEG_INFINITY, -0.1, 1e7]).boxed(),
-        Field::Prefill => Just(f64::NAN).boxed(), // unused: the absolute threshold is an integer
+        // Unused: the absolute thresholds are integers.
+        Field::Prefill | Field::Waiting => Just(f64::NAN).boxed(),
     };
-    let invalid_weight = if field == Field::Prefill { 0 } else { 1 };
+    let invalid_weight = if matches!(field, Field::Prefill | Field::Waiting) { 0 } else { 1 };
     prop_oneof![3 => Just(Value::Clear), 6 => set.prop_map(Value::Set), invalid_weight => invalid.prop_map(Value::Invalid)]
         .boxed()
 }
 
 fn load() -> impl Strategy<Value = RankLoad> {
-    (0u32..=12, 0u32..=10, 0u32..=20, 0u32..=10).prop_map(|(a, t, p, m)| RankLoad {
+    (0u32..=12, 0u32..=10, 0u32..=20, 0u32..=10, 0u32..=12).prop_map(|(a, t, p, m, w)| RankLoad {
         active_decode_blocks: a,
         kv_total_blocks: t,
         active_prefill_tokens: p,
         max_num_batched_tokens: m,
+        waiting_requests: w,
     })
 }
 
@@ -144,19 +152,27 @@ fn op() -> impl Strategy<Value = Op> {
     let worker = 0..WORKERS;
     let model = prop_oneof![12 => 0usize..3, 1 => Just(3usize)];
     prop_oneof![
-        3 => (worker.clone(), model.clone(), prop_oneof![10 => 1u32..=4, 1 => Just(0u32), 1 => Just(65_537u32)])
-            .prop_map(|(worker, model, dp)| Op::Register { worker, model, dp }),
+        3 => (worker.clone(), model.clone(), prop_oneof![10 => 1u32..=4, 1 => Just(0u32), 1 => Just(65_537u32)], 0u64..3)
+            .prop_map(|(worker, model, dp, incarnation)| Op::Register { worker, model, dp, incarnation }),
         1 => worker.clone().prop_map(|worker| Op::Deregister { worker }),
         1 => model.clone().prop_map(|model| Op::AddModel { model }),
-        10 => (worker.clone(), 0u32..5, any::<bool>(), -2i64..=3, load())
-            .prop_map(|(worker, rank, router, seq_step, load)| Op::Report { worker, rank, router, seq_step, load }),
+        10 => (worker.clone(), 0u32..5, any::<bool>(), -2i64..=3, prop::option::weighted(0.15, 0u64..3), load())
+            .prop_map(|(worker, rank, router, seq_step, incarnation, load)| {
+                Op::Report { worker, rank, router, seq_step, incarnation, load }
+            }),
         3 => (worker.clone(), 0u32..5, -6i64..=8, -6i64..=8)
             .prop_map(|(worker, rank, blocks, tokens)| Op::Track { worker, rank, blocks, tokens }),
         1 => (worker.clone(), 0u32..5, 0u32..=10, 0u32..=10)
             .prop_map(|(worker, rank, kv, mnbt)| Op::Capacity { worker, rank, kv, mnbt }),
-        2 => (model.clone(), prop::option::of(decode_ppb()), prop::option::of(0u64..16), prop::option::of(frac_ppb()))
-            .prop_map(|(model, decode, prefill, frac)| Op::SetAll { model, decode, prefill, frac }),
-        3 => (model.clone(), prop::sample::select(vec![Field::Decode, Field::Prefill, Field::Frac]))
+        2 => (
+            model.clone(),
+            prop::option::of(decode_ppb()),
+            prop::option::of(0u64..16),
+            prop::option::of(frac_ppb()),
+            prop::option::of(0u64..8)
+        )
+            .prop_map(|(model, decode, prefill, frac, waiting)| Op::SetAll { model, decode, prefill, frac, waiting }),
+        3 => (model.clone(), prop::sample::select(vec![Field::Decode, Field::Prefill, Field::Frac, Field::Waiting]))
             .prop_flat_map(|(model, field)| value(field).prop_map(move |value| Op::Edit { model, field, value })),
         8 => (model.clone(), 0usize..6, any::<bool>(), prop::collection::vec(0..WORKERS + 2, 0..4))
             .prop_map(|(model, policy, local, exclude)| Op::Route { model, policy, local, exclude }),
@@ -171,11 +187,12 @@ struct RefThresholds {
     decode: Option<u64>,
     prefill: Option<u64>,
     frac: Option<u64>,
+    waiting: Option<u64>,
 }
 
 impl RefThresholds {
     fn enabled(&self) -> bool {
-        self.decode.is_some() || self.prefill.is_some() || self.frac.is_some()
+        self.decode.is_some() || self.prefill.is_some() || self.frac.is_some() || self.waiting.is_some()
     }
 
     /// `active / total > ppb / 1e9`, exactly, for each configured signal.
@@ -185,14 +202,16 @@ impl RefThresholds {
         let prefill = matches!(self.prefill, Some(limit) if u64::from(l.active_prefill_tokens) > limit);
         let frac = matches!(self.frac, Some(ppb) if l.max_num_batched_tokens != 0
             && over(l.active_prefill_tokens, ppb, l.max_num_batched_tokens));
-        decode || prefill || frac
+        let waiting = matches!(self.waiting, Some(limit) if u64::from(l.waiting_requests) > limit);
+        decode || prefill || frac || waiting
     }
 }
 
 #[derive(Clone, Copy, Debug, Default)]
 struct RefSlot {
     load: RankLoad,
-    seq: u64,
+    /// The last applied report's seq; `None`: no report yet this incarnation.
+    seq: Option<u64>,
     /// Nanoseconds of the last store; `None`: never.
     at: Option<u64>,
 }
@@ -201,6 +220,7 @@ struct RefSlot {
 struct RefWorker {
     model: String,
     dp: u32,
+    incarnation: u64,
     reported: Vec<RefSlot>,
     tracked: Vec<RefSlot>,
 }
@@ -212,8 +232,8 @@ struct Reference {
     default_thresholds: RefThresholds,
     workers: BTreeMap<u64, RefWorker>,
     models: BTreeMap<String, RefThresholds>,
-    /// Round-robin (and tie-rotation) cursor per model.
-    cursor: BTreeMap<String, usize>,
+    /// Round-robin (and tie-rotation) cursor per router (policy) and model.
+    cursor: BTreeMap<(usize, String), usize>,
 }
 
 impl Reference {
@@ -241,6 +261,7 @@ impl Reference {
                 } else {
                     t.max_num_batched_tokens
                 },
+                waiting_requests: r.waiting_requests.max(t.waiting_requests),
             }),
             (r, t) => r.or(t),
         }
@@ -259,27 +280,29 @@ impl Reference {
         self.workers.keys().map(|&id| (id, self.busy(id))).collect()
     }
 
-    /// (decode blocks, total blocks, prefill tokens) summed over ranks.
-    fn load(&self, id: u64) -> (u64, u64, u64) {
+    /// (decode blocks, total blocks, prefill tokens, waiting requests)
+    /// summed over ranks.
+    fn load(&self, id: u64) -> (u64, u64, u64, u64) {
         let w = &self.workers[&id];
-        let mut sum = (0, 0, 0);
+        let mut sum = (0, 0, 0, 0);
         for rank in 0..w.dp {
             if let Some(l) = self.effective(w, rank) {
                 sum.0 += u64::from(l.active_decode_blocks);
                 sum.1 += u64::from(l.kv_total_blocks);
                 sum.2 += u64::from(l.active_prefill_tokens);
+                sum.3 += u64::from(l.waiting_requests);
             }
         }
         sum
     }
 
     /// Strictly less loaded: lower decode utilisation (unknown capacity counts
-    /// as 1), then fewer prefill tokens.
+    /// as 1), then fewer prefill tokens, then fewer waiting requests.
     fn less_loaded(&self, a: u64, b: u64) -> bool {
         let (la, lb) = (self.load(a), self.load(b));
         let ua = u128::from(la.0) * u128::from(lb.1.max(1));
         let ub = u128::from(lb.0) * u128::from(la.1.max(1));
-        ua < ub || (ua == ub && la.2 < lb.2)
+        ua < ub || (ua == ub && (la.2, la.3) < (lb.2, lb.3))
     }
 
     fn instances(&self, model: &str) -> Vec<u64> {
@@ -296,13 +319,19 @@ fn to_real(t: RefThresholds) -> BusyThresholds {
         active_decode_blocks_threshold: t.decode.map(|p| p as f64 / 1e9),
         active_prefill_tokens_threshold: t.prefill,
         active_prefill_tokens_threshold_frac: t.frac.map(|p| p as f64 / 1e9),
+        active_waiting_requests_threshold: t.waiting,
     }
+}
+
+fn to_load((a, t, p, w): (u64, u64, u64, u64)) -> WorkerLoad {
+    WorkerLoad { active_decode_blocks: a, kv_total_blocks: t, active_prefill_tokens: p, waiting_requests: w }
 }
 
 fn assert_thresholds(real: &Thresholds, model: &RefThresholds) -> Result<(), TestCaseError> {
     prop_assert_eq!(real.decode_ppb(), model.decode);
     prop_assert_eq!(real.prefill_tokens(), model.prefill);
     prop_assert_eq!(real.prefill_frac_ppb(), model.frac);
+    prop_assert_eq!(real.waiting_requests(), model.waiting);
     Ok(())
 }
 
@@ -364,27 +393,31 @@ impl System {
     fn step(&mut self, op: &Op) -> Result<(), TestCaseError> {
         let before = self.model.busy_bits();
         match op.clone() {
-            Op::Register { worker, model, dp } => {
+            Op::Register { worker, model, dp, incarnation } => {
                 let name = MODELS[model];
-                let real = self.monitor.register(worker, name, dp);
+                let real = self.monitor.register(worker, name, dp, incarnation);
+                let current = self.model.workers.get(&worker);
                 let expected = if dp == 0 || dp > 65_536 {
                     Err(RegisterError::InvalidDpSize(dp))
                 } else if name.is_empty() {
                     Err(RegisterError::EmptyModel)
-                } else if let Some(w) = self.model.workers.get(&worker) {
+                } else if let Some(w) = current.filter(|w| w.incarnation == incarnation) {
+                    // A reconnect keeps the slots; it must say the same.
                     if w.model == name && w.dp == dp {
-                        Ok(false)
+                        Ok(Registered::Same)
                     } else {
                         Err(RegisterError::Conflict(worker))
                     }
                 } else {
+                    // New, or a restart: fresh slots, whatever it names now.
+                    let outcome = if current.is_some() { Registered::Restarted } else { Registered::New };
                     let fresh = vec![RefSlot::default(); dp as usize];
                     self.model.workers.insert(
                         worker,
-                        RefWorker { model: name.to_owned(), dp, reported: fresh.clone(), tracked: fresh },
+                        RefWorker { model: name.to_owned(), dp, incarnation, reported: fresh.clone(), tracked: fresh },
                     );
                     self.model.models.entry(name.to_owned()).or_insert(self.model.default_thresholds);
-                    Ok(true)
+                    Ok(outcome)
                 };
                 prop_assert_eq!(real, expected);
             }
@@ -400,24 +433,28 @@ impl System {
                 }
                 prop_assert_eq!(self.monitor.add_model(name), new);
             }
-            Op::Report { worker, rank, router, seq_step, load } => {
+            Op::Report { worker, rank, router, seq_step, incarnation, load } => {
                 let publisher = if router { Publisher::Router } else { Publisher::Worker };
-                let last = self.model.workers.get(&worker).and_then(|w| {
+                let current = self.model.workers.get(&worker);
+                let last = current.and_then(|w| {
                     let slots = if router { &w.tracked } else { &w.reported };
-                    slots.get(rank as usize).map(|s| s.seq)
+                    slots.get(rank as usize).and_then(|s| s.seq)
                 });
                 let seq = (last.unwrap_or(0) as i64 + seq_step).max(0) as u64;
-                let real = self.monitor.apply(&LoadReport { worker, rank, publisher, seq, load });
+                let incarnation = incarnation.or(current.map(|w| w.incarnation)).unwrap_or(0);
+                let real = self.monitor.apply(&LoadReport { worker, incarnation, rank, publisher, seq, load });
                 let expected = match self.slot_error(worker, rank) {
                     Some(e) => Err(e),
+                    None if current.is_some_and(|w| w.incarnation != incarnation) => Ok(Applied::OtherIncarnation),
                     None => {
                         let now = self.model.now;
                         let w = self.model.workers.get_mut(&worker).unwrap();
                         let slot = if router { &mut w.tracked[rank as usize] } else { &mut w.reported[rank as usize] };
-                        if seq <= slot.seq {
+                        // The first report of an incarnation applies whatever its seq.
+                        if slot.seq.is_some_and(|last| seq <= last) {
                             Ok(Applied::Stale)
                         } else {
-                            *slot = RefSlot { load, seq, at: Some(now) };
+                            *slot = RefSlot { load, seq: Some(seq), at: Some(now) };
                             Ok(self.outcome(&before, worker))
                         }
                     }
@@ -455,9 +492,9 @@ impl System {
                 };
                 prop_assert_eq!(real, expected);
             }
-            Op::SetAll { model, decode, prefill, frac } => {
+            Op::SetAll { model, decode, prefill, frac, waiting } => {
                 let name = MODELS[model];
-                let next = RefThresholds { decode, prefill, frac };
+                let next = RefThresholds { decode, prefill, frac, waiting };
                 let real = self.monitor.set_thresholds(name, to_real(next));
                 match self.model.models.get_mut(name) {
                     None => prop_assert_eq!(real, Err(SetThresholdsError::UnknownModel(name.to_owned()))),
@@ -478,6 +515,8 @@ impl System {
                     (Field::Frac, Value::Clear) => t.active_prefill_tokens_threshold_frac = None,
                     (Field::Frac, Value::Set(p)) => t.active_prefill_tokens_threshold_frac = Some(p as f64 / 1e9),
                     (Field::Frac, Value::Invalid(v)) => t.active_prefill_tokens_threshold_frac = Some(v),
+                    (Field::Waiting, Value::Clear | Value::Invalid(_)) => t.active_waiting_requests_threshold = None,
+                    (Field::Waiting, Value::Set(n)) => t.active_waiting_requests_threshold = Some(n),
                 });
                 match self.model.models.get_mut(name) {
                     None => prop_assert_eq!(real, Err(SetThresholdsError::UnknownModel(name.to_owned()))),
@@ -503,6 +542,7 @@ impl System {
                                 Field::Decode => t.decode = v,
                                 Field::Prefill => t.prefill = v,
                                 Field::Frac => t.frac = v,
+                                Field::Waiting => t.waiting = v,
                             }
                             assert_thresholds(&real.unwrap(), t)?;
                         }
@@ -559,7 +599,9 @@ impl System {
         }
         let chosen = real.map_err(|e| TestCaseError::fail(format!("expected a worker of {eligible:?}, got {e:?}")))?;
         prop_assert!(eligible.contains(&chosen), "{} not eligible: {:?}", chosen, eligible);
-        let cursor = self.model.cursor.entry(name.to_owned()).or_insert(0);
+        // Each router has its own rotation; its handles (policy 5 and the
+        // local ones) share it.
+        let cursor = self.model.cursor.entry((policy, name.to_owned())).or_insert(0);
         match policy {
             0 => {
                 prop_assert_eq!(chosen, eligible[*cursor % eligible.len()], "round robin order");
@@ -578,10 +620,7 @@ impl System {
             }
             4 => {
                 *cursor += 1;
-                let load_of = |id| {
-                    let (a, t, p) = self.model.load(id);
-                    WorkerLoad { active_decode_blocks: a, kv_total_blocks: t, active_prefill_tokens: p }
-                };
+                let load_of = |id| to_load(self.model.load(id));
                 let best = eligible.iter().map(|&e| cost(e, &load_of(e))).min().unwrap();
                 prop_assert_eq!(cost(chosen, &load_of(chosen)), best, "cost policy");
             }
@@ -597,7 +636,13 @@ impl System {
         let expected: Vec<WorkerInfo> = m
             .workers
             .iter()
-            .map(|(&id, w)| WorkerInfo { id, model: w.model.clone(), dp_size: w.dp, busy: m.busy(id) })
+            .map(|(&id, w)| WorkerInfo {
+                id,
+                incarnation: w.incarnation,
+                model: w.model.clone(),
+                dp_size: w.dp,
+                busy: m.busy(id),
+            })
             .collect();
         prop_assert_eq!(listed, expected);
         for id in 0..WORKERS + 2 {
@@ -636,10 +681,7 @@ impl System {
         prop_assert_eq!(snapshots, expected);
         let ids: BTreeSet<u64> = m.workers.keys().copied().collect();
         for id in 0..WORKERS {
-            let expected = ids.contains(&id).then(|| {
-                let (a, t, p) = m.load(id);
-                WorkerLoad { active_decode_blocks: a, kv_total_blocks: t, active_prefill_tokens: p }
-            });
+            let expected = ids.contains(&id).then(|| to_load(m.load(id)));
             prop_assert_eq!(self.monitor.worker_load(id), expected);
         }
         Ok(())

@@ -25,14 +25,14 @@ fn prefill(active: u32, budget: u32) -> RankLoad {
 
 /// A worker-published report.
 fn report(worker: WorkerId, rank: u32, seq: u64, load: RankLoad) -> LoadReport {
-    LoadReport { worker, rank, publisher: Publisher::Worker, seq, load }
+    LoadReport { worker, incarnation: 0, rank, publisher: Publisher::Worker, seq, load }
 }
 
 /// A monitor with `workers` (ids) of model "m", each with `dp` ranks, and `thresholds` set.
 fn monitor_with(workers: &[WorkerId], dp: u32, thresholds: BusyThresholds) -> Arc<WorkerMonitor> {
     let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
     for &w in workers {
-        assert_eq!(monitor.register(w, "m", dp), Ok(true));
+        assert_eq!(monitor.register(w, "m", dp, 0), Ok(Registered::New));
     }
     if !workers.is_empty() {
         monitor.set_thresholds("m", thresholds).unwrap();
@@ -64,6 +64,7 @@ mod thresholds {
             kv_total_blocks: 1,
             active_prefill_tokens: u32::MAX,
             max_num_batched_tokens: 1,
+            waiting_requests: 0,
         };
         assert_eq!(t.evaluate(&full), BusySignals::default());
     }
@@ -77,8 +78,12 @@ mod thresholds {
             kv_total_blocks: 100,
             active_prefill_tokens: u32::MAX,
             max_num_batched_tokens: 1,
+            waiting_requests: 0,
         };
-        assert_eq!(t.evaluate(&load), BusySignals { decode: true, prefill: false, prefill_frac: false });
+        assert_eq!(
+            t.evaluate(&load),
+            BusySignals { decode: true, prefill: false, prefill_frac: false, waiting: false }
+        );
         assert!(!t.evaluate(&RankLoad { active_decode_blocks: 50, ..load }).any());
     }
 
@@ -90,8 +95,12 @@ mod thresholds {
             kv_total_blocks: 100,
             active_prefill_tokens: 101,
             max_num_batched_tokens: 1,
+            waiting_requests: 0,
         };
-        assert_eq!(t.evaluate(&load), BusySignals { decode: false, prefill: true, prefill_frac: false });
+        assert_eq!(
+            t.evaluate(&load),
+            BusySignals { decode: false, prefill: true, prefill_frac: false, waiting: false }
+        );
         assert!(!t.evaluate(&RankLoad { active_prefill_tokens: 100, ..load }).any(), "exactly at: not busy");
         // The absolute threshold needs no budget: an unknown one does not matter.
         assert!(t.evaluate(&prefill(101, 0)).prefill);
@@ -122,8 +131,12 @@ mod thresholds {
             kv_total_blocks: 100,
             active_prefill_tokens: 4097,
             max_num_batched_tokens: 8192,
+            waiting_requests: 0,
         };
-        assert_eq!(t.evaluate(&load), BusySignals { decode: false, prefill: false, prefill_frac: true });
+        assert_eq!(
+            t.evaluate(&load),
+            BusySignals { decode: false, prefill: false, prefill_frac: true, waiting: false }
+        );
         assert!(!t.evaluate(&RankLoad { active_prefill_tokens: 4096, ..load }).any(), "exactly at: not busy");
     }
 
@@ -140,11 +153,12 @@ mod thresholds {
     }
 
     #[test]
-    fn all_three_signals_report_which_fired() {
+    fn all_four_signals_report_which_fired() {
         let t = BusyThresholds {
             active_decode_blocks_threshold: Some(0.5),
             active_prefill_tokens_threshold: Some(10),
             active_prefill_tokens_threshold_frac: Some(0.5),
+            active_waiting_requests_threshold: Some(2),
         }
         .validate()
         .unwrap();
@@ -153,12 +167,59 @@ mod thresholds {
             kv_total_blocks: 100,
             active_prefill_tokens: 11,
             max_num_batched_tokens: 100,
+            waiting_requests: 2,
         };
-        assert_eq!(t.evaluate(&load), BusySignals { decode: true, prefill: true, prefill_frac: false });
+        let fired = |decode, prefill, prefill_frac, waiting| BusySignals { decode, prefill, prefill_frac, waiting };
+        assert_eq!(t.evaluate(&load), fired(true, true, false, false));
         let load = RankLoad { active_prefill_tokens: 51, ..load };
-        assert_eq!(t.evaluate(&load), BusySignals { decode: true, prefill: true, prefill_frac: true });
+        assert_eq!(t.evaluate(&load), fired(true, true, true, false));
         let load = RankLoad { active_decode_blocks: 0, active_prefill_tokens: 5, max_num_batched_tokens: 8, ..load };
-        assert_eq!(t.evaluate(&load), BusySignals { decode: false, prefill: false, prefill_frac: true });
+        assert_eq!(t.evaluate(&load), fired(false, false, true, false));
+        let load = RankLoad { waiting_requests: 3, ..load };
+        assert_eq!(t.evaluate(&load), fired(false, false, true, true));
+    }
+
+    #[test]
+    fn waiting_requests_threshold_alone() {
+        let t = BusyThresholds { active_waiting_requests_threshold: Some(4), ..Default::default() };
+        let waiting = |n| RankLoad { waiting_requests: n, ..Default::default() };
+        assert!(!rank_busy(t, waiting(4)), "exactly at the threshold");
+        assert!(rank_busy(t, waiting(5)));
+        // Only this signal is enabled: full KV and prefill say nothing.
+        let full =
+            RankLoad { active_decode_blocks: 100, kv_total_blocks: 100, active_prefill_tokens: u32::MAX, ..waiting(0) };
+        assert!(!rank_busy(t, full));
+        // An engine with no queue reports 0, which no threshold exceeds.
+        let zero = BusyThresholds { active_waiting_requests_threshold: Some(0), ..Default::default() };
+        assert!(!rank_busy(zero, waiting(0)));
+        assert!(rank_busy(zero, waiting(1)));
+        assert!(!rank_busy(
+            BusyThresholds { active_waiting_requests_threshold: Some(u64::MAX), ..t },
+            waiting(u32::MAX)
+        ));
+    }
+
+    #[test]
+    fn waiting_requests_make_a_worker_busy_through_the_monitor() {
+        let monitor = monitor_with(
+            &[1, 2],
+            1,
+            BusyThresholds { active_waiting_requests_threshold: Some(1), ..Default::default() },
+        );
+        let queue = |n| RankLoad { waiting_requests: n, ..Default::default() };
+        assert_eq!(monitor.apply(&report(1, 0, 1, queue(2))), Ok(Applied::Flipped));
+        assert_eq!(monitor.busy_reasons(1), BusySignals { waiting: true, ..Default::default() });
+        assert_eq!(monitor.model_busy_reasons("m").waiting, true);
+        let router = Router::new(monitor.clone(), Policy::RoundRobin);
+        assert_eq!(router.route("m", &[]), Ok(2));
+        monitor.apply(&report(2, 0, 1, queue(5))).unwrap();
+        assert_eq!(router.route("m", &[]), Err(RouteError::Overloaded));
+        assert_eq!(
+            Reason::from_signals(monitor.model_busy_reasons("m")).collect::<Vec<_>>(),
+            [Reason::WaitingRequests]
+        );
+        monitor.apply(&report(2, 0, 2, queue(1))).unwrap();
+        assert_eq!(router.route("m", &[]), Ok(2));
     }
 
     #[test]
@@ -250,6 +311,7 @@ mod thresholds {
             active_decode_blocks_threshold: Some(0.29),
             active_prefill_tokens_threshold: Some(7),
             active_prefill_tokens_threshold_frac: Some(0.7),
+            active_waiting_requests_threshold: None,
         };
         assert_eq!(config.validate().unwrap().to_config(), config);
     }
@@ -264,10 +326,11 @@ mod thresholds {
             kv_total_blocks: 0,
             active_prefill_tokens: 6,
             max_num_batched_tokens: 0,
+            waiting_requests: 0,
         };
         assert_eq!(
             both.validate().unwrap().evaluate(&load),
-            BusySignals { decode: false, prefill: true, prefill_frac: false }
+            BusySignals { decode: false, prefill: true, prefill_frac: false, waiting: false }
         );
     }
 
@@ -333,8 +396,14 @@ mod aggregation {
         monitor.apply(&report(1, 0, 1, blocks(60, 100))).unwrap();
         monitor.apply(&report(1, 1, 1, prefill(11, 0))).unwrap();
         assert!(monitor.is_busy(1));
-        assert_eq!(monitor.busy_reasons(1), BusySignals { decode: true, prefill: true, prefill_frac: false });
-        assert_eq!(monitor.model_busy_reasons("m"), BusySignals { decode: true, prefill: true, prefill_frac: false });
+        assert_eq!(
+            monitor.busy_reasons(1),
+            BusySignals { decode: true, prefill: true, prefill_frac: false, waiting: false }
+        );
+        assert_eq!(
+            monitor.model_busy_reasons("m"),
+            BusySignals { decode: true, prefill: true, prefill_frac: false, waiting: false }
+        );
     }
 
     #[test]
@@ -352,7 +421,10 @@ mod aggregation {
     fn a_new_worker_starts_free() {
         let monitor = monitor_with(&[1], 1, decode(0.0));
         assert!(!monitor.is_busy(1));
-        assert_eq!(monitor.workers(), vec![WorkerInfo { id: 1, model: "m".into(), dp_size: 1, busy: false }]);
+        assert_eq!(
+            monitor.workers(),
+            vec![WorkerInfo { id: 1, incarnation: 0, model: "m".into(), dp_size: 1, busy: false }]
+        );
     }
 
     #[test]
@@ -366,13 +438,13 @@ mod aggregation {
     #[test]
     fn registration_errors() {
         let monitor = WorkerMonitor::new(MonitorConfig::default()).unwrap();
-        assert_eq!(monitor.register(1, "m", 0), Err(RegisterError::InvalidDpSize(0)));
-        assert_eq!(monitor.register(1, "m", 65_537), Err(RegisterError::InvalidDpSize(65_537)));
-        assert_eq!(monitor.register(1, "", 1), Err(RegisterError::EmptyModel));
-        assert_eq!(monitor.register(1, "m", 2), Ok(true));
-        assert_eq!(monitor.register(1, "m", 2), Ok(false), "same registration again is a no-op");
-        assert_eq!(monitor.register(1, "m", 3), Err(RegisterError::Conflict(1)));
-        assert_eq!(monitor.register(1, "other", 2), Err(RegisterError::Conflict(1)));
+        assert_eq!(monitor.register(1, "m", 0, 0), Err(RegisterError::InvalidDpSize(0)));
+        assert_eq!(monitor.register(1, "m", 65_537, 0), Err(RegisterError::InvalidDpSize(65_537)));
+        assert_eq!(monitor.register(1, "", 1, 0), Err(RegisterError::EmptyModel));
+        assert_eq!(monitor.register(1, "m", 2, 0), Ok(Registered::New));
+        assert_eq!(monitor.register(1, "m", 2, 0), Ok(Registered::Same), "same registration again is a no-op");
+        assert_eq!(monitor.register(1, "m", 3, 0), Err(RegisterError::Conflict(1)));
+        assert_eq!(monitor.register(1, "other", 2, 0), Err(RegisterError::Conflict(1)));
     }
 }
 
@@ -396,11 +468,68 @@ mod reports {
     }
 
     #[test]
-    fn seq_zero_is_never_applied() {
-        // Sequence numbers start above 0: "not above the last applied (0)".
+    fn the_first_report_of_an_incarnation_applies_seq_zero_included() {
         let monitor = monitor_with(&[1], 1, decode(0.5));
-        assert_eq!(monitor.apply(&report(1, 0, 0, blocks(60, 100))), Ok(Applied::Stale));
-        assert_eq!(monitor.apply(&report(1, 0, 1, blocks(60, 100))), Ok(Applied::Flipped));
+        assert_eq!(monitor.apply(&report(1, 0, 0, blocks(60, 100))), Ok(Applied::Flipped));
+        assert_eq!(monitor.apply(&report(1, 0, 0, blocks(10, 100))), Ok(Applied::Stale), "0 again is not newer");
+        assert_eq!(monitor.apply(&report(1, 0, 1, blocks(10, 100))), Ok(Applied::Flipped));
+    }
+
+    /// Defect 1 (fails on b1708da, where `seq = u64::MAX` made every later
+    /// report stale and re-registering kept the slots: the worker stayed busy).
+    #[test]
+    fn a_huge_seq_wedges_nothing_past_its_incarnation() {
+        let monitor = monitor_with(&[1], 1, decode(0.5));
+        assert_eq!(monitor.apply(&report(1, 0, u64::MAX, blocks(60, 100))), Ok(Applied::Flipped));
+        assert_eq!(monitor.apply(&report(1, 0, 1, blocks(10, 100))), Ok(Applied::Stale), "within the incarnation");
+        assert!(monitor.is_busy(1));
+        // The worker restarts: a new incarnation resets its slots (free), and
+        // its reports count from any seq again.
+        assert_eq!(monitor.register(1, "m", 1, 7), Ok(Registered::Restarted));
+        assert!(!monitor.is_busy(1), "a restarted worker starts free");
+        assert_eq!(monitor.rank_snapshots()[0].reported, None, "its slots were reset");
+        let restarted = |seq, load| LoadReport { worker: 1, incarnation: 7, seq, load, ..Default::default() };
+        assert_eq!(monitor.apply(&restarted(1, blocks(60, 100))), Ok(Applied::Flipped));
+        assert_eq!(monitor.apply(&restarted(2, blocks(10, 100))), Ok(Applied::Flipped));
+        assert!(!monitor.is_busy(1));
+    }
+
+    #[test]
+    fn reports_of_another_incarnation_are_dropped() {
+        let monitor = monitor_with(&[1], 1, decode(0.5));
+        assert_eq!(monitor.register(1, "m", 1, 5), Ok(Registered::Restarted));
+        let old = LoadReport { worker: 1, incarnation: 0, seq: 99, load: blocks(90, 100), ..Default::default() };
+        assert_eq!(monitor.apply(&old), Ok(Applied::OtherIncarnation));
+        let future = LoadReport { incarnation: 6, ..old };
+        assert_eq!(monitor.apply(&future), Ok(Applied::OtherIncarnation));
+        assert!(!monitor.is_busy(1));
+        assert_eq!(monitor.rank_snapshots()[0].reported, None);
+    }
+
+    #[test]
+    fn a_reconnect_with_the_same_incarnation_keeps_the_slots() {
+        let monitor = monitor_with(&[1], 1, decode(0.5));
+        monitor.apply(&report(1, 0, 3, blocks(60, 100))).unwrap();
+        assert_eq!(monitor.register(1, "m", 1, 0), Ok(Registered::Same));
+        assert!(monitor.is_busy(1), "still busy: the slots stayed");
+        assert_eq!(monitor.apply(&report(1, 0, 3, blocks(10, 100))), Ok(Applied::Stale), "and so did the seq");
+        // A reconnect must not change the model or dp size; a restart may.
+        assert_eq!(monitor.register(1, "m", 2, 0), Err(RegisterError::Conflict(1)));
+        assert_eq!(monitor.register(1, "other", 2, 1), Ok(Registered::Restarted));
+        assert_eq!(monitor.workers()[0].model, "other");
+        assert_eq!(monitor.workers()[0].dp_size, 2);
+        assert_eq!(monitor.busy_set("m").unwrap().0, Vec::<WorkerId>::new(), "left its old model");
+        assert_eq!(monitor.busy_set("other").unwrap().0, [1]);
+    }
+
+    #[test]
+    fn deregistering_an_old_incarnation_keeps_the_new_one() {
+        let monitor = monitor_with(&[1], 1, decode(0.5));
+        assert_eq!(monitor.register(1, "m", 1, 2), Ok(Registered::Restarted));
+        assert!(!monitor.deregister_incarnation(1, 0), "the old incarnation is gone already");
+        assert_eq!(monitor.workers().len(), 1);
+        assert!(monitor.deregister_incarnation(1, 2));
+        assert!(monitor.workers().is_empty());
     }
 
     #[test]
@@ -476,8 +605,14 @@ mod reports {
     #[test]
     fn publishers_have_separate_sequence_numbers() {
         let monitor = monitor_with(&[1], 1, decode(0.5));
-        let router_report =
-            LoadReport { worker: 1, rank: 0, publisher: Publisher::Router, seq: 100, load: blocks(60, 100) };
+        let router_report = LoadReport {
+            worker: 1,
+            incarnation: 0,
+            rank: 0,
+            publisher: Publisher::Router,
+            seq: 100,
+            load: blocks(60, 100),
+        };
         assert_eq!(monitor.apply(&router_report), Ok(Applied::Flipped));
         // A worker report with a lower seq than the router's is still new for its publisher.
         assert_eq!(monitor.apply(&report(1, 0, 1, blocks(10, 100))), Ok(Applied::Stored));
@@ -520,7 +655,12 @@ mod reports {
         monitor.track(1, 1, 40, 0).unwrap();
         assert_eq!(
             monitor.worker_load(1),
-            Some(WorkerLoad { active_decode_blocks: 50, kv_total_blocks: 150, active_prefill_tokens: 5 })
+            Some(WorkerLoad {
+                active_decode_blocks: 50,
+                kv_total_blocks: 150,
+                active_prefill_tokens: 5,
+                waiting_requests: 0
+            })
         );
         assert_eq!(monitor.worker_load(2), None);
     }
@@ -533,7 +673,7 @@ mod staleness {
         let (clock, mock) = quanta::Clock::mock();
         let config = MonitorConfig { staleness: Some(window), default_thresholds: decode(0.5) };
         let monitor = Arc::new(WorkerMonitor::with_clock(config, clock).unwrap());
-        monitor.register(1, "m", 1).unwrap();
+        monitor.register(1, "m", 1, 0).unwrap();
         (monitor, mock)
     }
 
@@ -560,10 +700,13 @@ mod staleness {
         let thresholds = BusyThresholds { active_prefill_tokens_threshold: Some(10), ..decode(0.5) };
         let config = MonitorConfig { staleness: Some(Duration::from_secs(3)), default_thresholds: thresholds };
         let monitor = WorkerMonitor::with_clock(config, clock).unwrap();
-        monitor.register(1, "m", 1).unwrap();
+        monitor.register(1, "m", 1, 0).unwrap();
         monitor.apply(&report(1, 0, 1, blocks(60, 100))).unwrap();
         monitor.track(1, 0, 0, 11).unwrap(); // the router's own prefill count never goes stale
-        assert_eq!(monitor.busy_reasons(1), BusySignals { decode: true, prefill: true, prefill_frac: false });
+        assert_eq!(
+            monitor.busy_reasons(1),
+            BusySignals { decode: true, prefill: true, prefill_frac: false, waiting: false }
+        );
         mock.increment(Duration::from_secs(4));
         assert_eq!(monitor.expire_stale(), 0, "still busy on prefill");
         assert!(monitor.is_busy(1));
@@ -598,7 +741,7 @@ mod staleness {
         let (clock, mock) = quanta::Clock::mock();
         let config = MonitorConfig { staleness: Some(Duration::from_millis(100)), default_thresholds: decode(0.5) };
         let monitor = WorkerMonitor::with_clock(config, clock).unwrap();
-        monitor.register(1, "m", 2).unwrap();
+        monitor.register(1, "m", 2, 0).unwrap();
         monitor.apply(&report(1, 0, 1, blocks(60, 100))).unwrap();
         mock.increment(Duration::from_millis(60));
         monitor.apply(&report(1, 1, 1, blocks(60, 100))).unwrap();
@@ -614,7 +757,7 @@ mod staleness {
         let monitor =
             WorkerMonitor::with_clock(MonitorConfig { staleness: None, default_thresholds: decode(0.5) }, clock)
                 .unwrap();
-        monitor.register(1, "m", 1).unwrap();
+        monitor.register(1, "m", 1, 0).unwrap();
         monitor.apply(&report(1, 0, 1, blocks(60, 100))).unwrap();
         mock.increment(Duration::from_secs(1_000_000));
         assert_eq!(monitor.expire_stale(), 0);
@@ -663,7 +806,7 @@ mod live_thresholds {
         let (clock, mock) = quanta::Clock::mock();
         let config = MonitorConfig { staleness: Some(Duration::from_secs(1)), default_thresholds: decode(0.5) };
         let monitor = Arc::new(WorkerMonitor::with_clock(config, clock).unwrap());
-        monitor.register(1, "m", 1).unwrap();
+        monitor.register(1, "m", 1, 0).unwrap();
         let mut local = Router::new(monitor.clone(), Policy::RoundRobin).model("m").unwrap().local();
         assert_eq!(local.route(&[]), Ok(1));
         monitor.apply(&report(1, 0, 1, blocks(60, 100))).unwrap();
@@ -688,7 +831,10 @@ mod live_thresholds {
         let t = monitor.update_thresholds("m", |t| t.active_decode_blocks_threshold = None).unwrap();
         assert_eq!((t.decode_ppb(), t.prefill_tokens()), (None, Some(10)));
         assert!(monitor.is_busy(1), "the prefill signal still fires");
-        assert_eq!(monitor.busy_reasons(1), BusySignals { decode: false, prefill: true, prefill_frac: false });
+        assert_eq!(
+            monitor.busy_reasons(1),
+            BusySignals { decode: false, prefill: true, prefill_frac: false, waiting: false }
+        );
         monitor.update_thresholds("m", |t| t.active_prefill_tokens_threshold = None).unwrap();
         assert!(!monitor.is_busy(1));
     }
@@ -706,8 +852,8 @@ mod live_thresholds {
     #[test]
     fn thresholds_are_per_model() {
         let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
-        monitor.register(1, "a", 1).unwrap();
-        monitor.register(2, "b", 1).unwrap();
+        monitor.register(1, "a", 1, 0).unwrap();
+        monitor.register(2, "b", 1, 0).unwrap();
         monitor.set_thresholds("a", decode(0.5)).unwrap();
         monitor.apply(&report(1, 0, 1, blocks(60, 100))).unwrap();
         monitor.apply(&report(2, 0, 1, blocks(60, 100))).unwrap();
@@ -722,7 +868,7 @@ mod live_thresholds {
     fn default_thresholds_apply_to_every_new_model() {
         let config = MonitorConfig { staleness: None, default_thresholds: decode(0.5) };
         let monitor = WorkerMonitor::new(config).unwrap();
-        monitor.register(1, "x", 1).unwrap();
+        monitor.register(1, "x", 1, 0).unwrap();
         assert!(monitor.add_model("y"));
         assert!(!monitor.add_model("y"));
         assert!(!monitor.add_model(""), "an empty model name is refused, as in register");
@@ -780,6 +926,28 @@ mod routing {
         let counts = count_picks(&router, &[], 7001);
         assert_fair(&counts, &[1, 4, 5, 6, 8, 9, 10]);
         assert!([2, 3, 7].iter().all(|w| !counts.contains_key(w)));
+    }
+
+    /// Defect 6d (fails on b1708da: the cursor lived in the monitor, shared
+    /// by every router, so A got [1, 1]).
+    #[test]
+    fn each_router_keeps_its_own_rotation() {
+        let monitor = monitor_with(&[1, 2], 1, BusyThresholds::default());
+        let a = Router::new(monitor.clone(), Policy::RoundRobin);
+        let b = Router::new(monitor.clone(), Policy::RoundRobin);
+        let least = Router::new(monitor, Policy::LeastLoaded);
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            seen.push(a.route("m", &[]).unwrap());
+            b.route("m", &[]).unwrap();
+            least.route("m", &[]).unwrap();
+        }
+        assert_eq!(seen, [1, 2, 1], "router A's own sequence");
+        // A router's handles share its rotation; a clone is the same router.
+        let handle = a.model("m").unwrap();
+        let mut local = handle.local();
+        let clone = a.clone();
+        assert_eq!([handle.route(&[]), local.route(&[]), clone.route("m", &[])], [Ok(2), Ok(1), Ok(2)]);
     }
 
     #[test]
@@ -853,7 +1021,7 @@ mod routing {
         assert!(!monitor.is_busy(2));
         // The model and its thresholds stay; a re-registered worker starts free and fresh.
         assert_eq!(monitor.thresholds("m").unwrap().decode_ppb(), Some(500_000_000));
-        assert_eq!(monitor.register(2, "m", 4), Ok(true));
+        assert_eq!(monitor.register(2, "m", 4, 0), Ok(Registered::New));
         assert!(!monitor.is_busy(2));
         assert_eq!(monitor.apply(&report(2, 3, 1, blocks(1, 1))), Ok(Applied::Stored));
     }
@@ -987,7 +1155,7 @@ mod routing {
         let handle = Router::new(monitor.clone(), Policy::RoundRobin).model("m").unwrap();
         monitor.apply(&report(1, 0, 1, blocks(60, 100))).unwrap();
         assert_eq!(handle.route(&[]), Ok(2));
-        monitor.register(3, "m", 1).unwrap();
+        monitor.register(3, "m", 1, 0).unwrap();
         assert!([handle.route(&[]), handle.route(&[])].contains(&Ok(3)));
         monitor.apply(&report(2, 0, 1, blocks(60, 100))).unwrap();
         monitor.apply(&report(3, 0, 1, blocks(60, 100))).unwrap();
@@ -1031,6 +1199,68 @@ mod admission {
 
     fn queued(result: Result<Admitted<u32>, Rejected<u32>>) {
         assert!(matches!(result, Ok(Admitted::Queued)), "expected queued, got {result:?}");
+    }
+
+    /// Defect 2 (fails on b1708da: "thread 'releaser' has overflowed its
+    /// stack", SIGABRT, from 616 queued items in debug and 1608 in release on
+    /// this stack). Every queued item finishes inline, inside the dispatch
+    /// that hands it its slot, so each release would recurse into the next.
+    #[test]
+    fn inline_releases_drain_the_largest_queue_on_a_small_stack() {
+        let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = runs.clone();
+        let admission = Admission::new(
+            1,
+            MAX_QUEUE_LIMIT,
+            Box::new(move |_item: u32, permit| {
+                counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                drop(permit); // the item ran to its end inline
+                Ok(())
+            }),
+        )
+        .unwrap();
+        let first = now(admission.try_admit(0));
+        for item in 1..=MAX_QUEUE_LIMIT as u32 {
+            queued(admission.try_admit(item));
+        }
+        assert!(admission.try_admit(u32::MAX).is_err(), "N + Q admitted");
+        assert_eq!(admission.queued(), MAX_QUEUE_LIMIT);
+        std::thread::Builder::new()
+            .name("releaser".into())
+            .stack_size(256 * 1024)
+            .spawn(move || drop(first))
+            .unwrap()
+            .join()
+            .expect("the releasing thread survives");
+        assert_eq!(runs.load(std::sync::atomic::Ordering::Relaxed), MAX_QUEUE_LIMIT);
+        assert_eq!((admission.running(), admission.queued()), (0, 0));
+    }
+
+    /// A dispatcher that drops several permits it holds, from inside a
+    /// dispatch, has every one of them passed on, in order.
+    #[test]
+    fn releases_from_inside_a_dispatch_pass_every_slot_on_in_order() {
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = order.clone();
+        let admission = Admission::new(
+            2,
+            4,
+            Box::new(move |item: u32, permit| {
+                log.lock().unwrap().push(item);
+                drop(permit);
+                Ok(())
+            }),
+        )
+        .unwrap();
+        let a = now(admission.try_admit(0));
+        let b = now(admission.try_admit(1));
+        for item in 2..6 {
+            queued(admission.try_admit(item));
+        }
+        drop(a);
+        drop(b);
+        assert_eq!(*order.lock().unwrap(), [2, 3, 4, 5]);
+        assert_eq!((admission.running(), admission.queued()), (0, 0));
     }
 
     #[test]
@@ -1472,7 +1702,8 @@ mod migration {
                 sends += 1;
                 Err(Rejection::WorkerOverloaded)
             });
-            assert_eq!(result, Err(Rejection::WorkerOverloaded));
+            assert_eq!(result, Err(MigrationError::Exhausted));
+            assert_eq!(result.unwrap_err().rejection(), Some(Rejection::WorkerOverloaded));
             assert_eq!(sends, limit + 1, "limit {limit}: the first attempt plus {limit} retries");
         }
     }
@@ -1485,7 +1716,7 @@ mod migration {
             sends += 1;
             Err(Rejection::WorkerOverloaded)
         });
-        assert_eq!((result, sends), (Err(Rejection::WorkerOverloaded), 2));
+        assert_eq!((result, sends), (Err(MigrationError::Exhausted), 2));
     }
 
     #[test]
@@ -1497,7 +1728,7 @@ mod migration {
                 sends += 1;
                 Err(rejection)
             });
-            assert_eq!((result, sends), (Err(rejection), 1));
+            assert_eq!((result, sends), (Err(MigrationError::Rejected(rejection)), 1));
         }
     }
 
@@ -1506,10 +1737,18 @@ mod migration {
         let router = pool(1);
         router.monitor().apply(&report(1, 0, 1, blocks(60, 100))).unwrap();
         let never = |_| -> Result<(), Rejection> { panic!("nothing to send to") };
-        assert_eq!(Migration::new(3).run(&router, "m", never), Err(Rejection::Overloaded));
+        let overloaded = Migration::new(3).run(&router, "m", never);
+        assert_eq!(overloaded, Err(MigrationError::Route(RouteError::Overloaded)));
+        assert_eq!(overloaded.unwrap_err().rejection(), Some(Rejection::Overloaded));
         router.monitor().add_model("empty");
-        assert_eq!(Migration::new(3).run(&router, "empty", never), Err(Rejection::Unavailable));
-        assert_eq!(Migration::new(3).run(&router, "unknown", never), Err(Rejection::Unavailable));
+        let empty = Migration::new(3).run(&router, "empty", never);
+        assert_eq!(empty, Err(MigrationError::Route(RouteError::Unavailable)));
+        assert_eq!(empty.unwrap_err().rejection(), Some(Rejection::Unavailable));
+        // An unknown model stays a 404-class error, not a 503 (it failed
+        // before the fix, on b1708da: Err(Unavailable)).
+        let unknown = Migration::new(3).run(&router, "unknown", never);
+        assert_eq!(unknown, Err(MigrationError::Route(RouteError::UnknownModel)));
+        assert_eq!(unknown.unwrap_err().rejection(), None);
     }
 
     #[test]
@@ -1676,7 +1915,7 @@ mod metrics {
 
     #[test]
     fn reasons_follow_the_signals() {
-        let all = BusySignals { decode: true, prefill: true, prefill_frac: true };
+        let all = BusySignals { decode: true, prefill: true, prefill_frac: true, waiting: false };
         let reasons: Vec<Reason> = Reason::from_signals(all).collect();
         assert_eq!(reasons, [Reason::DecodeBlocks, Reason::PrefillTokens, Reason::PrefillTokensFrac]);
         assert_eq!(Reason::from_signals(BusySignals::default()).count(), 0);

@@ -180,7 +180,9 @@ async fn openai_shapes_streaming_and_not() {
     let base = format!("http://{}", worker.addr);
 
     let info: Value = client.get(format!("{base}/info")).send().await.unwrap().json().await.unwrap();
-    assert_eq!(info, serde_json::json!({"worker_id": 42, "model": "m", "dp_size": 2}));
+    let incarnation = info["incarnation"].as_u64().expect("an incarnation");
+    assert!(incarnation > 0, "picked from the clock at start");
+    assert_eq!(info, serde_json::json!({"worker_id": 42, "incarnation": incarnation, "model": "m", "dp_size": 2}));
     let models: Value = client.get(format!("{base}/v1/models")).send().await.unwrap().json().await.unwrap();
     assert_eq!(models["data"][0]["id"], "m");
     assert_eq!(client.get(format!("{base}/health")).send().await.unwrap().status().as_u16(), 200);

@@ -21,8 +21,15 @@ pub fn free_pool(n: usize) -> Arc<WorkerMonitor> {
     };
     let monitor = Arc::new(WorkerMonitor::new(config).expect("valid thresholds"));
     for id in 0..n as WorkerId {
-        monitor.register(id, MODEL, 1).expect("register");
-        let report = LoadReport { worker: id, rank: 0, publisher: Publisher::Worker, seq: 1, load: decode_load(10) };
+        monitor.register(id, MODEL, 1, 0).expect("register");
+        let report = LoadReport {
+            worker: id,
+            incarnation: 0,
+            rank: 0,
+            publisher: Publisher::Worker,
+            seq: 1,
+            load: decode_load(10),
+        };
         monitor.apply(&report).expect("apply");
     }
     monitor

@@ -197,7 +197,7 @@ fuzz_target!(|data: &[u8]| {
             let mut t = BusyThresholds {
                 active_decode_blocks_threshold: Some(0.5),
                 active_prefill_tokens_threshold: Some(7),
-                active_prefill_tokens_threshold_frac: Some(2.0),
+                active_prefill_tokens_threshold_frac: Some(2.0), active_waiting_requests_threshold: None,
             };
             patch.apply(&mut t);
             assert!(t.validate().is_ok(), "{value}: {t:?}");

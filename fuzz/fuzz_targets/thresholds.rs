@@ -96,7 +96,7 @@ fuzz_target!(|input: Input| {
     let config = BusyThresholds {
         active_decode_blocks_threshold: decode,
         active_prefill_tokens_threshold: input.prefill,
-        active_prefill_tokens_threshold_frac: frac,
+        active_prefill_tokens_threshold_frac: frac, active_waiting_requests_threshold: None,
     };
 
     // Validation: exactly the out-of-range and non-finite values fail, the
@@ -132,7 +132,7 @@ fuzz_target!(|input: Input| {
             active_decode_blocks: numerator(load.decode_active, decode_ppb, load.kv_total_blocks),
             kv_total_blocks: load.kv_total_blocks,
             active_prefill_tokens: numerator(load.prefill_active, frac_ppb, load.max_num_batched_tokens),
-            max_num_batched_tokens: load.max_num_batched_tokens,
+            max_num_batched_tokens: load.max_num_batched_tokens, waiting_requests: 0,
         };
         let signals = thresholds.evaluate(&load);
         let expect_decode = decode_ppb

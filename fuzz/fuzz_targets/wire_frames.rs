@@ -40,7 +40,7 @@ impl FrameInput {
                     active_decode_blocks: a,
                     kv_total_blocks: b,
                     active_prefill_tokens: c,
-                    max_num_batched_tokens: d,
+                    max_num_batched_tokens: d, waiting_requests: 0,
                 },
             },
             FrameInput::Deregister { worker } => Frame::Deregister { worker },

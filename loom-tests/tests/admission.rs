@@ -223,3 +223,45 @@ fn a_gone_client_passes_its_slot_on() {
         assert_eq!((admission.running(), admission.queued()), (0, 0));
     });
 }
+
+/// The cap is exact from below too: with fewer than `N + Q` admitted, an
+/// arrival is never refused, even while a release is passing a slot on.
+/// Item 0 runs, items 1 and 2 fill the overflow (the handoff holds 1, the
+/// queue 2); one thread releases item 0's slot (the engine runs every item
+/// inline, so the slot passes on to 1, then 2) while the only submitter
+/// reads the admitted count and submits item 3. The count only goes down, so
+/// if the submitter saw fewer than `N + Q`, item 3 must be admitted.
+///
+/// Fails on b1708da (loom execution #340 of 2 preemptions): the release had
+/// counted item 1 out but not yet taken it from the handoff, so the storage
+/// looked full and item 3 was refused with 2 admitted.
+#[test]
+fn never_refused_below_n_plus_q() {
+    run_model_with("admission/never_refused_below_n_plus_q", 3, || {
+        let (engine, admission) = setup();
+        let Ok(Admitted::Now(first, permit)) = admission.try_admit(item(0)) else { panic!("first item must run now") };
+        assert!(matches!(admission.try_admit(item(1)), Ok(Admitted::Queued)));
+        assert!(matches!(admission.try_admit(item(2)), Ok(Admitted::Queued)));
+        assert_eq!((admission.running(), admission.queued()), (N, Q));
+        let releaser = {
+            let engine = engine.clone();
+            thread::spawn(move || engine.run(first, permit))
+        };
+        let submitter = {
+            let (engine, admission) = (engine.clone(), admission.clone());
+            thread::spawn(move || {
+                let before = admission.running() + admission.queued();
+                let outcome = submit(&engine, &admission, &[3]);
+                (before, outcome)
+            })
+        };
+        releaser.join().unwrap();
+        let (before, outcome) = submitter.join().unwrap();
+        if before < N + Q {
+            assert!(outcome.rejected.is_empty(), "item 3 refused with {before} < N + Q = {} admitted", N + Q);
+        }
+        let queued = Outcome { admitted: vec![1, 2], rejected: Vec::new() };
+        check(&engine.runs.lock().unwrap(), &[&queued, &outcome], Some(0));
+        assert_eq!((admission.running(), admission.queued()), (0, 0));
+    });
+}

@@ -5,9 +5,11 @@
 #![cfg(loom)]
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use loadgate::{
-    BusyThresholds, LoadReport, MonitorConfig, Policy, Publisher, RankLoad, RouteError, Router, WorkerId, WorkerMonitor,
+    Applied, BusyThresholds, LoadReport, MonitorConfig, Policy, Publisher, RankLoad, RouteError, Router, WorkerId,
+    WorkerMonitor,
 };
 use loadgate_loom_tests::run_model_with;
 use loom::thread;
@@ -22,6 +24,7 @@ fn decode(threshold: f64) -> BusyThresholds {
 fn report(worker: WorkerId, seq: u64, blocks: u32) -> LoadReport {
     LoadReport {
         worker,
+        incarnation: 0,
         rank: 0,
         publisher: Publisher::Worker,
         seq,
@@ -35,7 +38,7 @@ fn monitor(threshold: f64, workers: &[(WorkerId, u32)]) -> Arc<WorkerMonitor> {
     let (clock, _mock) = quanta::Clock::mock();
     let monitor = WorkerMonitor::with_clock(MonitorConfig::default(), clock).unwrap();
     for &(id, _) in workers {
-        monitor.register(id, MODEL, 1).unwrap();
+        monitor.register(id, MODEL, 1, 0).unwrap();
     }
     monitor.set_thresholds(MODEL, decode(threshold)).unwrap();
     for &(id, blocks) in workers {
@@ -143,4 +146,134 @@ fn threshold_clear_races_a_report() {
         assert_eq!(published(&monitor, &[1]), [false]);
         assert_eq!(router.route(MODEL, &[]), Ok(1));
     });
+}
+
+/// Two reports race on one worker entry, for its two ranks (dp size 2): rank
+/// 0 goes busy -> free and rank 1 free -> busy. The worker is busy only when
+/// both ranks are: it starts free, is busy for a moment if rank 1's report
+/// lands first, and must end free, published and mirrored alike.
+#[test]
+fn two_reports_race_on_one_worker_entry() {
+    run_model_with("monitor/two_reports_race_on_one_worker_entry", 3, || {
+        let (clock, _mock) = quanta::Clock::mock();
+        let monitor = WorkerMonitor::with_clock(MonitorConfig::default(), clock).unwrap();
+        monitor.register(1, MODEL, 2, 0).unwrap();
+        monitor.set_thresholds(MODEL, decode(0.5)).unwrap();
+        let rank = |rank, seq, blocks| LoadReport { rank, ..report(1, seq, blocks) };
+        monitor.apply(&rank(0, 1, 60)).unwrap();
+        monitor.apply(&rank(1, 1, 10)).unwrap();
+        let monitor = Arc::new(monitor);
+        assert!(!monitor.is_busy(1));
+        let writers: Vec<_> = [rank(0, 2, 10), rank(1, 2, 70)]
+            .into_iter()
+            .map(|r| {
+                let monitor = monitor.clone();
+                thread::spawn(move || monitor.apply(&r).unwrap())
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        assert_eq!(published(&monitor, &[1]), [false], "rank 0 is free: the worker must end free");
+        assert!(!monitor.workers()[0].busy, "mirror disagrees with the published set");
+    });
+}
+
+/// The same slot from two threads (reports 2 and 3 of rank 0 after report
+/// 1): the worker's published bit always matches the load the slot ends
+/// with, which is one report whole (see `rank_slot`).
+///
+/// Fails on b1708da (loom execution #128): report 2's values under seq 3.
+#[test]
+fn two_reports_race_on_one_slot() {
+    run_model_with("monitor/two_reports_race_on_one_slot", 3, || {
+        let monitor = monitor(0.5, &[(1, 10)]);
+        let writers: Vec<_> = [report(1, 2, 60), report(1, 3, 20)]
+            .into_iter()
+            .map(|r| {
+                let monitor = monitor.clone();
+                thread::spawn(move || monitor.apply(&r).unwrap())
+            })
+            .collect();
+        let results: Vec<Applied> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+        let held = monitor.rank_snapshots()[0].reported.expect("reported").active_decode_blocks;
+        let expected = if results[1] == Applied::Contended { 60 } else { 20 };
+        assert_eq!(held, expected, "outcomes {results:?}");
+        assert_eq!(published(&monitor, &[1]), [held > 50], "published bit disagrees with the load held");
+        let again = monitor.apply(&report(1, 3, 0));
+        assert_eq!(again, Ok(if expected == 20 { Applied::Stale } else { Applied::Flipped }), "outcomes {results:?} held {held}");
+    });
+}
+
+/// A report racing expiry at the staleness boundary is never published free
+/// while its fresh load says busy. Worker 1 is busy (report 1 at t = 0) and
+/// the clock sits exactly at the boundary (still fresh). A re-sends the same
+/// busy load (report 2); B moves the clock 1 ns past the boundary and
+/// expires. If the slot ends fresh, the worker must end busy.
+///
+/// Fails on b1708da (loom execution #1 and, with B's whole expiry inside
+/// A's apply, #40): a report with unchanged values took a shortcut that
+/// skipped the version handshake, so expiry's "free" stood.
+#[test]
+fn a_report_racing_expiry_is_never_published_free() {
+    run_model_with("monitor/a_report_racing_expiry_is_never_published_free", 3, || {
+        let (monitor, mock) = stale_monitor();
+        mock.increment(STALENESS); // the boundary: now - at == staleness, fresh
+        assert!(monitor.rank_snapshots()[0].reported.is_some());
+        let reporter = {
+            let monitor = monitor.clone();
+            thread::spawn(move || monitor.apply(&report(1, 2, 60)).unwrap())
+        };
+        let expirer = {
+            let (monitor, mock) = (monitor.clone(), mock.clone());
+            thread::spawn(move || {
+                mock.increment(1u64);
+                monitor.expire_stale()
+            })
+        };
+        reporter.join().unwrap();
+        expirer.join().unwrap();
+        if monitor.rank_snapshots()[0].reported.is_some() {
+            assert!(monitor.is_busy(1), "a fresh busy report is published free");
+            assert!(monitor.workers()[0].busy);
+        }
+    });
+}
+
+/// `expire_stale` returns the bits it flipped, not the workers it looked at
+/// twice. Worker 1's only report is stale when expiry starts while A
+/// re-sends its busy load. Only A and expiry publish, A flips at most once,
+/// so expiry's flips have the parity of (start != end) xor (A flipped).
+///
+/// Fails on b1708da (loom execution #2): it returned 1 for a bit that went
+/// busy -> busy with A storing and not flipping.
+#[test]
+fn expire_stale_counts_the_bits_it_flipped() {
+    run_model_with("monitor/expire_stale_counts_the_bits_it_flipped", 3, || {
+        let (monitor, mock) = stale_monitor();
+        mock.increment(STALENESS + Duration::from_nanos(1)); // stale from here on
+        assert!(monitor.is_busy(1), "not yet expired");
+        let reporter = {
+            let monitor = monitor.clone();
+            thread::spawn(move || monitor.apply(&report(1, 2, 60)).unwrap())
+        };
+        let flips = monitor.expire_stale();
+        let applied = reporter.join().unwrap();
+        let end = monitor.is_busy(1);
+        let parity = usize::from(!end ^ (applied == Applied::Flipped));
+        assert_eq!(flips % 2, parity, "expiry returned {flips}; busy -> {end}, A {applied:?}");
+    });
+}
+
+const STALENESS: Duration = Duration::from_secs(3);
+
+/// A monitor with a staleness window, worker 1 busy from report 1 at t = 0.
+fn stale_monitor() -> (Arc<WorkerMonitor>, Arc<quanta::Mock>) {
+    let (clock, mock) = quanta::Clock::mock();
+    let config = MonitorConfig { staleness: Some(STALENESS), ..Default::default() };
+    let monitor = WorkerMonitor::with_clock(config, clock).unwrap();
+    monitor.register(1, MODEL, 1, 0).unwrap();
+    monitor.set_thresholds(MODEL, decode(0.5)).unwrap();
+    assert_eq!(monitor.apply(&report(1, 1, 60)), Ok(Applied::Flipped));
+    (Arc::new(monitor), mock)
 }

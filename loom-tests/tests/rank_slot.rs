@@ -2,7 +2,7 @@
 //! different report, and router-tracked increments are never lost.
 #![cfg(loom)]
 
-use loadgate::{MonitorConfig, RankLoad, RankSlot, WorkerMonitor};
+use loadgate::{MonitorConfig, RankLoad, RankSlot, SlotUpdate, WorkerMonitor};
 use loadgate_loom_tests::{run_model, run_model_with};
 use loom::sync::Arc;
 use loom::thread;
@@ -16,6 +16,7 @@ fn report(k: u32) -> RankLoad {
         kv_total_blocks: k * 10,
         active_prefill_tokens: k * 100,
         max_num_batched_tokens: k * 1000,
+        waiting_requests: k,
     }
 }
 
@@ -50,7 +51,7 @@ fn reader_never_sees_a_torn_pair() {
             let slot = slot.clone();
             thread::spawn(move || {
                 for k in 1..=3u32 {
-                    slot.store(u64::from(k), &report(k), u64::from(k));
+                    assert_eq!(slot.store(u64::from(k), &report(k), u64::from(k)), SlotUpdate::Stored);
                 }
             })
         };
@@ -68,29 +69,41 @@ fn reader_never_sees_a_torn_pair() {
     });
 }
 
-/// Two writers race on one slot (not the intended use, one publisher per
-/// thread, but it must still never tear): every read is a written pair.
+/// Two writers race on one slot after report 1 (not the intended use: one
+/// publisher per thread), with reports 2 and 3, while a reader loads it: the
+/// reader sees only written pairs, and the slot ends holding one report
+/// whole under its own seq. Report 3 wins unless it found report 2 being
+/// stored (`Contended`); then the slot holds report 2, and a later report 3
+/// still applies.
+///
+/// Fails on b1708da (loom execution #16): both stores went through and left
+/// report 2's values under seq 3.
 #[test]
-fn racing_writers_never_tear() {
-    run_model_with("rank_slot/racing_writers_never_tear", 4, || {
+fn racing_writers_leave_one_whole_report() {
+    run_model_with("rank_slot/racing_writers_leave_one_whole_report", 3, || {
         let slot = Arc::new(RankSlot::new());
-        let writers: Vec<_> = [1u32, 2]
+        assert_eq!(slot.store(1, &report(1), 1), SlotUpdate::Stored);
+        let writers: Vec<_> = [2u32, 3]
             .into_iter()
             .map(|k| {
                 let slot = slot.clone();
-                thread::spawn(move || {
-                    slot.store(u64::from(k), &report(k), u64::from(k));
-                })
+                thread::spawn(move || slot.store(u64::from(k), &report(k), u64::from(k)))
             })
             .collect();
         if let Some((load, _)) = slot.load() {
-            reports_of(&load, &[1, 2]);
+            reports_of(&load, &[1, 2, 3]);
         }
-        for w in writers {
-            w.join().unwrap();
-        }
-        let (load, _) = slot.load().expect("reported");
-        reports_of(&load, &[1, 2]);
+        let results: Vec<SlotUpdate> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+        let (load, at) = slot.load().expect("reported");
+        let winner = match results[..] {
+            [_, SlotUpdate::Stored] => 3,
+            [SlotUpdate::Stored, SlotUpdate::Contended] => 2,
+            _ => panic!("impossible outcomes {results:?}"),
+        };
+        assert_eq!((load, at), (report(winner), u64::from(winner)), "outcomes {results:?}");
+        // The seq the slot keeps is the winner's: report 3 is new only if 2 won.
+        let again = slot.store(3, &report(3), 9);
+        assert_eq!(again, if winner == 3 { SlotUpdate::Stale } else { SlotUpdate::Stored });
     });
 }
 
@@ -101,7 +114,7 @@ fn tracked_increments_are_never_lost() {
     run_model("rank_slot/tracked_increments_are_never_lost", || {
         let (clock, _mock) = quanta::Clock::mock();
         let monitor = Arc::new(WorkerMonitor::with_clock(MonitorConfig::default(), clock).unwrap());
-        monitor.register(1, "m", 1).unwrap();
+        monitor.register(1, "m", 1, 0).unwrap();
         let adders: Vec<_> = (0..2)
             .map(|_| {
                 let monitor = monitor.clone();
@@ -121,7 +134,8 @@ fn tracked_increments_are_never_lost() {
                 active_decode_blocks: 6,
                 kv_total_blocks: 100,
                 active_prefill_tokens: 100,
-                max_num_batched_tokens: 1000
+                max_num_batched_tokens: 1000,
+                waiting_requests: 0,
             })
         );
     });

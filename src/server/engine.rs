@@ -212,6 +212,8 @@ impl Rank {
             kv_total_blocks: self.kv_total_blocks,
             active_prefill_tokens: u32::try_from(waiting + prefilling).unwrap_or(u32::MAX),
             max_num_batched_tokens: self.max_num_batched_tokens,
+            // The rank's own queue: requests waiting for KV blocks or budget.
+            waiting_requests: u32::try_from(self.waiting.len()).unwrap_or(u32::MAX),
         }
     }
 

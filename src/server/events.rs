@@ -24,19 +24,32 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use crate::server::directory::WorkerDirectory;
 use crate::sync::{Arc, AtomicBool, Ordering};
 use crate::wire::{self, Frame};
-use crate::{LoadReport, Publisher, RankLoad, WorkerId, WorkerMonitor};
+use crate::{Applied, LoadReport, Publisher, RankLoad, Registered, WorkerId, WorkerMonitor};
 
 /// What a worker announces about itself to every frontend.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Registration {
     /// The worker's id (unique among the frontend's workers).
     pub worker: WorkerId,
+    /// This run of the worker: picked at start, different after a restart
+    /// (see [`Registration::new_incarnation`]).
+    pub incarnation: u64,
     /// The model it serves.
     pub model: String,
     /// Its data-parallel size.
     pub dp_size: u32,
     /// Where its HTTP server listens, `127.0.0.1:PORT`.
     pub http_addr: String,
+}
+
+impl Registration {
+    /// An incarnation for a worker starting now: the wall clock in
+    /// nanoseconds, so a restarted worker that keeps its id gets a new one.
+    pub fn new_incarnation() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+    }
 }
 
 /// Minimum time between two reports of the same rank.
@@ -91,6 +104,7 @@ impl EventPublisher {
         }
         let register = Frame::Register {
             worker: registration.worker,
+            incarnation: registration.incarnation,
             dp_size: registration.dp_size,
             model: registration.model.clone(),
             http_addr: registration.http_addr.clone(),
@@ -107,11 +121,10 @@ impl EventPublisher {
             links,
             register,
             worker: registration.worker,
-            // Start from the wall clock (µs) so a restarted worker that keeps
-            // its id is never taken for a replay of its previous life.
-            seq: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX / 2)),
+            incarnation: registration.incarnation,
+            // Per incarnation: a restart registers a new one, which resets
+            // the frontend's slots, so counting from 0 is never stale.
+            seq: 0,
             heartbeat: heartbeat.max(COALESCE),
         };
         let thread = std::thread::Builder::new().name("event-publisher".into()).spawn(move || pump.run())?;
@@ -186,6 +199,7 @@ struct Pump {
     links: Vec<Link>,
     register: Frame,
     worker: WorkerId,
+    incarnation: u64,
     seq: u64,
     heartbeat: Duration,
 }
@@ -231,7 +245,7 @@ impl Pump {
             }
         }
         let mut bye = BytesMut::new();
-        let _ = wire::encode(&Frame::Deregister { worker: self.worker }, &mut bye);
+        let _ = wire::encode(&Frame::Deregister { worker: self.worker, incarnation: self.incarnation }, &mut bye);
         for link in &mut self.links {
             if let Some(stream) = link.stream.as_mut() {
                 let _ = stream.write_all(&bye);
@@ -272,7 +286,13 @@ impl Pump {
         for (rank, load) in latest.iter().enumerate() {
             if let Some(load) = load.filter(|_| pick(rank)) {
                 self.seq += 1;
-                let frame = Frame::Load { worker: self.worker, rank: rank as u32, seq: self.seq, load };
+                let frame = Frame::Load {
+                    worker: self.worker,
+                    incarnation: self.incarnation,
+                    rank: rank as u32,
+                    seq: self.seq,
+                    load,
+                };
                 // A Load frame always fits.
                 let _ = wire::encode(&frame, buf);
             }
@@ -363,8 +383,8 @@ struct Conn {
     stream: mio::net::TcpStream,
     peer: SocketAddr,
     buf: BytesMut,
-    /// The worker this connection registered, if any.
-    worker: Option<WorkerId>,
+    /// The worker (and incarnation) this connection registered, if any.
+    worker: Option<(WorkerId, u64)>,
 }
 
 /// The event-plane thread's state.
@@ -377,7 +397,7 @@ struct PlaneServer {
     live: HashMap<WorkerId, usize>,
     /// Workers whose last connection closed: deregister at the deadline
     /// unless they reconnected.
-    pending: Vec<(Instant, WorkerId)>,
+    pending: Vec<(Instant, WorkerId, u64)>,
     monitor: Arc<WorkerMonitor>,
     directory: Arc<WorkerDirectory>,
     grace: Duration,
@@ -388,7 +408,7 @@ impl PlaneServer {
     fn run(&mut self) {
         let mut events = Events::with_capacity(256);
         loop {
-            let timeout = self.pending.iter().map(|(at, _)| at.saturating_duration_since(Instant::now())).min();
+            let timeout = self.pending.iter().map(|(at, ..)| at.saturating_duration_since(Instant::now())).min();
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
@@ -480,35 +500,48 @@ impl PlaneServer {
 
     fn apply(&mut self, conn: &mut Conn, frame: Frame) -> Result<(), String> {
         match frame {
-            Frame::Register { worker, dp_size, model, http_addr } => {
-                if conn.worker.is_some_and(|w| w != worker) {
+            Frame::Register { worker, incarnation, dp_size, model, http_addr } => {
+                if conn.worker.is_some_and(|(w, i)| (w, i) != (worker, incarnation)) {
                     return Err(format!("connection already registered another worker, got {worker}"));
                 }
-                let new = self.monitor.register(worker, &model, dp_size).map_err(|e| e.to_string())?;
+                let outcome = self.monitor.register(worker, &model, dp_size, incarnation).map_err(|e| e.to_string())?;
                 self.directory.insert(worker, &http_addr, dp_size);
                 if conn.worker.is_none() {
-                    conn.worker = Some(worker);
+                    conn.worker = Some((worker, incarnation));
                     *self.live.entry(worker).or_default() += 1;
                 }
-                if new {
-                    tracing::info!(worker, %model, dp_size, %http_addr, "worker registered");
+                match outcome {
+                    Registered::New => {
+                        tracing::info!(worker, incarnation, %model, dp_size, %http_addr, "worker registered")
+                    }
+                    Registered::Restarted => {
+                        tracing::info!(worker, incarnation, %model, dp_size, %http_addr, "worker restarted; load reset")
+                    }
+                    Registered::Same => {}
                 }
                 Ok(())
             }
-            Frame::Load { worker, rank, seq, load } => {
-                if conn.worker != Some(worker) {
+            Frame::Load { worker, incarnation, rank, seq, load } => {
+                if conn.worker != Some((worker, incarnation)) {
                     return Err(format!("load for worker {worker} on a connection that did not register it"));
                 }
-                let report = LoadReport { worker, rank, publisher: Publisher::Worker, seq, load };
-                self.monitor.apply(&report).map(drop).map_err(|e| e.to_string())
+                let report = LoadReport { worker, incarnation, rank, publisher: Publisher::Worker, seq, load };
+                match self.monitor.apply(&report) {
+                    Ok(Applied::OtherIncarnation) => {
+                        tracing::debug!(worker, incarnation, "load of a replaced incarnation dropped");
+                        Ok(())
+                    }
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(e.to_string()),
+                }
             }
-            Frame::Deregister { worker } => {
-                if conn.worker != Some(worker) {
+            Frame::Deregister { worker, incarnation } => {
+                if conn.worker != Some((worker, incarnation)) {
                     return Err(format!("deregister for worker {worker} on a connection that did not register it"));
                 }
                 conn.worker = None;
                 self.forget_connection(worker);
-                self.remove(worker);
+                self.remove(worker, incarnation);
                 Ok(())
             }
         }
@@ -516,9 +549,9 @@ impl PlaneServer {
 
     fn close(&mut self, mut conn: Conn) {
         let _ = self.poll.registry().deregister(&mut conn.stream);
-        if let Some(worker) = conn.worker {
+        if let Some((worker, incarnation)) = conn.worker {
             if self.forget_connection(worker) == 0 {
-                self.pending.push((Instant::now() + self.grace, worker));
+                self.pending.push((Instant::now() + self.grace, worker, incarnation));
             }
         }
     }
@@ -538,26 +571,27 @@ impl PlaneServer {
     fn expire(&mut self) {
         let now = Instant::now();
         let mut due = Vec::new();
-        self.pending.retain(|(at, worker)| {
-            if *at <= now {
-                due.push(*worker);
+        self.pending.retain(|&(at, worker, incarnation)| {
+            if at <= now {
+                due.push((worker, incarnation));
                 false
             } else {
                 true
             }
         });
-        for worker in due {
+        for (worker, incarnation) in due {
             if !self.live.contains_key(&worker) {
-                self.remove(worker);
+                self.remove(worker, incarnation);
             }
         }
     }
 
-    fn remove(&mut self, worker: WorkerId) {
-        let was = self.monitor.deregister(worker);
-        self.directory.remove(worker);
-        if was {
-            tracing::info!(worker, "worker deregistered");
+    /// Deregisters `worker` if `incarnation` is still its current one (a
+    /// restarted worker that registered anew stays).
+    fn remove(&mut self, worker: WorkerId, incarnation: u64) {
+        if self.monitor.deregister_incarnation(worker, incarnation) {
+            self.directory.remove(worker);
+            tracing::info!(worker, incarnation, "worker deregistered");
         }
     }
 }
@@ -577,7 +611,7 @@ mod tests {
     }
 
     fn registration(worker: WorkerId) -> Registration {
-        Registration { worker, model: "m".into(), dp_size: 2, http_addr: "127.0.0.1:1".into() }
+        Registration { worker, incarnation: 1, model: "m".into(), dp_size: 2, http_addr: "127.0.0.1:1".into() }
     }
 
     fn load(blocks: u32) -> RankLoad {
@@ -655,7 +689,13 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let (monitor, _directory, plane) = plane(listener, MonitorConfig::default());
         let mut frame = BytesMut::new();
-        let register = Frame::Register { worker: 9, dp_size: 1, model: "m".into(), http_addr: "127.0.0.1:1".into() };
+        let register = Frame::Register {
+            worker: 9,
+            incarnation: 1,
+            dp_size: 1,
+            model: "m".into(),
+            http_addr: "127.0.0.1:1".into(),
+        };
         wire::encode(&register, &mut frame).unwrap();
         // Reconnect within the grace period: stays registered.
         let mut first = TcpStream::connect(plane.local_addr()).unwrap();

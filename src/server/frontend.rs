@@ -78,6 +78,9 @@ pub struct Args {
     /// A worker rank is busy when active prefill tokens exceed this fraction of max_num_batched_tokens.
     #[arg(long)]
     pub active_prefill_tokens_threshold_frac: Option<f64>,
+    /// A worker rank is busy when the requests waiting in its engine's queue exceed this.
+    #[arg(long)]
+    pub active_waiting_requests_threshold: Option<u64>,
     /// Compatibility: `none` disables busy detection (clears every threshold).
     #[arg(long, value_enum)]
     pub admission_control: Option<AdmissionControl>,
@@ -102,6 +105,7 @@ impl Args {
             active_decode_blocks_threshold: self.active_decode_blocks_threshold,
             active_prefill_tokens_threshold: self.active_prefill_tokens_threshold,
             active_prefill_tokens_threshold_frac: self.active_prefill_tokens_threshold_frac,
+            active_waiting_requests_threshold: self.active_waiting_requests_threshold,
         }
     }
 
@@ -314,11 +318,14 @@ async fn register_http_worker(frontend: &Frontend, url: &str) -> anyhow::Result<
     let worker = info.get("worker_id").and_then(Value::as_u64);
     let model = info.get("model").and_then(Value::as_str);
     let dp_size = info.get("dp_size").and_then(Value::as_u64).unwrap_or(1);
+    // Reports never come over HTTP, so any incarnation the worker names
+    // does; 0 for one that names none.
+    let incarnation = info.get("incarnation").and_then(Value::as_u64).unwrap_or(0);
     let (Some(worker), Some(model)) = (worker, model) else {
         anyhow::bail!("worker {base}/info lacks worker_id or model: {info}");
     };
     let dp_size = u32::try_from(dp_size)?;
-    frontend.monitor.register(worker, model, dp_size)?;
+    frontend.monitor.register(worker, model, dp_size, incarnation)?;
     frontend.directory.insert(worker, &base, dp_size);
     tracing::info!(worker, model, dp_size, %base, "worker registered from --worker");
     Ok(())

@@ -192,7 +192,7 @@ mod tests {
     #[test]
     fn guard_releases_everything_it_tracked() {
         let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
-        monitor.register(1, "m", 1).unwrap();
+        monitor.register(1, "m", 1, 0).unwrap();
         let ledger = Arc::new(InFlight::new(monitor.clone(), Some(Tracking { output_blocks: true })));
         let mut held = ledger.hold(1, 1, 20);
         assert_eq!(ledger.totals(), InFlightTotals { requests: 1, tracked_blocks: 2, tracked_prefill_tokens: 20 });
@@ -212,7 +212,7 @@ mod tests {
     #[test]
     fn without_tracking_only_requests_are_counted() {
         let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
-        monitor.register(1, "m", 1).unwrap();
+        monitor.register(1, "m", 1, 0).unwrap();
         let ledger = Arc::new(InFlight::new(monitor.clone(), None));
         let held = ledger.hold(1, 1, 100);
         assert_eq!(ledger.totals(), InFlightTotals { requests: 1, ..Default::default() });

@@ -67,7 +67,12 @@ async fn proxy(frontend: Arc<Frontend>, endpoint: Endpoint, body: Bytes) -> Resp
             Err(RouteError::Overloaded) if excluded.unreachable && !excluded.at_capacity => {
                 return reply::unavailable()
             }
-            Err(RouteError::Overloaded) => return frontend.reject_overloaded(&model, endpoint, excluded.at_capacity),
+            Err(RouteError::Overloaded) => {
+                // Every worker left free had refused this request already.
+                let excluded_free = (!migration.refusals().is_empty()).then_some(Reason::Excluded);
+                let capacity = excluded.at_capacity.then_some(Reason::WorkerCapacity);
+                return frontend.reject_overloaded(&model, endpoint, excluded_free.into_iter().chain(capacity));
+            }
             Err(RouteError::Unavailable) => return reply::unavailable(),
             // With no worker registered at all, the model may well exist: unavailable.
             Err(RouteError::UnknownModel) if frontend.directory.is_empty() => return reply::unavailable(),
@@ -79,7 +84,7 @@ async fn proxy(frontend: Arc<Frontend>, endpoint: Endpoint, body: Bytes) -> Resp
                 tracing::debug!(worker, %model, "worker at capacity; migrating");
                 excluded.at_capacity = true;
                 if !migration.refused(worker) {
-                    return frontend.reject_overloaded(&model, endpoint, true);
+                    return frontend.reject_overloaded(&model, endpoint, [Reason::WorkerCapacity]);
                 }
             }
             Attempt::Unreachable => {
@@ -205,11 +210,12 @@ impl Stream for Relay {
 impl Frontend {
     /// Answers the overload status and counts it in
     /// `dynamo_frontend_model_rejection_total`, with the busy signals that
-    /// made the workers busy (and `worker_capacity` when workers refused).
-    fn reject_overloaded(&self, model: &str, endpoint: Endpoint, at_capacity: bool) -> Response {
+    /// made the workers busy and the `causes` of this request's own
+    /// exclusions (`worker_capacity` when workers refused at their cap,
+    /// `excluded` when every free worker had refused it).
+    fn reject_overloaded(&self, model: &str, endpoint: Endpoint, causes: impl IntoIterator<Item = Reason>) -> Response {
         let busy = Reason::from_signals(self.monitor.model_busy_reasons(model));
-        let capacity = at_capacity.then_some(Reason::WorkerCapacity);
-        self.metrics.record(model, endpoint, busy.chain(capacity));
+        self.metrics.record(model, endpoint, busy.chain(causes));
         reply::overloaded()
     }
 }

@@ -12,7 +12,7 @@ use axum::Json;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use crate::patch::{parse_threshold_patch, DECODE_FIELD, PREFILL_FIELD, PREFILL_FRAC_FIELD};
+use crate::patch::{parse_threshold_patch, DECODE_FIELD, PREFILL_FIELD, PREFILL_FRAC_FIELD, WAITING_FIELD};
 use crate::server::frontend::Frontend;
 use crate::server::reply::plain_error;
 use crate::{SetThresholdsError, Thresholds};
@@ -32,6 +32,7 @@ pub fn thresholds_json(model: &str, thresholds: &Thresholds) -> Value {
         DECODE_FIELD: config.active_decode_blocks_threshold,
         PREFILL_FIELD: config.active_prefill_tokens_threshold,
         PREFILL_FRAC_FIELD: config.active_prefill_tokens_threshold_frac,
+        WAITING_FIELD: config.active_waiting_requests_threshold,
     })
 }
 

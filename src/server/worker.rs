@@ -98,6 +98,7 @@ type WorkerPermit = Permit<Waiter>;
 /// Everything the HTTP handlers share.
 struct Worker {
     id: WorkerId,
+    incarnation: u64,
     model: String,
     dp_size: u32,
     engine: Engine,
@@ -131,12 +132,19 @@ async fn serve(args: Args, admission: Option<Arc<Admission<Waiter>>>) -> anyhow:
         .with_context(|| format!("cannot bind 127.0.0.1:{}", args.http_port))?;
     let addr = listener.local_addr()?;
     let id = args.worker_id.unwrap_or_else(|| fastrand::u64(1..));
-    let registration =
-        Registration { worker: id, model: args.model.clone(), dp_size: args.dp_size, http_addr: addr.to_string() };
+    let incarnation = Registration::new_incarnation();
+    let registration = Registration {
+        worker: id,
+        incarnation,
+        model: args.model.clone(),
+        dp_size: args.dp_size,
+        http_addr: addr.to_string(),
+    };
     let (sink, publisher) = publish(&args, registration)?;
     let engine = Engine::start(args.engine_config(), sink);
     let worker = Arc::new(Worker {
         id,
+        incarnation,
         model: args.model.clone(),
         dp_size: args.dp_size,
         engine,
@@ -383,7 +391,12 @@ async fn health() -> Response {
 }
 
 async fn info(State(worker): State<Arc<Worker>>) -> Response {
-    let body = serde_json::json!({"worker_id": worker.id, "model": worker.model, "dp_size": worker.dp_size});
+    let body = serde_json::json!({
+        "worker_id": worker.id,
+        "incarnation": worker.incarnation,
+        "model": worker.model,
+        "dp_size": worker.dp_size,
+    });
     json_response(StatusCode::OK, body.to_string())
 }
 

@@ -4,7 +4,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::busy::BusySet;
 use crate::load::WorkerId;
-use crate::monitor::WorkerEntry;
+use crate::monitor::entry::WorkerEntry;
 use crate::padded::Padded;
 use crate::sync::Arc;
 

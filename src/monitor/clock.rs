@@ -1,0 +1,41 @@
+//! [`MonitorClock`]: the monitor's time in nanoseconds and the staleness
+//! window that decides whether a report still counts.
+
+use std::time::Duration;
+
+/// The clock reports are stamped with, and the staleness window.
+pub(crate) struct MonitorClock {
+    clock: quanta::Clock,
+    base: quanta::Instant,
+    staleness_ns: u64,
+}
+
+impl MonitorClock {
+    /// `clock` from now on; `staleness` `None` means never stale.
+    pub(crate) fn new(clock: quanta::Clock, staleness: Option<Duration>) -> Self {
+        let base = clock.now();
+        let staleness_ns = match staleness {
+            Some(d) => u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
+            None => u64::MAX,
+        };
+        MonitorClock { clock, base, staleness_ns }
+    }
+
+    /// Nanoseconds since the monitor started (never the "never reported"
+    /// sentinel `u64::MAX`).
+    #[inline]
+    pub(crate) fn now(&self) -> u64 {
+        u64::try_from(self.clock.now().duration_since(self.base).as_nanos()).unwrap_or(u64::MAX - 1)
+    }
+
+    /// Whether a report stamped `at` still counts at `now`.
+    #[inline]
+    pub(crate) fn is_fresh(&self, at: u64, now: u64) -> bool {
+        now.saturating_sub(at) <= self.staleness_ns
+    }
+
+    /// The staleness window in nanoseconds (`u64::MAX`: none).
+    pub(crate) fn staleness_ns(&self) -> u64 {
+        self.staleness_ns
+    }
+}

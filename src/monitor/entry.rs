@@ -1,0 +1,124 @@
+//! [`WorkerEntry`]: one registered worker's slots and published state, and
+//! its evaluation against a model's thresholds.
+
+use crossbeam_utils::CachePadded;
+
+use crate::load::{Publisher, RankSlot, WorkerId};
+use crate::monitor::clock::MonitorClock;
+use crate::monitor::query::{RankSnapshot, WorkerLoad};
+use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::thresholds::{BusySignals, Thresholds};
+
+/// One registered worker (one incarnation of it): its slots and its
+/// published state. A restart with a new incarnation gets a new entry.
+pub(crate) struct WorkerEntry {
+    pub(crate) id: WorkerId,
+    pub(crate) incarnation: u64,
+    pub(crate) dp_size: u32,
+    /// `dp_size * Publisher::COUNT` slots, rank-major.
+    slots: Box<[RankSlot]>,
+    /// Bumped (RMW) after every change to this worker's inputs.
+    pub(crate) version: CachePadded<AtomicU64>,
+    /// The busy bit as last published; written only under the model's lock.
+    pub(crate) busy: AtomicBool,
+    /// The signals that made it busy at its last evaluation (diagnostics).
+    reasons: AtomicU32,
+    /// Index in the model's instance list; written only under the model's lock.
+    pub(crate) position: AtomicUsize,
+}
+
+impl WorkerEntry {
+    /// A worker with every rank unreported (so free).
+    pub(crate) fn new(id: WorkerId, incarnation: u64, dp_size: u32) -> Self {
+        WorkerEntry {
+            id,
+            incarnation,
+            dp_size,
+            slots: (0..dp_size as usize * Publisher::COUNT).map(|_| RankSlot::new()).collect(),
+            version: CachePadded::new(AtomicU64::new(0)),
+            busy: AtomicBool::new(false),
+            reasons: AtomicU32::new(0),
+            position: AtomicUsize::new(usize::MAX),
+        }
+    }
+
+    /// The slot of one rank and publisher; `rank < dp_size`.
+    #[inline]
+    pub(crate) fn slot(&self, rank: u32, publisher: Publisher) -> &RankSlot {
+        &self.slots[rank as usize * Publisher::COUNT + publisher.index()]
+    }
+
+    /// Evaluates the worker at `now`: busy only when every declared rank is
+    /// busy. Returns the busy bit and the union of the signals that fired,
+    /// and records those signals as the worker's reasons.
+    pub(crate) fn evaluate(&self, thresholds: &Thresholds, clock: &MonitorClock, now: u64) -> bool {
+        let (busy, signals) = self.signals(thresholds, clock, now);
+        // Relaxed: diagnostic labels only; last writer wins.
+        self.reasons.store(encode(signals), Ordering::Relaxed);
+        busy
+    }
+
+    fn signals(&self, thresholds: &Thresholds, clock: &MonitorClock, now: u64) -> (bool, BusySignals) {
+        if !thresholds.is_enabled() {
+            return (false, BusySignals::default());
+        }
+        let mut signals = BusySignals::default();
+        for rank in 0..self.dp_size {
+            let Some(load) = self.snapshot(rank, clock, now).effective() else {
+                return (false, BusySignals::default()); // an unreported rank keeps its worker free
+            };
+            let fired = thresholds.evaluate(&load);
+            if !fired.any() {
+                return (false, BusySignals::default());
+            }
+            signals = signals.union(fired);
+        }
+        (true, signals)
+    }
+
+    /// The signals that made the worker busy at its last evaluation.
+    pub(crate) fn reasons(&self) -> BusySignals {
+        // Relaxed: diagnostic only.
+        decode(self.reasons.load(Ordering::Relaxed))
+    }
+
+    /// What one rank last reported (fresh only) and what the router tracks.
+    pub(crate) fn snapshot(&self, rank: u32, clock: &MonitorClock, now: u64) -> RankSnapshot {
+        let reported =
+            self.slot(rank, Publisher::Worker).load().filter(|(_, at)| clock.is_fresh(*at, now)).map(|(load, _)| load);
+        let tracked = self.slot(rank, Publisher::Router).load().map(|(load, _)| load);
+        RankSnapshot { worker: self.id, rank, reported, tracked }
+    }
+
+    /// Sum of the effective load over the ranks (no lock, no allocation).
+    #[inline]
+    pub(crate) fn load(&self, clock: &MonitorClock, now: u64) -> WorkerLoad {
+        let mut sum = WorkerLoad::default();
+        for rank in 0..self.dp_size {
+            if let Some(l) = self.snapshot(rank, clock, now).effective() {
+                sum.add(&l);
+            }
+        }
+        sum
+    }
+}
+
+fn encode(s: BusySignals) -> u32 {
+    u32::from(s.decode) | u32::from(s.prefill) << 1 | u32::from(s.prefill_frac) << 2 | u32::from(s.waiting) << 3
+}
+
+fn decode(bits: u32) -> BusySignals {
+    BusySignals { decode: bits & 1 != 0, prefill: bits & 2 != 0, prefill_frac: bits & 4 != 0, waiting: bits & 8 != 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_round_trip_through_their_bits() {
+        for bits in 0..16u32 {
+            assert_eq!(encode(decode(bits)), bits);
+        }
+    }
+}

@@ -1,0 +1,534 @@
+//! [`WorkerMonitor`]: the worker registry, per-rank load slots, per-model
+//! thresholds, and publication of each model's busy set.
+//!
+//! - `registry`: which workers and models exist (arc-swap, replaced whole on
+//!   registration);
+//! - `entry`: one worker's slots, its published mirror and its evaluation;
+//! - `publication`: the protocol that turns a changed evaluation into a new
+//!   view without losing a concurrent change (its module docs carry the
+//!   correctness argument);
+//! - `view`: what routers read of a model;
+//! - `query`, `error`, `clock`: answers, failures, time.
+
+mod clock;
+pub(crate) mod entry;
+mod error;
+mod publication;
+mod query;
+mod registry;
+pub(crate) mod view;
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::busy::BusySet;
+use crate::load::{LoadReport, Publisher, SlotUpdate, WorkerId};
+use crate::sync::{lock, Arc, Mutex, Ordering, Swap};
+use crate::thresholds::{BusySignals, BusyThresholds, ThresholdError, Thresholds};
+
+use self::clock::MonitorClock;
+use self::entry::WorkerEntry;
+pub(crate) use self::publication::ModelState;
+use self::registry::{Registry, WorkerRecord};
+
+pub use self::error::{ApplyError, RegisterError, SetThresholdsError};
+pub use self::query::{RankSnapshot, WorkerInfo, WorkerLoad};
+
+/// How a [`WorkerMonitor`] behaves; `Default` is no staleness window and no
+/// thresholds. Build it with `..Default::default()` (see [`RankLoad`](crate::RankLoad)'s
+/// *Growing*).
+#[derive(Clone, Debug, Default)]
+pub struct MonitorConfig {
+    /// A worker-reported rank whose last report is older than this counts as
+    /// not reported (so it cannot keep its worker busy). `None`: never stale.
+    pub staleness: Option<Duration>,
+    /// Thresholds every model starts with (the frontend's command-line flags).
+    pub default_thresholds: BusyThresholds,
+}
+
+/// Decides which workers are busy and publishes each model's busy set.
+///
+/// Shared by the event plane (which calls [`apply`](Self::apply)), the router
+/// (which reads the published sets) and the HTTP layer (thresholds, metrics).
+///
+/// # Examples
+///
+/// ```
+/// use loadgate::{BusyThresholds, LoadReport, RankLoad, WorkerMonitor};
+///
+/// let monitor = WorkerMonitor::new(Default::default()).unwrap();
+/// let incarnation = 1; // e.g. the worker's start time in ns
+/// monitor.register(7, "llama", 1, incarnation).unwrap();
+/// monitor
+///     .set_thresholds("llama", BusyThresholds { active_decode_blocks_threshold: Some(0.5), ..Default::default() })
+///     .unwrap();
+/// let load = RankLoad { active_decode_blocks: 60, kv_total_blocks: 100, ..Default::default() };
+/// monitor.apply(&LoadReport { worker: 7, incarnation, seq: 0, load, ..Default::default() }).unwrap();
+/// assert!(monitor.is_busy(7));
+/// ```
+pub struct WorkerMonitor {
+    registry: Swap<Registry>,
+    /// Serialises registry changes (cold path: registration, new models).
+    registry_write: Mutex<()>,
+    clock: MonitorClock,
+    default_thresholds: Thresholds,
+}
+
+impl fmt::Debug for WorkerMonitor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let reg = self.registry.load();
+        f.debug_struct("WorkerMonitor")
+            .field("workers", &reg.workers.len())
+            .field("models", &reg.models.len())
+            .field("staleness_ns", &self.clock.staleness_ns())
+            .finish()
+    }
+}
+
+/// What [`WorkerMonitor::apply`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// Not newer than the last report applied from this publisher for this
+    /// rank in this incarnation: dropped.
+    Stale,
+    /// The report names another incarnation than the worker's current one
+    /// (a report of a previous life, or of one not yet registered): dropped.
+    OtherIncarnation,
+    /// Another report for the same rank and publisher was being stored at
+    /// that moment (two writers for one worker): dropped, nothing changed.
+    Contended,
+    /// Stored; the worker's busy state did not change.
+    Stored,
+    /// Stored, and the worker's busy bit flipped (a new busy set was published).
+    Flipped,
+}
+
+/// What [`WorkerMonitor::register`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Registered {
+    /// A worker id not registered before.
+    New,
+    /// The same id in the same incarnation (a reconnect): its slots stay.
+    Same,
+    /// The same id in a new incarnation (a restart): its slots start empty,
+    /// so it starts free; its model and dp size may have changed.
+    Restarted,
+}
+
+const MAX_DP_SIZE: u32 = 65_536;
+
+impl WorkerMonitor {
+    /// A monitor on the real clock.
+    ///
+    /// # Errors
+    ///
+    /// If `config.default_thresholds` is invalid.
+    pub fn new(config: MonitorConfig) -> Result<Self, ThresholdError> {
+        Self::with_clock(config, quanta::Clock::new())
+    }
+
+    /// A monitor on `clock` (tests pass `quanta::Clock::mock()`'s clock to
+    /// control staleness).
+    ///
+    /// # Errors
+    ///
+    /// If `config.default_thresholds` is invalid.
+    pub fn with_clock(config: MonitorConfig, clock: quanta::Clock) -> Result<Self, ThresholdError> {
+        let default_thresholds = config.default_thresholds.validate()?;
+        Ok(WorkerMonitor {
+            registry: Swap::from_pointee(Registry::default()),
+            registry_write: Mutex::new(()),
+            clock: MonitorClock::new(clock, config.staleness),
+            default_thresholds,
+        })
+    }
+
+    /// Registers incarnation `incarnation` of worker `worker`, serving
+    /// `model` with `dp_size` data-parallel ranks.
+    ///
+    /// - A new id starts with every rank unreported, so free.
+    /// - The same id and incarnation again (a reconnect) keeps its slots; it
+    ///   must name the same model and dp size.
+    /// - The same id with another incarnation (a restart) replaces the old
+    ///   registration: fresh slots, and the model and dp size it names now.
+    ///
+    /// Cold path: takes the registry lock and the models' locks.
+    ///
+    /// # Errors
+    ///
+    /// [`RegisterError`] for a zero or huge dp size, an empty model name, or
+    /// a reconnect that names another model or dp size.
+    pub fn register(
+        &self,
+        worker: WorkerId,
+        model: &str,
+        dp_size: u32,
+        incarnation: u64,
+    ) -> Result<Registered, RegisterError> {
+        if dp_size == 0 || dp_size > MAX_DP_SIZE {
+            return Err(RegisterError::InvalidDpSize(dp_size));
+        }
+        if model.is_empty() {
+            return Err(RegisterError::EmptyModel);
+        }
+        let _registry = lock(&self.registry_write);
+        let mut next = Registry::clone(&self.registry.load());
+        let outcome = match next.workers.get(&worker) {
+            Some(rec) if rec.entry.incarnation == incarnation => {
+                return if &*rec.model.name == model && rec.entry.dp_size == dp_size {
+                    Ok(Registered::Same)
+                } else {
+                    Err(RegisterError::Conflict(worker))
+                };
+            }
+            Some(_) => Registered::Restarted,
+            None => Registered::New,
+        };
+        if let Some(old) = next.workers.remove(&worker) {
+            unlist(&old);
+        }
+        let state = match next.models.get(model) {
+            Some(state) => state.clone(),
+            None => {
+                let state = self.new_model(Arc::from(model));
+                next.models.insert(state.name.clone(), state.clone());
+                state
+            }
+        };
+        let entry = Arc::new(WorkerEntry::new(worker, incarnation, dp_size));
+        {
+            let mut writer = state.lock();
+            let mut instances = writer.instances();
+            instances.push(entry.clone());
+            instances.sort_by_key(|e| e.id);
+            writer.rebuild(&instances);
+        }
+        next.workers.insert(worker, WorkerRecord { entry, model: state });
+        self.registry.store(Arc::new(next));
+        Ok(outcome)
+    }
+
+    /// Removes a worker; returns whether it was registered. Its model, and
+    /// the model's thresholds, stay.
+    ///
+    /// Cold path: takes the registry lock and the model's lock.
+    pub fn deregister(&self, worker: WorkerId) -> bool {
+        self.remove_worker(worker, None)
+    }
+
+    /// Removes a worker if `incarnation` is its current one (a leaving
+    /// process never removes the one that replaced it); returns whether it
+    /// did. Cold path, as [`deregister`](Self::deregister).
+    pub fn deregister_incarnation(&self, worker: WorkerId, incarnation: u64) -> bool {
+        self.remove_worker(worker, Some(incarnation))
+    }
+
+    fn remove_worker(&self, worker: WorkerId, incarnation: Option<u64>) -> bool {
+        let _registry = lock(&self.registry_write);
+        let current = self.registry.load();
+        match current.workers.get(&worker) {
+            Some(rec) if incarnation.is_none_or(|i| i == rec.entry.incarnation) => {}
+            _ => return false,
+        }
+        let mut next = Registry::clone(&current);
+        drop(current);
+        let Some(rec) = next.workers.remove(&worker) else {
+            return false;
+        };
+        unlist(&rec);
+        self.registry.store(Arc::new(next));
+        true
+    }
+
+    fn new_model(&self, name: Arc<str>) -> Arc<ModelState> {
+        Arc::new(ModelState::new(name, self.default_thresholds))
+    }
+
+    /// Makes `model` known without any worker (so its thresholds can be set
+    /// and it routes as unavailable rather than unknown). Returns whether it
+    /// was new; an empty name is refused (as [`register`](Self::register)
+    /// refuses it) and returns false.
+    pub fn add_model(&self, model: &str) -> bool {
+        if model.is_empty() {
+            return false;
+        }
+        let _registry = lock(&self.registry_write);
+        let current = self.registry.load();
+        if current.models.contains_key(model) {
+            return false;
+        }
+        let mut next = Registry::clone(&current);
+        drop(current);
+        let state = self.new_model(Arc::from(model));
+        next.models.insert(state.name.clone(), state);
+        self.registry.store(Arc::new(next));
+        true
+    }
+
+    /// Applies one load report. Hot path: a report that flips no busy bit
+    /// takes no lock and allocates nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`ApplyError`] for an unregistered worker or a rank out of range.
+    pub fn apply(&self, report: &LoadReport) -> Result<Applied, ApplyError> {
+        let registry = self.registry.load();
+        let rec = registry.lookup(report.worker, report.rank)?;
+        if report.incarnation != rec.entry.incarnation {
+            return Ok(Applied::OtherIncarnation);
+        }
+        let now = self.clock.now();
+        match rec.entry.slot(report.rank, report.publisher).store(report.seq, &report.load, now) {
+            SlotUpdate::Stale => Ok(Applied::Stale),
+            SlotUpdate::Contended => Ok(Applied::Contended),
+            SlotUpdate::Stored => Ok(self.changed(&rec.entry, &rec.model, now)),
+        }
+    }
+
+    /// Adds to (or, negative, removes from) the router-tracked load of one
+    /// rank: what the router dispatched and has not yet seen end. The
+    /// router-tracked load never goes stale.
+    ///
+    /// # Errors
+    ///
+    /// [`ApplyError`] for an unregistered worker or a rank out of range.
+    pub fn track(&self, worker: WorkerId, rank: u32, blocks: i64, prefill_tokens: i64) -> Result<Applied, ApplyError> {
+        let registry = self.registry.load();
+        let rec = registry.lookup(worker, rank)?;
+        let now = self.clock.now();
+        rec.entry.slot(rank, Publisher::Router).add(blocks, prefill_tokens, now);
+        Ok(self.changed(&rec.entry, &rec.model, now))
+    }
+
+    /// Sets the router-tracked denominators of a rank (the capacity the
+    /// router assumes), keeping its numerators.
+    ///
+    /// # Errors
+    ///
+    /// [`ApplyError`] for an unregistered worker or a rank out of range.
+    pub fn set_tracked_capacity(
+        &self,
+        worker: WorkerId,
+        rank: u32,
+        kv_total_blocks: u32,
+        max_num_batched_tokens: u32,
+    ) -> Result<Applied, ApplyError> {
+        let registry = self.registry.load();
+        let rec = registry.lookup(worker, rank)?;
+        let now = self.clock.now();
+        rec.entry.slot(rank, Publisher::Router).set_denominators(kv_total_blocks, max_num_batched_tokens, now);
+        Ok(self.changed(&rec.entry, &rec.model, now))
+    }
+
+    /// After an input of `entry` changed: bump the version, evaluate, and
+    /// publish only if the busy bit differs from the published one (see
+    /// `publication`'s module docs).
+    #[inline]
+    fn changed(&self, entry: &Arc<WorkerEntry>, model: &ModelState, now: u64) -> Applied {
+        // AcqRel RMW: releases our slot stores to whoever reads the version
+        // with an RMW under the lock, and acquires any earlier reconciler's
+        // mirror store.
+        entry.version.fetch_add(1, Ordering::AcqRel);
+        let thresholds = **model.thresholds.load();
+        let busy = entry.evaluate(&thresholds, &self.clock, now);
+        // Acquire: pairs with the Release store under the lock.
+        if entry.busy.load(Ordering::Acquire) == busy {
+            return Applied::Stored;
+        }
+        self.publish(model, entry)
+    }
+
+    /// Takes the model's lock and brings the published bit of `entry` in
+    /// line with its slots.
+    #[cold]
+    fn publish(&self, model: &ModelState, entry: &Arc<WorkerEntry>) -> Applied {
+        match model.lock().reconcile(&self.clock, vec![entry.clone()], None) {
+            0 => Applied::Stored,
+            _ => Applied::Flipped,
+        }
+    }
+
+    /// Re-evaluates every worker (after time passed: ranks can go stale).
+    /// Returns how many busy bits flipped in the views it published. Call it
+    /// periodically when a staleness window is set.
+    pub fn expire_stale(&self) -> usize {
+        let registry = self.registry.load_full();
+        let now = self.clock.now();
+        let mut flips = 0;
+        for model in registry.models.values() {
+            let thresholds = **model.thresholds.load();
+            let view = model.view().load_full();
+            let candidates: Vec<Arc<WorkerEntry>> = view
+                .instances
+                .iter()
+                // Acquire: pairs with the mirror's Release store. The
+                // reasons are refreshed even when the bit stays.
+                .filter(|e| e.evaluate(&thresholds, &self.clock, now) != e.busy.load(Ordering::Acquire))
+                .cloned()
+                .collect();
+            if !candidates.is_empty() {
+                flips += model.lock().reconcile(&self.clock, candidates, None);
+            }
+        }
+        flips
+    }
+
+    /// Replaces a model's thresholds; every worker of the model is
+    /// re-evaluated and the busy set published before this returns.
+    ///
+    /// # Errors
+    ///
+    /// Unknown model, or an invalid value (nothing changes then).
+    pub fn set_thresholds(&self, model: &str, thresholds: BusyThresholds) -> Result<Thresholds, SetThresholdsError> {
+        self.update_thresholds(model, |t| *t = thresholds)
+    }
+
+    /// Changes a model's thresholds with `edit` (atomically with respect to
+    /// other changes of the same model); as [`set_thresholds`](Self::set_thresholds).
+    ///
+    /// # Errors
+    ///
+    /// Unknown model, or an invalid value (nothing changes then).
+    pub fn update_thresholds(
+        &self,
+        model: &str,
+        edit: impl FnOnce(&mut BusyThresholds),
+    ) -> Result<Thresholds, SetThresholdsError> {
+        let registry = self.registry.load_full();
+        let state = registry.models.get(model).ok_or_else(|| SetThresholdsError::UnknownModel(model.to_owned()))?;
+        let mut writer = state.lock();
+        let mut config = state.thresholds.load().to_config();
+        edit(&mut config);
+        let next = config.validate()?;
+        state.thresholds.store(Arc::new(next));
+        let instances = writer.instances();
+        writer.reconcile(&self.clock, instances, Some(next.is_enabled()));
+        Ok(next)
+    }
+
+    /// A model's thresholds, or `None` for an unknown model.
+    pub fn thresholds(&self, model: &str) -> Option<Thresholds> {
+        self.registry.load().models.get(model).map(|m| **m.thresholds.load())
+    }
+
+    /// Every known model with its thresholds, sorted by name.
+    pub fn all_thresholds(&self) -> Vec<(String, Thresholds)> {
+        let registry = self.registry.load();
+        let mut all: Vec<_> = registry.models.values().map(|m| (m.name.to_string(), **m.thresholds.load())).collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    /// Every known model name (with or without workers), sorted.
+    pub fn models(&self) -> Vec<String> {
+        let registry = self.registry.load();
+        let mut names: Vec<String> = registry.models.keys().map(|m| m.to_string()).collect();
+        names.sort();
+        names
+    }
+
+    /// Whether `model` is known.
+    pub fn has_model(&self, model: &str) -> bool {
+        self.registry.load().models.contains_key(model)
+    }
+
+    /// Whether `worker` is in its model's published busy set.
+    pub fn is_busy(&self, worker: WorkerId) -> bool {
+        let registry = self.registry.load();
+        registry.workers.get(&worker).is_some_and(|rec| {
+            let view = rec.model.view().load();
+            let position = view.instances.iter().position(|e| e.id == worker);
+            position.is_some_and(|p| view.busy.is_busy(p))
+        })
+    }
+
+    /// The signals that made `worker` busy at its last evaluation.
+    pub fn busy_reasons(&self, worker: WorkerId) -> BusySignals {
+        let registry = self.registry.load();
+        registry.workers.get(&worker).map_or_else(BusySignals::default, |rec| rec.entry.reasons())
+    }
+
+    /// The union of the reasons of every busy instance of `model` (why a
+    /// request to it was rejected as overloaded).
+    pub fn model_busy_reasons(&self, model: &str) -> BusySignals {
+        let registry = self.registry.load();
+        let Some(state) = registry.models.get(model) else {
+            return BusySignals::default();
+        };
+        let view = state.view().load();
+        view.instances
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| view.busy.is_busy(*i))
+            .fold(BusySignals::default(), |acc, (_, e)| acc.union(e.reasons()))
+    }
+
+    /// The published busy set of `model` (by instance position), and the
+    /// instance ids in the same order.
+    pub fn busy_set(&self, model: &str) -> Option<(Vec<WorkerId>, BusySet)> {
+        let registry = self.registry.load();
+        let state = registry.models.get(model)?;
+        let view = state.view().load();
+        Some((view.instances.iter().map(|e| e.id).collect(), view.busy.clone()))
+    }
+
+    /// Every registered worker, sorted by id.
+    pub fn workers(&self) -> Vec<WorkerInfo> {
+        let registry = self.registry.load();
+        let mut all: Vec<WorkerInfo> = registry
+            .workers
+            .values()
+            .map(|rec| WorkerInfo {
+                id: rec.entry.id,
+                incarnation: rec.entry.incarnation,
+                model: rec.model.name.to_string(),
+                dp_size: rec.entry.dp_size,
+                // Acquire: pairs with the mirror's Release store.
+                busy: rec.entry.busy.load(Ordering::Acquire),
+            })
+            .collect();
+        all.sort_by_key(|w| w.id);
+        all
+    }
+
+    /// The latest observed load of every rank of every worker, for metrics.
+    pub fn rank_snapshots(&self) -> Vec<RankSnapshot> {
+        let registry = self.registry.load();
+        let now = self.clock.now();
+        let mut all: Vec<RankSnapshot> = registry
+            .workers
+            .values()
+            .flat_map(|rec| (0..rec.entry.dp_size).map(move |rank| rec.entry.snapshot(rank, &self.clock, now)))
+            .collect();
+        all.sort_by_key(|s| (s.worker, s.rank));
+        all
+    }
+
+    /// The effective load of `worker` summed over its ranks.
+    pub fn worker_load(&self, worker: WorkerId) -> Option<WorkerLoad> {
+        let registry = self.registry.load();
+        registry.workers.get(&worker).map(|rec| self.load_of(&rec.entry))
+    }
+
+    /// Sum of the effective load over a worker's ranks (no lock, no
+    /// allocation); the router's load-aware policies call it.
+    #[inline]
+    pub(crate) fn load_of(&self, entry: &WorkerEntry) -> WorkerLoad {
+        entry.load(&self.clock, self.clock.now())
+    }
+
+    /// The model's state, for the router (cold path: a router resolves each
+    /// model once).
+    pub(crate) fn model_state(&self, model: &str) -> Option<Arc<ModelState>> {
+        self.registry.load().models.get(model).cloned()
+    }
+}
+
+/// Takes `rec`'s worker out of its model's view (under the registry lock).
+fn unlist(rec: &WorkerRecord) {
+    let mut writer = rec.model.lock();
+    let instances: Vec<Arc<WorkerEntry>> = writer.instances().into_iter().filter(|e| e.id != rec.entry.id).collect();
+    // Relaxed: under the model lock.
+    rec.entry.position.store(usize::MAX, Ordering::Relaxed);
+    writer.rebuild(&instances);
+}

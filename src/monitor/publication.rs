@@ -1,0 +1,191 @@
+//! The publication protocol: how a report that changes a worker's busy bit
+//! becomes a new [`ModelView`] without losing a concurrent change.
+//!
+//! # The protocol
+//!
+//! Every change to a worker's inputs (a stored report, a tracked-load
+//! update, a registration with fresh slots) is followed by a bump of the
+//! worker's `version`, an AcqRel read-modify-write. The writer then
+//! evaluates the worker and compares the result with the worker's published
+//! `busy` mirror (Acquire). Equal: done, no lock, no allocation. Different:
+//! it takes the model's write lock and *reconciles*: under the lock it reads
+//! `version` (Acquire), evaluates from the slots, publishes a new view if the
+//! bit differs from the mirror, stores the mirror (Release), and reads
+//! `version` again with an RMW. If the version moved, another writer changed
+//! the inputs after this evaluation read them, and the evaluation repeats.
+//!
+//! # Why no change is lost
+//!
+//! Take a writer W whose change lands while a reconciler R holds the lock.
+//! The bumps and R's final RMW are read-modify-writes of one atomic, so they
+//! are totally ordered:
+//!
+//! - W's bump comes first: R's final RMW reads a version other than the one
+//!   it started from and evaluates again. It acquires W's bump, which W
+//!   released after its store, so the new evaluation sees W's input.
+//! - R's final RMW comes first: W's bump reads from it and acquires R's
+//!   mirror store (released before the RMW). W's own evaluation sees its own
+//!   input; if the result differs from the mirror R published, W takes the
+//!   lock and reconciles itself.
+//!
+//! Either way the last evaluation of the worker sees every input, and the
+//! mirror and the published bit end equal to it. Two reconcilers never run
+//! at once for one model (the lock), so they cannot publish over each other.
+//!
+//! # Expiry
+//!
+//! A worker-reported rank goes stale as time passes, without any write.
+//! [`WorkerMonitor::expire_stale`](super::WorkerMonitor::expire_stale)
+//! evaluates every worker and reconciles those whose result differs from
+//! the mirror. A report racing it is an input change like any other: it
+//! stores its timestamp, bumps the version and evaluates (there is no
+//! "unchanged values" shortcut: a report that repeats the same values still
+//! refreshes the timestamp, which is an input). So if expiry publishes a
+//! worker free from the old timestamp, either its final RMW sees the
+//! report's bump and it evaluates again with the fresh timestamp, or the
+//! report's evaluation sees the free mirror and republishes it busy.
+//!
+//! # Thresholds
+//!
+//! A threshold change stores the new thresholds and reconciles every worker
+//! of the model under the lock before it returns. A report evaluating with
+//! the old thresholds while that happens either precedes the reconciliation
+//! in the version order (and is re-evaluated by it) or follows it (and
+//! evaluates with the new thresholds, which it loads after its bump).
+
+use crate::busy::BusySet;
+use crate::monitor::clock::MonitorClock;
+use crate::monitor::entry::WorkerEntry;
+use crate::monitor::view::ModelView;
+use crate::padded::Padded;
+use crate::sync::{lock, Arc, Mutex, Ordering, Swap};
+use crate::thresholds::Thresholds;
+use crossbeam_utils::CachePadded;
+
+/// One model: its thresholds, its published view, and its write lock.
+pub(crate) struct ModelState {
+    pub(crate) name: Arc<str>,
+    pub(crate) thresholds: Swap<Thresholds>,
+    view: Swap<ModelView>,
+    /// Serialises publication for this model (cold path: bit flips,
+    /// threshold changes, registration), and holds the view replaced last
+    /// (see [`ModelWriter::replace`]).
+    write: Mutex<Option<Arc<ModelView>>>,
+}
+
+impl ModelState {
+    /// A model with no instances.
+    pub(crate) fn new(name: Arc<str>, thresholds: Thresholds) -> Self {
+        ModelState {
+            name,
+            thresholds: Swap::from_pointee(thresholds),
+            view: Swap::from_pointee(ModelView::empty(thresholds.is_enabled())),
+            write: Mutex::new(None),
+        }
+    }
+
+    /// The published view, which routers read.
+    #[inline]
+    pub(crate) fn view(&self) -> &Swap<ModelView> {
+        &self.view
+    }
+
+    /// Takes the model's write lock (cold path).
+    pub(crate) fn lock(&self) -> ModelWriter<'_> {
+        ModelWriter { model: self, retired: lock(&self.write) }
+    }
+}
+
+/// The model's write lock held: the only way to publish a view.
+pub(crate) struct ModelWriter<'a> {
+    model: &'a ModelState,
+    retired: crate::sync::MutexGuard<'a, Option<Arc<ModelView>>>,
+}
+
+impl ModelWriter<'_> {
+    /// Publishes `next`. The view it replaces is kept until the next
+    /// publication, so the writer, not a router, usually drops the last
+    /// reference to a view: a [`LocalRouter`](crate::LocalRouter) that still
+    /// holds the old one only decrements a count when it moves on, and frees
+    /// nothing on the hot path.
+    ///
+    /// The caller holds no guard or `Arc` of the current view, and the swap
+    /// hands back arc-swap's own reference: publishing touches no count of
+    /// the view that routers are still reading.
+    fn replace(&mut self, next: ModelView) {
+        *self.retired = Some(self.model.view.swap(Arc::new(next)));
+    }
+
+    /// Publishes a view over `instances` (sorted by id), keeping each one's
+    /// published bit.
+    pub(crate) fn rebuild(&mut self, instances: &[Arc<WorkerEntry>]) {
+        let filtering = self.model.view.load().filtering;
+        let mut busy = BusySet::new(instances.len());
+        for (position, entry) in instances.iter().enumerate() {
+            // Relaxed: written and read under the model's lock.
+            entry.position.store(position, Ordering::Relaxed);
+            if entry.busy.load(Ordering::Relaxed) {
+                busy.set(position, true);
+            }
+        }
+        let ids = Arc::new(CachePadded::new(Padded::new(instances.iter().map(|e| e.id))));
+        self.replace(ModelView::new(Arc::from(instances.to_vec()), ids, busy, filtering));
+    }
+
+    /// The instances of the published view.
+    pub(crate) fn instances(&self) -> Vec<Arc<WorkerEntry>> {
+        self.model.view.load().instances.to_vec()
+    }
+
+    /// Re-evaluates `pending`, publishes one new view if any bit (or
+    /// `filtering`) changed, and repeats for entries whose version moved
+    /// meanwhile (see the module docs). Returns how many busy bits flipped.
+    pub(crate) fn reconcile(
+        &mut self,
+        clock: &MonitorClock,
+        mut pending: Vec<Arc<WorkerEntry>>,
+        mut filtering: Option<bool>,
+    ) -> usize {
+        let mut flips = 0;
+        while !pending.is_empty() || filtering.is_some() {
+            let thresholds = **self.model.thresholds.load();
+            let now = clock.now();
+            let view = self.model.view.load();
+            let mut bits: Option<BusySet> = None;
+            let mut seen = Vec::with_capacity(pending.len());
+            for entry in pending.drain(..) {
+                // Acquire: sees the slot stores released by the bump we read.
+                let before = entry.version.load(Ordering::Acquire);
+                let busy = entry.evaluate(&thresholds, clock, now);
+                // Relaxed: the mirror is only written under this lock.
+                let position = entry.position.load(Ordering::Relaxed);
+                if entry.busy.load(Ordering::Relaxed) != busy && position != usize::MAX {
+                    bits.get_or_insert_with(|| view.busy.clone()).set(position, busy);
+                    flips += 1;
+                }
+                seen.push((entry, before, busy));
+            }
+            let next_filtering = filtering.take().unwrap_or(view.filtering);
+            let changed = bits.is_some() || next_filtering != view.filtering;
+            let next = changed.then(|| {
+                let busy = bits.unwrap_or_else(|| view.busy.clone());
+                ModelView::new(view.instances.clone(), view.ids.clone(), busy, next_filtering)
+            });
+            drop(view); // before the swap, which would otherwise pay this guard's debt
+            if let Some(next) = next {
+                self.replace(next);
+            }
+            for (entry, before, busy) in seen {
+                // Release: a writer whose bump follows ours acquires this and
+                // compares against the bit we just published.
+                entry.busy.store(busy, Ordering::Release);
+                // AcqRel RMW: reads the latest version; if it moved, a writer
+                // changed the inputs after our evaluation read them.
+                if entry.version.fetch_add(0, Ordering::AcqRel) != before {
+                    pending.push(entry);
+                }
+            }
+        }
+        flips
+    }
+}
