@@ -12,6 +12,7 @@ use serde_json::{Map, Value};
 const DECODE: &str = "active_decode_blocks_threshold";
 const PREFILL: &str = "active_prefill_tokens_threshold";
 const FRAC: &str = "active_prefill_tokens_threshold_frac";
+const WAITING: &str = "active_waiting_requests_threshold";
 
 /// Bodies that are mostly well formed, so the fuzzer spends its time on the
 /// field rules rather than on JSON syntax.
@@ -27,6 +28,7 @@ enum Key {
     Decode,
     Prefill,
     Frac,
+    Waiting,
     Other(String),
 }
 
@@ -58,6 +60,7 @@ impl Body {
                         Key::Decode => DECODE.to_owned(),
                         Key::Prefill => PREFILL.to_owned(),
                         Key::Frac => FRAC.to_owned(),
+                        Key::Waiting => WAITING.to_owned(),
                         Key::Other(k) => k,
                     };
                     out.push_str(&Value::String(key).to_string());
@@ -97,6 +100,7 @@ fn reference(value: &Value) -> Option<ThresholdPatch> {
         decode: Change::Unchanged,
         prefill: Change::Unchanged,
         prefill_frac: Change::Unchanged,
+        waiting: Change::Unchanged,
     };
     let mut model = None;
     for (key, value) in fields {
@@ -123,8 +127,8 @@ fn reference(value: &Value) -> Option<ThresholdPatch> {
                     patch.prefill_frac = change;
                 }
             }
-            PREFILL => {
-                patch.prefill = match value {
+            PREFILL | WAITING => {
+                let change = match value {
                     Value::Null => Change::Clear,
                     _ => {
                         let text = number_text(value)?;
@@ -133,6 +137,11 @@ fn reference(value: &Value) -> Option<ThresholdPatch> {
                         }
                         Change::Set(text.parse().ok()?)
                     }
+                };
+                if key == PREFILL {
+                    patch.prefill = change;
+                } else {
+                    patch.waiting = change;
                 }
             }
             _ => return None,
@@ -148,7 +157,11 @@ fn same(a: &ThresholdPatch, b: &ThresholdPatch) -> bool {
         Change::Clear => Change::Clear,
         Change::Unchanged => Change::Unchanged,
     };
-    a.model == b.model && f(a.decode) == f(b.decode) && a.prefill == b.prefill && f(a.prefill_frac) == f(b.prefill_frac)
+    a.model == b.model
+        && f(a.decode) == f(b.decode)
+        && a.prefill == b.prefill
+        && f(a.prefill_frac) == f(b.prefill_frac)
+        && a.waiting == b.waiting
 }
 
 /// The patch written back as JSON.
@@ -167,14 +180,13 @@ fn to_json(patch: &ThresholdPatch) -> Vec<u8> {
     };
     put(DECODE, float(patch.decode));
     put(FRAC, float(patch.prefill_frac));
-    put(
-        PREFILL,
-        match patch.prefill {
-            Change::Unchanged => None,
-            Change::Clear => Some(Value::Null),
-            Change::Set(v) => Some(v.into()),
-        },
-    );
+    let whole = |c: Change<u64>| match c {
+        Change::Unchanged => None,
+        Change::Clear => Some(Value::Null),
+        Change::Set(v) => Some(v.into()),
+    };
+    put(PREFILL, whole(patch.prefill));
+    put(WAITING, whole(patch.waiting));
     serde_json::to_vec(&Value::Object(fields)).unwrap()
 }
 
@@ -197,7 +209,8 @@ fuzz_target!(|data: &[u8]| {
             let mut t = BusyThresholds {
                 active_decode_blocks_threshold: Some(0.5),
                 active_prefill_tokens_threshold: Some(7),
-                active_prefill_tokens_threshold_frac: Some(2.0), active_waiting_requests_threshold: None,
+                active_prefill_tokens_threshold_frac: Some(2.0),
+                active_waiting_requests_threshold: Some(4),
             };
             patch.apply(&mut t);
             assert!(t.validate().is_ok(), "{value}: {t:?}");

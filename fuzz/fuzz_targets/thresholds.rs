@@ -1,6 +1,6 @@
-//! `BusyThresholds::validate` and `Thresholds::evaluate` against a reference
-//! that rounds each f64 to parts per billion from its exact decimal expansion
-//! and compares in u128.
+//! `BusyThresholds::validate` and `Thresholds::evaluate` (all four signals)
+//! against a reference that rounds each f64 to parts per billion from its
+//! exact decimal expansion and compares in u128.
 #![no_main]
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
@@ -51,6 +51,7 @@ struct Load {
     kv_total_blocks: u32,
     prefill_active: Numerator,
     max_num_batched_tokens: u32,
+    waiting: Numerator,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -58,6 +59,7 @@ struct Input {
     decode: Option<Real>,
     prefill: Option<u64>,
     frac: Option<Real>,
+    waiting: Option<u64>,
     loads: [Load; 3],
 }
 
@@ -96,7 +98,8 @@ fuzz_target!(|input: Input| {
     let config = BusyThresholds {
         active_decode_blocks_threshold: decode,
         active_prefill_tokens_threshold: input.prefill,
-        active_prefill_tokens_threshold_frac: frac, active_waiting_requests_threshold: None,
+        active_prefill_tokens_threshold_frac: frac,
+        active_waiting_requests_threshold: input.waiting,
     };
 
     // Validation: exactly the out-of-range and non-finite values fail, the
@@ -123,6 +126,7 @@ fuzz_target!(|input: Input| {
     assert_eq!(thresholds.decode_ppb(), decode_ppb, "decode {:?}", decode);
     assert_eq!(thresholds.prefill_tokens(), input.prefill);
     assert_eq!(thresholds.prefill_frac_ppb(), frac_ppb, "frac {:?}", frac);
+    assert_eq!(thresholds.waiting_requests(), input.waiting);
     assert_eq!(thresholds.is_enabled(), !config.is_empty());
     // What GET /busy_threshold shows validates back to the same thresholds.
     assert_eq!(thresholds.to_config().validate(), Ok(thresholds));
@@ -132,7 +136,14 @@ fuzz_target!(|input: Input| {
             active_decode_blocks: numerator(load.decode_active, decode_ppb, load.kv_total_blocks),
             kv_total_blocks: load.kv_total_blocks,
             active_prefill_tokens: numerator(load.prefill_active, frac_ppb, load.max_num_batched_tokens),
-            max_num_batched_tokens: load.max_num_batched_tokens, waiting_requests: 0,
+            max_num_batched_tokens: load.max_num_batched_tokens,
+            waiting_requests: match load.waiting {
+                Numerator::Raw(v) => v,
+                // Around the threshold itself (an absolute count).
+                Numerator::Near(delta) => {
+                    (i128::from(input.waiting.unwrap_or(3)) + i128::from(delta)).clamp(0, i128::from(u32::MAX)) as u32
+                }
+            },
         };
         let signals = thresholds.evaluate(&load);
         let expect_decode = decode_ppb
@@ -141,11 +152,12 @@ fuzz_target!(|input: Input| {
         let expect_frac = frac_ppb.is_some_and(|p| {
             load.max_num_batched_tokens != 0 && exceeds(load.active_prefill_tokens, p, load.max_num_batched_tokens)
         });
+        let expect_waiting = input.waiting.is_some_and(|limit| u64::from(load.waiting_requests) > limit);
         assert_eq!(
-            (signals.decode, signals.prefill, signals.prefill_frac),
-            (expect_decode, expect_prefill, expect_frac),
+            (signals.decode, signals.prefill, signals.prefill_frac, signals.waiting),
+            (expect_decode, expect_prefill, expect_frac, expect_waiting),
             "{thresholds:?} on {load:?}"
         );
-        assert_eq!(signals.any(), expect_decode || expect_prefill || expect_frac);
+        assert_eq!(signals.any(), expect_decode || expect_prefill || expect_frac || expect_waiting);
     }
 });

@@ -19,31 +19,33 @@ enum Input {
 
 #[derive(Arbitrary, Debug)]
 enum FrameInput {
-    Register { worker: u64, dp_size: u32, model: String, http_addr: String, pad: u16 },
-    Load { worker: u64, rank: u32, seq: u64, load: [u32; 4] },
-    Deregister { worker: u64 },
+    Register { worker: u64, incarnation: u64, dp_size: u32, model: String, http_addr: String, pad: u16 },
+    Load { worker: u64, incarnation: u64, rank: u32, seq: u64, load: [u32; 5] },
+    Deregister { worker: u64, incarnation: u64 },
 }
 
 impl FrameInput {
     fn frame(self) -> Frame {
         match self {
-            FrameInput::Register { worker, dp_size, mut model, http_addr, pad } => {
+            FrameInput::Register { worker, incarnation, dp_size, mut model, http_addr, pad } => {
                 // Sometimes long enough to hit MAX_FRAME.
                 model.extend(std::iter::repeat_n('m', usize::from(pad % 4200)));
-                Frame::Register { worker, dp_size, model, http_addr }
+                Frame::Register { worker, incarnation, dp_size, model, http_addr }
             }
-            FrameInput::Load { worker, rank, seq, load: [a, b, c, d] } => Frame::Load {
+            FrameInput::Load { worker, incarnation, rank, seq, load: [a, b, c, d, e] } => Frame::Load {
                 worker,
+                incarnation,
                 rank,
                 seq,
                 load: RankLoad {
                     active_decode_blocks: a,
                     kv_total_blocks: b,
                     active_prefill_tokens: c,
-                    max_num_batched_tokens: d, waiting_requests: 0,
+                    max_num_batched_tokens: d,
+                    waiting_requests: e,
                 },
             },
-            FrameInput::Deregister { worker } => Frame::Deregister { worker },
+            FrameInput::Deregister { worker, incarnation } => Frame::Deregister { worker, incarnation },
         }
     }
 }
@@ -52,9 +54,9 @@ impl FrameInput {
 fn encoded_len(frame: &Frame) -> usize {
     HEADER_LEN
         + match frame {
-            Frame::Register { model, http_addr, .. } => 8 + 4 + 2 + model.len() + 2 + http_addr.len(),
-            Frame::Load { .. } => 8 + 4 + 8 + 16,
-            Frame::Deregister { .. } => 8,
+            Frame::Register { model, http_addr, .. } => 8 + 8 + 4 + 2 + model.len() + 2 + http_addr.len(),
+            Frame::Load { .. } => 8 + 8 + 4 + 8 + 20,
+            Frame::Deregister { .. } => 16,
         }
 }
 
@@ -94,8 +96,11 @@ fn decode_stream(bytes: &[u8]) -> (Vec<Frame>, Result<(), WireError>, usize) {
                 return (frames, Ok(()), buf.len());
             }
             Err(e) => {
-                if let WireError::BadMagic(b) = e {
-                    assert_ne!(b, MAGIC);
+                match e {
+                    // Another format version is told apart from garbage.
+                    WireError::BadMagic(b) => assert_ne!(b & 0xF0, MAGIC & 0xF0),
+                    WireError::UnsupportedVersion(v) => assert_ne!(0xB0 | v, MAGIC),
+                    _ => {}
                 }
                 return (frames, Err(e), buf.len());
             }
@@ -110,7 +115,7 @@ fuzz_target!(|data: &[u8]| {
             if magic_first {
                 bytes.insert(0, MAGIC);
             }
-            decode_stream(&bytes);
+            let _ = decode_stream(&bytes);
         }
         Input::Frames(inputs) => {
             let mut wire = BytesMut::new();
