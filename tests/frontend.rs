@@ -339,6 +339,37 @@ async fn busy_threshold_reads_sets_clears_and_takes_effect_at_once() {
     assert_eq!(all, json!({"thresholds": [unset]}));
 }
 
+/// The fourth signal end to end: `--active-waiting-requests-threshold 0`
+/// sheds as soon as a request waits in a worker's engine queue (the
+/// simulated engine reports its waiting line), and serves again once it
+/// drains.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_requests_threshold_sheds_while_the_engine_queue_is_not_empty() {
+    let fe = frontend(&["--active-waiting-requests-threshold", "0"]);
+    // 10 blocks of 16 tokens: a 100-word prompt takes 7, so a second one waits.
+    let _w = worker(&fe, 10, 100, &[]);
+    fe.wait_workers(1).await;
+    let all: Value = fe.client.get(format!("{}/busy_threshold", fe.http)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(all["thresholds"][0]["active_waiting_requests_threshold"], 0, "{all}");
+
+    let running = start_stream(&fe, 100, 40).await; // 140 tokens at most: 9 blocks, 4 s
+    let (client, url) = (fe.client.clone(), format!("{}/v1/completions", fe.http));
+    let waiting = tokio::spawn(async move { client.post(url).json(&request(100, 2, false)).send().await });
+    fe.wait_metrics("a request waiting in the engine", |m| {
+        sum_metric(m, "loadgate_frontend_worker_waiting_requests", "") >= 1.0
+    })
+    .await;
+    assert_eq!(fe.complete(request(1, 1, false)).await.status().as_u16(), 529);
+    assert_eq!(fe.metric("loadgate_frontend_rejection_reason_total", "reason=\"waiting_requests\"").await, 1.0);
+
+    drop(running); // the first request goes; the waiting one runs and the queue drains
+    let served = waiting.await.unwrap().unwrap();
+    assert_eq!(served.status().as_u16(), 200);
+    fe.wait_metrics("the queue drained", |m| sum_metric(m, "loadgate_frontend_worker_waiting_requests", "") == 0.0)
+        .await;
+    assert_eq!(fe.complete(request(1, 1, false)).await.status().as_u16(), 200);
+}
+
 /// (e) No worker: 503 Unavailable, for any model.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_worker_is_503_unavailable() {
