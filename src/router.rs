@@ -111,7 +111,8 @@ impl fmt::Debug for Router {
 
 /// The models a router has routed, each with this router's cursor. Only
 /// models the monitor knows are added, so a client naming models cannot
-/// grow it.
+/// grow it. The monitor never replaces a model's state (models are never
+/// forgotten), so a cached state stays the model's for good.
 struct RoutedModels {
     by_name: Swap<HashMap<Arc<str>, Arc<RoutedModel>, rustc_hash::FxBuildHasher>>,
     /// Serialises additions (cold path: the first route of a model).

@@ -209,7 +209,7 @@ mod thresholds {
         let queue = |n| RankLoad { waiting_requests: n, ..Default::default() };
         assert_eq!(monitor.apply(&report(1, 0, 1, queue(2))), Ok(Applied::Flipped));
         assert_eq!(monitor.busy_reasons(1), BusySignals { waiting: true, ..Default::default() });
-        assert_eq!(monitor.model_busy_reasons("m").waiting, true);
+        assert!(monitor.model_busy_reasons("m").waiting);
         let router = Router::new(monitor.clone(), Policy::RoundRobin);
         assert_eq!(router.route("m", &[]), Ok(2));
         monitor.apply(&report(2, 0, 1, queue(5))).unwrap();

@@ -164,16 +164,7 @@ fn two_reports_race_on_one_worker_entry() {
         monitor.apply(&rank(1, 1, 10)).unwrap();
         let monitor = Arc::new(monitor);
         assert!(!monitor.is_busy(1));
-        let writers: Vec<_> = [rank(0, 2, 10), rank(1, 2, 70)]
-            .into_iter()
-            .map(|r| {
-                let monitor = monitor.clone();
-                thread::spawn(move || monitor.apply(&r).unwrap())
-            })
-            .collect();
-        for w in writers {
-            w.join().unwrap();
-        }
+        apply_on_two_threads(&monitor, [rank(0, 2, 10), rank(1, 2, 70)]);
         assert_eq!(published(&monitor, &[1]), [false], "rank 0 is free: the worker must end free");
         assert!(!monitor.workers()[0].busy, "mirror disagrees with the published set");
     });
@@ -188,20 +179,17 @@ fn two_reports_race_on_one_worker_entry() {
 fn two_reports_race_on_one_slot() {
     run_model_with("monitor/two_reports_race_on_one_slot", 3, || {
         let monitor = monitor(0.5, &[(1, 10)]);
-        let writers: Vec<_> = [report(1, 2, 60), report(1, 3, 20)]
-            .into_iter()
-            .map(|r| {
-                let monitor = monitor.clone();
-                thread::spawn(move || monitor.apply(&r).unwrap())
-            })
-            .collect();
-        let results: Vec<Applied> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+        let results = apply_on_two_threads(&monitor, [report(1, 2, 60), report(1, 3, 20)]);
         let held = monitor.rank_snapshots()[0].reported.expect("reported").active_decode_blocks;
         let expected = if results[1] == Applied::Contended { 60 } else { 20 };
         assert_eq!(held, expected, "outcomes {results:?}");
         assert_eq!(published(&monitor, &[1]), [held > 50], "published bit disagrees with the load held");
         let again = monitor.apply(&report(1, 3, 0));
-        assert_eq!(again, Ok(if expected == 20 { Applied::Stale } else { Applied::Flipped }), "outcomes {results:?} held {held}");
+        assert_eq!(
+            again,
+            Ok(if expected == 20 { Applied::Stale } else { Applied::Flipped }),
+            "outcomes {results:?} held {held}"
+        );
     });
 }
 
@@ -263,6 +251,18 @@ fn expire_stale_counts_the_bits_it_flipped() {
         let parity = usize::from(!end ^ (applied == Applied::Flipped));
         assert_eq!(flips % 2, parity, "expiry returned {flips}; busy -> {end}, A {applied:?}");
     });
+}
+
+/// Applies the two reports at once, one thread each; their outcomes in order.
+fn apply_on_two_threads(monitor: &Arc<WorkerMonitor>, reports: [LoadReport; 2]) -> Vec<Applied> {
+    let writers: Vec<_> = reports
+        .into_iter()
+        .map(|r| {
+            let monitor = monitor.clone();
+            thread::spawn(move || monitor.apply(&r).unwrap())
+        })
+        .collect();
+    writers.into_iter().map(|w| w.join().unwrap()).collect()
 }
 
 const STALENESS: Duration = Duration::from_secs(3);

@@ -184,9 +184,6 @@ impl WorkerMonitor {
             Some(_) => Registered::Restarted,
             None => Registered::New,
         };
-        if let Some(old) = next.workers.remove(&worker) {
-            unlist(&old);
-        }
         let state = match next.models.get(model) {
             Some(state) => state.clone(),
             None => {
@@ -196,12 +193,15 @@ impl WorkerMonitor {
             }
         };
         let entry = Arc::new(WorkerEntry::new(worker, incarnation, dp_size));
-        {
-            let mut writer = state.lock();
-            let mut instances = writer.instances();
-            instances.push(entry.clone());
-            instances.sort_by_key(|e| e.id);
-            writer.rebuild(&instances);
+        match next.workers.remove(&worker) {
+            // A restart in the same model: one publication swaps the entries,
+            // so routers never see the worker missing.
+            Some(old) if Arc::ptr_eq(&old.model, &state) => relist(&state, Some(&old.entry), Some(&entry)),
+            Some(old) => {
+                relist(&old.model, Some(&old.entry), None);
+                relist(&state, None, Some(&entry));
+            }
+            None => relist(&state, None, Some(&entry)),
         }
         next.workers.insert(worker, WorkerRecord { entry, model: state });
         self.registry.store(Arc::new(next));
@@ -235,7 +235,7 @@ impl WorkerMonitor {
         let Some(rec) = next.workers.remove(&worker) else {
             return false;
         };
-        unlist(&rec);
+        relist(&rec.model, Some(&rec.entry), None);
         self.registry.store(Arc::new(next));
         true
     }
@@ -524,11 +524,20 @@ impl WorkerMonitor {
     }
 }
 
-/// Takes `rec`'s worker out of its model's view (under the registry lock).
-fn unlist(rec: &WorkerRecord) {
-    let mut writer = rec.model.lock();
-    let instances: Vec<Arc<WorkerEntry>> = writer.instances().into_iter().filter(|e| e.id != rec.entry.id).collect();
-    // Relaxed: under the model lock.
-    rec.entry.position.store(usize::MAX, Ordering::Relaxed);
+/// Publishes `model`'s view without `remove` and with `add` (cold path, under
+/// the registry lock).
+fn relist(model: &ModelState, remove: Option<&Arc<WorkerEntry>>, add: Option<&Arc<WorkerEntry>>) {
+    let mut writer = model.lock();
+    let mut instances = writer.instances();
+    if let Some(gone) = remove {
+        instances.retain(|e| !Arc::ptr_eq(e, gone));
+        // Relaxed: under the model lock; a reconcile of the old entry that
+        // is still under way sets no bit from now on.
+        gone.position.store(usize::MAX, Ordering::Relaxed);
+    }
+    if let Some(new) = add {
+        instances.push(new.clone());
+        instances.sort_by_key(|e| e.id);
+    }
     writer.rebuild(&instances);
 }
