@@ -57,6 +57,12 @@ pub const MAX_QUEUE_LIMIT: usize = 1 << 20;
 /// Hands a queued item its permit when a slot frees up. Returns the permit
 /// back if the item can no longer use it (its client went away); the slot
 /// then passes to the next item.
+///
+/// It runs inline, on whichever thread frees the slot (often inside a
+/// permit's drop), and may be handed several slots in a row: it must not
+/// block or take a lock that a permit's holder may hold while dropping it
+/// (sending on a channel is the intended use). If it panics, the slot it was
+/// given is released and the other waiting items still get theirs.
 pub type Dispatch<T> = Box<dyn Fn(T, Permit<T>) -> Result<(), Permit<T>> + Send + Sync>;
 
 /// A worker's admission control: at most `N` running, at most `Q` waiting.
@@ -294,26 +300,39 @@ impl<T> Admission<T> {
                 Err(actual) => state = actual,
             }
         }
-        self.enqueue(item)?;
+        if let Some(oldest) = self.enqueue(item)? {
+            self.hand(oldest);
+        }
         self.pump();
         Ok(Admitted::Queued)
     }
 
     /// Stores and counts `item` in the overflow, or hands it back when `Q`
-    /// are queued.
+    /// are queued and every slot is taken. When `Q` are queued but a slot is
+    /// free (the arrivals that filled the queue have not claimed it yet),
+    /// the oldest item takes the slot first and is returned, to be handed
+    /// its permit outside the lock.
     ///
     /// Cold path: takes the handoff lock, under which `queued` counts exactly
     /// the stored items (module docs).
     #[cold]
-    fn enqueue(&self, item: T) -> Result<(), Rejected<T>> {
+    fn enqueue(&self, item: T) -> Result<Option<T>, Rejected<T>> {
         let mut handoff = lock(&self.handoff);
-        // Acquire: `queued` only changes under this lock, which we hold.
-        let (_, queued) = unpack(self.state.load(Ordering::Acquire));
-        if queued >= self.queue_limit {
+        // Acquire: with items queued, neither count changes outside this
+        // lock (both fast paths need `queued == 0`), and we hold it.
+        let (running, queued) = unpack(self.state.load(Ordering::Acquire));
+        let oldest = if queued < self.queue_limit {
+            None
+        } else if running < self.limit {
+            // running + 1, queued - 1 (queued >= 2: no borrow past zero).
+            // AcqRel: as every claim (see `pump`); the counts are stable here.
+            self.state.fetch_add(pack(1, 0) - 1, Ordering::AcqRel);
+            Some(self.take_oldest(&mut handoff))
+        } else {
             // Relaxed: a statistic.
             self.rejected.fetch_add(1, Ordering::Relaxed);
             return Err(Rejected(item));
-        }
+        };
         if let Err(item) = self.queue.push(item) {
             // The storage holds `queued < Q` items and the queue `Q - 1`, so
             // the handoff is empty: the oldest moves on, making room.
@@ -326,7 +345,15 @@ impl<T> Admission<T> {
         // AcqRel: a claimer that reads the count (under the lock, or in a
         // failed fast-path CAS) sees the item stored.
         self.state.fetch_add(1, Ordering::AcqRel);
-        Ok(())
+        Ok(oldest)
+    }
+
+    /// Gives a claimed item its (already counted) slot; if its client is
+    /// gone, the slot passes on like any released one.
+    fn hand(self: &Arc<Self>, item: T) {
+        if let Err(back) = (self.dispatch)(item, Permit::new(self.clone())) {
+            drop(back);
+        }
     }
 
     /// The oldest stored item (handoff first); the caller holds the lock and
@@ -355,10 +382,7 @@ impl<T> Admission<T> {
                 }
                 self.take_oldest(&mut handoff)
             };
-            if let Err(back) = (self.dispatch)(item, Permit::new(self.clone())) {
-                // The item is gone: its slot passes on like any released one.
-                drop(back);
-            }
+            self.hand(item);
         }
     }
 
@@ -394,18 +418,19 @@ impl<T> Admission<T> {
         if self.releases.fetch_add(1, Ordering::AcqRel) != 0 {
             return;
         }
-        loop {
-            if let Some(item) = self.pass_on() {
-                if let Err(mut back) = (self.dispatch)(item, Permit::new(self.clone())) {
-                    // The item is gone and the slot is still ours: disarm
-                    // the permit and pass the slot on again.
-                    back.admission = None;
-                    continue;
-                }
-            }
-            // AcqRel: pairs with the increments; the last one out stops.
-            if self.releases.fetch_sub(1, Ordering::AcqRel) == 1 {
-                return;
+        let mut passing = PassingOn { admission: self, done: false };
+        passing.run();
+    }
+
+    /// One release's worth of the loop: passes one slot on (again, while the
+    /// item it reaches is gone).
+    fn pass_one_on(self: &Arc<Self>) {
+        while let Some(item) = self.pass_on() {
+            match (self.dispatch)(item, Permit::new(self.clone())) {
+                Ok(()) => return,
+                // The item is gone and the slot is still ours: disarm the
+                // permit and pass the slot on again.
+                Err(mut back) => back.admission = None,
             }
         }
     }
@@ -451,6 +476,41 @@ impl<T> Admission<T> {
     /// The overflow size `Q`.
     pub fn queue_limit(&self) -> usize {
         self.queue_limit as usize
+    }
+}
+
+/// The thread passing slots on, for [`Admission::release_queued`]. If a
+/// dispatch panics, its permit's release has already been counted (the
+/// permit is dropped as the panic unwinds), so dropping this finishes the
+/// loop: the releases that other threads left to it are not lost.
+struct PassingOn<'a, T> {
+    admission: &'a Arc<Admission<T>>,
+    done: bool,
+}
+
+impl<T> PassingOn<'_, T> {
+    fn run(&mut self) {
+        loop {
+            self.admission.pass_one_on();
+            // AcqRel: pairs with the increments; the last one out stops.
+            if self.admission.releases.fetch_sub(1, Ordering::AcqRel) == 1 {
+                self.done = true;
+                return;
+            }
+        }
+    }
+}
+
+impl<T> Drop for PassingOn<'_, T> {
+    fn drop(&mut self) {
+        if !self.done {
+            // Unwinding out of a dispatch: that release is done (its slot
+            // went into the dropped permit); do the rest.
+            // AcqRel: as in `run`.
+            if self.admission.releases.fetch_sub(1, Ordering::AcqRel) != 1 {
+                self.run();
+            }
+        }
     }
 }
 

@@ -303,8 +303,8 @@ fn apply_to_a_partly_busy_multi_rank_worker_allocates_nothing() {
 fn tracking_without_a_flip_allocates_nothing() {
     let monitor = pool(None);
     let n = allocations_per_calls(|| {
-        assert_eq!(monitor.track(3, 0, 1, 10), Ok(Applied::Stored));
-        assert_eq!(monitor.track(3, 0, -1, -10), Ok(Applied::Stored));
+        assert_eq!(monitor.track(3, 0, 0, 1, 10), Ok(Applied::Stored));
+        assert_eq!(monitor.track(3, 0, 0, -1, -10), Ok(Applied::Stored));
     });
     assert_eq!(n, 0);
 }

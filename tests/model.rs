@@ -462,7 +462,8 @@ impl System {
                 prop_assert_eq!(real, expected, "report seq {}", seq);
             }
             Op::Track { worker, rank, blocks, tokens } => {
-                let real = self.monitor.track(worker, rank, blocks, tokens);
+                let incarnation = self.model.workers.get(&worker).map_or(0, |w| w.incarnation);
+                let real = self.monitor.track(worker, incarnation, rank, blocks, tokens);
                 let expected = match self.slot_error(worker, rank) {
                     Some(e) => Err(e),
                     None => {
@@ -478,7 +479,8 @@ impl System {
                 prop_assert_eq!(real, expected);
             }
             Op::Capacity { worker, rank, kv, mnbt } => {
-                let real = self.monitor.set_tracked_capacity(worker, rank, kv, mnbt);
+                let incarnation = self.model.workers.get(&worker).map_or(0, |w| w.incarnation);
+                let real = self.monitor.set_tracked_capacity(worker, incarnation, rank, kv, mnbt);
                 let expected = match self.slot_error(worker, rank) {
                     Some(e) => Err(e),
                     None => {

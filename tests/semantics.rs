@@ -522,6 +522,25 @@ mod reports {
         assert_eq!(monitor.busy_set("other").unwrap().0, [1]);
     }
 
+    /// A request sent to a worker's previous life that ends after the
+    /// restart must not take its load off the new life's tracked load
+    /// (found by review).
+    #[test]
+    fn tracked_load_belongs_to_one_incarnation() {
+        let monitor = monitor_with(&[1], 1, decode(0.5));
+        monitor.set_tracked_capacity(1, 0, 0, 100, 0).unwrap();
+        monitor.track(1, 0, 0, 60, 0).unwrap();
+        assert_eq!(monitor.register(1, "m", 1, 9), Ok(Registered::Restarted));
+        assert_eq!(monitor.incarnation(1), Some(9));
+        monitor.set_tracked_capacity(1, 9, 0, 100, 0).unwrap();
+        assert_eq!(monitor.track(1, 9, 0, 60, 0), Ok(Applied::Flipped), "the new life's own request");
+        // The old request ends: dropped, the new life stays busy.
+        assert_eq!(monitor.track(1, 0, 0, -60, 0), Ok(Applied::OtherIncarnation));
+        assert_eq!(monitor.set_tracked_capacity(1, 0, 0, 1, 1), Ok(Applied::OtherIncarnation));
+        assert!(monitor.is_busy(1));
+        assert_eq!(monitor.rank_snapshots()[0].tracked, Some(blocks(60, 100)));
+    }
+
     #[test]
     fn deregistering_an_old_incarnation_keeps_the_new_one() {
         let monitor = monitor_with(&[1], 1, decode(0.5));
@@ -556,9 +575,9 @@ mod reports {
             monitor.apply(&report(1, 2, 1, blocks(1, 1))),
             Err(ApplyError::RankOutOfRange { worker: 1, rank: 2, dp_size: 2 })
         );
-        assert_eq!(monitor.track(9, 0, 1, 1), Err(ApplyError::UnknownWorker(9)));
-        assert_eq!(monitor.track(1, 5, 1, 1), Err(ApplyError::RankOutOfRange { worker: 1, rank: 5, dp_size: 2 }));
-        assert_eq!(monitor.set_tracked_capacity(9, 0, 1, 1), Err(ApplyError::UnknownWorker(9)));
+        assert_eq!(monitor.track(9, 0, 0, 1, 1), Err(ApplyError::UnknownWorker(9)));
+        assert_eq!(monitor.track(1, 0, 5, 1, 1), Err(ApplyError::RankOutOfRange { worker: 1, rank: 5, dp_size: 2 }));
+        assert_eq!(monitor.set_tracked_capacity(9, 0, 0, 1, 1), Err(ApplyError::UnknownWorker(9)));
     }
 
     #[test]
@@ -567,7 +586,7 @@ mod reports {
         monitor.apply(&report(1, 0, 1, blocks(90, 100))).unwrap();
         assert!(monitor.is_busy(1));
         // The router tracks less than the worker reports: the larger wins.
-        monitor.track(1, 0, 10, 0).unwrap();
+        monitor.track(1, 0, 0, 10, 0).unwrap();
         assert!(monitor.is_busy(1));
         let snap = monitor.rank_snapshots()[0];
         assert_eq!(snap.reported, Some(blocks(90, 100)));
@@ -578,8 +597,8 @@ mod reports {
     #[test]
     fn reported_load_does_not_overwrite_tracked_load() {
         let monitor = monitor_with(&[1], 1, decode(0.85));
-        monitor.set_tracked_capacity(1, 0, 100, 0).unwrap();
-        assert_eq!(monitor.track(1, 0, 90, 0), Ok(Applied::Flipped));
+        monitor.set_tracked_capacity(1, 0, 0, 100, 0).unwrap();
+        assert_eq!(monitor.track(1, 0, 0, 90, 0), Ok(Applied::Flipped));
         assert!(monitor.is_busy(1));
         // The worker reports less (its report lags): the tracked load stays and wins.
         assert_eq!(monitor.apply(&report(1, 0, 1, blocks(10, 100))), Ok(Applied::Stored));
@@ -588,7 +607,7 @@ mod reports {
         assert_eq!(snap.reported, Some(blocks(10, 100)));
         assert_eq!(snap.tracked, Some(blocks(90, 100)));
         // Requests end: the tracked load falls, the reported one decides.
-        assert_eq!(monitor.track(1, 0, -90, 0), Ok(Applied::Flipped));
+        assert_eq!(monitor.track(1, 0, 0, -90, 0), Ok(Applied::Flipped));
         assert!(!monitor.is_busy(1));
     }
 
@@ -598,7 +617,7 @@ mod reports {
         // worker's kv_total_blocks completes the fraction.
         let monitor = monitor_with(&[1], 1, decode(0.85));
         monitor.apply(&report(1, 0, 1, blocks(10, 100))).unwrap();
-        assert_eq!(monitor.track(1, 0, 86, 0), Ok(Applied::Flipped));
+        assert_eq!(monitor.track(1, 0, 0, 86, 0), Ok(Applied::Flipped));
         assert_eq!(monitor.rank_snapshots()[0].effective(), Some(blocks(86, 100)));
     }
 
@@ -627,9 +646,9 @@ mod reports {
     #[test]
     fn tracking_saturates_at_zero() {
         let monitor = monitor_with(&[1], 1, decode(0.5));
-        monitor.track(1, 0, -5, -5).unwrap();
+        monitor.track(1, 0, 0, -5, -5).unwrap();
         assert_eq!(monitor.rank_snapshots()[0].tracked, Some(RankLoad::default()));
-        monitor.track(1, 0, 3, 4).unwrap();
+        monitor.track(1, 0, 0, 3, 4).unwrap();
         assert_eq!(
             monitor.rank_snapshots()[0].tracked,
             Some(RankLoad { active_decode_blocks: 3, active_prefill_tokens: 4, ..Default::default() })
@@ -639,11 +658,11 @@ mod reports {
     #[test]
     fn tracking_saturates_with_extreme_deltas() {
         let monitor = monitor_with(&[1], 1, decode(0.5));
-        monitor.track(1, 0, 7, 7).unwrap();
-        monitor.track(1, 0, i64::MAX, i64::MAX).unwrap();
+        monitor.track(1, 0, 0, 7, 7).unwrap();
+        monitor.track(1, 0, 0, i64::MAX, i64::MAX).unwrap();
         let full = RankLoad { active_decode_blocks: u32::MAX, active_prefill_tokens: u32::MAX, ..Default::default() };
         assert_eq!(monitor.rank_snapshots()[0].tracked, Some(full));
-        monitor.track(1, 0, i64::MIN, i64::MIN).unwrap();
+        monitor.track(1, 0, 0, i64::MIN, i64::MIN).unwrap();
         assert_eq!(monitor.rank_snapshots()[0].tracked, Some(RankLoad::default()));
     }
 
@@ -652,7 +671,7 @@ mod reports {
         let monitor = monitor_with(&[1], 2, decode(0.5));
         monitor.apply(&report(1, 0, 1, RankLoad { active_prefill_tokens: 5, ..blocks(10, 100) })).unwrap();
         monitor.apply(&report(1, 1, 1, blocks(30, 50))).unwrap();
-        monitor.track(1, 1, 40, 0).unwrap();
+        monitor.track(1, 0, 1, 40, 0).unwrap();
         assert_eq!(
             monitor.worker_load(1),
             Some(WorkerLoad {
@@ -702,7 +721,7 @@ mod staleness {
         let monitor = WorkerMonitor::with_clock(config, clock).unwrap();
         monitor.register(1, "m", 1, 0).unwrap();
         monitor.apply(&report(1, 0, 1, blocks(60, 100))).unwrap();
-        monitor.track(1, 0, 0, 11).unwrap(); // the router's own prefill count never goes stale
+        monitor.track(1, 0, 0, 0, 11).unwrap(); // the router's own prefill count never goes stale
         assert_eq!(
             monitor.busy_reasons(1),
             BusySignals { decode: true, prefill: true, prefill_frac: false, waiting: false }
@@ -728,8 +747,8 @@ mod staleness {
     #[test]
     fn router_tracked_load_never_goes_stale() {
         let (monitor, mock) = stale_monitor(Duration::from_secs(3));
-        monitor.set_tracked_capacity(1, 0, 100, 0).unwrap();
-        monitor.track(1, 0, 60, 0).unwrap();
+        monitor.set_tracked_capacity(1, 0, 0, 100, 0).unwrap();
+        monitor.track(1, 0, 0, 60, 0).unwrap();
         assert!(monitor.is_busy(1));
         mock.increment(Duration::from_secs(3600));
         assert_eq!(monitor.expire_stale(), 0);
@@ -1234,6 +1253,42 @@ mod admission {
             .expect("the releasing thread survives");
         assert_eq!(runs.load(std::sync::atomic::Ordering::Relaxed), MAX_QUEUE_LIMIT);
         assert_eq!((admission.running(), admission.queued()), (0, 0));
+    }
+
+    /// A dispatcher that panics does not jam the gate: its slot is
+    /// released as the panic unwinds, and the loop passing slots on still
+    /// reaches the other waiting items (found by review: the pass-on
+    /// counter stayed set and every later slot was kept).
+    #[test]
+    fn a_panicking_dispatcher_leaves_the_gate_working() {
+        let (tx, rx) = mpsc::channel();
+        let tx = std::sync::Mutex::new(tx);
+        let admission = Admission::new(
+            1,
+            4,
+            Box::new(move |item: u32, permit| {
+                assert_ne!(item, 1, "item 1's dispatch panics");
+                tx.lock().unwrap().send((item, permit)).map_err(|e| e.0 .1)
+            }),
+        )
+        .unwrap();
+        let first = now(admission.try_admit(0));
+        for item in 1..=3 {
+            queued(admission.try_admit(item));
+        }
+        let unwound = catch_unwind(AssertUnwindSafe(move || drop(first)));
+        assert!(unwound.is_err(), "the dispatcher's panic reaches the releasing thread");
+        // Item 1's slot went to item 2, which holds it now.
+        let (item, permit) = rx.try_recv().expect("item 2 got the slot");
+        assert_eq!(item, 2);
+        assert_eq!((admission.running(), admission.queued()), (1, 1));
+        drop(permit);
+        let (item, permit) = rx.try_recv().expect("item 3 got the slot");
+        assert_eq!(item, 3);
+        drop(permit);
+        assert_eq!((admission.running(), admission.queued()), (0, 0));
+        // And it admits again, directly.
+        drop(now(admission.try_admit(4)));
     }
 
     /// A dispatcher that drops several permits it holds, from inside a

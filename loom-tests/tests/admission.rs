@@ -265,3 +265,28 @@ fn never_refused_below_n_plus_q() {
         assert_eq!((admission.running(), admission.queued()), (0, 0));
     });
 }
+
+/// The other way below `N + Q`: two arrivals both miss the fast path while
+/// item 0 runs, item 0's slot is freed (nothing was queued yet, so the
+/// release just frees it), and both queue before either claims the free
+/// slot. A third arrival then finds `Q` queued but a slot free: it must be
+/// admitted (the oldest waiting item takes the slot first), since the slot
+/// was released before it came and at most 2 items are admitted.
+///
+/// Fails without the claim in `enqueue` (found by review, reproduced here):
+/// item 3 refused with 0 running and 2 queued.
+#[test]
+fn never_refused_while_arrivals_fill_the_queue_and_a_slot_is_free() {
+    run_model_with("admission/never_refused_while_arrivals_fill_the_queue_and_a_slot_is_free", 3, || {
+        let (engine, admission) = setup();
+        let Ok(Admitted::Now(first, permit)) = admission.try_admit(item(0)) else { panic!("first item must run now") };
+        let arrivals = spawn_submitters(&engine, &admission, &[&[1], &[2]]);
+        engine.run(first, permit); // released before item 3 arrives
+        let third = submit(&engine, &admission, &[3]);
+        assert!(third.rejected.is_empty(), "item 3 refused after the slot was released");
+        let outcomes: Vec<Outcome> = arrivals.into_iter().map(|t| t.join().unwrap()).collect();
+        let all: Vec<&Outcome> = outcomes.iter().chain([&third]).collect();
+        check(&engine.runs.lock().unwrap(), &all, Some(0));
+        assert_eq!((admission.running(), admission.queued()), (0, 0));
+    });
+}

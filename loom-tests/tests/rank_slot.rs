@@ -119,11 +119,11 @@ fn tracked_increments_are_never_lost() {
             .map(|_| {
                 let monitor = monitor.clone();
                 thread::spawn(move || {
-                    monitor.track(1, 0, 3, 50).unwrap();
+                    monitor.track(1, 0, 0, 3, 50).unwrap();
                 })
             })
             .collect();
-        monitor.set_tracked_capacity(1, 0, 100, 1000).unwrap();
+        monitor.set_tracked_capacity(1, 0, 0, 100, 1000).unwrap();
         for a in adders {
             a.join().unwrap();
         }

@@ -285,23 +285,43 @@ impl WorkerMonitor {
         }
     }
 
+    /// The current incarnation of `worker`, if it is registered.
+    pub fn incarnation(&self, worker: WorkerId) -> Option<u64> {
+        self.registry.load().workers.get(&worker).map(|rec| rec.entry.incarnation)
+    }
+
     /// Adds to (or, negative, removes from) the router-tracked load of one
-    /// rank: what the router dispatched and has not yet seen end. The
-    /// router-tracked load never goes stale.
+    /// rank of incarnation `incarnation` of `worker`: what the router
+    /// dispatched to it and has not yet seen end. The router-tracked load
+    /// never goes stale. An update for another incarnation (a request sent
+    /// to the worker's previous life, ending after a restart) is dropped
+    /// with [`Applied::OtherIncarnation`], so it cannot cancel load the
+    /// router tracks for the new one.
     ///
     /// # Errors
     ///
     /// [`ApplyError`] for an unregistered worker or a rank out of range.
-    pub fn track(&self, worker: WorkerId, rank: u32, blocks: i64, prefill_tokens: i64) -> Result<Applied, ApplyError> {
+    pub fn track(
+        &self,
+        worker: WorkerId,
+        incarnation: u64,
+        rank: u32,
+        blocks: i64,
+        prefill_tokens: i64,
+    ) -> Result<Applied, ApplyError> {
         let registry = self.registry.load();
         let rec = registry.lookup(worker, rank)?;
+        if incarnation != rec.entry.incarnation {
+            return Ok(Applied::OtherIncarnation);
+        }
         let now = self.clock.now();
         rec.entry.slot(rank, Publisher::Router).add(blocks, prefill_tokens, now);
         Ok(self.changed(&rec.entry, &rec.model, now))
     }
 
     /// Sets the router-tracked denominators of a rank (the capacity the
-    /// router assumes), keeping its numerators.
+    /// router assumes), keeping its numerators; for another incarnation,
+    /// as [`track`](Self::track), nothing.
     ///
     /// # Errors
     ///
@@ -309,12 +329,16 @@ impl WorkerMonitor {
     pub fn set_tracked_capacity(
         &self,
         worker: WorkerId,
+        incarnation: u64,
         rank: u32,
         kv_total_blocks: u32,
         max_num_batched_tokens: u32,
     ) -> Result<Applied, ApplyError> {
         let registry = self.registry.load();
         let rec = registry.lookup(worker, rank)?;
+        if incarnation != rec.entry.incarnation {
+            return Ok(Applied::OtherIncarnation);
+        }
         let now = self.clock.now();
         rec.entry.slot(rank, Publisher::Router).set_denominators(kv_total_blocks, max_num_batched_tokens, now);
         Ok(self.changed(&rec.entry, &rec.model, now))

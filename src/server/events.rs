@@ -394,7 +394,7 @@ struct PlaneServer {
     conns: HashMap<Token, Conn>,
     next_token: usize,
     /// Open connections per registered worker.
-    live: HashMap<WorkerId, usize>,
+    live: HashMap<(WorkerId, u64), usize>,
     /// Workers whose last connection closed: deregister at the deadline
     /// unless they reconnected.
     pending: Vec<(Instant, WorkerId, u64)>,
@@ -508,7 +508,7 @@ impl PlaneServer {
                 self.directory.insert(worker, &http_addr, dp_size);
                 if conn.worker.is_none() {
                     conn.worker = Some((worker, incarnation));
-                    *self.live.entry(worker).or_default() += 1;
+                    *self.live.entry((worker, incarnation)).or_default() += 1;
                 }
                 match outcome {
                     Registered::New => {
@@ -540,7 +540,7 @@ impl PlaneServer {
                     return Err(format!("deregister for worker {worker} on a connection that did not register it"));
                 }
                 conn.worker = None;
-                self.forget_connection(worker);
+                self.forget_connection(worker, incarnation);
                 self.remove(worker, incarnation);
                 Ok(())
             }
@@ -550,19 +550,23 @@ impl PlaneServer {
     fn close(&mut self, mut conn: Conn) {
         let _ = self.poll.registry().deregister(&mut conn.stream);
         if let Some((worker, incarnation)) = conn.worker {
-            if self.forget_connection(worker) == 0 {
+            if self.forget_connection(worker, incarnation) == 0 {
                 self.pending.push((Instant::now() + self.grace, worker, incarnation));
             }
         }
     }
 
-    /// One connection of `worker` is gone; returns how many remain.
-    fn forget_connection(&mut self, worker: WorkerId) -> usize {
-        let left = self.live.get(&worker).map_or(0, |n| n.saturating_sub(1));
+    /// One connection of this incarnation of `worker` is gone; returns how
+    /// many remain. Counted per incarnation: during a rolling restart the
+    /// old and the new life are connected at once, and each must leave when
+    /// its own last connection does.
+    fn forget_connection(&mut self, worker: WorkerId, incarnation: u64) -> usize {
+        let key = (worker, incarnation);
+        let left = self.live.get(&key).map_or(0, |n| n.saturating_sub(1));
         if left == 0 {
-            self.live.remove(&worker);
+            self.live.remove(&key);
         } else {
-            self.live.insert(worker, left);
+            self.live.insert(key, left);
         }
         left
     }
@@ -580,7 +584,7 @@ impl PlaneServer {
             }
         });
         for (worker, incarnation) in due {
-            if !self.live.contains_key(&worker) {
+            if !self.live.contains_key(&(worker, incarnation)) {
                 self.remove(worker, incarnation);
             }
         }
@@ -682,6 +686,38 @@ mod tests {
         // Three staleness windows without a change: heartbeats keep it fresh.
         std::thread::sleep(Duration::from_millis(900));
         assert_eq!(reported(&monitor, 8, 0), Some(load(1)));
+    }
+
+    /// A rolling restart: the new life registers while the old one is still
+    /// connected; the new one crashes, then the old one leaves. The worker
+    /// must not stay registered with no connection (found by review).
+    #[test]
+    fn each_incarnation_leaves_with_its_own_last_connection() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let (monitor, directory, plane) = plane(listener, MonitorConfig::default());
+        let frame = |f: Frame| {
+            let mut buf = BytesMut::new();
+            wire::encode(&f, &mut buf).unwrap();
+            buf
+        };
+        let register = |incarnation| Frame::Register {
+            worker: 7,
+            incarnation,
+            dp_size: 1,
+            model: "m".into(),
+            http_addr: "127.0.0.1:1".into(),
+        };
+        let mut old = TcpStream::connect(plane.local_addr()).unwrap();
+        old.write_all(&frame(register(1))).unwrap();
+        eventually("the old life", || monitor.incarnation(7) == Some(1));
+        let mut new = TcpStream::connect(plane.local_addr()).unwrap();
+        new.write_all(&frame(register(2))).unwrap();
+        eventually("the new life", || monitor.incarnation(7) == Some(2));
+        drop(new); // crashes
+        old.write_all(&frame(Frame::Deregister { worker: 7, incarnation: 1 })).unwrap();
+        eventually("the crashed new life deregistered after its grace", || {
+            monitor.workers().is_empty() && directory.get(7).is_none()
+        });
     }
 
     #[test]

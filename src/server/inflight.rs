@@ -66,6 +66,10 @@ impl InFlight {
         let mut held = Held {
             ledger: self.clone(),
             worker,
+            // The tracked load belongs to this life of the worker: after a
+            // restart, what this request gives back must not come off the
+            // new one's load. (A worker not registered tracks nothing.)
+            incarnation: if self.tracking.is_some() { self.monitor.incarnation(worker).unwrap_or(0) } else { 0 },
             rank: 0,
             prompt_tokens,
             blocks: 0,
@@ -98,6 +102,7 @@ impl InFlight {
 pub struct Held {
     ledger: Arc<InFlight>,
     worker: WorkerId,
+    incarnation: u64,
     rank: u32,
     prompt_tokens: u64,
     blocks: u64,
@@ -151,7 +156,8 @@ impl Held {
         // Relaxed: gauges.
         self.ledger.tracked_blocks.fetch_add(blocks, Ordering::Relaxed);
         self.ledger.tracked_prefill_tokens.fetch_add(prefill_tokens, Ordering::Relaxed);
-        let _ = self.ledger.monitor.track(self.worker, self.rank, signed(blocks), signed(prefill_tokens));
+        let _ =
+            self.ledger.monitor.track(self.worker, self.incarnation, self.rank, signed(blocks), signed(prefill_tokens));
     }
 
     fn sub(&mut self, blocks: u64, prefill_tokens: u64) {
@@ -163,8 +169,15 @@ impl Held {
         // Relaxed: gauges; never below zero, since each guard only removes what it added.
         self.ledger.tracked_blocks.fetch_sub(blocks, Ordering::Relaxed);
         self.ledger.tracked_prefill_tokens.fetch_sub(prefill_tokens, Ordering::Relaxed);
-        // The worker may be gone (deregistered): nothing left to release then.
-        let _ = self.ledger.monitor.track(self.worker, self.rank, -signed(blocks), -signed(prefill_tokens));
+        // The worker may be gone (deregistered) or restarted: nothing left to
+        // release then.
+        let _ = self.ledger.monitor.track(
+            self.worker,
+            self.incarnation,
+            self.rank,
+            -signed(blocks),
+            -signed(prefill_tokens),
+        );
     }
 }
 
