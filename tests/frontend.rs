@@ -559,6 +559,9 @@ async fn refused_request_migrates_then_overload_when_all_refuse() {
     assert_eq!(body["error"]["type"], "Overloaded");
     assert_eq!(fe.metric("dynamo_frontend_model_rejection_total", "").await, 1.0);
     assert_eq!(fe.metric("loadgate_frontend_rejection_reason_total", "reason=\"worker_capacity\"").await, 1.0);
+    // Both free workers had refused it: routing ended with every one
+    // excluded (never recorded on b1708da).
+    assert_eq!(fe.metric("loadgate_frontend_rejection_reason_total", "reason=\"excluded\"").await, 1.0);
     for task in held {
         task.abort();
     }
