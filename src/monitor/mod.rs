@@ -22,7 +22,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::busy::BusySet;
-use crate::load::{LoadReport, Publisher, SlotUpdate, WorkerId};
+use crate::load::{LoadReport, Publisher, RankSlot, SlotUpdate, WorkerId};
 use crate::sync::{lock, Arc, Mutex, Ordering, Swap};
 use crate::thresholds::{BusySignals, BusyThresholds, ThresholdError, Thresholds};
 
@@ -309,14 +309,7 @@ impl WorkerMonitor {
         blocks: i64,
         prefill_tokens: i64,
     ) -> Result<Applied, ApplyError> {
-        let registry = self.registry.load();
-        let rec = registry.lookup(worker, rank)?;
-        if incarnation != rec.entry.incarnation {
-            return Ok(Applied::OtherIncarnation);
-        }
-        let now = self.clock.now();
-        rec.entry.slot(rank, Publisher::Router).add(blocks, prefill_tokens, now);
-        Ok(self.changed(&rec.entry, &rec.model, now))
+        self.update_tracked(worker, incarnation, rank, |slot, now| slot.add(blocks, prefill_tokens, now))
     }
 
     /// Sets the router-tracked denominators of a rank (the capacity the
@@ -334,13 +327,28 @@ impl WorkerMonitor {
         kv_total_blocks: u32,
         max_num_batched_tokens: u32,
     ) -> Result<Applied, ApplyError> {
+        self.update_tracked(worker, incarnation, rank, |slot, now| {
+            slot.set_denominators(kv_total_blocks, max_num_batched_tokens, now)
+        })
+    }
+
+    /// Changes the router-tracked slot of one rank of this incarnation of
+    /// `worker` with `update` (given the slot and the time), then re-evaluates.
+    #[inline]
+    fn update_tracked(
+        &self,
+        worker: WorkerId,
+        incarnation: u64,
+        rank: u32,
+        update: impl FnOnce(&RankSlot, u64),
+    ) -> Result<Applied, ApplyError> {
         let registry = self.registry.load();
         let rec = registry.lookup(worker, rank)?;
         if incarnation != rec.entry.incarnation {
             return Ok(Applied::OtherIncarnation);
         }
         let now = self.clock.now();
-        rec.entry.slot(rank, Publisher::Router).set_denominators(kv_total_blocks, max_num_batched_tokens, now);
+        update(rec.entry.slot(rank, Publisher::Router), now);
         Ok(self.changed(&rec.entry, &rec.model, now))
     }
 
