@@ -318,20 +318,18 @@ impl<T> Admission<T> {
     #[cold]
     fn enqueue(&self, item: T) -> Result<Option<T>, Rejected<T>> {
         let mut handoff = lock(&self.handoff);
-        // Acquire: with items queued, neither count changes outside this
-        // lock (both fast paths need `queued == 0`), and we hold it.
-        let (running, queued) = unpack(self.state.load(Ordering::Acquire));
+        // Acquire: `queued` only changes under this lock, which we hold.
+        let (_, queued) = unpack(self.state.load(Ordering::Acquire));
         let oldest = if queued < self.queue_limit {
             None
-        } else if running < self.limit {
-            // running + 1, queued - 1 (queued >= 2: no borrow past zero).
-            // AcqRel: as every claim (see `pump`); the counts are stable here.
-            self.state.fetch_add(pack(1, 0) - 1, Ordering::AcqRel);
-            Some(self.take_oldest(&mut handoff))
         } else {
-            // Relaxed: a statistic.
-            self.rejected.fetch_add(1, Ordering::Relaxed);
-            return Err(Rejected(item));
+            // Q queued: room only if a slot is free for the oldest to take.
+            let Some(oldest) = self.claim_free_slot(&mut handoff) else {
+                // Relaxed: a statistic.
+                self.rejected.fetch_add(1, Ordering::Relaxed);
+                return Err(Rejected(item));
+            };
+            Some(oldest)
         };
         if let Err(item) = self.queue.push(item) {
             // The storage holds `queued < Q` items and the queue `Q - 1`, so
@@ -362,26 +360,30 @@ impl<T> Admission<T> {
         handoff.take().or_else(|| self.queue.pop()).expect("a counted item is always stored")
     }
 
+    /// Under the handoff lock: if an item waits and a slot is free, claims
+    /// both (counts the item out and takes it) and returns the item.
+    fn claim_free_slot(&self, handoff: &mut MutexGuard<'_, Option<T>>) -> Option<T> {
+        // Acquire: pairs with the AcqRel CAS of whoever freed a slot.
+        let mut state = self.state.load(Ordering::Acquire);
+        loop {
+            let (running, queued) = unpack(state);
+            if queued == 0 || running >= self.limit {
+                return None;
+            }
+            let next = pack(running + 1, queued - 1);
+            match self.state.compare_exchange(state, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some(self.take_oldest(handoff)),
+                Err(actual) => state = actual,
+            }
+        }
+    }
+
     /// While items wait and slots are free: claim both, dispatch.
     fn pump(self: &Arc<Self>) {
         loop {
-            let item = {
-                let mut handoff = lock(&self.handoff);
-                // Acquire: pairs with the AcqRel CAS of whoever freed a slot.
-                let mut state = self.state.load(Ordering::Acquire);
-                loop {
-                    let (running, queued) = unpack(state);
-                    if queued == 0 || running >= self.limit {
-                        return;
-                    }
-                    let next = pack(running + 1, queued - 1);
-                    match self.state.compare_exchange(state, next, Ordering::AcqRel, Ordering::Acquire) {
-                        Ok(_) => break,
-                        Err(actual) => state = actual,
-                    }
-                }
-                self.take_oldest(&mut handoff)
-            };
+            // Its own statement: the lock is released before the dispatch.
+            let claimed = self.claim_free_slot(&mut lock(&self.handoff));
+            let Some(item) = claimed else { return };
             self.hand(item);
         }
     }

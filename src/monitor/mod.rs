@@ -272,17 +272,9 @@ impl WorkerMonitor {
     ///
     /// [`ApplyError`] for an unregistered worker or a rank out of range.
     pub fn apply(&self, report: &LoadReport) -> Result<Applied, ApplyError> {
-        let registry = self.registry.load();
-        let rec = registry.lookup(report.worker, report.rank)?;
-        if report.incarnation != rec.entry.incarnation {
-            return Ok(Applied::OtherIncarnation);
-        }
-        let now = self.clock.now();
-        match rec.entry.slot(report.rank, report.publisher).store(report.seq, &report.load, now) {
-            SlotUpdate::Stale => Ok(Applied::Stale),
-            SlotUpdate::Contended => Ok(Applied::Contended),
-            SlotUpdate::Stored => Ok(self.changed(&rec.entry, &rec.model, now)),
-        }
+        self.update_slot(report.worker, report.incarnation, report.rank, report.publisher, |slot, now| {
+            slot.store(report.seq, &report.load, now)
+        })
     }
 
     /// The current incarnation of `worker`, if it is registered.
@@ -309,7 +301,10 @@ impl WorkerMonitor {
         blocks: i64,
         prefill_tokens: i64,
     ) -> Result<Applied, ApplyError> {
-        self.update_tracked(worker, incarnation, rank, |slot, now| slot.add(blocks, prefill_tokens, now))
+        self.update_slot(worker, incarnation, rank, Publisher::Router, |slot, now| {
+            slot.add(blocks, prefill_tokens, now);
+            SlotUpdate::Stored
+        })
     }
 
     /// Sets the router-tracked denominators of a rank (the capacity the
@@ -327,20 +322,23 @@ impl WorkerMonitor {
         kv_total_blocks: u32,
         max_num_batched_tokens: u32,
     ) -> Result<Applied, ApplyError> {
-        self.update_tracked(worker, incarnation, rank, |slot, now| {
-            slot.set_denominators(kv_total_blocks, max_num_batched_tokens, now)
+        self.update_slot(worker, incarnation, rank, Publisher::Router, |slot, now| {
+            slot.set_denominators(kv_total_blocks, max_num_batched_tokens, now);
+            SlotUpdate::Stored
         })
     }
 
-    /// Changes the router-tracked slot of one rank of this incarnation of
-    /// `worker` with `update` (given the slot and the time), then re-evaluates.
+    /// Changes one slot of this incarnation of `worker` with `update`
+    /// (given the slot and the time) and, if it stored something,
+    /// re-evaluates the worker. The one path of reports and tracking alike.
     #[inline]
-    fn update_tracked(
+    fn update_slot(
         &self,
         worker: WorkerId,
         incarnation: u64,
         rank: u32,
-        update: impl FnOnce(&RankSlot, u64),
+        publisher: Publisher,
+        update: impl FnOnce(&RankSlot, u64) -> SlotUpdate,
     ) -> Result<Applied, ApplyError> {
         let registry = self.registry.load();
         let rec = registry.lookup(worker, rank)?;
@@ -348,8 +346,11 @@ impl WorkerMonitor {
             return Ok(Applied::OtherIncarnation);
         }
         let now = self.clock.now();
-        update(rec.entry.slot(rank, Publisher::Router), now);
-        Ok(self.changed(&rec.entry, &rec.model, now))
+        match update(rec.entry.slot(rank, publisher), now) {
+            SlotUpdate::Stale => Ok(Applied::Stale),
+            SlotUpdate::Contended => Ok(Applied::Contended),
+            SlotUpdate::Stored => Ok(self.changed(&rec.entry, &rec.model, now)),
+        }
     }
 
     /// After an input of `entry` changed: bump the version, evaluate, and
