@@ -6,7 +6,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::{overload_status_code, Rejection};
+use loadgate::{rejection::overload_status_code, Rejection};
 
 /// Seconds a rejected client should wait before retrying.
 pub const RETRY_AFTER_SECS: &str = "1";

@@ -23,12 +23,13 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::load::RankLoad;
-use crate::sync::{Arc, AtomicUsize, Ordering};
+use loadgate::RankLoad;
 
 /// The simulated engine's physics.
 #[derive(Clone, Debug, PartialEq)]
@@ -189,16 +190,19 @@ impl Rank {
     }
 
     /// Requests running (admitted, holding blocks).
+    #[cfg(test)]
     pub fn running(&self) -> usize {
         self.running.len()
     }
 
     /// Requests waiting for blocks or budget.
+    #[cfg(test)]
     pub fn waiting(&self) -> usize {
         self.waiting.len()
     }
 
     /// KV blocks free now.
+    #[cfg(test)]
     pub fn free_blocks(&self) -> u32 {
         self.free_blocks
     }
@@ -389,11 +393,6 @@ impl Engine {
             })
             .collect();
         Engine { config, ranks }
-    }
-
-    /// The engine's physics.
-    pub fn config(&self) -> &EngineConfig {
-        &self.config
     }
 
     /// Submits a request to the least loaded rank; its tokens arrive on the
@@ -608,10 +607,10 @@ mod tests {
 
     #[tokio::test]
     async fn engine_spreads_requests_over_ranks_and_reports_their_load() {
-        let reports = Arc::new(crate::sync::Mutex::new(Vec::new()));
+        let reports = Arc::new(std::sync::Mutex::new(Vec::new()));
         let sink: LoadSink = {
             let reports = reports.clone();
-            Arc::new(move |rank, load| crate::sync::lock(&reports).push((rank, load)))
+            Arc::new(move |rank, load| reports.lock().unwrap().push((rank, load)))
         };
         let cfg = EngineConfig { dp_size: 2, decode_step: Duration::from_millis(1), ..config(100, 1000) };
         let engine = Engine::start(cfg, sink);
@@ -626,7 +625,7 @@ mod tests {
         }
         // Each rank ran one request, and each ends reporting an empty cache.
         loop {
-            let seen = crate::sync::lock(&reports).clone();
+            let seen = reports.lock().unwrap().clone();
             let busy = |rank| seen.iter().any(|(r, l): &(u32, RankLoad)| *r == rank && l.active_decode_blocks > 0);
             let last = |rank| seen.iter().rev().find(|(r, _)| *r == rank).map(|(_, l)| l.active_decode_blocks);
             assert!(busy(0) && busy(1), "both ranks ran a request: {seen:?}");

@@ -4,9 +4,12 @@
 
 use std::fmt;
 
-use crate::server::tokens::{blocks_for, SseEvents};
-use crate::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
-use crate::{WorkerId, WorkerMonitor};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use loadgate::{WorkerId, WorkerMonitor};
+
+use crate::tokens::{blocks_for, SseEvents};
 
 /// Frontend-wide totals of what in-flight requests hold.
 #[derive(Debug)]
@@ -195,8 +198,9 @@ impl Drop for Held {
 
 #[cfg(test)]
 mod tests {
+    use loadgate::{MonitorConfig, RankLoad};
+
     use super::*;
-    use crate::{MonitorConfig, RankLoad};
 
     fn tracked(monitor: &WorkerMonitor, worker: WorkerId) -> RankLoad {
         monitor.rank_snapshots().into_iter().find(|s| s.worker == worker).and_then(|s| s.tracked).unwrap_or_default()

@@ -5,7 +5,7 @@
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::tokens::{content_value, prompt_value};
+use crate::tokens::{content_value, prompt_value};
 
 /// Tokens generated when a request gives no `max_tokens`.
 pub const DEFAULT_MAX_TOKENS: u32 = 16;

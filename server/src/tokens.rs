@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use crate::Endpoint;
+use loadgate::metrics::Endpoint;
 
 /// Tokens per KV block the router assumes.
 pub const BLOCK_SIZE: u64 = 16;

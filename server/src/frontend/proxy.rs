@@ -13,11 +13,16 @@ use axum::response::Response;
 use futures_util::Stream;
 use serde_json::Value;
 
-use crate::server::frontend::Frontend;
-use crate::server::inflight::Held;
-use crate::server::reply;
-use crate::server::tokens::prompt_tokens;
-use crate::{Endpoint, Migration, Reason, RouteError, WorkerId, WORKER_AT_CAPACITY};
+use loadgate::{
+    metrics::{Endpoint, Reason},
+    rejection::WORKER_AT_CAPACITY,
+    Migration, RouteError, WorkerId,
+};
+
+use crate::frontend::inflight::Held;
+use crate::frontend::reply;
+use crate::frontend::state::Frontend;
+use crate::tokens::prompt_tokens;
 
 /// Largest worker error body the frontend reads to look for a refusal.
 const MAX_ERROR_BODY: usize = 64 * 1024;
@@ -62,7 +67,7 @@ async fn proxy(frontend: Arc<Frontend>, endpoint: Endpoint, body: Bytes) -> Resp
     let mut migration = Migration::new(frontend.migration_limit);
     let mut excluded = Exclusions::default();
     loop {
-        let worker = match migration.next(&frontend.router, &model) {
+        let worker = match frontend.router.route(&model, migration.refusals()) {
             Ok(worker) => worker,
             Err(RouteError::Overloaded) if excluded.unreachable && !excluded.at_capacity => {
                 return reply::unavailable()
@@ -77,6 +82,7 @@ async fn proxy(frontend: Arc<Frontend>, endpoint: Endpoint, body: Bytes) -> Resp
             // With no worker registered at all, the model may well exist: unavailable.
             Err(RouteError::UnknownModel) if frontend.directory.is_empty() => return reply::unavailable(),
             Err(RouteError::UnknownModel) => return reply::unknown_model(&model),
+            Err(_) => return reply::unavailable(),
         };
         match dispatch(&frontend, endpoint, worker, prompt, &body).await {
             Attempt::Answer(response) => return response,
@@ -204,18 +210,5 @@ impl Stream for Relay {
             Poll::Pending => {}
         }
         next
-    }
-}
-
-impl Frontend {
-    /// Answers the overload status and counts it in
-    /// `dynamo_frontend_model_rejection_total`, with the busy signals that
-    /// made the workers busy and the `causes` of this request's own
-    /// exclusions (`worker_capacity` when workers refused at their cap,
-    /// `excluded` when every free worker had refused it).
-    fn reject_overloaded(&self, model: &str, endpoint: Endpoint, causes: impl IntoIterator<Item = Reason>) -> Response {
-        let busy = Reason::from_signals(self.monitor.model_busy_reasons(model));
-        self.metrics.record(model, endpoint, busy.chain(causes));
-        reply::overloaded()
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use crate::WorkerId;
+use loadgate::WorkerId;
 
 /// A worker's HTTP endpoint as the proxy needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,6 +49,7 @@ impl WorkerDirectory {
     }
 
     /// Every known worker, sorted by id.
+    #[cfg(test)]
     pub fn list(&self) -> Vec<(WorkerId, WorkerAddress)> {
         let mut all: Vec<_> =
             self.workers.read().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (*k, v.clone())).collect();

@@ -1,7 +1,23 @@
 //! The `loadgate` binary: frontend, simulated worker, load generator, demo.
+//!
+//! One folder per role: `frontend/` (the HTTP frontend), `worker/` (the
+//! simulated worker and its engine), `events/` (the worker-to-frontend load
+//! event plane: the worker-side publisher and the frontend-side listener),
+//! `loadgen/` (the load generator and its plots) and `demo/`. The modules at
+//! the top are shared by several roles. Everything loadgate-specific comes
+//! from the `loadgate` library's public API.
+
+mod demo;
+mod directory;
+mod events;
+mod frontend;
+mod loadgen;
+mod logging;
+mod openai;
+mod tokens;
+mod worker;
 
 use clap::{Parser, Subcommand};
-use loadgate::server::{demo, frontend, loadgen, worker};
 
 /// Request rejection (load shedding) for LLM inference routers.
 #[derive(Debug, Parser)]

@@ -12,10 +12,11 @@ use axum::Json;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use crate::patch::{parse_threshold_patch, DECODE_FIELD, PREFILL_FIELD, PREFILL_FRAC_FIELD, WAITING_FIELD};
-use crate::server::frontend::Frontend;
-use crate::server::reply::plain_error;
-use crate::{SetThresholdsError, Thresholds};
+use loadgate::patch::{parse_threshold_patch, DECODE_FIELD, PREFILL_FIELD, PREFILL_FRAC_FIELD, WAITING_FIELD};
+use loadgate::{monitor::SetThresholdsError, thresholds::Thresholds};
+
+use crate::frontend::reply::plain_error;
+use crate::frontend::state::Frontend;
 
 /// Largest accepted `POST /busy_threshold` body.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -77,7 +78,7 @@ pub async fn update(State(frontend): State<Arc<Frontend>>, headers: HeaderMap, b
             Json(thresholds_json(&patch.model, &thresholds)).into_response()
         }
         Err(e @ SetThresholdsError::UnknownModel(_)) => plain_error(StatusCode::NOT_FOUND, e.to_string()),
-        Err(e @ SetThresholdsError::Invalid(_)) => plain_error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e) => plain_error(StatusCode::BAD_REQUEST, e.to_string()),
     }
 }
 

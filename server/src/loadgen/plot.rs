@@ -6,7 +6,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::server::loadgen::{BenchReport, Percentiles};
+use crate::loadgen::report::{BenchReport, Percentiles};
 
 const OFF: RGBColor = RGBColor(200, 40, 40);
 const ON: RGBColor = RGBColor(30, 100, 200);

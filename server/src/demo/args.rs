@@ -1,0 +1,54 @@
+//! Command-line arguments of `loadgate demo`, and the fixed parts of every
+//! run: the model name and the load levels.
+
+use std::path::PathBuf;
+
+/// The model name the demo's workers serve.
+pub(crate) const MODEL: &str = "demo-model";
+
+/// Command-line arguments of `loadgate demo`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Args {
+    /// Workers behind the frontend.
+    #[arg(long, default_value_t = 4)]
+    pub workers: usize,
+    /// Seconds of arrivals per run.
+    #[arg(long, default_value_t = 8.0)]
+    pub duration: f64,
+    /// Seconds each run waits for in-flight requests after its arrivals end.
+    #[arg(long, default_value_t = 3.0)]
+    pub drain_timeout: f64,
+    /// The shedding run's decode-blocks threshold.
+    #[arg(long, default_value_t = 0.85)]
+    pub threshold: f64,
+    /// Skip the saturation run and use this capacity (req/s).
+    #[arg(long)]
+    pub capacity: Option<f64>,
+    /// KV-cache blocks per worker.
+    #[arg(long, default_value_t = 64)]
+    pub kv_total_blocks: u32,
+    /// Engine step time, ms.
+    #[arg(long, default_value_t = 25)]
+    pub decode_step_ms: u64,
+    /// Token budget of one engine step.
+    #[arg(long, default_value_t = 512)]
+    pub max_num_batched_tokens: u32,
+    /// Prompt tokens per request.
+    #[arg(long, default_value_t = 112)]
+    pub prompt_tokens: u32,
+    /// Output tokens per request.
+    #[arg(long, default_value_t = 32)]
+    pub output_tokens: u32,
+    /// Router mode of the frontend (both runs).
+    #[arg(long, default_value = "kv")]
+    pub router_mode: String,
+    /// Where to write the plot.
+    #[arg(long, default_value = "loadgate-demo.svg")]
+    pub plot: PathBuf,
+    /// Seed of the arrival processes.
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+}
+
+/// Offered load levels, as multiples of the measured capacity.
+pub(crate) const LEVELS: [f64; 4] = [0.5, 1.0, 2.0, 3.0];

@@ -1,0 +1,203 @@
+//! The open-loop run: Poisson arrivals fired on schedule whatever happened
+//! to earlier requests, latency measured from the scheduled time.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::loadgen::config::{request_body, BenchConfig};
+use crate::loadgen::report::{histogram, BenchReport, SecondBucket};
+
+/// How one request ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// An HTTP status, with the response fully read.
+    Status(u16),
+    /// The connection failed or broke.
+    TransportError,
+}
+
+/// One request's outcome.
+#[derive(Clone, Copy, Debug)]
+struct Outcome {
+    /// Arrival second (index of the timeline bucket).
+    second: usize,
+    answer: Answer,
+    ttft: Option<Duration>,
+    latency: Duration,
+    tokens: u64,
+}
+
+/// Runs one open-loop benchmark.
+///
+/// # Errors
+///
+/// The HTTP client cannot be built.
+pub async fn run_bench(config: &BenchConfig) -> anyhow::Result<BenchReport> {
+    let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
+    let body = bytes::Bytes::from(request_body(config));
+    let mut rng = fastrand::Rng::with_seed(config.seed);
+    let progress = progress_bar(config);
+    let (tx, mut rx) = mpsc::unbounded_channel::<Outcome>();
+    let mut tasks = JoinSet::new();
+
+    let seconds = config.duration.as_secs_f64().ceil() as usize;
+    let mut report = BenchReport {
+        config: config.clone(),
+        sent: 0,
+        by_status: BTreeMap::new(),
+        transport_errors: 0,
+        unfinished: 0,
+        output_tokens: 0,
+        elapsed: Duration::ZERO,
+        ttft: histogram(3),
+        latency: histogram(3),
+        timeline: (0..seconds.max(1)).map(|_| SecondBucket::new()).collect(),
+    };
+
+    let start = Instant::now();
+    let end = start + config.duration;
+    let drain_deadline = end + config.drain_timeout;
+    let gap = |rng: &mut fastrand::Rng| Duration::from_secs_f64(-(1.0 - rng.f64()).ln() / config.rate);
+    let mut next = Some(start + gap(&mut rng)).filter(|t| *t < end);
+    let mut outstanding = 0u64;
+    let mut last_answer = start;
+    loop {
+        if next.is_none() && outstanding == 0 {
+            break;
+        }
+        tokio::select! {
+            () = tokio::time::sleep_until(next.unwrap_or(end)), if next.is_some() => {
+                let scheduled = next.expect("guarded");
+                let second = ((scheduled - start).as_secs_f64() as usize).min(report.timeline.len() - 1);
+                report.sent += 1;
+                report.timeline[second].sent += 1;
+                outstanding += 1;
+                tasks.spawn(one_request(client.clone(), config.url.clone(), body.clone(), config.stream, scheduled, second, tx.clone()));
+                next = Some(scheduled + gap(&mut rng)).filter(|t| *t < end);
+            }
+            Some(outcome) = rx.recv() => {
+                outstanding -= 1;
+                last_answer = Instant::now();
+                record(&mut report, &outcome);
+                progress.set_message(format!(
+                    "sent {} ok {} rejected {} in flight {}",
+                    report.sent, report.ok(), report.rejected(), outstanding
+                ));
+            }
+            () = tokio::time::sleep_until(drain_deadline), if next.is_none() => {
+                report.unfinished = outstanding;
+                tasks.abort_all();
+                last_answer = drain_deadline;
+                break;
+            }
+        }
+        while tasks.try_join_next().is_some() {}
+        progress.set_position((start.elapsed().as_millis() as u64).min(config.duration.as_millis() as u64));
+    }
+    progress.finish_and_clear();
+    report.elapsed = (last_answer - start).max(config.duration);
+    Ok(report)
+}
+
+fn progress_bar(config: &BenchConfig) -> ProgressBar {
+    if !config.progress || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(config.duration.as_millis() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed:>4} [{bar:30}] {msg}").expect("valid template").progress_chars("=> "),
+    );
+    bar.enable_steady_tick(Duration::from_millis(100));
+    bar
+}
+
+fn record(report: &mut BenchReport, o: &Outcome) {
+    let bucket = &mut report.timeline[o.second];
+    match o.answer {
+        Answer::TransportError => report.transport_errors += 1,
+        Answer::Status(status) => {
+            *report.by_status.entry(status).or_default() += 1;
+            if (200..300).contains(&status) {
+                bucket.ok += 1;
+                report.output_tokens += o.tokens;
+                let latency = o.latency.as_micros().max(1) as u64;
+                report.latency.saturating_record(latency);
+                bucket.latency.saturating_record(latency);
+                if let Some(ttft) = o.ttft {
+                    let ttft = ttft.as_micros().max(1) as u64;
+                    report.ttft.saturating_record(ttft);
+                    bucket.ttft.saturating_record(ttft);
+                }
+            } else {
+                bucket.rejected += 1;
+            }
+        }
+    }
+}
+
+async fn one_request(
+    client: reqwest::Client,
+    url: String,
+    body: bytes::Bytes,
+    stream: bool,
+    scheduled: Instant,
+    second: usize,
+    done: mpsc::UnboundedSender<Outcome>,
+) {
+    let sent = client.post(&url).header("content-type", "application/json").body(body).send().await;
+    let mut outcome =
+        Outcome { second, answer: Answer::TransportError, ttft: None, latency: Duration::ZERO, tokens: 0 };
+    if let Ok(mut resp) = sent {
+        let status = resp.status().as_u16();
+        let mut text = Vec::new();
+        let mut broken = false;
+        loop {
+            match resp.chunk().await {
+                Ok(Some(chunk)) => {
+                    if outcome.ttft.is_none() && stream {
+                        outcome.ttft = Some(scheduled.elapsed());
+                    }
+                    text.extend_from_slice(&chunk);
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    broken = true;
+                    break;
+                }
+            }
+        }
+        outcome.latency = scheduled.elapsed();
+        if !broken {
+            outcome.answer = Answer::Status(status);
+            if !stream {
+                outcome.ttft = Some(outcome.latency);
+            }
+            outcome.tokens = completion_tokens(&text);
+        }
+    }
+    let _ = done.send(outcome);
+}
+
+/// The last `"completion_tokens":N` in a response (JSON or SSE).
+fn completion_tokens(text: &[u8]) -> u64 {
+    const KEY: &[u8] = b"\"completion_tokens\":";
+    let Some(at) = text.windows(KEY.len()).rposition(|w| w == KEY) else { return 0 };
+    text[at + KEY.len()..].iter().take_while(|b| b.is_ascii_digit()).fold(0, |n, b| n * 10 + u64::from(b - b'0'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completion_tokens_of_json_and_sse() {
+        assert_eq!(completion_tokens(br#"{"usage":{"prompt_tokens":3,"completion_tokens":17,"total_tokens":20}}"#), 17);
+        assert_eq!(completion_tokens(b"data: [DONE]"), 0);
+    }
+}

@@ -1,0 +1,210 @@
+//! What a run measured: [`BenchReport`] (per-status counts, hdrhistograms of
+//! TTFT and latency, a per-second timeline), its [`Percentiles`], the `--json`
+//! [`Summary`] and the table. Plain data: the run fills it, the table and the
+//! plots read it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::loadgen::config::BenchConfig;
+
+/// Microseconds histogram, 1 µs to 1 hour, 3 significant digits.
+pub(crate) fn histogram(sigfig: u8) -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, sigfig).expect("valid histogram bounds")
+}
+
+/// One second of arrivals.
+#[derive(Clone, Debug)]
+pub struct SecondBucket {
+    /// Requests that arrived in this second.
+    pub sent: u64,
+    /// Of those, accepted and completed (2xx).
+    pub ok: u64,
+    /// Of those, answered with a non-2xx status.
+    pub rejected: u64,
+    /// TTFT of accepted requests (µs).
+    pub ttft: Histogram<u64>,
+    /// End-to-end latency of accepted requests (µs).
+    pub latency: Histogram<u64>,
+}
+
+impl SecondBucket {
+    pub(crate) fn new() -> Self {
+        SecondBucket { sent: 0, ok: 0, rejected: 0, ttft: histogram(2), latency: histogram(2) }
+    }
+}
+
+/// Everything one run measured.
+#[derive(Clone, Debug)]
+pub struct BenchReport {
+    /// The configuration that ran.
+    pub config: BenchConfig,
+    /// Requests sent.
+    pub sent: u64,
+    /// Answers per HTTP status.
+    pub by_status: BTreeMap<u16, u64>,
+    /// Connection failures.
+    pub transport_errors: u64,
+    /// Requests abandoned at the drain deadline.
+    pub unfinished: u64,
+    /// Output tokens of accepted requests.
+    pub output_tokens: u64,
+    /// From the first arrival to the last answer (or the drain deadline).
+    pub elapsed: Duration,
+    /// TTFT of accepted requests (µs).
+    pub ttft: Histogram<u64>,
+    /// End-to-end latency of accepted requests (µs).
+    pub latency: Histogram<u64>,
+    /// Per-second buckets by arrival time.
+    pub timeline: Vec<SecondBucket>,
+}
+
+/// p50 / p90 / p99 / max of a histogram, in milliseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Percentiles {
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Maximum.
+    pub max: f64,
+}
+
+impl Percentiles {
+    /// Reads the percentiles of a µs histogram (zeros when empty).
+    pub fn of(h: &Histogram<u64>) -> Self {
+        if h.is_empty() {
+            return Percentiles::default();
+        }
+        let ms = |us: u64| us as f64 / 1000.0;
+        Percentiles {
+            p50: ms(h.value_at_quantile(0.50)),
+            p90: ms(h.value_at_quantile(0.90)),
+            p99: ms(h.value_at_quantile(0.99)),
+            max: ms(h.max()),
+        }
+    }
+}
+
+/// The machine-readable summary of a run (`--json`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    /// Target URL.
+    pub url: String,
+    /// Offered rate, requests per second.
+    pub rate: f64,
+    /// Arrival window, seconds.
+    pub duration_s: f64,
+    /// Requests sent.
+    pub sent: u64,
+    /// Accepted and completed (2xx).
+    pub ok: u64,
+    /// Answered with a non-2xx status.
+    pub rejected: u64,
+    /// `rejected / sent`, percent.
+    pub rejected_pct: f64,
+    /// Connection failures.
+    pub transport_errors: u64,
+    /// Abandoned at the drain deadline.
+    pub unfinished: u64,
+    /// Answers per status.
+    pub by_status: BTreeMap<String, u64>,
+    /// First arrival to last answer, seconds.
+    pub elapsed_s: f64,
+    /// Completed requests per second of `elapsed`.
+    pub goodput_rps: f64,
+    /// Output tokens of completed requests per second of `elapsed`.
+    pub tokens_per_s: f64,
+    /// TTFT of accepted requests, ms.
+    pub ttft_ms: Percentiles,
+    /// End-to-end latency of accepted requests, ms.
+    pub latency_ms: Percentiles,
+}
+
+impl BenchReport {
+    /// Accepted and completed requests.
+    pub fn ok(&self) -> u64 {
+        self.by_status.iter().filter(|(s, _)| (200..300).contains(*s)).map(|(_, n)| n).sum()
+    }
+
+    /// Requests answered with a non-2xx status.
+    pub fn rejected(&self) -> u64 {
+        self.by_status.values().sum::<u64>() - self.ok()
+    }
+
+    /// Completed requests per second.
+    pub fn goodput(&self) -> f64 {
+        self.ok() as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// Percentage of sent requests refused.
+    pub fn rejected_pct(&self) -> f64 {
+        if self.sent == 0 {
+            0.0
+        } else {
+            100.0 * self.rejected() as f64 / self.sent as f64
+        }
+    }
+
+    /// The `--json` object.
+    pub fn summary(&self) -> Summary {
+        let secs = self.elapsed.as_secs_f64().max(1e-9);
+        Summary {
+            url: self.config.url.clone(),
+            rate: self.config.rate,
+            duration_s: self.config.duration.as_secs_f64(),
+            sent: self.sent,
+            ok: self.ok(),
+            rejected: self.rejected(),
+            rejected_pct: self.rejected_pct(),
+            transport_errors: self.transport_errors,
+            unfinished: self.unfinished,
+            by_status: self.by_status.iter().map(|(s, n)| (s.to_string(), *n)).collect(),
+            elapsed_s: secs,
+            goodput_rps: self.goodput(),
+            tokens_per_s: self.output_tokens as f64 / secs,
+            ttft_ms: Percentiles::of(&self.ttft),
+            latency_ms: Percentiles::of(&self.latency),
+        }
+    }
+
+    /// The human-readable final table.
+    pub fn table(&self) -> String {
+        let s = self.summary();
+        let statuses: Vec<String> = s.by_status.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let row = |name: &str, p: Percentiles| {
+            format!("{name:<9}{:>10.1}{:>10.1}{:>10.1}{:>10.1}\n", p.p50, p.p90, p.p99, p.max)
+        };
+        let mut out = String::new();
+        out.push_str(&format!(
+            "offered {:.1} req/s for {:.1} s to {} ({}stream)\n",
+            s.rate,
+            s.duration_s,
+            s.url,
+            if self.config.stream { "" } else { "no " }
+        ));
+        out.push_str(&format!(
+            "sent {}  ok {}  rejected {} ({:.1} %)  transport errors {}  unfinished {}  [{}]\n",
+            s.sent,
+            s.ok,
+            s.rejected,
+            s.rejected_pct,
+            s.transport_errors,
+            s.unfinished,
+            statuses.join(" ")
+        ));
+        out.push_str(&format!(
+            "goodput {:.1} req/s  {:.0} tok/s  (elapsed {:.1} s)\n",
+            s.goodput_rps, s.tokens_per_s, s.elapsed_s
+        ));
+        out.push_str(&format!("{:<9}{:>10}{:>10}{:>10}{:>10}\n", "ms", "p50", "p90", "p99", "max"));
+        out.push_str(&row("TTFT", s.ttft_ms));
+        out.push_str(&row("latency", s.latency_ms));
+        out
+    }
+}
