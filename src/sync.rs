@@ -1,11 +1,10 @@
-//! The one concurrency shim: std (plus arc-swap and crossbeam) normally, loom's
+//! The one concurrency shim: std (plus arc-swap) normally, loom's
 //! model-checked stand-ins under `--cfg loom` with the `loom` feature.
 //!
-//! Nothing else in the crate names `std::sync::atomic`, `arc_swap` or
-//! `crossbeam_queue` directly, so the loom build checks every protocol in the
-//! crate. loom cannot see inside arc-swap or `ArrayQueue`; under loom they are
-//! replaced by mutex-based stand-ins with the same API, so the protocol *around*
-//! them is what gets checked.
+//! Nothing else in the crate names `std::sync` or `arc_swap` directly, so the
+//! loom build checks every protocol in the crate. loom cannot see inside
+//! arc-swap; under loom it is replaced by a mutex-based stand-in with the same
+//! API, so the protocol *around* it is what gets checked.
 
 #[cfg(not(all(loom, feature = "loom")))]
 mod imp {
@@ -17,8 +16,6 @@ mod imp {
     /// One thread's cache of a [`Swap`] reached through `A`: holds the last
     /// `Arc` and revalidates with one plain pointer load (arc-swap's `Cache`).
     pub(crate) type SwapCache<A, T> = arc_swap::Cache<A, Arc<T>>;
-    /// A bounded lock-free MPMC queue (crossbeam).
-    pub(crate) type Queue<T> = crossbeam_queue::ArrayQueue<T>;
 }
 
 #[cfg(all(loom, feature = "loom"))]
@@ -84,36 +81,6 @@ mod imp {
         type Target = std::sync::Arc<T>;
         fn deref(&self) -> &std::sync::Arc<T> {
             &self.0
-        }
-    }
-
-    /// loom stand-in for `crossbeam_queue::ArrayQueue`: a loom mutex around a
-    /// `VecDeque` with the same bounded push/pop API.
-    #[derive(Debug)]
-    pub(crate) struct Queue<T> {
-        items: loom::sync::Mutex<std::collections::VecDeque<T>>,
-        cap: usize,
-    }
-
-    impl<T> Queue<T> {
-        pub(crate) fn new(cap: usize) -> Self {
-            assert!(cap > 0, "capacity must be non-zero");
-            Self { items: loom::sync::Mutex::new(std::collections::VecDeque::new()), cap }
-        }
-        pub(crate) fn push(&self, value: T) -> Result<(), T> {
-            let mut items = self.items.lock().unwrap();
-            if items.len() == self.cap {
-                return Err(value);
-            }
-            items.push_back(value);
-            Ok(())
-        }
-        pub(crate) fn pop(&self) -> Option<T> {
-            self.items.lock().unwrap().pop_front()
-        }
-        #[allow(dead_code)] // API parity with `ArrayQueue::len`
-        pub(crate) fn len(&self) -> usize {
-            self.items.lock().unwrap().len()
         }
     }
 }

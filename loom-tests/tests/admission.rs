@@ -68,7 +68,7 @@ fn setup_refusing(gone: fn(u32) -> bool) -> (Arc<Engine>, std::sync::Arc<Admissi
         admission: OnceLock::new(),
     });
     let dispatcher = engine.clone();
-    let admission = Admission::new(
+    let admission = Admission::with_dispatch(
         N,
         Q,
         Box::new(move |item: Item, permit| {
@@ -226,9 +226,9 @@ fn a_gone_client_passes_its_slot_on() {
 
 /// The cap is exact from below too: with fewer than `N + Q` admitted, an
 /// arrival is never refused, even while a release is passing a slot on.
-/// Item 0 runs, items 1 and 2 fill the overflow (the handoff holds 1, the
-/// queue 2); one thread releases item 0's slot (the engine runs every item
-/// inline, so the slot passes on to 1, then 2) while the only submitter
+/// Item 0 runs, items 1 and 2 fill the overflow; one thread releases item 0's
+/// slot (the engine runs every item inline, so the slot passes on to 1, then
+/// 2) while the only submitter
 /// reads the admitted count and submits item 3. The count only goes down, so
 /// if the submitter saw fewer than `N + Q`, item 3 must be admitted.
 ///

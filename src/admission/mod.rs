@@ -1,9 +1,11 @@
 //! [`Admission`]: a worker's hard cap — `N` engine slots plus an overflow of
 //! exactly `Q`, for `N + Q` requests in all.
 //!
-//! The overflow is a crossbeam `ArrayQueue` of capacity `Q - 1` plus one
-//! dispatcher *handoff* cell that holds the oldest waiting item between the
-//! queue and a slot: `Q - 1 + 1 = Q`, exact for every `Q >= 2`.
+//! A request waits for a slot either as an awaited future
+//! ([`admit`](Admission::admit)) or as an item handed to a dispatch callback
+//! ([`try_admit`](Admission::try_admit) on a gate built
+//! [`with_dispatch`](Admission::with_dispatch)); both wait in one FIFO
+//! overflow.
 //!
 //! # Accounting
 //!
@@ -16,17 +18,16 @@
 //!
 //! Once anything is queued, every change of `queued` happens under the
 //! handoff lock together with the storage change it counts: an arrival
-//! stores and counts its item, a claim (a released slot passed to the
-//! oldest waiter, or a free slot given to it) counts it out and takes it,
-//! in one critical section. So under the lock the storage holds exactly
-//! `queued` items, and the arrival's decision is made on the count: it is
+//! stores and counts its entry, a claim (a released slot passed to the
+//! oldest waiter, or a free slot given to it) counts it out and takes it, a
+//! cancelled future counts itself out and leaves a tombstone, each in one
+//! critical section. So under the lock the storage holds exactly `queued`
+//! live entries, and the arrival's decision is made on the count: it is
 //! refused iff `Q` are already queued and every slot is taken (never more
-//! than `N + Q` admitted), and it is never refused while fewer are (a
-//! claimed item cannot linger in the storage and make it look full). The
-//! queue is an `ArrayQueue` for its bounded ring allocated once, up front,
-//! not for its lock-freedom: its pushes and pops all happen under the lock,
-//! because count and storage must change together, and the lock is only
-//! taken on the overflow path, where a request is about to wait anyway.
+//! than `N + Q` admitted), and it is never refused while fewer are. The
+//! storage is a `VecDeque` allocated for `Q` up front; tombstones are swept
+//! out when they are more than half of it, so it never holds more than
+//! about `2Q` entries and a sweep costs O(1) per cancellation, amortised.
 //!
 //! # No recursion
 //!
@@ -38,21 +39,27 @@
 //! itself for that loop to do. So a release never recurses more than one
 //! level, whatever `Q` is.
 
+mod config;
+mod permit;
+mod storage;
+mod stream;
+mod waiter;
+
 use std::fmt;
 
 use crossbeam_utils::CachePadded;
 
-use crate::error::WORKER_AT_CAPACITY;
-use crate::sync::{lock, Arc, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering, Queue};
+pub use config::{
+    parse_queue_limit, queue_limit_from_env, AdmissionError, DEFAULT_QUEUE_LIMIT, MAX_QUEUE_LIMIT, QUEUE_LIMIT_ENV,
+};
+pub use permit::{Permit, ScopedPermit};
+pub use stream::PermitStream;
+pub use waiter::Admit;
 
-/// The environment variable that sets the overflow queue size `Q`.
-pub const QUEUE_LIMIT_ENV: &str = "DYN_DYNAMO_REQUEST_QUEUE_LIMIT";
-
-/// `Q` when the environment does not set it.
-pub const DEFAULT_QUEUE_LIMIT: usize = 16;
-
-/// The largest accepted `Q`.
-pub const MAX_QUEUE_LIMIT: usize = 1 << 20;
+use crate::rejection::WORKER_AT_CAPACITY;
+use crate::sync::{lock, Arc, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering};
+use storage::{Entry, Waiting};
+use waiter::{Cancelled, Waiter};
 
 /// Hands a queued item its permit when a slot frees up. Returns the permit
 /// back if the item can no longer use it (its client went away); the slot
@@ -69,12 +76,33 @@ pub type Dispatch<T> = Box<dyn Fn(T, Permit<T>) -> Result<(), Permit<T>> + Send 
 ///
 /// # Examples
 ///
+/// Awaiting a slot (any executor; this one blocks on a channel):
+///
+/// ```
+/// use std::pin::pin;
+/// use std::task::{Context, Poll, Waker};
+/// use loadgate::Admission;
+///
+/// let gate = Admission::new(1, 2).unwrap(); // N = 1, Q = 2
+/// let mut cx = Context::from_waker(Waker::noop());
+/// let Poll::Ready(Ok(((), first))) = pin!(gate.admit(())).poll(&mut cx) else { panic!() };
+/// let mut second = pin!(gate.admit(()));
+/// let mut third = pin!(gate.admit(()));
+/// assert!(second.as_mut().poll(&mut cx).is_pending() && third.as_mut().poll(&mut cx).is_pending());
+/// assert!(matches!(pin!(gate.admit(())).poll(&mut cx), Poll::Ready(Err(_)))); // N + Q = 3
+/// drop(first); // the slot passes to the oldest waiter
+/// assert!(matches!(second.poll(&mut cx), Poll::Ready(Ok(_))));
+/// # use std::future::Future;
+/// ```
+///
+/// With a dispatch callback (no async):
+///
 /// ```
 /// use std::sync::mpsc;
 /// use loadgate::{Admission, Admitted};
 ///
 /// let (ready_tx, ready_rx) = mpsc::channel();
-/// let admission = Admission::new(1, 2, Box::new(move |item: u32, permit| {
+/// let admission = Admission::with_dispatch(1, 2, Box::new(move |item: u32, permit| {
 ///     ready_tx.send((item, permit)).map_err(|e| e.0 .1)
 /// }))
 /// .unwrap();
@@ -90,14 +118,13 @@ pub struct Admission<T> {
     state: CachePadded<AtomicU64>,
     limit: u32,
     queue_limit: u32,
-    queue: Queue<T>,
-    /// The oldest waiting item, between the queue and a slot. Its lock
-    /// guards every change of the storage and of `queued` (module docs).
-    handoff: Mutex<Option<T>>,
+    /// The waiting entries. This lock (the *handoff lock*) guards every
+    /// change of the storage and of `queued` (module docs).
+    waiting: Mutex<Waiting<T>>,
     /// Releases with items waiting that the thread passing slots on has yet
     /// to do (see [`release_queued`](Self::release_queued)).
     releases: CachePadded<AtomicU32>,
-    dispatch: Dispatch<T>,
+    dispatch: Option<Dispatch<T>>,
     rejected: CachePadded<AtomicU64>,
 }
 
@@ -142,57 +169,6 @@ impl<T> fmt::Display for Rejected<T> {
 
 impl<T: fmt::Debug> std::error::Error for Rejected<T> {}
 
-/// An invalid admission configuration.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum AdmissionError {
-    /// The engine request limit `N` must be at least 1.
-    ZeroLimit,
-    /// The queue limit `Q` must be at least 2 (`Q - 1` channel slots plus the
-    /// handoff make an exact cap only from 2).
-    QueueLimitTooSmall(usize),
-    /// A limit above `u32::MAX`.
-    TooLarge(usize),
-    /// The queue limit `Q` is above [`MAX_QUEUE_LIMIT`] (the overflow is
-    /// allocated up front, so a typo must not exhaust memory).
-    QueueLimitTooLarge(usize),
-    /// `DYN_DYNAMO_REQUEST_QUEUE_LIMIT` is not a whole number.
-    InvalidQueueLimit(String),
-}
-
-impl fmt::Display for AdmissionError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::ZeroLimit => f.write_str("engine request limit must be at least 1"),
-            Self::QueueLimitTooSmall(q) => write!(f, "{QUEUE_LIMIT_ENV} must be at least 2, got {q}"),
-            Self::TooLarge(v) => write!(f, "limit {v} is larger than {}", u32::MAX),
-            Self::QueueLimitTooLarge(q) => write!(f, "{QUEUE_LIMIT_ENV} must be at most {MAX_QUEUE_LIMIT}, got {q}"),
-            Self::InvalidQueueLimit(v) => write!(f, "{QUEUE_LIMIT_ENV} must be a whole number >= 2, got {v:?}"),
-        }
-    }
-}
-
-impl std::error::Error for AdmissionError {}
-
-/// Parses `DYN_DYNAMO_REQUEST_QUEUE_LIMIT`: unset gives 16; anything but a
-/// whole number of at least 2 is an error.
-///
-/// # Errors
-///
-/// [`AdmissionError::InvalidQueueLimit`] or [`AdmissionError::QueueLimitTooSmall`].
-pub fn parse_queue_limit(value: Option<&str>) -> Result<usize, AdmissionError> {
-    let Some(raw) = value else {
-        return Ok(DEFAULT_QUEUE_LIMIT);
-    };
-    let q: usize = raw.trim().parse().map_err(|_| AdmissionError::InvalidQueueLimit(raw.to_owned()))?;
-    if q < 2 {
-        return Err(AdmissionError::QueueLimitTooSmall(q));
-    }
-    if q > MAX_QUEUE_LIMIT {
-        return Err(AdmissionError::QueueLimitTooLarge(q));
-    }
-    Ok(q)
-}
-
 #[inline]
 fn pack(running: u32, queued: u32) -> u64 {
     (u64::from(running) << 32) | u64::from(queued)
@@ -204,47 +180,50 @@ fn unpack(state: u64) -> (u32, u32) {
 }
 
 impl<T> Admission<T> {
-    /// `limit` engine slots (`N`) and an overflow of `queue_limit` (`Q`).
+    /// `limit` engine slots (`N`) and an overflow of `queue_limit` (`Q`),
+    /// for requests that [`admit`](Self::admit) and await their slot.
+    /// [`try_admit`](Self::try_admit) on this gate admits now or refuses: it
+    /// has no callback to hand a queued item to.
     ///
     /// # Errors
     ///
-    /// `N = 0`, `Q < 2`, or a value above `u32::MAX`.
-    pub fn new(limit: usize, queue_limit: usize, dispatch: Dispatch<T>) -> Result<Arc<Self>, AdmissionError> {
-        if limit == 0 {
-            return Err(AdmissionError::ZeroLimit);
-        }
-        if queue_limit < 2 {
-            return Err(AdmissionError::QueueLimitTooSmall(queue_limit));
-        }
-        if queue_limit > MAX_QUEUE_LIMIT {
-            return Err(AdmissionError::QueueLimitTooLarge(queue_limit));
-        }
-        let limit32 = u32::try_from(limit).map_err(|_| AdmissionError::TooLarge(limit))?;
-        let queue_limit32 = u32::try_from(queue_limit).map_err(|_| AdmissionError::TooLarge(queue_limit))?;
+    /// `N = 0`, `Q < 2`, `Q >` [`MAX_QUEUE_LIMIT`], or `N > u32::MAX`.
+    pub fn new(limit: usize, queue_limit: usize) -> Result<Arc<Self>, AdmissionError> {
+        Self::build(limit, queue_limit, None)
+    }
+
+    /// As [`new`](Self::new), and [`try_admit`](Self::try_admit) queues its
+    /// items for `dispatch`.
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new).
+    pub fn with_dispatch(limit: usize, queue_limit: usize, dispatch: Dispatch<T>) -> Result<Arc<Self>, AdmissionError> {
+        Self::build(limit, queue_limit, Some(dispatch))
+    }
+
+    fn build(limit: usize, queue_limit: usize, dispatch: Option<Dispatch<T>>) -> Result<Arc<Self>, AdmissionError> {
+        let (limit, queue_limit) = config::validate(limit, queue_limit)?;
         Ok(Arc::new(Admission {
             state: CachePadded::new(AtomicU64::new(0)),
-            limit: limit32,
-            queue_limit: queue_limit32,
-            queue: Queue::new(queue_limit - 1),
-            handoff: Mutex::new(None),
+            limit,
+            queue_limit,
+            waiting: Mutex::new(Waiting::with_capacity(queue_limit as usize)),
             releases: CachePadded::new(AtomicU32::new(0)),
             dispatch,
             rejected: CachePadded::new(AtomicU64::new(0)),
         }))
     }
 
-    /// As [`new`](Self::new) with `Q` from `DYN_DYNAMO_REQUEST_QUEUE_LIMIT`.
-    ///
-    /// # Errors
-    ///
-    /// As [`new`](Self::new), or an invalid environment value.
-    pub fn from_env(limit: usize, dispatch: Dispatch<T>) -> Result<Arc<Self>, AdmissionError> {
-        let q = parse_queue_limit(std::env::var(QUEUE_LIMIT_ENV).ok().as_deref())?;
-        Self::new(limit, q, dispatch)
+    /// Admits `item`, waiting in the overflow for a slot if none is free:
+    /// resolves to the item and its permit, or to [`Rejected`] at once when
+    /// `N + Q` are already admitted. See [`Admit`] for cancellation.
+    pub fn admit(self: &Arc<Self>, item: T) -> Admit<T> {
+        Admit::new(self.clone(), item)
     }
 
     /// Admits `item`: straight into a slot if one is free and nothing waits,
-    /// else into the overflow, else hands it back.
+    /// else into the overflow (for the dispatch callback), else hands it back.
     ///
     /// The permit owns a reference to this gate, so it can move into a task;
     /// [`try_admit_scoped`](Self::try_admit_scoped) saves that reference's
@@ -252,7 +231,8 @@ impl<T> Admission<T> {
     ///
     /// # Errors
     ///
-    /// [`Rejected`] with the item when `N + Q` are already admitted.
+    /// [`Rejected`] with the item when `N + Q` are already admitted, or when
+    /// no slot is free on a gate without a dispatch callback.
     pub fn try_admit(self: &Arc<Self>, item: T) -> Result<Admitted<T>, Rejected<T>> {
         Ok(match self.try_admit_scoped(item)? {
             Admitted::Now(item, permit) => Admitted::Now(item, permit.into_owned()),
@@ -267,28 +247,46 @@ impl<T> Admission<T> {
     ///
     /// # Errors
     ///
-    /// [`Rejected`] with the item when `N + Q` are already admitted.
+    /// As [`try_admit`](Self::try_admit).
     ///
     /// # Examples
     ///
     /// ```
     /// use loadgate::{Admission, Admitted};
     ///
-    /// let admission = Admission::new(1, 2, Box::new(|_item: u32, permit| Err(permit))).unwrap();
+    /// let admission = Admission::new(1, 2).unwrap();
     /// let Ok(Admitted::Now(item, permit)) = admission.try_admit_scoped(7) else { panic!() };
     /// assert_eq!((item, admission.running()), (7, 1));
     /// drop(permit);
     /// assert_eq!(admission.running(), 0);
     /// ```
     pub fn try_admit_scoped(self: &Arc<Self>, item: T) -> Result<Admitted<T, ScopedPermit<'_, T>>, Rejected<T>> {
+        if self.try_take_slot() {
+            return Ok(Admitted::Now(item, ScopedPermit { admission: self }));
+        }
+        if self.dispatch.is_none() {
+            // Relaxed: a statistic.
+            self.rejected.fetch_add(1, Ordering::Relaxed);
+            return Err(Rejected(item));
+        }
+        self.queue(Entry::Item(item)).map_err(|entry| match entry {
+            Entry::Item(item) => Rejected(item),
+            Entry::Waiter(_) => unreachable!("an item comes back as it went in"),
+        })?;
+        Ok(Admitted::Queued)
+    }
+
+    /// The fast path: takes a slot if one is free and nothing waits.
+    #[inline]
+    fn try_take_slot(&self) -> bool {
         // Acquire on every read of the state (the CAS's failure ordering
-        // too): pairs with the AcqRel CAS of whoever counted a stored item or
-        // freed a slot.
+        // too): pairs with the AcqRel CAS of whoever counted a stored entry
+        // or freed a slot.
         let mut state = self.state.load(Ordering::Acquire);
         loop {
             let (running, queued) = unpack(state);
             if queued != 0 || running >= self.limit {
-                break;
+                return false;
             }
             match self.state.compare_exchange_weak(
                 state,
@@ -296,73 +294,80 @@ impl<T> Admission<T> {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return Ok(Admitted::Now(item, ScopedPermit { admission: self })),
+                Ok(_) => return true,
                 Err(actual) => state = actual,
             }
         }
-        if let Some(oldest) = self.enqueue(item)? {
+    }
+
+    /// Queues a future's waiter, or refuses it (`N + Q` admitted).
+    fn queue_waiter(self: &Arc<Self>, waiter: Arc<Waiter<T>>) -> Result<(), Rejected<()>> {
+        self.queue(Entry::Waiter(waiter)).map_err(|_| Rejected(()))
+    }
+
+    /// Stores and counts `entry`, then gives any free slot to the oldest.
+    fn queue(self: &Arc<Self>, entry: Entry<T>) -> Result<(), Entry<T>> {
+        if let Some(oldest) = self.enqueue(entry)? {
             self.hand(oldest);
         }
         self.pump();
-        Ok(Admitted::Queued)
+        Ok(())
     }
 
-    /// Stores and counts `item` in the overflow, or hands it back when `Q`
+    /// Stores and counts `entry` in the overflow, or hands it back when `Q`
     /// are queued and every slot is taken. When `Q` are queued but a slot is
     /// free (the arrivals that filled the queue have not claimed it yet),
-    /// the oldest item takes the slot first and is returned, to be handed
+    /// the oldest entry takes the slot first and is returned, to be handed
     /// its permit outside the lock.
     ///
     /// Cold path: takes the handoff lock, under which `queued` counts exactly
-    /// the stored items (module docs).
+    /// the live stored entries (module docs).
     #[cold]
-    fn enqueue(&self, item: T) -> Result<Option<T>, Rejected<T>> {
-        let mut handoff = lock(&self.handoff);
+    fn enqueue(&self, entry: Entry<T>) -> Result<Option<Entry<T>>, Entry<T>> {
+        let mut waiting = lock(&self.waiting);
         // Acquire: `queued` only changes under this lock, which we hold.
         let (_, queued) = unpack(self.state.load(Ordering::Acquire));
         let oldest = if queued < self.queue_limit {
             None
         } else {
             // Q queued: room only if a slot is free for the oldest to take.
-            let Some(oldest) = self.claim_free_slot(&mut handoff) else {
+            let Some(oldest) = self.claim_free_slot(&mut waiting) else {
                 // Relaxed: a statistic.
                 self.rejected.fetch_add(1, Ordering::Relaxed);
-                return Err(Rejected(item));
+                return Err(entry);
             };
             Some(oldest)
         };
-        if let Err(item) = self.queue.push(item) {
-            // The storage holds `queued < Q` items and the queue `Q - 1`, so
-            // the handoff is empty: the oldest moves on, making room.
-            debug_assert!(handoff.is_none(), "the storage holds more than it counts");
-            *handoff = self.queue.pop();
-            if self.queue.push(item).is_err() {
-                unreachable!("the queue has room after a pop under the handoff lock");
-            }
-        }
+        waiting.push(entry);
         // AcqRel: a claimer that reads the count (under the lock, or in a
-        // failed fast-path CAS) sees the item stored.
+        // failed fast-path CAS) sees the entry stored.
         self.state.fetch_add(1, Ordering::AcqRel);
         Ok(oldest)
     }
 
-    /// Gives a claimed item its (already counted) slot; if its client is
+    /// Gives a claimed entry its (already counted) slot; if its client is
     /// gone, the slot passes on like any released one.
-    fn hand(self: &Arc<Self>, item: T) {
-        if let Err(back) = (self.dispatch)(item, Permit::new(self.clone())) {
+    fn hand(self: &Arc<Self>, entry: Entry<T>) {
+        if let Err(back) = self.deliver(entry, Permit::new(self.clone())) {
             drop(back);
         }
     }
 
-    /// The oldest stored item (handoff first); the caller holds the lock and
-    /// has just counted the item out.
-    fn take_oldest(&self, handoff: &mut MutexGuard<'_, Option<T>>) -> T {
-        handoff.take().or_else(|| self.queue.pop()).expect("a counted item is always stored")
+    /// Hands `permit` to the entry: the dispatch callback for an item, the
+    /// cell of a waiting future. The permit comes back if it cannot be used.
+    fn deliver(&self, entry: Entry<T>, permit: Permit<T>) -> Result<(), Permit<T>> {
+        match entry {
+            Entry::Waiter(waiter) => waiter.grant(permit),
+            Entry::Item(item) => match &self.dispatch {
+                Some(dispatch) => dispatch(item, permit),
+                None => unreachable!("items are only queued on a gate with a dispatch callback"),
+            },
+        }
     }
 
-    /// Under the handoff lock: if an item waits and a slot is free, claims
-    /// both (counts the item out and takes it) and returns the item.
-    fn claim_free_slot(&self, handoff: &mut MutexGuard<'_, Option<T>>) -> Option<T> {
+    /// Under the handoff lock: if an entry waits and a slot is free, claims
+    /// both (counts the entry out and takes it) and returns the entry.
+    fn claim_free_slot(&self, waiting: &mut MutexGuard<'_, Waiting<T>>) -> Option<Entry<T>> {
         // Acquire: pairs with the AcqRel CAS of whoever freed a slot.
         let mut state = self.state.load(Ordering::Acquire);
         loop {
@@ -372,26 +377,47 @@ impl<T> Admission<T> {
             }
             let next = pack(running + 1, queued - 1);
             match self.state.compare_exchange(state, next, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return Some(self.take_oldest(handoff)),
+                Ok(_) => return Some(waiting.take_oldest()),
                 Err(actual) => state = actual,
             }
         }
     }
 
-    /// While items wait and slots are free: claim both, dispatch.
+    /// While entries wait and slots are free: claim both, deliver.
     fn pump(self: &Arc<Self>) {
         loop {
-            // Its own statement: the lock is released before the dispatch.
-            let claimed = self.claim_free_slot(&mut lock(&self.handoff));
-            let Some(item) = claimed else { return };
-            self.hand(item);
+            // Its own statement: the lock is released before the delivery.
+            let claimed = self.claim_free_slot(&mut lock(&self.waiting));
+            let Some(entry) = claimed else { return };
+            self.hand(entry);
         }
     }
 
-    /// Frees a slot, or hands it straight to the oldest waiting item.
+    /// A queued future is dropped: counts it out if it is still queued,
+    /// releases a permit already granted to it.
+    fn cancel(self: &Arc<Self>, waiter: &Waiter<T>) {
+        let mut waiting = lock(&self.waiting);
+        match waiter.cancel() {
+            Cancelled::WasQueued => {
+                waiting.bury();
+                // AcqRel, under the handoff lock like every change of
+                // `queued`: a claimer or arrival that reads the count sees
+                // the tombstone stored.
+                self.state.fetch_sub(1, Ordering::AcqRel);
+            }
+            Cancelled::Granted(permit) => {
+                drop(waiting);
+                // Its release passes the slot to the next waiter.
+                drop(permit);
+            }
+            Cancelled::Nothing => {}
+        }
+    }
+
+    /// Frees a slot, or hands it straight to the oldest waiting entry.
     fn release(self: &Arc<Self>) {
         // Acquire on every read of the state (the CAS's failure ordering
-        // too): pairs with the AcqRel CAS of whoever counted an item or
+        // too): pairs with the AcqRel CAS of whoever counted an entry or
         // took a slot.
         let mut state = self.state.load(Ordering::Acquire);
         loop {
@@ -408,7 +434,7 @@ impl<T> Admission<T> {
         self.release_queued();
     }
 
-    /// A release with items waiting. One thread at a time passes slots on:
+    /// A release with entries waiting. One thread at a time passes slots on:
     /// the first to arrive loops until no release is left, and one that
     /// arrives meanwhile (from inside a dispatch of that loop, or on another
     /// thread) adds itself to the count and returns; its slot stays counted
@@ -425,28 +451,28 @@ impl<T> Admission<T> {
     }
 
     /// One release's worth of the loop: passes one slot on (again, while the
-    /// item it reaches is gone).
+    /// entry it reaches is gone).
     fn pass_one_on(self: &Arc<Self>) {
-        while let Some(item) = self.pass_on() {
-            match (self.dispatch)(item, Permit::new(self.clone())) {
+        while let Some(entry) = self.pass_on() {
+            match self.deliver(entry, Permit::new(self.clone())) {
                 Ok(()) => return,
-                // The item is gone and the slot is still ours: disarm the
+                // The entry is gone and the slot is still ours: disarm the
                 // permit and pass the slot on again.
                 Err(mut back) => back.admission = None,
             }
         }
     }
 
-    /// Under the handoff lock: moves one slot to the oldest waiting item
+    /// Under the handoff lock: moves one slot to the oldest waiting entry
     /// (returned, counted out and taken), or frees it when nothing waits.
-    fn pass_on(&self) -> Option<T> {
-        let mut handoff = lock(&self.handoff);
+    fn pass_on(&self) -> Option<Entry<T>> {
+        let mut waiting = lock(&self.waiting);
         let mut state = self.state.load(Ordering::Acquire);
         loop {
             let (running, queued) = unpack(state);
             let next = if queued > 0 { pack(running, queued - 1) } else { pack(running - 1, 0) };
             match self.state.compare_exchange(state, next, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return (queued > 0).then(|| self.take_oldest(&mut handoff)),
+                Ok(_) => return (queued > 0).then(|| waiting.take_oldest()),
                 Err(actual) => state = actual,
             }
         }
@@ -516,65 +542,12 @@ impl<T> Drop for PassingOn<'_, T> {
     }
 }
 
-/// One engine slot; released when dropped (finished, failed, panicked or
-/// cancelled alike).
-#[must_use = "dropping a permit releases its slot at once"]
-pub struct Permit<T> {
-    admission: Option<Arc<Admission<T>>>,
-}
-
-impl<T> Permit<T> {
-    fn new(admission: Arc<Admission<T>>) -> Self {
-        Permit { admission: Some(admission) }
-    }
-}
-
-impl<T> fmt::Debug for Permit<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Permit")
-    }
-}
-
-impl<T> Drop for Permit<T> {
-    fn drop(&mut self) {
-        if let Some(admission) = self.admission.take() {
-            admission.release();
-        }
-    }
-}
-
-/// One engine slot held within the caller's scope, from
-/// [`Admission::try_admit_scoped`]; released when dropped.
-#[must_use = "dropping a permit releases its slot at once"]
-pub struct ScopedPermit<'a, T> {
-    admission: &'a Arc<Admission<T>>,
-}
-
-impl<T> ScopedPermit<'_, T> {
-    /// The same slot as a [`Permit`] that owns a reference to its gate (to
-    /// move into a task).
-    pub fn into_owned(self) -> Permit<T> {
-        let admission = self.admission.clone();
-        // The slot now belongs to the owned permit: skip this one's release.
-        std::mem::forget(self);
-        Permit::new(admission)
-    }
-}
-
-impl<T> fmt::Debug for ScopedPermit<'_, T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ScopedPermit")
-    }
-}
-
-impl<T> Drop for ScopedPermit<'_, T> {
-    fn drop(&mut self) {
-        self.admission.release();
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::{Context, Poll, Waker};
+
     use super::*;
 
     #[test]
@@ -585,24 +558,26 @@ mod tests {
     }
 
     #[test]
-    fn the_handoff_holds_the_oldest_waiting_item() {
-        // N = 1, Q = 3: a queue of 2 plus the handoff.
-        let admission = Admission::new(1, 3, Box::new(|_: u32, _| Ok(()))).unwrap();
-        let Ok(Admitted::Now(_, permit)) = admission.try_admit(0) else { panic!("a slot was free") };
-        for item in 1..=3 {
-            assert!(matches!(admission.try_admit(item), Ok(Admitted::Queued)));
+    fn tombstones_are_swept_once_they_are_most_of_the_storage() {
+        // N = 1, Q = 4: a slot held, then rounds of "queue a future, drop it".
+        let gate = Admission::<u32>::new(1, 4).unwrap();
+        let mut cx = Context::from_waker(Waker::noop());
+        let Ok(Admitted::Now(_, permit)) = gate.try_admit(0) else { panic!("a slot was free") };
+        for round in 0..1000 {
+            let mut admit = Box::pin(gate.admit(round));
+            assert!(admit.as_mut().poll(&mut cx).is_pending());
+            assert_eq!(gate.queued(), 1);
+            drop(admit);
+            assert_eq!(gate.queued(), 0, "a dropped future gives up its place");
+            assert!(lock(&gate.waiting).len() <= 2, "round {round}: tombstones pile up");
         }
-        assert_eq!(*lock(&admission.handoff), Some(1), "the oldest moved on to make room");
-        assert_eq!(admission.queue.len(), 2);
-        assert_eq!(admission.try_admit(4).unwrap_err().into_inner(), 4);
-        let mut handoff = lock(&admission.handoff);
-        assert_eq!(admission.take_oldest(&mut handoff), 1);
-        assert_eq!(admission.take_oldest(&mut handoff), 2);
-        assert_eq!(admission.take_oldest(&mut handoff), 3);
-        assert!(handoff.is_none() && admission.queue.pop().is_none());
-        drop(handoff);
-        // The accounting still counts the three as queued; forget the permit so
-        // its release does not look for them.
-        std::mem::forget(permit);
+        // The place is usable: Q futures queue, the next is refused.
+        let mut queued: Vec<_> = (0..4).map(|i| Box::pin(gate.admit(i))).collect();
+        for admit in &mut queued {
+            assert!(admit.as_mut().poll(&mut cx).is_pending());
+        }
+        assert!(matches!(pin!(gate.admit(9)).poll(&mut cx), Poll::Ready(Err(Rejected(9)))));
+        drop(permit);
+        assert!(matches!(queued[0].as_mut().poll(&mut cx), Poll::Ready(Ok((0, _)))));
     }
 }
