@@ -2,34 +2,41 @@
 //! again excluding every worker that refused, up to a limit.
 
 use std::fmt;
+use std::future::Future;
 
-use crate::error::Rejection;
 use crate::load::WorkerId;
-use crate::router::{RouteError, Router};
+use crate::rejection::Rejection;
+use crate::route::RouteError;
 
 /// The default number of retries after a worker refuses.
 pub const DEFAULT_MIGRATION_LIMIT: usize = 3;
 
 /// The request-local state of one request's attempts.
 ///
-/// Usable from async code (the frontend drives it around each dispatch) or
-/// through [`Migration::run`] for blocking senders.
+/// Works with every routing handle: the `route` argument is any
+/// `FnMut(&[WorkerId]) -> Result<WorkerId, RouteError>`, such as
+/// `|refused| router.route(model, refused)` for a [`WorkerRouter`](crate::WorkerRouter),
+/// `|refused| model.route(refused)` for a [`ModelRouter`](crate::ModelRouter)
+/// or `|refused| local.route(refused)` for a
+/// [`LocalRouter`](crate::LocalRouter). [`run`](Self::run) sends with a
+/// blocking function, [`run_async`](Self::run_async) awaits an async one.
 ///
 /// # Examples
 ///
 /// ```
 /// use std::sync::Arc;
-/// use loadgate::{Migration, MigrationError, Policy, Rejection, RouteError, Router, WorkerMonitor};
+/// use loadgate::{Migration, MigrationError, Policy, Rejection, RouteError, WorkerRouter, WorkerMonitor};
 ///
 /// let monitor = Arc::new(WorkerMonitor::new(Default::default()).unwrap());
 /// monitor.register(1, "m", 1, 0).unwrap();
 /// monitor.register(2, "m", 1, 0).unwrap();
-/// let router = Router::new(monitor, Policy::RoundRobin);
+/// let router = WorkerRouter::new(monitor, Policy::RoundRobin);
 /// // Worker 1 is at capacity; worker 2 accepts.
-/// let served = Migration::new(3).run(&router, "m", |w| if w == 1 { Err(Rejection::WorkerOverloaded) } else { Ok(w) });
+/// let route = |refused: &[u64]| router.route("m", refused);
+/// let served = Migration::new(3).run(route, |w| if w == 1 { Err(Rejection::WorkerOverloaded) } else { Ok(w) });
 /// assert_eq!(served, Ok(2));
 /// // A model nobody registered stays a 404-class error.
-/// let unknown = Migration::new(3).run(&router, "other", |w| Ok::<_, Rejection>(w));
+/// let unknown = Migration::new(3).run(|refused| router.route("other", refused), |w| Ok::<_, Rejection>(w));
 /// assert_eq!(unknown, Err(MigrationError::Route(RouteError::UnknownModel)));
 /// ```
 #[derive(Clone, Debug)]
@@ -40,6 +47,7 @@ pub struct Migration {
 
 /// Why a migrated request ended without a worker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum MigrationError {
     /// Routing failed before any worker refused: overloaded (every instance
     /// busy), unavailable, or an unknown model (a 404, not a rejection).
@@ -89,15 +97,6 @@ impl Migration {
         Migration { limit, refused: Vec::new() }
     }
 
-    /// Picks the next worker, excluding every worker that refused.
-    ///
-    /// # Errors
-    ///
-    /// The router's error.
-    pub fn next(&self, router: &Router, model: &str) -> Result<WorkerId, RouteError> {
-        router.route(model, &self.refused)
-    }
-
     /// Records that `worker` refused at capacity. Returns true when another
     /// attempt is allowed.
     pub fn refused(&mut self, worker: WorkerId) -> bool {
@@ -123,26 +122,77 @@ impl Migration {
     /// every worker left refused, or a worker's other rejection.
     pub fn run<R>(
         mut self,
-        router: &Router,
-        model: &str,
+        mut route: impl FnMut(&[WorkerId]) -> Result<WorkerId, RouteError>,
         mut send: impl FnMut(WorkerId) -> Result<R, Rejection>,
     ) -> Result<R, MigrationError> {
         loop {
-            let worker = match self.next(router, model) {
-                Ok(w) => w,
-                // All remaining workers refused or are busy.
-                Err(RouteError::Overloaded) if !self.refused.is_empty() => return Err(MigrationError::Exhausted),
-                Err(e) => return Err(MigrationError::Route(e)),
-            };
-            match send(worker) {
-                Ok(r) => return Ok(r),
-                Err(Rejection::WorkerOverloaded) => {
-                    if !self.refused(worker) {
-                        return Err(MigrationError::Exhausted);
-                    }
-                }
-                Err(other) => return Err(MigrationError::Rejected(other)),
+            let worker = self.pick(&mut route)?;
+            if let Some(done) = self.settle(worker, send(worker)) {
+                return done;
             }
+        }
+    }
+
+    /// As [`run`](Self::run), awaiting each send. Runtime-agnostic; the
+    /// future is `Send` when `send`'s futures are.
+    ///
+    /// # Errors
+    ///
+    /// As [`run`](Self::run).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use loadgate::{Migration, Policy, Rejection, WorkerRouter, WorkerMonitor};
+    /// # let monitor = Arc::new(WorkerMonitor::new(Default::default()).unwrap());
+    /// # monitor.register(1, "m", 1, 0).unwrap();
+    /// # monitor.register(2, "m", 1, 0).unwrap();
+    /// let model = WorkerRouter::new(monitor, Policy::RoundRobin).model("m").unwrap();
+    /// let served = Migration::new(3).run_async(
+    ///     |refused| model.route(refused),
+    ///     |w| async move { if w == 1 { Err(Rejection::WorkerOverloaded) } else { Ok(w) } },
+    /// );
+    /// # let served = std::pin::pin!(served);
+    /// # let std::task::Poll::Ready(served) = std::future::Future::poll(served, &mut std::task::Context::from_waker(std::task::Waker::noop())) else { panic!() };
+    /// assert_eq!(served, Ok(2)); // after `.await`
+    /// ```
+    pub async fn run_async<R, F>(
+        mut self,
+        mut route: impl FnMut(&[WorkerId]) -> Result<WorkerId, RouteError>,
+        mut send: impl FnMut(WorkerId) -> F,
+    ) -> Result<R, MigrationError>
+    where
+        F: Future<Output = Result<R, Rejection>>,
+    {
+        loop {
+            let worker = self.pick(&mut route)?;
+            if let Some(done) = self.settle(worker, send(worker).await) {
+                return done;
+            }
+        }
+    }
+
+    /// The next worker, excluding every worker that refused.
+    fn pick(
+        &self,
+        route: &mut impl FnMut(&[WorkerId]) -> Result<WorkerId, RouteError>,
+    ) -> Result<WorkerId, MigrationError> {
+        match route(&self.refused) {
+            Ok(worker) => Ok(worker),
+            // All remaining workers refused or are busy.
+            Err(RouteError::Overloaded) if !self.refused.is_empty() => Err(MigrationError::Exhausted),
+            Err(e) => Err(MigrationError::Route(e)),
+        }
+    }
+
+    /// What `worker`'s answer means: done (served, or ended), or `None` to
+    /// try another worker.
+    fn settle<R>(&mut self, worker: WorkerId, sent: Result<R, Rejection>) -> Option<Result<R, MigrationError>> {
+        match sent {
+            Ok(r) => Some(Ok(r)),
+            Err(Rejection::WorkerOverloaded) => (!self.refused(worker)).then_some(Err(MigrationError::Exhausted)),
+            Err(other) => Some(Err(MigrationError::Rejected(other))),
         }
     }
 }
