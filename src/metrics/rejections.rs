@@ -1,0 +1,156 @@
+//! The frontend's rejection counters: per model, per endpoint and per reason.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use super::labels::{Endpoint, Reason};
+use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering, Swap};
+
+#[derive(Default)]
+struct ModelRow {
+    by_endpoint: [AtomicU64; Endpoint::ALL.len()],
+    by_reason: [AtomicU64; Reason::ALL.len()],
+}
+
+/// One model's counters as one scrape read them.
+#[derive(Clone, Debug)]
+pub(super) struct ModelCounts {
+    /// The model (the `model` label).
+    pub(super) model: Arc<str>,
+    /// Rejections per [`Endpoint::index`].
+    pub(super) by_endpoint: [u64; Endpoint::ALL.len()],
+    /// Rejections per [`Reason::index`].
+    pub(super) by_reason: [u64; Reason::ALL.len()],
+}
+
+/// Rejections per model, per endpoint and per reason.
+///
+/// [`register`](Self::register) puts them, with the monitor's per-rank load,
+/// into the caller's prometheus-client registry;
+/// [`render_frontend`](Self::render_frontend) writes them as a complete
+/// exposition of their own.
+///
+/// # Examples
+///
+/// ```
+/// use loadgate::metrics::{Endpoint, Reason, RejectionMetrics};
+///
+/// let metrics = RejectionMetrics::default();
+/// metrics.record("llama", Endpoint::ChatCompletions, [Reason::WorkerCapacity]);
+/// assert_eq!(metrics.total("llama", Endpoint::ChatCompletions), 1);
+/// assert_eq!(metrics.by_reason("llama", Reason::WorkerCapacity), 1);
+/// ```
+pub struct RejectionMetrics {
+    rows: Swap<HashMap<Arc<str>, Arc<ModelRow>>>,
+    /// Serialises adding a model's row (cold path: first rejection of a model).
+    write: Mutex<()>,
+}
+
+impl fmt::Debug for RejectionMetrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RejectionMetrics").field("models", &self.rows.load().len()).finish()
+    }
+}
+
+impl Default for RejectionMetrics {
+    fn default() -> Self {
+        RejectionMetrics { rows: Swap::from_pointee(HashMap::new()), write: Mutex::new(()) }
+    }
+}
+
+impl RejectionMetrics {
+    /// Counts one rejected request with its reasons.
+    pub fn record(&self, model: &str, endpoint: Endpoint, reasons: impl IntoIterator<Item = Reason>) {
+        let rows = self.rows.load();
+        match rows.get(model) {
+            Some(row) => count(row, endpoint, reasons),
+            None => {
+                drop(rows);
+                count(&self.add_row(model), endpoint, reasons);
+            }
+        }
+    }
+
+    #[cold]
+    fn add_row(&self, model: &str) -> Arc<ModelRow> {
+        let _write = lock(&self.write);
+        let rows = self.rows.load_full();
+        if let Some(row) = rows.get(model) {
+            return row.clone();
+        }
+        let row = Arc::new(ModelRow::default());
+        let mut next = (*rows).clone();
+        next.insert(Arc::from(model), row.clone());
+        self.rows.store(Arc::new(next));
+        row
+    }
+
+    /// Rejections of `model` at `endpoint` so far.
+    pub fn total(&self, model: &str, endpoint: Endpoint) -> u64 {
+        // Relaxed: a counter read.
+        self.rows.load().get(model).map_or(0, |r| r.by_endpoint[endpoint.index()].load(Ordering::Relaxed))
+    }
+
+    /// Rejections of `model` for `reason` so far.
+    pub fn by_reason(&self, model: &str, reason: Reason) -> u64 {
+        // Relaxed: a counter read.
+        self.rows.load().get(model).map_or(0, |r| r.by_reason[reason.index()].load(Ordering::Relaxed))
+    }
+
+    /// Every model's counters now, sorted by model (a scrape's read).
+    pub(super) fn counts(&self) -> Vec<ModelCounts> {
+        let mut all: Vec<ModelCounts> = self
+            .rows
+            .load()
+            .iter()
+            .map(|(model, row)| ModelCounts {
+                model: model.clone(),
+                // Relaxed: counter reads; a scrape needs no ordering between them.
+                by_endpoint: std::array::from_fn(|i| row.by_endpoint[i].load(Ordering::Relaxed)),
+                // Relaxed: as above.
+                by_reason: std::array::from_fn(|i| row.by_reason[i].load(Ordering::Relaxed)),
+            })
+            .collect();
+        all.sort_by(|a, b| a.model.cmp(&b.model));
+        all
+    }
+}
+
+fn count(row: &ModelRow, endpoint: Endpoint, reasons: impl IntoIterator<Item = Reason>) {
+    // Relaxed: independent counters; scrapes need no ordering.
+    row.by_endpoint[endpoint.index()].fetch_add(1, Ordering::Relaxed);
+    for reason in reasons {
+        // Relaxed: as above.
+        row.by_reason[reason.index()].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_first_rejection_adds_the_row_once() {
+        let metrics = RejectionMetrics::default();
+        metrics.record("m", Endpoint::Completions, []);
+        metrics.record("m", Endpoint::Completions, [Reason::Excluded, Reason::WorkerCapacity]);
+        assert_eq!(metrics.rows.load().len(), 1);
+        assert_eq!(metrics.total("m", Endpoint::Completions), 2);
+        assert_eq!(metrics.total("m", Endpoint::ChatCompletions), 0);
+        assert_eq!(metrics.by_reason("m", Reason::Excluded), 1);
+        assert_eq!(metrics.by_reason("m", Reason::DecodeBlocks), 0);
+    }
+
+    #[test]
+    fn counts_are_sorted_by_model_and_indexed_like_the_labels() {
+        let metrics = RejectionMetrics::default();
+        metrics.record("b", Endpoint::ChatCompletions, [Reason::WaitingRequests]);
+        metrics.record("a", Endpoint::Completions, []);
+        let counts = metrics.counts();
+        let models: Vec<&str> = counts.iter().map(|c| &*c.model).collect();
+        assert_eq!(models, ["a", "b"]);
+        assert_eq!(counts[1].by_endpoint[Endpoint::ChatCompletions.index()], 1);
+        assert_eq!(counts[1].by_reason[Reason::WaitingRequests.index()], 1);
+        assert_eq!(counts[0].by_reason, [0; Reason::ALL.len()]);
+    }
+}
