@@ -1,0 +1,173 @@
+//! [`Refusal`]: a refused request as an HTTP response, with the overload
+//! status, the caller's `Retry-After` hint and the OpenAI-shaped error body.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::http::{header, HeaderValue, Response, StatusCode};
+use bytes::Bytes;
+
+use crate::admission::Rejected;
+use crate::migration::MigrationError;
+use crate::rejection::Rejection;
+use crate::route::RouteError;
+
+/// A refused request: a [`Rejection`] (overloaded, a worker at capacity,
+/// unavailable) or an unknown model (404), with an optional `Retry-After`.
+///
+/// Its response (`into_response` with the `axum` feature, or
+/// [`to_http`](Self::to_http)) carries the status the reference sends (the
+/// overload status, 529 by default, for either overload; 503 unavailable;
+/// 404 unknown model), `Retry-After` (whole seconds, rounded up) and
+/// `retry-after-ms` when a hint is set, and the body
+/// `{"error":{"message":…,"type":…,"code":<status sent>}}`.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use loadgate::{Refusal, RouteError};
+///
+/// let refusal = Refusal::from(RouteError::Overloaded).retry_after(Duration::from_millis(1500));
+/// let response = refusal.to_http();
+/// assert_eq!(response.status(), 529);
+/// assert_eq!(response.headers()["retry-after"], "2");
+/// assert_eq!(response.headers()["retry-after-ms"], "1500");
+/// assert_eq!(
+///     response.body().as_ref(),
+///     br#"{"error":{"message":"All workers are busy, please retry later","type":"Overloaded","code":529}}"#
+/// );
+/// assert_eq!(Refusal::from(RouteError::UnknownModel).to_http().status(), 404);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// `None`: the model is unknown.
+    rejection: Option<Rejection>,
+    retry_after: Option<Duration>,
+}
+
+/// The message of the unknown-model body (the model name is not echoed).
+const UNKNOWN_MODEL: &str = "The model does not exist";
+
+impl Refusal {
+    /// A rejection, without a `Retry-After` hint.
+    pub fn new(rejection: Rejection) -> Self {
+        Refusal { rejection: Some(rejection), retry_after: None }
+    }
+
+    /// The request names a model nobody registered: 404.
+    pub fn unknown_model() -> Self {
+        Refusal { rejection: None, retry_after: None }
+    }
+
+    /// Sets the `Retry-After` hint (from the caller's drain-rate estimate,
+    /// a [`RetryAfter`], …). Ignored for an unknown model.
+    #[must_use]
+    pub fn retry_after(mut self, hint: Duration) -> Self {
+        self.retry_after = Some(hint);
+        self
+    }
+
+    /// The rejection, or `None` for an unknown model.
+    pub fn rejection(&self) -> Option<Rejection> {
+        self.rejection
+    }
+
+    /// The status sent.
+    pub fn status(&self) -> StatusCode {
+        let code = self.rejection.map_or(404, |r| r.status());
+        // The overload status is validated to 200..=999 when read.
+        StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
+    }
+
+    /// The response: status, headers and JSON body.
+    pub fn to_http(&self) -> Response<Bytes> {
+        let status = self.status();
+        let (kind, message) = match self.rejection {
+            Some(r) => (r.error_type(), r.message()),
+            None => ("NotFound", UNKNOWN_MODEL),
+        };
+        // Every message and type is one of this crate's ASCII constants, with
+        // nothing to escape.
+        let body = format!(r#"{{"error":{{"message":"{message}","type":"{kind}","code":{}}}}}"#, status.as_u16());
+        let mut response = Response::new(Bytes::from(body));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let (Some(hint), Some(_)) = (self.retry_after, self.rejection) {
+            let millis = hint.as_millis();
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(millis.div_ceil(1000).min(u64::MAX.into()) as u64));
+            headers.insert("retry-after-ms", HeaderValue::from(millis.min(u64::MAX.into()) as u64));
+        }
+        response
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.rejection {
+            Some(r) => r.fmt(f),
+            None => f.write_str(UNKNOWN_MODEL),
+        }
+    }
+}
+
+impl std::error::Error for Refusal {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.rejection.as_ref().map(|r| r as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl From<Rejection> for Refusal {
+    fn from(rejection: Rejection) -> Self {
+        Refusal::new(rejection)
+    }
+}
+
+impl From<RouteError> for Refusal {
+    fn from(e: RouteError) -> Self {
+        Rejection::try_from(e).map_or_else(|_| Refusal::unknown_model(), Refusal::new)
+    }
+}
+
+impl From<MigrationError> for Refusal {
+    fn from(e: MigrationError) -> Self {
+        e.rejection().map_or_else(Refusal::unknown_model, Refusal::new)
+    }
+}
+
+impl<T> From<Rejected<T>> for Refusal {
+    /// A worker's hard cap refused: the overload status.
+    fn from(_: Rejected<T>) -> Self {
+        Refusal::new(Rejection::WorkerOverloaded)
+    }
+}
+
+/// The caller's `Retry-After` hint, asked once per refusal: a fixed delay or
+/// a function (say, of the pool's drain rate, with jitter).
+#[derive(Clone)]
+pub struct RetryAfter(Arc<dyn Fn() -> Duration + Send + Sync>);
+
+impl RetryAfter {
+    /// The same hint every time.
+    pub fn fixed(hint: Duration) -> Self {
+        RetryAfter(Arc::new(move || hint))
+    }
+
+    /// A hint computed at each refusal.
+    pub fn from_fn(hint: impl Fn() -> Duration + Send + Sync + 'static) -> Self {
+        RetryAfter(Arc::new(hint))
+    }
+
+    /// The hint now.
+    pub fn get(&self) -> Duration {
+        (self.0)()
+    }
+}
+
+impl fmt::Debug for RetryAfter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("RetryAfter").field(&self.get()).finish()
+    }
+}

@@ -1,0 +1,181 @@
+//! The tower and axum integrations: [`AdmissionLayer`] holds its permit
+//! until the response body ends (not at the headers), refuses past `N + Q`
+//! with the caller's `Retry-After`; the rejection types answer with their
+//! status and OpenAI-shaped body; no root name collides with axum's or
+//! tower's under glob imports.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use loadgate::{Admission, AdmissionLayer, MigrationError, Rejection, RetryAfter, RouteError};
+use tokio::sync::mpsc;
+use tower::ServiceExt;
+
+type Chunks = Arc<std::sync::Mutex<Option<mpsc::Receiver<Result<Bytes, Infallible>>>>>;
+
+/// A service whose one route streams what the test sends on the channel
+/// handed to it per request, behind `gate`.
+fn service(gate: Arc<Admission<()>>, hint: RetryAfter, chunks: Chunks) -> axum::Router {
+    let stream = move || {
+        let rx = chunks.lock().unwrap().take().expect("one streamed request at a time");
+        async move { Body::from_stream(tokio_stream_from(rx)) }
+    };
+    axum::Router::new().route("/generate", get(stream)).layer(AdmissionLayer::new(gate).retry_after(hint))
+}
+
+/// The receiver as a `Stream` (tokio's own wrapper lives in tokio-stream).
+fn tokio_stream_from(
+    mut rx: mpsc::Receiver<Result<Bytes, Infallible>>,
+) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+fn request() -> axum::http::Request<Body> {
+    axum::http::Request::get("/generate").body(Body::empty()).unwrap()
+}
+
+#[tokio::test]
+async fn the_layer_holds_the_permit_until_the_body_ends() {
+    let gate = Admission::new(1, 2).unwrap();
+    let chunks: Chunks = Arc::default();
+    let app = service(gate.clone(), RetryAfter::fixed(Duration::from_secs(1)), chunks.clone());
+
+    let (tx, rx) = mpsc::channel(4);
+    *chunks.lock().unwrap() = Some(rx);
+    let response = app.clone().oneshot(request()).await.unwrap();
+    assert_eq!(response.status(), 200);
+    // The handler has returned and the headers are out; the body has not
+    // ended, so the slot is still held (tower's ConcurrencyLimit would have
+    // released it here).
+    assert_eq!(gate.running(), 1);
+    let mut body = response.into_body();
+    tx.send(Ok(Bytes::from_static(b"token"))).await.unwrap();
+    let frame = body.frame().await.unwrap().unwrap();
+    assert_eq!(frame.into_data().unwrap(), "token");
+    assert_eq!(gate.running(), 1);
+    drop(tx); // the stream ends
+    assert!(body.frame().await.is_none());
+    assert_eq!(gate.running(), 0, "the body's end releases the slot");
+
+    // A client that goes away mid-stream releases it too.
+    let (tx, rx) = mpsc::channel(4);
+    *chunks.lock().unwrap() = Some(rx);
+    let response = app.oneshot(request()).await.unwrap();
+    assert_eq!(gate.running(), 1);
+    drop(response);
+    assert_eq!(gate.running(), 0, "dropping the body releases the slot");
+    drop(tx);
+}
+
+#[tokio::test]
+async fn past_n_plus_q_the_layer_refuses_with_the_callers_hint() {
+    let gate = Admission::new(1, 2).unwrap();
+    let asked = Arc::new(AtomicU64::new(0));
+    let hint = {
+        let asked = asked.clone();
+        // A hint computed per refusal: 1.5 s, then 2.5 s, ...
+        RetryAfter::from_fn(move || Duration::from_millis(1500 + 1000 * asked.fetch_add(1, Ordering::Relaxed)))
+    };
+    let chunks: Chunks = Arc::default();
+    let app = service(gate.clone(), hint, chunks.clone());
+
+    let (tx, rx) = mpsc::channel(4);
+    *chunks.lock().unwrap() = Some(rx);
+    let running = app.clone().oneshot(request()).await.unwrap();
+    // Two more wait in the gate (their futures are pending inside the layer).
+    let mut waiting: Vec<_> = (0..2).map(|_| tokio::spawn(app.clone().oneshot(request()))).collect();
+    while gate.queued() < 2 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    for expected in ["2", "3"] {
+        let refused = app.clone().oneshot(request()).await.unwrap();
+        assert_eq!(refused.status(), 529);
+        assert_eq!(refused.headers()["retry-after"], expected);
+        assert_eq!(refused.headers()["content-type"], "application/json");
+        let body = refused.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(
+            body,
+            r#"{"error":{"message":"Server overloaded: worker at capacity","type":"Overloaded","code":529}}"#
+        );
+    }
+    assert_eq!((gate.running(), gate.queued(), gate.rejected()), (1, 2, 2));
+    // A waiter whose client gives up leaves the queue at once.
+    let gone = waiting.pop().unwrap();
+    gone.abort();
+    assert!(gone.await.unwrap_err().is_cancelled());
+    assert_eq!(gate.queued(), 1);
+    drop((running, tx));
+}
+
+#[tokio::test]
+async fn rejection_types_answer_with_status_and_openai_body() {
+    let cases = [
+        (RouteError::Overloaded.into_response(), 529, "Overloaded"),
+        (RouteError::Unavailable.into_response(), 503, "Unavailable"),
+        (RouteError::UnknownModel.into_response(), 404, "NotFound"),
+        (Rejection::WorkerOverloaded.into_response(), 529, "Overloaded"),
+        (MigrationError::Exhausted.into_response(), 529, "Overloaded"),
+        (MigrationError::Route(RouteError::UnknownModel).into_response(), 404, "NotFound"),
+    ];
+    for (response, status, kind) in cases {
+        assert_eq!(response.status(), status);
+        assert!(!response.headers().contains_key("retry-after"), "no hint was given");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["error"]["type"], kind);
+        assert_eq!(json["error"]["code"], status);
+    }
+}
+
+/// Every root name, used next to axum's and tower's globs: a collision would
+/// be an ambiguity error here.
+#[allow(unused_imports, dead_code)]
+mod globs {
+    use axum::*;
+    use loadgate::*;
+    use tower::*;
+
+    type Types = (
+        Admission<()>,
+        Admitted<()>,
+        Permit<()>,
+        PermitStream<(), ()>,
+        Rejected<()>,
+        RetryPolicy,
+        LoadReport,
+        RankLoad,
+        WorkerId,
+        Migration,
+        MigrationError,
+        MonitorConfig,
+        WorkerMonitor,
+        Rejection,
+        (LocalRouter, ModelRouter, Policy, RouteError, WorkerRouter, BusyThresholds),
+        (Routed, AdmissionLayer, PermitBody<(), ()>, Refusal, RetryAfter),
+    );
+    type Modules = (
+        admission::Admit<()>,
+        backoff::Verdict,
+        metrics::RejectionMetrics,
+        migration::Migration,
+        monitor::Registered,
+        patch::ThresholdPatch,
+        rejection::Rejection,
+        route::CostFn,
+        thresholds::Thresholds,
+        web::GateBody<()>,
+        wire::Frame,
+    );
+    // And axum's and tower's own names still mean theirs.
+    type Theirs = (Router, Json<()>, ServiceBuilder<layer::util::Identity>);
+    const DOCS: () = {
+        use docs::architecture as _;
+    };
+}
