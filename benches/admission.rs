@@ -25,7 +25,7 @@ const SLOTS: usize = 64;
 const QUEUE: usize = 16;
 
 fn admission() -> Arc<Admission<u64>> {
-    Admission::new(SLOTS, QUEUE, Box::new(|_item, permit| Err(permit))).expect("valid limits")
+    Admission::with_dispatch(SLOTS, QUEUE, Box::new(|_item, permit| Err(permit))).expect("valid limits")
 }
 
 /// Keeps a direct admission's item and permit alive, then drops the permit.

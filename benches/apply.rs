@@ -15,7 +15,10 @@ mod common;
 
 use common::{decode_load, free_pool};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use loadgate::{Applied, LoadReport, Publisher, RankLoad, WorkerId};
+use loadgate::{
+    monitor::{Applied, Publisher},
+    LoadReport, RankLoad, WorkerId,
+};
 
 const WORKER_COUNTS: [usize; 3] = [8, 64, 1024];
 

@@ -1,4 +1,4 @@
-//! Route selection: loadgate's `Router::route` (by model name),
+//! Route selection: loadgate's `WorkerRouter::route` (by model name),
 //! `ModelRouter::route` (a shared per-model handle) and `LocalRouter::route`
 //! (a per-thread handle caching the published view) against two baselines
 //! measured in the same criterion group:
@@ -29,7 +29,7 @@ mod common;
 
 use common::{decode_load, free_pool, MODEL};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use loadgate::{LoadReport, LocalRouter, ModelRouter, Policy, Publisher, RouteError, Router, WorkerId};
+use loadgate::{monitor::Publisher, LoadReport, LocalRouter, ModelRouter, Policy, RouteError, WorkerId, WorkerRouter};
 
 const WORKER_COUNTS: [usize; 4] = [8, 64, 1024, 8192];
 const BUSY_PERCENTS: [usize; 3] = [0, 25, 99];
@@ -54,7 +54,7 @@ fn flip_target(n: usize, percent: usize) -> WorkerId {
 
 /// `common::free_pool(n)` with the workers of `busy_ids(n, percent)`
 /// reported busy.
-fn loadgate_fixture(n: usize, percent: usize) -> (Router, ModelRouter, LocalRouter) {
+fn loadgate_fixture(n: usize, percent: usize) -> (WorkerRouter, ModelRouter, LocalRouter) {
     let monitor = free_pool(n);
     for id in busy_ids(n, percent) {
         let load = decode_load(BUSY_LOAD);
@@ -64,7 +64,7 @@ fn loadgate_fixture(n: usize, percent: usize) -> (Router, ModelRouter, LocalRout
     }
     let busy = monitor.workers().iter().filter(|w| w.busy).count();
     assert_eq!(busy, n * percent / 100, "busy bits set through reports");
-    let router = Router::new(monitor, Policy::RoundRobin);
+    let router = WorkerRouter::new(monitor, Policy::RoundRobin);
     let handle = router.model(MODEL).expect("known model");
     let local = handle.local();
     (router, handle, local)
@@ -253,7 +253,7 @@ fn with_flipper(rate: FlipRate, flip: impl FnMut() + Send, measure: impl FnOnce(
 
 /// A flipper over loadgate's monitor: alternately reports `worker` busy and
 /// free, each report flipping its bit.
-fn monitor_flipper(router: &Router, worker: WorkerId) -> impl FnMut() + Send + '_ {
+fn monitor_flipper(router: &WorkerRouter, worker: WorkerId) -> impl FnMut() + Send + '_ {
     let monitor = router.monitor();
     let mut seq = 1_000u64;
     move || {

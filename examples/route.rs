@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use loadgate::{
-    Admission, Admitted, BusyThresholds, LoadReport, Migration, MonitorConfig, Policy, Publisher, RankLoad, Rejection,
-    RouteError, Router, WorkerMonitor,
+    monitor::Publisher, Admission, Admitted, BusyThresholds, LoadReport, Migration, MonitorConfig, Policy, RankLoad,
+    Rejection, RouteError, WorkerMonitor, WorkerRouter,
 };
 
 const MODEL: &str = "llama-3-8b";
@@ -20,7 +20,7 @@ fn main() {
     }
     let thresholds = BusyThresholds { active_decode_blocks_threshold: Some(0.85), ..Default::default() };
     monitor.set_thresholds(MODEL, thresholds).expect("valid thresholds");
-    let router = Router::new(monitor.clone(), Policy::RoundRobin);
+    let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
     println!("4 workers x 2 ranks, decode threshold 0.85 (busy when more than 85 of 100 blocks are in use)\n");
 
     let mut seq = 0;
@@ -58,7 +58,7 @@ fn main() {
         report(w, 1, 97);
     }
     route("(all busy: shed with the overload status)");
-    println!("  overload status code: {}", loadgate::overload_status_code());
+    println!("  overload status code: {}", loadgate::rejection::overload_status_code());
     println!("  busy reasons: {:?}\n", monitor.model_busy_reasons(MODEL));
 
     println!("raise the threshold to 0.98 at runtime: takes effect before the call returns");
@@ -66,7 +66,7 @@ fn main() {
     route("(threshold 0.98)");
 
     println!("worker hard cap: N = 1 engine slot + Q = 2 queued");
-    let admission = Admission::new(
+    let admission = Admission::with_dispatch(
         1,
         2,
         Box::new(|item: u32, _permit| {
@@ -90,16 +90,19 @@ fn main() {
 
     println!("\nmigration: a cost-based router prefers worker 3 (say, the best KV prefix overlap),");
     println!("but worker 3 refuses at capacity, so the request moves on excluding it");
-    let prefer_3: loadgate::CostFn = Arc::new(|worker, _load| if worker == 3 { 0 } else { worker });
-    let kv_router = Router::new(monitor.clone(), Policy::Cost(prefer_3));
-    let served = Migration::new(3).run(&kv_router, MODEL, |worker| {
-        if worker == 3 {
-            println!("  worker {worker}: {}", loadgate::WORKER_AT_CAPACITY);
-            Err(Rejection::WorkerOverloaded)
-        } else {
-            println!("  worker {worker}: accepted");
-            Ok(worker)
-        }
-    });
+    let prefer_3: loadgate::route::CostFn = Arc::new(|worker, _load| if worker == 3 { 0 } else { worker });
+    let kv_router = WorkerRouter::new(monitor.clone(), Policy::Cost(prefer_3));
+    let served = Migration::new(3).run(
+        |refused| kv_router.route(MODEL, refused),
+        |worker| {
+            if worker == 3 {
+                println!("  worker {worker}: {}", loadgate::rejection::WORKER_AT_CAPACITY);
+                Err(Rejection::WorkerOverloaded)
+            } else {
+                println!("  worker {worker}: accepted");
+                Ok(worker)
+            }
+        },
+    );
     println!("  served by {served:?}");
 }

@@ -10,7 +10,7 @@
 /// # Examples
 ///
 /// ```
-/// use loadgate::BusySet;
+/// use loadgate::monitor::BusySet;
 ///
 /// let set = BusySet::new(5).with(1, true).with(2, true);
 /// assert_eq!(set.free_count(), 3);

@@ -9,29 +9,51 @@
 //!
 //! 1. **Frontend busy set.** Workers report load per data-parallel rank
 //!    ([`LoadReport`]); the [`WorkerMonitor`] evaluates each model's
-//!    [`BusyThresholds`] and publishes an immutable [`BusySet`]; the
-//!    [`Router`] skips busy workers and answers [`RouteError::Overloaded`]
-//!    when none is left (HTTP 529 by default, see [`overload_status_code`]).
+//!    [`BusyThresholds`] and publishes which workers are busy; the
+//!    [`WorkerRouter`] skips them and answers [`RouteError::Overloaded`]
+//!    when none is left (HTTP 529 by default).
 //! 2. **Worker hard cap.** [`Admission`] admits `N` requests into the engine
-//!    plus exactly `Q` waiting, and hands the rest back; the frontend treats
-//!    that as [`Rejection::WorkerOverloaded`] and may retry elsewhere with
-//!    [`Migration`].
+//!    plus exactly `Q` waiting (`gate.admit(item).await`, any executor), and
+//!    refuses the rest; the frontend treats that as
+//!    [`Rejection::WorkerOverloaded`] and may retry elsewhere with
+//!    [`Migration`]. A [`Permit`] lasts as long as the response:
+//!    [`PermitStream`] (and, with `tower`, `PermitBody`) hold it until the
+//!    stream ends, fails or is dropped.
 //!
-//! # Types
+//! # What to use
 //!
-//! | type | what it is |
+//! | you write | use |
 //! |---|---|
-//! | [`BusyThresholds`], [`Thresholds`], [`BusySignals`] | the four signals, validated to exact fixed point, and which fired |
-//! | [`RankLoad`], [`LoadReport`], [`Publisher`], [`RankSlot`] | per-rank load and the packed atomic slot that stores it |
-//! | [`WorkerMonitor`], [`MonitorConfig`], [`Applied`], [`Registered`] | registry, reports (incarnations and sequence numbers), thresholds, busy-set publication |
-//! | [`BusySet`] | the published bitmap, with its word scans |
-//! | [`Router`], [`ModelRouter`], [`LocalRouter`], [`Policy`], [`RouteError`] | selection of an eligible instance |
-//! | [`Admission`], [`Permit`], [`ScopedPermit`], [`Admitted`], [`Rejected`] | the worker's `N + Q` hard cap |
-//! | [`Rejection`], [`overload_status_code`] | rejection classes and their HTTP status |
-//! | [`Migration`] | retry on another worker after a hard-cap refusal |
-//! | [`RetryPolicy`] | client backoff with jitter, honouring `Retry-After` |
-//! | [`RejectionMetrics`] | counters and Prometheus text |
-//! | [`wire::Frame`], [`patch::ThresholdPatch`] | the event plane's binary frames and the `/busy_threshold` body (pure codecs) |
+//! | the frontend's registry and load intake | [`WorkerMonitor`], [`MonitorConfig`], [`BusyThresholds`], [`LoadReport`], [`RankLoad`] |
+//! | routing | [`WorkerRouter`] (below: which handle), [`Policy`], [`RouteError`] |
+//! | retry on another worker | [`Migration`] (`run` blocking, `run_async` awaited), [`MigrationError`] |
+//! | a worker's hard cap | [`Admission`], [`Permit`], [`PermitStream`]; [`Admitted`] and [`Rejected`] for `try_admit` |
+//! | the HTTP answer of a refusal | [`Rejection`]; with `tower`: `Refusal`, `RetryAfter`, `AdmissionLayer`, `PermitBody`; with `axum`: `IntoResponse` for all of them and the `Routed` extractor |
+//! | a client that backs off | [`RetryPolicy`] |
+//! | Prometheus metrics | `metrics` (feature `prometheus`): register into your `Registry` |
+//! | the event plane or `/busy_threshold` codecs | `wire` (feature `wire`), `patch` (feature `threshold-api`) |
+//!
+//! Everything else (registration outcomes, snapshots, error details, the
+//! environment constants) is in the modules: [`admission`], [`monitor`],
+//! [`thresholds`], [`route`], [`rejection`], [`migration`], [`backoff`].
+//! Background reading is in [`docs`].
+//!
+//! ## Which routing handle
+//!
+//! All three give the same answers; they differ in what each call looks up.
+//!
+//! - [`WorkerRouter`]: routes any model by name (one map lookup per call).
+//!   Cheap to clone, `Send + Sync`: keep one in your app state and call it
+//!   from any task. Start here.
+//! - [`ModelRouter`] (`router.model(name)`): one model, no name lookup.
+//!   Also `Send + Sync` and cheap to clone: use it when a handler or task
+//!   serves one known model.
+//! - [`LocalRouter`] (`model.local()`): a `ModelRouter` that caches the
+//!   model's published view; `route` takes `&mut self`. Use it in a loop that
+//!   routes many requests from one thread or one long-lived task (a
+//!   dispatcher, a benchmark). Inside tokio request handlers, prefer
+//!   `WorkerRouter` or `ModelRouter`: a `LocalRouter` per request would
+//!   rebuild its cache every time.
 //!
 //! # Example
 //!
@@ -46,7 +68,7 @@
 //! monitor
 //!     .set_thresholds("llama", BusyThresholds { active_decode_blocks_threshold: Some(0.85), ..Default::default() })
 //!     .unwrap();
-//! let router = Router::new(monitor.clone(), Policy::RoundRobin);
+//! let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
 //!
 //! // Worker 1 fills its KV cache: 90 of 100 blocks.
 //! let full = RankLoad { active_decode_blocks: 90, kv_total_blocks: 100, ..Default::default() };
@@ -57,63 +79,64 @@
 //! assert_eq!(router.route("llama", &[]), Err(RouteError::Overloaded)); // shed: HTTP 529
 //!
 //! // Layer 2: a worker admits N = 1 running plus Q = 2 waiting.
-//! let admission = Admission::new(1, 2, Box::new(|_item: (), _permit| Ok(()))).unwrap();
-//! let running = admission.try_admit(()).unwrap();
-//! assert!(matches!(admission.try_admit(()), Ok(Admitted::Queued)));
-//! assert!(matches!(admission.try_admit(()), Ok(Admitted::Queued)));
-//! assert!(admission.try_admit(()).is_err()); // "Server overloaded: worker at capacity"
+//! let gate = Admission::new(1, 2).unwrap();
+//! let Ok(Admitted::Now((), running)) = gate.try_admit(()) else { panic!() };
+//! // `gate.admit(()).await` would wait for `running` to be dropped.
+//! assert!(gate.try_admit(()).is_err()); // no slot free now: "Server overloaded: worker at capacity"
 //! # drop(running);
 //! ```
+//!
+//! An axum service that routes, sheds and streams in under 80 lines is
+//! `examples/axum_router.rs`.
 //!
 //! # Growing without breaking
 //!
 //! The plain data structs ([`RankLoad`], [`LoadReport`], [`BusyThresholds`],
-//! [`BusySignals`], [`MonitorConfig`]) keep public fields and implement
-//! [`Default`]; build them with `..Default::default()`. A field added later
-//! always defaults to "not reported" or "not configured", so such code keeps
-//! compiling and keeps its meaning.
-//!
-//! More: `docs/architecture.md` (the layers, the data flow, why each
-//! structure), `docs/semantics.md`, `docs/benchmarks.md`.
+//! [`BusySignals`](thresholds::BusySignals), [`MonitorConfig`]) keep public
+//! fields and implement [`Default`]; build them with `..Default::default()`.
+//! A field added later always defaults to "not reported" or "not
+//! configured", so such code keeps compiling and keeps its meaning. Public
+//! error enums are `#[non_exhaustive]`.
 
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod admission;
+pub mod admission;
+pub mod backoff;
 mod busy;
-mod error;
+pub mod docs;
 mod load;
-mod metrics;
-mod migration;
-mod monitor;
+#[cfg(feature = "prometheus")]
+#[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
+pub mod metrics;
+pub mod migration;
+pub mod monitor;
 mod padded;
+#[cfg(feature = "threshold-api")]
+#[cfg_attr(docsrs, doc(cfg(feature = "threshold-api")))]
 pub mod patch;
-mod retry;
-mod router;
+pub mod rejection;
+pub mod route;
 mod sync;
-mod thresholds;
+pub mod thresholds;
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub mod web;
+#[cfg(feature = "wire")]
+#[cfg_attr(docsrs, doc(cfg(feature = "wire")))]
 pub mod wire;
 
-#[cfg(feature = "server")]
-pub mod server;
-
-pub use admission::{
-    parse_queue_limit, Admission, AdmissionError, Admitted, Dispatch, Permit, Rejected, ScopedPermit,
-    DEFAULT_QUEUE_LIMIT, MAX_QUEUE_LIMIT, QUEUE_LIMIT_ENV,
-};
-pub use busy::BusySet;
-pub use error::{
-    overload_status_code, parse_overload_status, Rejection, DEFAULT_OVERLOAD_STATUS, OVERLOAD_STATUS_ENV,
-    WORKER_AT_CAPACITY,
-};
-pub use load::{LoadReport, Publisher, RankLoad, RankSlot, SlotUpdate, WorkerId};
-pub use metrics::{render_worker, Endpoint, Reason, RejectionMetrics, WorkerAdmissionStats};
-pub use migration::{Migration, MigrationError, DEFAULT_MIGRATION_LIMIT};
-pub use monitor::{
-    Applied, ApplyError, MonitorConfig, RankSnapshot, RegisterError, Registered, SetThresholdsError, WorkerInfo,
-    WorkerLoad, WorkerMonitor,
-};
-pub use retry::{is_retryable_status, parse_retry_after, RetryPolicy, Verdict};
-pub use router::{CostFn, LocalRouter, ModelRouter, Policy, RouteError, Router};
-pub use thresholds::{BusySignals, BusyThresholds, ThresholdError, Thresholds, MAX_PREFILL_FRAC, PPB};
+pub use admission::{Admission, Admitted, Permit, PermitStream, Rejected};
+pub use backoff::RetryPolicy;
+pub use load::{LoadReport, RankLoad, WorkerId};
+pub use migration::{Migration, MigrationError};
+pub use monitor::{MonitorConfig, WorkerMonitor};
+pub use rejection::Rejection;
+pub use route::{LocalRouter, ModelRouter, Policy, RouteError, WorkerRouter};
+pub use thresholds::BusyThresholds;
+#[cfg(feature = "axum")]
+pub use web::Routed;
+#[cfg(feature = "tower")]
+pub use web::{AdmissionLayer, PermitBody, Refusal, RetryAfter};

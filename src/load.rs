@@ -17,7 +17,7 @@ pub type WorkerId = u64;
 /// a field added later always has a default that means "not reported", so
 /// such code keeps compiling and keeps its meaning. The same rule holds for
 /// [`LoadReport`], [`BusyThresholds`](crate::BusyThresholds),
-/// [`BusySignals`](crate::BusySignals) and
+/// [`BusySignals`](crate::thresholds::BusySignals) and
 /// [`MonitorConfig`](crate::MonitorConfig).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct RankLoad {
@@ -89,7 +89,7 @@ impl Publisher {
 ///   start time in nanoseconds) and sends it at registration
 ///   ([`WorkerMonitor::register`](crate::WorkerMonitor::register)) and in
 ///   every report. A report whose incarnation is not the worker's current one
-///   is dropped ([`Applied::OtherIncarnation`](crate::Applied)).
+///   is dropped ([`Applied::OtherIncarnation`](crate::monitor::Applied::OtherIncarnation)).
 /// - Registering again with a **different** incarnation (a restart) resets
 ///   the worker's slots; the **same** incarnation keeps them (a reconnect).
 /// - Within an incarnation a report is applied iff its `seq` is greater than

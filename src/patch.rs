@@ -110,6 +110,7 @@ impl ThresholdPatch {
 
 /// Why a body is not a valid threshold patch (HTTP 400).
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum PatchError {
     /// Not JSON at all (the parser's message).
     Json(String),

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::OnceLock;
 
-use crate::router::RouteError;
+use crate::route::RouteError;
 
 /// The message a worker sends when its engine slots and queue are full.
 pub const WORKER_AT_CAPACITY: &str = "Server overloaded: worker at capacity";
@@ -17,6 +17,7 @@ pub const DEFAULT_OVERLOAD_STATUS: u16 = 529;
 
 /// Why a request was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Rejection {
     /// Every eligible worker of the model is busy (pool-wide). Not migratable.
     Overloaded,
@@ -90,7 +91,7 @@ impl TryFrom<RouteError> for Rejection {
 /// # Examples
 ///
 /// ```
-/// use loadgate::parse_overload_status;
+/// use loadgate::rejection::parse_overload_status;
 ///
 /// assert_eq!(parse_overload_status(None), 529);
 /// assert_eq!(parse_overload_status(Some("503")), 503);

@@ -1,4 +1,4 @@
-//! [`Router`]: picks an eligible instance of a model — not busy (when the
+//! [`WorkerRouter`]: picks an eligible instance of a model — not busy (when the
 //! model has a threshold), not excluded by this request — by policy.
 
 use std::collections::HashMap;
@@ -48,6 +48,7 @@ impl fmt::Debug for Policy {
 
 /// Why no instance was chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum RouteError {
     /// Instances are registered but none is eligible (all busy or excluded).
     /// Pool-wide: retrying elsewhere cannot help. HTTP: the overload status.
@@ -73,19 +74,19 @@ impl std::error::Error for RouteError {}
 /// Routes requests of any model known to a [`WorkerMonitor`].
 ///
 /// Selection takes no lock and allocates nothing: one registry load and a
-/// lookup (skip both with [`Router::model`]), one view load, a word select
+/// lookup (skip both with [`WorkerRouter::model`]), one view load, a word select
 /// (skip the view load too with [`ModelRouter::local`]).
 ///
 /// # Examples
 ///
 /// ```
 /// use std::sync::Arc;
-/// use loadgate::{Policy, RouteError, Router, WorkerMonitor};
+/// use loadgate::{Policy, RouteError, WorkerRouter, WorkerMonitor};
 ///
 /// let monitor = Arc::new(WorkerMonitor::new(Default::default()).unwrap());
 /// monitor.register(1, "m", 1, 0).unwrap();
 /// monitor.register(2, "m", 1, 0).unwrap();
-/// let router = Router::new(monitor, Policy::RoundRobin);
+/// let router = WorkerRouter::new(monitor, Policy::RoundRobin);
 /// assert_eq!(router.route("m", &[]), Ok(1));
 /// assert_eq!(router.route("m", &[]), Ok(2));
 /// assert_eq!(router.route("m", &[1, 2]), Err(RouteError::Overloaded));
@@ -97,15 +98,15 @@ impl std::error::Error for RouteError {}
 /// routers with different policies over one monitor never disturb each
 /// other's rotation.
 #[derive(Clone)]
-pub struct Router {
+pub struct WorkerRouter {
     monitor: Arc<WorkerMonitor>,
     policy: Policy,
     models: Arc<RoutedModels>,
 }
 
-impl fmt::Debug for Router {
+impl fmt::Debug for WorkerRouter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Router").field("policy", &self.policy).finish_non_exhaustive()
+        f.debug_struct("WorkerRouter").field("policy", &self.policy).finish_non_exhaustive()
     }
 }
 
@@ -141,10 +142,10 @@ impl RoutedModel {
     }
 }
 
-impl Router {
+impl WorkerRouter {
     /// A router over `monitor`'s workers using `policy`.
     pub fn new(monitor: Arc<WorkerMonitor>, policy: Policy) -> Self {
-        Router { monitor, policy, models: Arc::default() }
+        WorkerRouter { monitor, policy, models: Arc::default() }
     }
 
     /// This router's view of `model`: one map lookup, or (the first time)
@@ -333,11 +334,11 @@ fn start(routed: &RoutedModel, view: &ModelView) -> usize {
     routed.turn() % view.instances.len().max(1)
 }
 
-/// Routes one model; obtained from [`Router::model`]. Shares its router's
+/// Routes one model; obtained from [`WorkerRouter::model`]. Shares its router's
 /// rotation.
 #[derive(Clone)]
 pub struct ModelRouter {
-    router: Router,
+    router: WorkerRouter,
     routed: Arc<RoutedModel>,
 }
 
@@ -348,7 +349,7 @@ impl fmt::Debug for ModelRouter {
 }
 
 impl ModelRouter {
-    /// As [`Router::route`] for this handle's model.
+    /// As [`WorkerRouter::route`] for this handle's model.
     ///
     /// # Errors
     ///
@@ -380,11 +381,11 @@ impl ModelRouter {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use loadgate::{Policy, RouteError, Router, WorkerMonitor};
+/// use loadgate::{Policy, RouteError, WorkerRouter, WorkerMonitor};
 ///
 /// let monitor = Arc::new(WorkerMonitor::new(Default::default()).unwrap());
 /// monitor.register(1, "m", 1, 0).unwrap();
-/// let router = Router::new(monitor.clone(), Policy::RoundRobin);
+/// let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
 /// let mut local = router.model("m").unwrap().local();
 /// assert_eq!(local.route(&[]), Ok(1));
 /// monitor.register(2, "m", 1, 0).unwrap(); // seen by the next call
@@ -393,7 +394,7 @@ impl ModelRouter {
 /// ```
 #[derive(Clone)]
 pub struct LocalRouter {
-    router: Router,
+    router: WorkerRouter,
     routed: Arc<RoutedModel>,
     view: SwapCache<ViewSource, ModelView>,
 }

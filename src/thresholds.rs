@@ -105,6 +105,7 @@ fn to_ppb(value: f64) -> u64 {
 
 /// An invalid threshold value; the message names the field and the range.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum ThresholdError {
     /// `active_decode_blocks_threshold` is not a finite number in `[0, 1]`.
     DecodeBlocks(f64),

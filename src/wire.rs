@@ -129,6 +129,7 @@ pub enum Frame {
 /// Why bytes could not be decoded (the connection should be closed), or a
 /// frame could not be encoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum WireError {
     /// The first byte is not [`MAGIC`] nor another version's magic.
     BadMagic(u8),

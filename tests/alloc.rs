@@ -1,4 +1,4 @@
-//! Proves the hot paths allocate nothing: every `Router::route` (each policy,
+//! Proves the hot paths allocate nothing: every `WorkerRouter::route` (each policy,
 //! with and without exclusions, and its error answers), every
 //! `WorkerMonitor::apply` of a report that changes no busy bit, and a direct
 //! admission with its release.
@@ -11,6 +11,7 @@ use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Duration;
 
+use loadgate::monitor::*;
 use loadgate::*;
 
 /// Forwards to [`System`], counting allocations on the calling thread.
@@ -134,7 +135,7 @@ fn route_allocates_nothing() {
     // Exclusions: free and busy workers, an unknown id, a duplicate.
     let exclusions: [&[WorkerId]; 3] = [&[], &[1, 2, 3, 5, 64, 65], &[4, 4, 99, 12_345, 7]];
     for policy in policies() {
-        let router = Router::new(monitor.clone(), policy.clone());
+        let router = WorkerRouter::new(monitor.clone(), policy.clone());
         let handle = router.model("m").unwrap();
         for exclude in exclusions {
             let n = allocations_per_calls(|| {
@@ -157,7 +158,7 @@ fn route_allocates_nothing() {
 
 #[test]
 fn route_by_cost_allocates_nothing() {
-    let router = Router::new(pool(None), Policy::RoundRobin);
+    let router = WorkerRouter::new(pool(None), Policy::RoundRobin);
     let cost = |id: WorkerId, load: &WorkerLoad| load.active_prefill_tokens.wrapping_add(id);
     let n = allocations_per_calls(|| {
         router.route_by_cost("m", &[1, 2], &cost).unwrap();
@@ -170,7 +171,7 @@ fn route_errors_allocate_nothing() {
     let monitor = pool(None);
     let all: Vec<WorkerId> = (0..100).collect();
     for policy in policies() {
-        let router = Router::new(monitor.clone(), policy.clone());
+        let router = WorkerRouter::new(monitor.clone(), policy.clone());
         let n = allocations_per_calls(|| {
             assert_eq!(router.route("hot", &[]), Err(RouteError::Overloaded));
             assert_eq!(router.route("m", &all), Err(RouteError::Overloaded));
@@ -185,7 +186,7 @@ fn route_errors_allocate_nothing() {
 fn route_with_staleness_configured_allocates_nothing() {
     let monitor = pool(Some(Duration::from_secs(3600)));
     for policy in policies() {
-        let router = Router::new(monitor.clone(), policy.clone());
+        let router = WorkerRouter::new(monitor.clone(), policy.clone());
         let n = allocations_per_calls(|| {
             router.route("m", &[8]).unwrap();
         });
@@ -197,7 +198,7 @@ fn route_with_staleness_configured_allocates_nothing() {
 fn local_router_reloading_a_new_view_allocates_nothing() {
     // A flip publishes a new view (the writer allocates); the reader only swaps its cached pointer.
     let monitor = pool(None);
-    let mut local = Router::new(monitor.clone(), Policy::RoundRobin).model("m").unwrap().local();
+    let mut local = WorkerRouter::new(monitor.clone(), Policy::RoundRobin).model("m").unwrap().local();
     let mut seq = 100;
     let mut flip = || {
         seq += 1;
@@ -330,7 +331,7 @@ fn apply_errors_allocate_nothing() {
 
 #[test]
 fn direct_admission_and_release_allocate_nothing() {
-    let admission = Admission::new(2, 2, Box::new(|_item: u64, permit| Err(permit))).unwrap();
+    let admission = Admission::with_dispatch(2, 2, Box::new(|_item: u64, permit| Err(permit))).unwrap();
     let n = allocations_per_calls(|| {
         let Ok(Admitted::Now(_, scoped)) = admission.try_admit_scoped(1) else { panic!("a slot is free") };
         let Ok(Admitted::Now(_, owned)) = admission.try_admit(2) else { panic!("a slot is free") };

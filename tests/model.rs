@@ -1,7 +1,7 @@
 //! Model-based property test: random sequences of register (incarnations
 //! included) / report / track / capacity / threshold (all four signals) /
 //! route / deregister / expire operations run against
-//! the real `WorkerMonitor` + `Router` and against a plain single-threaded
+//! the real `WorkerMonitor` + `WorkerRouter` and against a plain single-threaded
 //! reference written here (maps, `u128` arithmetic, straightforward loops).
 //! After every operation the two must agree on each call's result, on every
 //! worker's busy bit, on every published busy set, and on each rank's load.
@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loadgate::*;
+use loadgate::{monitor::*, route::*, thresholds::*};
 use proptest::prelude::*;
 
 const MODELS: [&str; 4] = ["a", "b", "c", ""];
@@ -340,7 +341,7 @@ fn assert_thresholds(real: &Thresholds, model: &RefThresholds) -> Result<(), Tes
 struct System {
     monitor: Arc<WorkerMonitor>,
     mock: Arc<quanta::Mock>,
-    routers: Vec<Router>,
+    routers: Vec<WorkerRouter>,
     /// Long-lived per-thread routers by (model, policy).
     locals: BTreeMap<(String, usize), LocalRouter>,
     model: Reference,
@@ -359,7 +360,7 @@ impl System {
         let routers =
             [Policy::RoundRobin, Policy::Random, Policy::PowerOfTwoChoices, Policy::LeastLoaded, Policy::Cost(cost)]
                 .into_iter()
-                .map(|p| Router::new(monitor.clone(), p))
+                .map(|p| WorkerRouter::new(monitor.clone(), p))
                 .collect();
         let model = Reference {
             now: 0,

@@ -6,7 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "prometheus")]
+use loadgate::metrics::*;
 use loadgate::*;
+use loadgate::{admission::*, backoff::*, migration::*, monitor::*, rejection::*, route::*, thresholds::*};
 
 /// Decode-only thresholds.
 fn decode(threshold: f64) -> BusyThresholds {
@@ -210,10 +213,11 @@ mod thresholds {
         assert_eq!(monitor.apply(&report(1, 0, 1, queue(2))), Ok(Applied::Flipped));
         assert_eq!(monitor.busy_reasons(1), BusySignals { waiting: true, ..Default::default() });
         assert!(monitor.model_busy_reasons("m").waiting);
-        let router = Router::new(monitor.clone(), Policy::RoundRobin);
+        let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
         assert_eq!(router.route("m", &[]), Ok(2));
         monitor.apply(&report(2, 0, 1, queue(5))).unwrap();
         assert_eq!(router.route("m", &[]), Err(RouteError::Overloaded));
+        #[cfg(feature = "prometheus")]
         assert_eq!(
             Reason::from_signals(monitor.model_busy_reasons("m")).collect::<Vec<_>>(),
             [Reason::WaitingRequests]
@@ -790,7 +794,7 @@ mod live_thresholds {
     #[test]
     fn a_threshold_change_takes_effect_with_no_new_report() {
         let monitor = monitor_with(&[1, 2], 1, decode(0.85));
-        let router = Router::new(monitor.clone(), Policy::RoundRobin);
+        let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
         monitor.apply(&report(1, 0, 1, blocks(80, 100))).unwrap();
         monitor.apply(&report(2, 0, 1, blocks(10, 100))).unwrap();
         assert!(!monitor.is_busy(1));
@@ -807,7 +811,7 @@ mod live_thresholds {
     #[test]
     fn a_threshold_clear_takes_effect_with_no_new_report() {
         let monitor = monitor_with(&[1], 1, decode(0.5));
-        let router = Router::new(monitor.clone(), Policy::RoundRobin);
+        let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
         monitor.apply(&report(1, 0, 1, blocks(60, 100))).unwrap();
         assert_eq!(router.route("m", &[]), Err(RouteError::Overloaded));
         let t = monitor.update_thresholds("m", |t| t.active_decode_blocks_threshold = None).unwrap();
@@ -826,7 +830,7 @@ mod live_thresholds {
         let config = MonitorConfig { staleness: Some(Duration::from_secs(1)), default_thresholds: decode(0.5) };
         let monitor = Arc::new(WorkerMonitor::with_clock(config, clock).unwrap());
         monitor.register(1, "m", 1, 0).unwrap();
-        let mut local = Router::new(monitor.clone(), Policy::RoundRobin).model("m").unwrap().local();
+        let mut local = WorkerRouter::new(monitor.clone(), Policy::RoundRobin).model("m").unwrap().local();
         assert_eq!(local.route(&[]), Ok(1));
         monitor.apply(&report(1, 0, 1, blocks(60, 100))).unwrap();
         assert_eq!(local.route(&[]), Err(RouteError::Overloaded));
@@ -905,7 +909,7 @@ mod routing {
 
     use super::*;
 
-    fn count_picks(router: &Router, exclude: &[WorkerId], n: usize) -> HashMap<WorkerId, usize> {
+    fn count_picks(router: &WorkerRouter, exclude: &[WorkerId], n: usize) -> HashMap<WorkerId, usize> {
         let mut counts = HashMap::new();
         for _ in 0..n {
             *counts.entry(router.route("m", exclude).unwrap()).or_insert(0) += 1;
@@ -930,7 +934,7 @@ mod routing {
         for w in [1, 2] {
             monitor.apply(&report(w, 0, 1, RankLoad { active_prefill_tokens: u32::MAX, ..blocks(100, 100) })).unwrap();
         }
-        let router = Router::new(monitor, Policy::RoundRobin);
+        let router = WorkerRouter::new(monitor, Policy::RoundRobin);
         assert_fair(&count_picks(&router, &[], 100), &[1, 2]);
     }
 
@@ -941,7 +945,7 @@ mod routing {
         for w in [2, 3, 7] {
             monitor.apply(&report(w, 0, 1, blocks(60, 100))).unwrap();
         }
-        let router = Router::new(monitor, Policy::RoundRobin);
+        let router = WorkerRouter::new(monitor, Policy::RoundRobin);
         let counts = count_picks(&router, &[], 7001);
         assert_fair(&counts, &[1, 4, 5, 6, 8, 9, 10]);
         assert!([2, 3, 7].iter().all(|w| !counts.contains_key(w)));
@@ -952,9 +956,9 @@ mod routing {
     #[test]
     fn each_router_keeps_its_own_rotation() {
         let monitor = monitor_with(&[1, 2], 1, BusyThresholds::default());
-        let a = Router::new(monitor.clone(), Policy::RoundRobin);
-        let b = Router::new(monitor.clone(), Policy::RoundRobin);
-        let least = Router::new(monitor, Policy::LeastLoaded);
+        let a = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
+        let b = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
+        let least = WorkerRouter::new(monitor, Policy::LeastLoaded);
         let mut seen = Vec::new();
         for _ in 0..3 {
             seen.push(a.route("m", &[]).unwrap());
@@ -979,7 +983,7 @@ mod routing {
         }
         let exclude = [1, 64, 128, 3 /* busy too */, 1 /* twice */];
         let free: Vec<WorkerId> = ids.iter().copied().filter(|w| w % 3 != 0 && !exclude.contains(w)).collect();
-        let router = Router::new(monitor, Policy::RoundRobin);
+        let router = WorkerRouter::new(monitor, Policy::RoundRobin);
         let counts = count_picks(&router, &exclude, free.len() * 10 + 7);
         assert_fair(&counts, &free);
     }
@@ -987,7 +991,7 @@ mod routing {
     #[test]
     fn overloaded_unavailable_and_unknown_model_differ() {
         let monitor = monitor_with(&[1], 1, decode(0.5));
-        let router = Router::new(monitor.clone(), Policy::RoundRobin);
+        let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
         assert_eq!(router.route("nope", &[]), Err(RouteError::UnknownModel));
         assert!(router.model("nope").is_err());
         monitor.add_model("empty");
@@ -1004,7 +1008,7 @@ mod routing {
     #[test]
     fn exclusions_are_request_local() {
         let monitor = monitor_with(&[1, 2, 3], 1, decode(0.5));
-        let router = Router::new(monitor, Policy::RoundRobin);
+        let router = WorkerRouter::new(monitor, Policy::RoundRobin);
         for _ in 0..20 {
             assert_eq!(router.route("m", &[1, 3]), Ok(2));
             assert!(router.route("m", &[2]).unwrap() != 2);
@@ -1018,7 +1022,7 @@ mod routing {
     fn excluding_a_busy_worker_does_not_count_it_twice() {
         let monitor = monitor_with(&[1, 2, 3], 1, decode(0.5));
         monitor.apply(&report(1, 0, 1, blocks(60, 100))).unwrap();
-        let router = Router::new(monitor, Policy::RoundRobin);
+        let router = WorkerRouter::new(monitor, Policy::RoundRobin);
         for _ in 0..10 {
             assert_eq!(router.route("m", &[1, 2]), Ok(3));
             assert_eq!(router.route("m", &[1, 1, 3, 2, 3]), Err(RouteError::Overloaded));
@@ -1028,7 +1032,7 @@ mod routing {
     #[test]
     fn deregistered_workers_are_never_routed_to() {
         let monitor = monitor_with(&[1, 2, 3], 1, decode(0.5));
-        let router = Router::new(monitor.clone(), Policy::RoundRobin);
+        let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
         let handle = router.model("m").unwrap();
         assert!(monitor.deregister(2));
         assert!(!monitor.deregister(2));
@@ -1054,7 +1058,7 @@ mod routing {
         let (ids, set) = monitor.busy_set("m").unwrap();
         assert_eq!(ids, [2, 3]);
         assert!(!set.is_busy(0) && set.is_busy(1));
-        let router = Router::new(monitor, Policy::RoundRobin);
+        let router = WorkerRouter::new(monitor, Policy::RoundRobin);
         assert_eq!(router.route("m", &[]), Ok(2));
         assert_eq!(router.route("m", &[2]), Err(RouteError::Overloaded));
     }
@@ -1074,17 +1078,17 @@ mod routing {
     fn random_and_power_of_two_choose_only_eligible_workers() {
         let monitor = loaded_pool();
         for policy in [Policy::Random, Policy::PowerOfTwoChoices] {
-            let router = Router::new(monitor.clone(), policy.clone());
+            let router = WorkerRouter::new(monitor.clone(), policy.clone());
             let counts = count_picks(&router, &[4], 2000);
             assert!(!counts.contains_key(&3) && !counts.contains_key(&4), "{policy:?}: {counts:?}");
             assert!(counts.contains_key(&2), "{policy:?}: {counts:?}");
             assert_eq!(router.route("m", &[1, 2, 4, 5]), Err(RouteError::Overloaded));
         }
-        let random = Router::new(monitor.clone(), Policy::Random);
+        let random = WorkerRouter::new(monitor.clone(), Policy::Random);
         let counts = count_picks(&random, &[4], 2000);
         assert!([1, 2, 5].iter().all(|w| counts.contains_key(w)), "random reaches every eligible worker: {counts:?}");
         // With exactly two eligible, power-of-two compares both: the less loaded always wins.
-        let p2c = Router::new(monitor, Policy::PowerOfTwoChoices);
+        let p2c = WorkerRouter::new(monitor, Policy::PowerOfTwoChoices);
         for _ in 0..100 {
             assert_eq!(p2c.route("m", &[2, 5]), Ok(4));
             assert_eq!(p2c.route("m", &[1, 4]), Ok(2), "same blocks: fewer prefill tokens wins");
@@ -1101,7 +1105,7 @@ mod routing {
         for (w, used) in [(1, 50), (2, 40), (3, 10), (4, 0)] {
             monitor.apply(&report(w, 0, 1, blocks(used, 100))).unwrap();
         }
-        let router = Router::new(monitor, Policy::PowerOfTwoChoices);
+        let router = WorkerRouter::new(monitor, Policy::PowerOfTwoChoices);
         // Excluding 4 both ways: through the exclusion scan, and with 4 deregistered-like busy.
         let counts = count_picks(&router, &[4], 6000);
         assert_eq!(counts.get(&1), None, "the most loaded of three can never win a pair: {counts:?}");
@@ -1116,7 +1120,7 @@ mod routing {
         for (w, used) in [(1, 50), (2, 40), (3, 10)] {
             monitor.apply(&report(w, 0, 1, blocks(used, 100))).unwrap();
         }
-        let router = Router::new(monitor, Policy::PowerOfTwoChoices);
+        let router = WorkerRouter::new(monitor, Policy::PowerOfTwoChoices);
         let counts = count_picks(&router, &[], 6000);
         let third = counts.get(&3).copied().unwrap_or(0);
         assert!((3700..=4300).contains(&third), "worker 3 won {third} of 6000, expected ~4000: {counts:?}");
@@ -1124,7 +1128,7 @@ mod routing {
 
     #[test]
     fn least_loaded_picks_the_minimum() {
-        let router = Router::new(loaded_pool(), Policy::LeastLoaded);
+        let router = WorkerRouter::new(loaded_pool(), Policy::LeastLoaded);
         for _ in 0..10 {
             assert_eq!(router.route("m", &[]), Ok(2));
             assert_eq!(router.route("m", &[2]), Ok(5));
@@ -1138,7 +1142,7 @@ mod routing {
         let monitor = monitor_with(&[1, 2], 1, decode(0.99));
         monitor.apply(&report(1, 0, 1, blocks(30, 1000))).unwrap(); // 3%
         monitor.apply(&report(2, 0, 1, blocks(10, 100))).unwrap(); // 10%
-        let router = Router::new(monitor, Policy::LeastLoaded);
+        let router = WorkerRouter::new(monitor, Policy::LeastLoaded);
         assert_eq!(router.route("m", &[]), Ok(1));
     }
 
@@ -1147,14 +1151,14 @@ mod routing {
         let monitor = loaded_pool();
         // Cost: prefer high ids (a stand-in for prefix overlap).
         let cost: CostFn = Arc::new(|id, _load| 100 - id);
-        let router = Router::new(monitor.clone(), Policy::Cost(cost));
+        let router = WorkerRouter::new(monitor.clone(), Policy::Cost(cost));
         for _ in 0..10 {
             assert_eq!(router.route("m", &[]), Ok(5));
             assert_eq!(router.route("m", &[5]), Ok(4), "3 is busy");
             assert_eq!(router.model("m").unwrap().route(&[5, 4]), Ok(2));
         }
         // route_by_cost on any router, with the load passed in.
-        let rr = Router::new(monitor, Policy::RoundRobin);
+        let rr = WorkerRouter::new(monitor, Policy::RoundRobin);
         let by_blocks = |_id, load: &WorkerLoad| load.active_decode_blocks;
         assert_eq!(rr.route_by_cost("m", &[2, 5], &by_blocks), Ok(4));
         assert_eq!(rr.route_by_cost("m", &[1, 2, 4, 5], &by_blocks), Err(RouteError::Overloaded));
@@ -1164,14 +1168,14 @@ mod routing {
     #[test]
     fn cost_ties_rotate() {
         let monitor = monitor_with(&[1, 2, 3], 1, decode(0.5));
-        let router = Router::new(monitor, Policy::Cost(Arc::new(|_, _| 7)));
+        let router = WorkerRouter::new(monitor, Policy::Cost(Arc::new(|_, _| 7)));
         assert_fair(&count_picks(&router, &[], 300), &[1, 2, 3]);
     }
 
     #[test]
     fn model_router_handle_sees_later_changes() {
         let monitor = monitor_with(&[1, 2], 1, decode(0.5));
-        let handle = Router::new(monitor.clone(), Policy::RoundRobin).model("m").unwrap();
+        let handle = WorkerRouter::new(monitor.clone(), Policy::RoundRobin).model("m").unwrap();
         monitor.apply(&report(1, 0, 1, blocks(60, 100))).unwrap();
         assert_eq!(handle.route(&[]), Ok(2));
         monitor.register(3, "m", 1, 0).unwrap();
@@ -1195,7 +1199,7 @@ mod admission {
     fn channel_admission(n: usize, q: usize, gone: &'static [u32]) -> (Arc<Admission<u32>>, Ready) {
         let (tx, rx) = mpsc::channel();
         let tx = std::sync::Mutex::new(tx);
-        let admission = Admission::new(
+        let admission = Admission::with_dispatch(
             n,
             q,
             Box::new(move |item, permit| {
@@ -1228,7 +1232,7 @@ mod admission {
     fn inline_releases_drain_the_largest_queue_on_a_small_stack() {
         let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = runs.clone();
-        let admission = Admission::new(
+        let admission = Admission::with_dispatch(
             1,
             MAX_QUEUE_LIMIT,
             Box::new(move |_item: u32, permit| {
@@ -1263,7 +1267,7 @@ mod admission {
     fn a_panicking_dispatcher_leaves_the_gate_working() {
         let (tx, rx) = mpsc::channel();
         let tx = std::sync::Mutex::new(tx);
-        let admission = Admission::new(
+        let admission = Admission::with_dispatch(
             1,
             4,
             Box::new(move |item: u32, permit| {
@@ -1297,7 +1301,7 @@ mod admission {
     fn releases_from_inside_a_dispatch_pass_every_slot_on_in_order() {
         let order = Arc::new(std::sync::Mutex::new(Vec::new()));
         let log = order.clone();
-        let admission = Admission::new(
+        let admission = Admission::with_dispatch(
             2,
             4,
             Box::new(move |item: u32, permit| {
@@ -1321,10 +1325,10 @@ mod admission {
     #[test]
     fn construction_errors() {
         let noop = || -> Dispatch<()> { Box::new(|_, _| Ok(())) };
-        assert_eq!(Admission::new(0, 16, noop()).unwrap_err(), AdmissionError::ZeroLimit);
-        assert_eq!(Admission::new(1, 1, noop()).unwrap_err(), AdmissionError::QueueLimitTooSmall(1));
-        assert_eq!(Admission::new(1, 0, noop()).unwrap_err(), AdmissionError::QueueLimitTooSmall(0));
-        let ok = Admission::new(1, 2, noop()).unwrap();
+        assert_eq!(Admission::with_dispatch(0, 16, noop()).unwrap_err(), AdmissionError::ZeroLimit);
+        assert_eq!(Admission::with_dispatch(1, 1, noop()).unwrap_err(), AdmissionError::QueueLimitTooSmall(1));
+        assert_eq!(Admission::with_dispatch(1, 0, noop()).unwrap_err(), AdmissionError::QueueLimitTooSmall(0));
+        let ok = Admission::with_dispatch(1, 2, noop()).unwrap();
         assert_eq!((ok.limit(), ok.queue_limit()), (1, 2));
     }
 
@@ -1352,7 +1356,7 @@ mod admission {
         if std::env::var_os(QUEUE_LIMIT_ENV).is_some() {
             return; // the environment of this run sets it; parse_queue_limit covers the rest
         }
-        let admission = Admission::<()>::from_env(3, Box::new(|_, _| Ok(()))).unwrap();
+        let admission = Admission::<()>::new(3, queue_limit_from_env().unwrap()).unwrap();
         assert_eq!((admission.limit(), admission.queue_limit()), (3, 16));
     }
 
@@ -1558,12 +1562,15 @@ mod admission {
         assert_eq!((admission.running(), admission.queued(), admission.rejected()), (2, 2, 2));
         drop(a);
         assert_eq!((admission.running(), admission.queued()), (2, 1));
-        let stats = WorkerAdmissionStats {
-            rejected: admission.rejected(),
-            running: admission.running() as u64,
-            queued: admission.queued() as u64,
-        };
-        assert_eq!(stats, WorkerAdmissionStats { rejected: 2, running: 2, queued: 1 });
+        #[cfg(feature = "prometheus")]
+        {
+            let stats = WorkerAdmissionStats {
+                rejected: admission.rejected(),
+                running: admission.running() as u64,
+                queued: admission.queued() as u64,
+            };
+            assert_eq!(stats, WorkerAdmissionStats { rejected: 2, running: 2, queued: 1 });
+        }
         drop(rx);
     }
 
@@ -1700,7 +1707,7 @@ mod environment {
     #[ignore = "runs as a child process of `queue_limit_is_read_from_the_environment`"]
     fn child_queue_limit() {
         let Some(expected) = expected() else { return };
-        let result = Admission::<()>::from_env(2, Box::new(|_, _| Ok(())));
+        let result = queue_limit_from_env().and_then(|q| Admission::<()>::new(2, q));
         match expected.as_str() {
             "invalid" => assert!(matches!(result.unwrap_err(), AdmissionError::InvalidQueueLimit(_))),
             "small" => assert!(matches!(result.unwrap_err(), AdmissionError::QueueLimitTooSmall(_))),
@@ -1723,23 +1730,26 @@ mod environment {
 mod migration {
     use super::*;
 
-    fn pool(n: u64) -> Router {
+    fn pool(n: u64) -> WorkerRouter {
         let ids: Vec<WorkerId> = (1..=n).collect();
-        Router::new(monitor_with(&ids, 1, decode(0.5)), Policy::RoundRobin)
+        WorkerRouter::new(monitor_with(&ids, 1, decode(0.5)), Policy::RoundRobin)
     }
 
     #[test]
     fn retries_worker_overloaded_excluding_every_refusing_worker() {
         let router = pool(5);
         let mut tried = Vec::new();
-        let result = Migration::new(3).run(&router, "m", |w| {
-            tried.push(w);
-            if tried.len() < 4 {
-                Err(Rejection::WorkerOverloaded)
-            } else {
-                Ok(w)
-            }
-        });
+        let result = Migration::new(3).run(
+            |ex| router.route("m", ex),
+            |w| {
+                tried.push(w);
+                if tried.len() < 4 {
+                    Err(Rejection::WorkerOverloaded)
+                } else {
+                    Ok(w)
+                }
+            },
+        );
         assert_eq!(tried.len(), 4);
         let mut distinct = tried.clone();
         distinct.sort();
@@ -1753,10 +1763,13 @@ mod migration {
         let router = pool(10);
         for limit in [0, 1, 3] {
             let mut sends = 0;
-            let result: Result<(), _> = Migration::new(limit).run(&router, "m", |_| {
-                sends += 1;
-                Err(Rejection::WorkerOverloaded)
-            });
+            let result: Result<(), _> = Migration::new(limit).run(
+                |ex| router.route("m", ex),
+                |_| {
+                    sends += 1;
+                    Err(Rejection::WorkerOverloaded)
+                },
+            );
             assert_eq!(result, Err(MigrationError::Exhausted));
             assert_eq!(result.unwrap_err().rejection(), Some(Rejection::WorkerOverloaded));
             assert_eq!(sends, limit + 1, "limit {limit}: the first attempt plus {limit} retries");
@@ -1767,10 +1780,13 @@ mod migration {
     fn runs_out_of_workers_before_the_limit() {
         let router = pool(2);
         let mut sends = 0;
-        let result: Result<(), _> = Migration::new(5).run(&router, "m", |_| {
-            sends += 1;
-            Err(Rejection::WorkerOverloaded)
-        });
+        let result: Result<(), _> = Migration::new(5).run(
+            |ex| router.route("m", ex),
+            |_| {
+                sends += 1;
+                Err(Rejection::WorkerOverloaded)
+            },
+        );
         assert_eq!((result, sends), (Err(MigrationError::Exhausted), 2));
     }
 
@@ -1779,10 +1795,13 @@ mod migration {
         let router = pool(5);
         for rejection in [Rejection::Overloaded, Rejection::Unavailable] {
             let mut sends = 0;
-            let result: Result<(), _> = Migration::new(3).run(&router, "m", |_| {
-                sends += 1;
-                Err(rejection)
-            });
+            let result: Result<(), _> = Migration::new(3).run(
+                |ex| router.route("m", ex),
+                |_| {
+                    sends += 1;
+                    Err(rejection)
+                },
+            );
             assert_eq!((result, sends), (Err(MigrationError::Rejected(rejection)), 1));
         }
     }
@@ -1792,16 +1811,16 @@ mod migration {
         let router = pool(1);
         router.monitor().apply(&report(1, 0, 1, blocks(60, 100))).unwrap();
         let never = |_| -> Result<(), Rejection> { panic!("nothing to send to") };
-        let overloaded = Migration::new(3).run(&router, "m", never);
+        let overloaded = Migration::new(3).run(|ex| router.route("m", ex), never);
         assert_eq!(overloaded, Err(MigrationError::Route(RouteError::Overloaded)));
         assert_eq!(overloaded.unwrap_err().rejection(), Some(Rejection::Overloaded));
         router.monitor().add_model("empty");
-        let empty = Migration::new(3).run(&router, "empty", never);
+        let empty = Migration::new(3).run(|ex| router.route("empty", ex), never);
         assert_eq!(empty, Err(MigrationError::Route(RouteError::Unavailable)));
         assert_eq!(empty.unwrap_err().rejection(), Some(Rejection::Unavailable));
         // An unknown model stays a 404-class error, not a 503 (it failed
         // before the fix, on b1708da: Err(Unavailable)).
-        let unknown = Migration::new(3).run(&router, "unknown", never);
+        let unknown = Migration::new(3).run(|ex| router.route("unknown", ex), never);
         assert_eq!(unknown, Err(MigrationError::Route(RouteError::UnknownModel)));
         assert_eq!(unknown.unwrap_err().rejection(), None);
     }
@@ -1810,14 +1829,60 @@ mod migration {
     fn the_step_api_records_refusals() {
         let router = pool(3);
         let mut m = Migration::new(1);
-        let first = m.next(&router, "m").unwrap();
+        let first = router.route("m", m.refusals()).unwrap();
         assert!(m.refused(first), "one retry allowed");
         assert!(m.refused(first), "the same worker twice counts once");
-        let second = m.next(&router, "m").unwrap();
+        let second = router.route("m", m.refusals()).unwrap();
         assert_ne!(first, second);
         assert!(!m.refused(second), "limit reached");
         assert_eq!(m.refusals(), [first, second]);
         assert_eq!(DEFAULT_MIGRATION_LIMIT, 3);
+    }
+
+    /// Polls a future that never waits (its sends resolve at once).
+    fn ready<F: std::future::Future>(future: F) -> F::Output {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match std::pin::pin!(future).poll(&mut cx) {
+            std::task::Poll::Ready(output) => output,
+            std::task::Poll::Pending => panic!("the sends are ready at once"),
+        }
+    }
+
+    #[test]
+    fn async_migration_works_from_every_routing_handle() {
+        let router = pool(3);
+        let model = router.model("m").unwrap();
+        let mut local = model.local();
+        // Workers 1 and 2 refuse at capacity; 3 serves.
+        let send = |w: WorkerId| async move {
+            if w < 3 {
+                Err(Rejection::WorkerOverloaded)
+            } else {
+                Ok(w)
+            }
+        };
+        assert_eq!(ready(Migration::new(3).run_async(|ex| router.route("m", ex), send)), Ok(3));
+        assert_eq!(ready(Migration::new(3).run_async(|ex| model.route(ex), send)), Ok(3));
+        assert_eq!(ready(Migration::new(3).run_async(|ex| local.route(ex), send)), Ok(3));
+        // Every worker refuses: exhausted, after one attempt each.
+        let mut tried = Vec::new();
+        let all_refuse = ready(Migration::new(5).run_async(
+            |ex| model.route(ex),
+            |w| {
+                tried.push(w);
+                async { Err::<(), _>(Rejection::WorkerOverloaded) }
+            },
+        ));
+        assert_eq!(all_refuse, Err(MigrationError::Exhausted));
+        tried.sort_unstable();
+        assert_eq!(tried, [1, 2, 3]);
+        // The limit ends it early; another rejection ends it at once.
+        let limited = ready(Migration::new(1).run_async(|ex| model.route(ex), send));
+        assert_eq!(limited, Err(MigrationError::Exhausted));
+        let other = ready(
+            Migration::new(3).run_async(|ex| model.route(ex), |_| async { Err::<(), _>(Rejection::Unavailable) }),
+        );
+        assert_eq!(other, Err(MigrationError::Rejected(Rejection::Unavailable)));
     }
 }
 
@@ -1938,6 +2003,9 @@ mod retry {
     }
 }
 
+// The Prometheus side: only with the `prometheus` feature (on in the root's
+// plain `cargo test`, which builds the server crate that enables it).
+#[cfg(feature = "prometheus")]
 mod metrics {
     use super::*;
 
@@ -2019,7 +2087,7 @@ mod concurrency {
                     })
                 })
                 .collect();
-            let router = Router::new(monitor.clone(), Policy::RoundRobin);
+            let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
             barrier.wait();
             // Worker 3 is never busy: routing always succeeds and never picks a busy-published worker.
             for _ in 0..FLIPS {
@@ -2128,7 +2196,7 @@ mod concurrency {
         };
         let (tx, rx) = mpsc::channel::<Option<(usize, Permit<usize>)>>();
         let dispatch_tx = std::sync::Mutex::new(tx.clone());
-        let admission = Admission::new(
+        let admission = Admission::with_dispatch(
             N,
             Q,
             Box::new(move |item, permit| {

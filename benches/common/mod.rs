@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use loadgate::{BusyThresholds, LoadReport, MonitorConfig, Publisher, RankLoad, WorkerId, WorkerMonitor};
+use loadgate::{monitor::Publisher, BusyThresholds, LoadReport, MonitorConfig, RankLoad, WorkerId, WorkerMonitor};
 
 /// The one model every worker serves.
 pub const MODEL: &str = "llama";

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use loadgate::{parse_overload_status, DEFAULT_OVERLOAD_STATUS};
+use loadgate::rejection::{parse_overload_status, DEFAULT_OVERLOAD_STATUS};
 
 /// The status a person meant, digit by digit: no integer parsing to share
 /// a bug with.

@@ -5,7 +5,10 @@
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
-use loadgate::{BusyThresholds, RankLoad, ThresholdError, MAX_PREFILL_FRAC};
+use loadgate::{
+    thresholds::{ThresholdError, MAX_PREFILL_FRAC},
+    BusyThresholds, RankLoad,
+};
 
 /// Ways to make an f64: any bit pattern (NaN, infinities, negatives, huge),
 /// and the values people write or that sit on a rounding boundary.
@@ -119,6 +122,7 @@ fuzz_target!(|input: Input| {
             assert!(decode_ok && !frac_ok && v.to_bits() == frac.unwrap().to_bits(), "{config:?}");
             return;
         }
+        Err(other) => panic!("an error the reference does not know: {other:?}"),
     };
 
     let decode_ppb = decode.map(reference_ppb);

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loadgate::{
-    Applied, BusyThresholds, LoadReport, MonitorConfig, Policy, Publisher, RankLoad, RouteError, Router, WorkerId,
-    WorkerMonitor,
+    monitor::{Applied, Publisher},
+    BusyThresholds, LoadReport, MonitorConfig, Policy, RankLoad, RouteError, WorkerId, WorkerMonitor, WorkerRouter,
 };
 use loadgate_loom_tests::run_model_with;
 use loom::thread;
@@ -131,7 +131,7 @@ fn threshold_change_races_a_report() {
 fn threshold_clear_races_a_report() {
     run_model_with("monitor/threshold_clear_races_a_report", 4, || {
         let monitor = monitor(0.5, &[(1, 40)]);
-        let router = Router::new(monitor.clone(), Policy::RoundRobin);
+        let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
         let clearer = {
             let monitor = monitor.clone();
             thread::spawn(move || {

@@ -2,7 +2,10 @@
 //! different report, and router-tracked increments are never lost.
 #![cfg(loom)]
 
-use loadgate::{MonitorConfig, RankLoad, RankSlot, SlotUpdate, WorkerMonitor};
+use loadgate::{
+    monitor::{RankSlot, SlotUpdate},
+    MonitorConfig, RankLoad, WorkerMonitor,
+};
 use loadgate_loom_tests::{run_model, run_model_with};
 use loom::sync::Arc;
 use loom::thread;

@@ -7,6 +7,7 @@ use crate::thresholds::ThresholdError;
 
 /// A report or tracking update that could not be applied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ApplyError {
     /// No worker with this id is registered.
     UnknownWorker(WorkerId),
@@ -36,6 +37,7 @@ impl std::error::Error for ApplyError {}
 
 /// A registration that could not be made.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RegisterError {
     /// The data-parallel size must be at least 1 (and at most 65536).
     InvalidDpSize(u32),
@@ -62,6 +64,7 @@ impl std::error::Error for RegisterError {}
 
 /// A threshold change that could not be made.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum SetThresholdsError {
     /// No such model has been seen.
     UnknownModel(String),

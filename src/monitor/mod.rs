@@ -21,8 +21,7 @@ pub(crate) mod view;
 use std::fmt;
 use std::time::Duration;
 
-use crate::busy::BusySet;
-use crate::load::{LoadReport, Publisher, RankSlot, SlotUpdate, WorkerId};
+use crate::load::{LoadReport, WorkerId};
 use crate::sync::{lock, Arc, Mutex, Ordering, Swap};
 use crate::thresholds::{BusySignals, BusyThresholds, ThresholdError, Thresholds};
 
@@ -33,6 +32,8 @@ use self::registry::{Registry, WorkerRecord};
 
 pub use self::error::{ApplyError, RegisterError, SetThresholdsError};
 pub use self::query::{RankSnapshot, WorkerInfo, WorkerLoad};
+pub use crate::busy::BusySet;
+pub use crate::load::{Publisher, RankSlot, SlotUpdate};
 
 /// How a [`WorkerMonitor`] behaves; `Default` is no staleness window and no
 /// thresholds. Build it with `..Default::default()` (see [`RankLoad`](crate::RankLoad)'s

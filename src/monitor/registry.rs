@@ -17,7 +17,7 @@ pub(crate) struct Registry {
 }
 
 /// The registry's hash: every report looks up a worker id and every
-/// [`Router::route`](crate::Router::route) a model name, so SipHash's cost
+/// [`WorkerRouter::route`](crate::WorkerRouter::route) a model name, so SipHash's cost
 /// (tens of nanoseconds) shows on both hot paths. The keys are registered by
 /// the operator's workers, not chosen by clients, so an unkeyed hash (rustc's
 /// Fx hash) is safe.

@@ -1,0 +1,138 @@
+//! Runs `examples/axum_router.rs` on a real socket: the statuses and bodies
+//! of shedding, and a permit that lasts exactly as long as its SSE body.
+
+#[allow(dead_code)] // its `main`
+#[path = "../examples/axum_router.rs"]
+mod example;
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::Value;
+
+/// Serves the example's app on a free port; the server task ends with the
+/// test's runtime.
+async fn serve() -> (String, example::App) {
+    let (http, app) = example::app();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, http).await.unwrap() });
+    (base, app)
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap()
+}
+
+async fn chat(base: &str, model: &str) -> reqwest::Response {
+    let body = serde_json::json!({ "model": model, "messages": [] }).to_string();
+    client().post(format!("{base}/v1/chat/completions")).body(body).send().await.unwrap()
+}
+
+async fn error_of(response: reqwest::Response) -> Value {
+    assert_eq!(response.headers()["content-type"], "application/json");
+    response.json::<Value>().await.unwrap()
+}
+
+/// Waits (bounded) until `cond` holds.
+async fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sheds_with_proper_statuses_and_bodies() {
+    let (base, _app) = serve().await;
+    let unknown = chat(&base, "gpt-9").await;
+    assert_eq!(unknown.status(), 404);
+    let body = error_of(unknown).await;
+    assert_eq!(body["error"]["type"], "NotFound");
+    assert_eq!(body["error"]["code"], 404);
+
+    let empty = chat(&base, "empty").await;
+    assert_eq!(empty.status(), 503);
+    assert_eq!(empty.headers()["retry-after"], "2");
+    assert_eq!(error_of(empty).await["error"]["type"], "Unavailable");
+
+    let bad = client().post(format!("{base}/v1/chat/completions")).body("{}").send().await.unwrap();
+    assert_eq!(bad.status(), 400);
+    assert_eq!(error_of(bad).await["error"]["code"], 400);
+
+    // Both workers report 90 of 100 blocks: past 0.85, every worker is busy.
+    for worker in [1, 2] {
+        let reported = client().post(format!("{base}/load/{worker}/90")).send().await.unwrap();
+        assert_eq!(reported.status(), 204);
+    }
+    assert_eq!(client().post(format!("{base}/load/7/90")).send().await.unwrap().status(), 404);
+    let shed = chat(&base, "llama").await;
+    assert_eq!(shed.status(), 529);
+    assert_eq!(shed.headers()["retry-after"], "2");
+    assert_eq!(shed.headers()["retry-after-ms"], "2000");
+    let body = error_of(shed).await;
+    assert_eq!(
+        body,
+        serde_json::json!({"error": {"message": "All workers are busy, please retry later", "type": "Overloaded", "code": 529}})
+    );
+
+    // Worker 2 frees up: it takes the request.
+    client().post(format!("{base}/load/2/10")).send().await.unwrap();
+    let served = chat(&base, "llama").await;
+    assert_eq!(served.status(), 200);
+    let text = served.text().await.unwrap();
+    assert!(text.contains("token 4 from worker 2") && text.ends_with("data: [DONE]\n\n"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_permit_lasts_until_the_sse_body_ends_or_the_client_leaves() {
+    let (base, app) = serve().await;
+    // Route everything to worker 1.
+    client().post(format!("{base}/load/2/99")).send().await.unwrap();
+    let gate = app.gates[&1].clone();
+
+    let streaming = chat(&base, "llama").await;
+    assert_eq!(streaming.status(), 200);
+    let mut body = streaming.bytes_stream();
+    let first = body.next().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("token 0"), "{first:?}");
+    // Headers and a token are out; the engine is still busy with it.
+    assert_eq!(gate.running(), 1);
+    let mut seen = String::from_utf8_lossy(&first).into_owned();
+    while let Some(chunk) = body.next().await {
+        seen.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+        // Until token 4 the stream sleeps 100 ms before its next event: the
+        // body has not ended, so the slot must still be held.
+        if !seen.contains("token 4") {
+            assert_eq!(gate.running(), 1, "released before the body ended: {seen:?}");
+        }
+    }
+    assert!(seen.contains("token 3") && seen.ends_with("data: [DONE]\n\n"), "{seen}");
+    eventually("the finished stream releases its slot", || gate.running() == 0).await;
+
+    // N = 1 running and Q = 2 waiting; a fourth request is refused at the
+    // worker's hard cap (the router still sees worker 1 as free).
+    let held = chat(&base, "llama").await;
+    let mut held_body = held.bytes_stream();
+    held_body.next().await.unwrap().unwrap();
+    let waiting: Vec<_> = (0..2).map(|_| tokio::spawn(chat_owned(base.clone()))).collect();
+    eventually("two requests wait", || gate.queued() == 2).await;
+    let refused = chat(&base, "llama").await;
+    assert_eq!(refused.status(), 529);
+    assert_eq!(refused.headers()["retry-after"], "2");
+    assert_eq!(error_of(refused).await["error"]["message"], "Server overloaded: worker at capacity");
+
+    // The client goes away mid-stream: its slot passes to the oldest waiter.
+    drop(held_body);
+    eventually("the next waiter runs", || gate.queued() == 1 && gate.running() == 1).await;
+    for waiter in waiting {
+        let response = waiter.await.unwrap();
+        drop(response); // disconnects mid-stream (or before it starts)
+    }
+    eventually("every disconnected stream releases its slot", || gate.running() == 0 && gate.queued() == 0).await;
+}
+
+async fn chat_owned(base: String) -> reqwest::Response {
+    chat(&base, "llama").await
+}
