@@ -13,8 +13,9 @@ use std::{collections::HashMap, convert::Infallible, sync::Arc, time::Duration};
 use axum::extract::{FromRef, Path, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event, Sse};
+use axum::response::IntoResponse;
 use axum::routing::post;
-use futures_util::stream::{self, Stream, StreamExt};
+use futures_util::stream::{self, StreamExt};
 use loadgate::*;
 
 /// The service's state; each field is an extractor's `State`.
@@ -55,16 +56,16 @@ async fn load(State(app): State<App>, Path((worker, blocks)): Path<(WorkerId, u3
     }
 }
 
-/// Streams five tokens from the routed worker, holding its slot throughout.
-async fn chat(
-    State(app): State<App>,
-    to: Routed,
-) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, Refusal> {
+/// Streams `max_tokens` (default 5) tokens from the routed worker, one every
+/// 100 ms, holding its slot throughout.
+async fn chat(State(app): State<App>, to: Routed) -> Result<impl IntoResponse, Refusal> {
+    let request: serde_json::Value = serde_json::from_slice(&to.body).unwrap_or_default();
+    let max_tokens = request["max_tokens"].as_u64().unwrap_or(5);
     let admitted = app.gates[&to.worker].admit(()).await;
     let ((), permit) = admitted.map_err(|refused| Refusal::from(refused).retry_after(app.retry_after.get()))?;
-    let tokens = stream::iter(0..5).then(move |i| async move {
+    let tokens = stream::iter(0..max_tokens).then(move |i| async move {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        Ok(Event::default().data(format!("token {i} from worker {}", to.worker)))
+        Ok::<_, Infallible>(Event::default().data(format!("token {i} from worker {}", to.worker)))
     });
     let done = stream::once(async { Ok(Event::default().data("[DONE]")) });
     Ok(Sse::new(PermitStream::new(tokens.chain(done), permit)))

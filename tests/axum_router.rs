@@ -25,7 +25,12 @@ fn client() -> reqwest::Client {
 }
 
 async fn chat(base: &str, model: &str) -> reqwest::Response {
-    let body = serde_json::json!({ "model": model, "messages": [] }).to_string();
+    chat_tokens(base, model, 5).await
+}
+
+/// A chat request streaming `max_tokens` tokens, 100 ms apart.
+async fn chat_tokens(base: &str, model: &str, max_tokens: u64) -> reqwest::Response {
+    let body = serde_json::json!({ "model": model, "messages": [], "max_tokens": max_tokens }).to_string();
     client().post(format!("{base}/v1/chat/completions")).body(body).send().await.unwrap()
 }
 
@@ -92,31 +97,31 @@ async fn the_permit_lasts_until_the_sse_body_ends_or_the_client_leaves() {
     client().post(format!("{base}/load/2/99")).send().await.unwrap();
     let gate = app.gates[&1].clone();
 
-    let streaming = chat(&base, "llama").await;
+    // 10 tokens, 100 ms apart: the body ends about 1 s after it starts.
+    let streaming = chat_tokens(&base, "llama", 10).await;
     assert_eq!(streaming.status(), 200);
     let mut body = streaming.bytes_stream();
     let first = body.next().await.unwrap().unwrap();
-    assert!(String::from_utf8_lossy(&first).contains("token 0"), "{first:?}");
-    // Headers and a token are out; the engine is still busy with it.
-    assert_eq!(gate.running(), 1);
     let mut seen = String::from_utf8_lossy(&first).into_owned();
+    assert!(seen.contains("token 0"), "{seen}");
+    // Headers and a token are out; the engine is still busy with the rest.
+    assert_eq!(gate.running(), 1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(gate.running(), 1, "released before the body ended");
     while let Some(chunk) = body.next().await {
         seen.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
-        // Until token 4 the stream sleeps 100 ms before its next event: the
-        // body has not ended, so the slot must still be held.
-        if !seen.contains("token 4") {
-            assert_eq!(gate.running(), 1, "released before the body ended: {seen:?}");
-        }
     }
-    assert!(seen.contains("token 3") && seen.ends_with("data: [DONE]\n\n"), "{seen}");
+    assert!(seen.contains("token 9") && seen.ends_with("data: [DONE]\n\n"), "{seen}");
     eventually("the finished stream releases its slot", || gate.running() == 0).await;
 
+    // From here every stream asks for 1000 tokens (100 s): within the test's
+    // 5 s waits, only a client leaving can free a slot.
     // N = 1 running and Q = 2 waiting; a fourth request is refused at the
     // worker's hard cap (the router still sees worker 1 as free).
-    let held = chat(&base, "llama").await;
+    let held = chat_tokens(&base, "llama", 1000).await;
     let mut held_body = held.bytes_stream();
     held_body.next().await.unwrap().unwrap();
-    let waiting: Vec<_> = (0..2).map(|_| tokio::spawn(chat_owned(base.clone()))).collect();
+    let waiting: Vec<_> = (0..2).map(|_| tokio::spawn(long_chat(base.clone()))).collect();
     eventually("two requests wait", || gate.queued() == 2).await;
     let refused = chat(&base, "llama").await;
     assert_eq!(refused.status(), 529);
@@ -126,13 +131,28 @@ async fn the_permit_lasts_until_the_sse_body_ends_or_the_client_leaves() {
     // The client goes away mid-stream: its slot passes to the oldest waiter.
     drop(held_body);
     eventually("the next waiter runs", || gate.queued() == 1 && gate.running() == 1).await;
-    for waiter in waiting {
-        let response = waiter.await.unwrap();
-        drop(response); // disconnects mid-stream (or before it starts)
+    let mut waiting = waiting;
+    for round in 0..2 {
+        // The waiter that queued first gets the slot (not necessarily the
+        // first spawned); the other keeps waiting.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let admitted = loop {
+            if let Some(i) = waiting.iter().position(|w| w.is_finished()) {
+                break i;
+            }
+            assert!(Instant::now() < deadline, "round {round}: no waiter got the slot");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        let response = waiting.swap_remove(admitted).await.unwrap();
+        assert!(waiting.iter().all(|w| !w.is_finished()), "one slot, one stream at a time");
+        let mut body = response.bytes_stream();
+        assert!(String::from_utf8_lossy(&body.next().await.unwrap().unwrap()).contains("token 0"));
+        assert_eq!(gate.running(), 1, "round {round}: the waiter streams in the one slot");
+        drop(body); // disconnects mid-stream
     }
     eventually("every disconnected stream releases its slot", || gate.running() == 0 && gate.queued() == 0).await;
 }
 
-async fn chat_owned(base: String) -> reqwest::Response {
-    chat(&base, "llama").await
+async fn long_chat(base: String) -> reqwest::Response {
+    chat_tokens(&base, "llama", 1000).await
 }

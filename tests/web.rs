@@ -14,7 +14,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use loadgate::{Admission, AdmissionLayer, MigrationError, Rejection, RetryAfter, RouteError};
+use loadgate::{Admission, AdmissionLayer, MigrationError, PermitBody, Rejection, RetryAfter, RouteError};
 use tokio::sync::mpsc;
 use tower::ServiceExt;
 
@@ -112,6 +112,20 @@ async fn past_n_plus_q_the_layer_refuses_with_the_callers_hint() {
     assert!(gone.await.unwrap_err().is_cancelled());
     assert_eq!(gate.queued(), 1);
     drop((running, tx));
+}
+
+#[tokio::test]
+async fn a_body_error_releases_the_permit() {
+    let gate = Admission::new(1, 2).unwrap();
+    let Ok(loadgate::Admitted::Now((), permit)) = gate.try_admit(()) else { panic!("a slot was free") };
+    let frames =
+        futures_util::stream::iter([Ok(Bytes::from_static(b"token")), Err(std::io::Error::other("engine failed"))]);
+    let mut body = PermitBody::new(Body::from_stream(frames), permit);
+    assert!(body.frame().await.unwrap().is_ok());
+    assert_eq!(gate.running(), 1);
+    assert!(body.frame().await.unwrap().is_err());
+    assert_eq!(gate.running(), 0, "released at the error, not at the drop");
+    assert!(!body.holds_permit());
 }
 
 #[tokio::test]

@@ -24,10 +24,13 @@
 //! critical section. So under the lock the storage holds exactly `queued`
 //! live entries, and the arrival's decision is made on the count: it is
 //! refused iff `Q` are already queued and every slot is taken (never more
-//! than `N + Q` admitted), and it is never refused while fewer are. The
+//! than `N + Q` admitted), and it is never refused while fewer are. (A gate
+//! without a dispatch callback has nowhere to queue a `try_admit` item, so
+//! there `try_admit` admits now or refuses; `admit` always queues.) The
 //! storage is a `VecDeque` allocated for `Q` up front; tombstones are swept
-//! out when they are more than half of it, so it never holds more than
-//! about `2Q` entries and a sweep costs O(1) per cancellation, amortised.
+//! out when they are more than half of it, so it grows at most once, to
+//! fewer than `2Q` entries, and a sweep costs O(1) per cancellation,
+//! amortised.
 //!
 //! # No recursion
 //!
@@ -76,7 +79,7 @@ pub type Dispatch<T> = Box<dyn Fn(T, Permit<T>) -> Result<(), Permit<T>> + Send 
 ///
 /// # Examples
 ///
-/// Awaiting a slot (any executor; this one blocks on a channel):
+/// Awaiting a slot (any executor; polled by hand here):
 ///
 /// ```
 /// use std::pin::pin;
@@ -231,8 +234,9 @@ impl<T> Admission<T> {
     ///
     /// # Errors
     ///
-    /// [`Rejected`] with the item when `N + Q` are already admitted, or when
-    /// no slot is free on a gate without a dispatch callback.
+    /// [`Rejected`] with the item when `N + Q` are already admitted, or, on a
+    /// gate without a dispatch callback, when no slot is free or anything is
+    /// waiting.
     pub fn try_admit(self: &Arc<Self>, item: T) -> Result<Admitted<T>, Rejected<T>> {
         Ok(match self.try_admit_scoped(item)? {
             Admitted::Now(item, permit) => Admitted::Now(item, permit.into_owned()),
@@ -325,7 +329,9 @@ impl<T> Admission<T> {
     #[cold]
     fn enqueue(&self, entry: Entry<T>) -> Result<Option<Entry<T>>, Entry<T>> {
         let mut waiting = lock(&self.waiting);
-        // Acquire: `queued` only changes under this lock, which we hold.
+        // `queued` only changes under this lock, which we hold, so it is
+        // exact here; Acquire pairs with the AcqRel CAS of whoever freed a
+        // slot, for the `running` the claim below reads.
         let (_, queued) = unpack(self.state.load(Ordering::Acquire));
         let oldest = if queued < self.queue_limit {
             None
@@ -397,21 +403,24 @@ impl<T> Admission<T> {
     /// releases a permit already granted to it.
     fn cancel(self: &Arc<Self>, waiter: &Waiter<T>) {
         let mut waiting = lock(&self.waiting);
-        match waiter.cancel() {
+        let (cancelled, waker) = waiter.cancel();
+        let permit = match cancelled {
             Cancelled::WasQueued => {
                 waiting.bury();
                 // AcqRel, under the handoff lock like every change of
                 // `queued`: a claimer or arrival that reads the count sees
                 // the tombstone stored.
                 self.state.fetch_sub(1, Ordering::AcqRel);
+                None
             }
-            Cancelled::Granted(permit) => {
-                drop(waiting);
-                // Its release passes the slot to the next waiter.
-                drop(permit);
-            }
-            Cancelled::Nothing => {}
-        }
+            Cancelled::Granted(permit) => Some(permit),
+            Cancelled::Nothing => None,
+        };
+        drop(waiting);
+        // After the lock: a waker's drop may run arbitrary code, and the
+        // permit's release passes the slot to the next waiter.
+        drop(waker);
+        drop(permit);
     }
 
     /// Frees a slot, or hands it straight to the oldest waiting entry.
@@ -467,6 +476,9 @@ impl<T> Admission<T> {
     /// (returned, counted out and taken), or frees it when nothing waits.
     fn pass_on(&self) -> Option<Entry<T>> {
         let mut waiting = lock(&self.waiting);
+        // Acquire (and the CAS's failure ordering): pairs with the AcqRel
+        // updates of arrivals and fast-path admissions; AcqRel on success so
+        // a slot freed here is seen by the next fast-path admission.
         let mut state = self.state.load(Ordering::Acquire);
         loop {
             let (running, queued) = unpack(state);

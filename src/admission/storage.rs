@@ -22,7 +22,9 @@ pub(super) struct Waiting<T> {
 }
 
 impl<T> Waiting<T> {
-    /// Room for `queue_limit` entries, allocated now.
+    /// Room for `queue_limit` entries, allocated now. With tombstones it can
+    /// grow once, to fewer than `2 * queue_limit` (each push first sweeps
+    /// when tombstones are more than half the entries).
     pub(super) fn with_capacity(queue_limit: usize) -> Self {
         Waiting { entries: VecDeque::with_capacity(queue_limit), tombstones: 0 }
     }

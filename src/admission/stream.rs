@@ -90,3 +90,41 @@ where
         self.stream.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::pin::pin;
+    use std::task::{Context, Poll, Waker};
+
+    use futures_core::Stream;
+
+    use super::PermitStream;
+    use crate::admission::{Admission, Admitted};
+
+    #[test]
+    fn the_first_error_releases_the_permit() {
+        let gate = Admission::new(1, 2).unwrap();
+        let Ok(Admitted::Now((), permit)) = gate.try_admit(()) else { panic!("a slot was free") };
+        let items = futures_util::stream::iter([Ok(1), Err("engine failed"), Ok(2)]);
+        let mut stream = pin!(PermitStream::new(items, permit));
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(matches!(stream.as_mut().poll_next(&mut cx), Poll::Ready(Some(Ok(1)))));
+        assert_eq!(gate.running(), 1);
+        assert!(matches!(stream.as_mut().poll_next(&mut cx), Poll::Ready(Some(Err(_)))));
+        assert_eq!(gate.running(), 0, "released at the error, not at the drop");
+        assert!(!stream.holds_permit());
+        // Items after the error still pass through; nothing is released twice.
+        assert!(matches!(stream.as_mut().poll_next(&mut cx), Poll::Ready(Some(Ok(2)))));
+        assert_eq!(gate.running(), 0);
+    }
+
+    #[test]
+    fn dropping_the_stream_releases_the_permit() {
+        let gate = Admission::new(1, 2).unwrap();
+        let Ok(Admitted::Now((), permit)) = gate.try_admit(()) else { panic!("a slot was free") };
+        let stream = PermitStream::new(futures_util::stream::pending::<Result<(), ()>>(), permit);
+        assert_eq!(gate.running(), 1);
+        drop(stream);
+        assert_eq!(gate.running(), 0);
+    }
+}

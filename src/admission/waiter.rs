@@ -107,7 +107,13 @@ impl<T> Waiter<T> {
         let mut state = lock(&self.state);
         match &mut *state {
             State::Queued(w) | State::Claimed(w) => {
-                w.clone_from(waker);
+                if !w.will_wake(waker) {
+                    // The old waker is dropped after the lock: its drop may
+                    // run arbitrary code (even release a permit of this gate).
+                    let old = std::mem::replace(w, waker.clone());
+                    drop(state);
+                    drop(old);
+                }
                 None
             }
             State::Granted(_) => match std::mem::replace(&mut *state, State::Done) {
@@ -118,22 +124,23 @@ impl<T> Waiter<T> {
         }
     }
 
-    /// The future is dropped. The caller holds the handoff lock.
-    pub(super) fn cancel(&self) -> Cancelled<T> {
+    /// The future is dropped. The caller holds the handoff lock, and drops
+    /// what comes back (a permit, a waker) only once it has released it.
+    pub(super) fn cancel(&self) -> (Cancelled<T>, Option<Waker>) {
         let mut state = lock(&self.state);
         match std::mem::replace(&mut *state, State::Done) {
-            State::Queued(_) => {
+            State::Queued(waker) => {
                 *state = State::Cancelled;
-                Cancelled::WasQueued
+                (Cancelled::WasQueued, Some(waker))
             }
-            State::Claimed(_) => {
+            State::Claimed(waker) => {
                 *state = State::Abandoned;
-                Cancelled::Nothing
+                (Cancelled::Nothing, Some(waker))
             }
-            State::Granted(permit) => Cancelled::Granted(permit),
+            State::Granted(permit) => (Cancelled::Granted(permit), None),
             other => {
                 *state = other;
-                Cancelled::Nothing
+                (Cancelled::Nothing, None)
             }
         }
     }
@@ -145,6 +152,10 @@ impl<T> Waiter<T> {
 /// Runtime-agnostic: it is woken by whichever thread frees the slot. Dropping
 /// it while queued gives up its place (the next arrival may take it); if a
 /// permit was already handed to it, the permit passes to the next waiter.
+///
+/// # Panics
+///
+/// When polled again after it completed.
 #[must_use = "futures do nothing unless polled; dropping it gives up its place"]
 pub struct Admit<T> {
     admission: Arc<Admission<T>>,
@@ -179,12 +190,17 @@ impl<T> Future for Admit<T> {
                 if this.admission.try_take_slot() {
                     return Poll::Ready(Ok((item, Permit::new(this.admission.clone()))));
                 }
-                let waiter = Arc::new(Waiter::new(cx.waker().clone()));
+                // Kept before queueing: if a dispatch or wake that queueing
+                // runs panics, this future's drop still counts it out.
+                this.item = Some(item);
+                let waiter = this.waiter.insert(Arc::new(Waiter::new(cx.waker().clone())));
                 if this.admission.queue_waiter(waiter.clone()).is_err() {
+                    // Never stored, so nothing to cancel.
+                    this.waiter = None;
+                    let item = this.item.take().expect("kept above");
                     return Poll::Ready(Err(Rejected(item)));
                 }
-                this.item = Some(item);
-                this.waiter.insert(waiter)
+                waiter
             }
         };
         match waiter.take(cx.waker()) {

@@ -53,7 +53,7 @@ impl<T> IntoResponse for Rejected<T> {
 ///
 /// Refuses with the overload status (every worker busy), 503 (no worker),
 /// 404 (unknown model), each with [`RetryAfter`]'s hint where it applies;
-/// 400 for a body without a string `"model"`; and axum's own rejections for
+/// 400 for a body without a non-empty string `"model"`; and axum's own rejections for
 /// an unreadable or too-large body (`DefaultBodyLimit`).
 #[derive(Clone, Debug)]
 pub struct Routed {
@@ -78,10 +78,19 @@ where
         let model = serde_json::from_slice::<serde_json::Value>(&body)
             .ok()
             .and_then(|value| value.get("model")?.as_str().map(str::to_owned))
+            .filter(|model| !model.is_empty())
             .ok_or_else(bad_request)?;
         match WorkerRouter::from_ref(state).route(&model, &[]) {
             Ok(worker) => Ok(Routed { worker, model, body }),
-            Err(e) => Err(Refusal::from(e).retry_after(RetryAfter::from_ref(state).get()).into_response()),
+            Err(e) => {
+                let refusal = Refusal::from(e);
+                // The hint is asked for only where it is sent (not for a 404).
+                let refusal = match refusal.rejection() {
+                    Some(_) => refusal.retry_after(RetryAfter::from_ref(state).get()),
+                    None => refusal,
+                };
+                Err(refusal.into_response())
+            }
         }
     }
 }

@@ -2,7 +2,6 @@
 //! status, the caller's `Retry-After` hint and the OpenAI-shaped error body.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use ::http::{header, HeaderValue, Response, StatusCode};
@@ -12,6 +11,7 @@ use crate::admission::Rejected;
 use crate::migration::MigrationError;
 use crate::rejection::Rejection;
 use crate::route::RouteError;
+use crate::sync::Arc;
 
 /// A refused request: a [`Rejection`] (overloaded, a worker at capacity,
 /// unavailable) or an unknown model (404), with an optional `Retry-After`.
@@ -39,6 +39,9 @@ use crate::route::RouteError;
 ///     br#"{"error":{"message":"All workers are busy, please retry later","type":"Overloaded","code":529}}"#
 /// );
 /// assert_eq!(Refusal::from(RouteError::UnknownModel).to_http().status(), 404);
+/// // Rounded up: never earlier than the hint.
+/// let soon = Refusal::from(RouteError::Overloaded).retry_after(Duration::from_micros(1_000_001)).to_http();
+/// assert_eq!((&soon.headers()["retry-after"], &soon.headers()["retry-after-ms"]), (&"2".parse().unwrap(), &"1001".parse().unwrap()));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Refusal {
@@ -96,9 +99,12 @@ impl Refusal {
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         if let (Some(hint), Some(_)) = (self.retry_after, self.rejection) {
-            let millis = hint.as_millis();
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(millis.div_ceil(1000).min(u64::MAX.into()) as u64));
-            headers.insert("retry-after-ms", HeaderValue::from(millis.min(u64::MAX.into()) as u64));
+            // Both rounded up, so a client never retries before the hint.
+            let nanos = hint.as_nanos();
+            let secs = u64::try_from(nanos.div_ceil(1_000_000_000)).unwrap_or(u64::MAX);
+            let millis = u64::try_from(nanos.div_ceil(1_000_000)).unwrap_or(u64::MAX);
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            headers.insert("retry-after-ms", HeaderValue::from(millis));
         }
         response
     }
@@ -168,6 +174,7 @@ impl RetryAfter {
 
 impl fmt::Debug for RetryAfter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("RetryAfter").field(&self.get()).finish()
+        // Not `get()`: a hint function may count its calls.
+        f.write_str("RetryAfter(..)")
     }
 }
