@@ -304,11 +304,6 @@ impl<T> Admission<T> {
         }
     }
 
-    /// Queues a future's waiter, or refuses it (`N + Q` admitted).
-    fn queue_waiter(self: &Arc<Self>, waiter: Arc<Waiter<T>>) -> Result<(), Rejected<()>> {
-        self.queue(Entry::Waiter(waiter)).map_err(|_| Rejected(()))
-    }
-
     /// Stores and counts `entry`, then gives any free slot to the oldest.
     fn queue(self: &Arc<Self>, entry: Entry<T>) -> Result<(), Entry<T>> {
         if let Some(oldest) = self.enqueue(entry)? {

@@ -23,6 +23,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
+use super::storage::Entry;
 use super::{Admission, Permit, Rejected};
 use crate::sync::{lock, Arc, Mutex};
 
@@ -194,7 +195,7 @@ impl<T> Future for Admit<T> {
                 // runs panics, this future's drop still counts it out.
                 this.item = Some(item);
                 let waiter = this.waiter.insert(Arc::new(Waiter::new(cx.waker().clone())));
-                if this.admission.queue_waiter(waiter.clone()).is_err() {
+                if this.admission.queue(Entry::Waiter(waiter.clone())).is_err() {
                     // Never stored, so nothing to cancel.
                     this.waiter = None;
                     let item = this.item.take().expect("kept above");

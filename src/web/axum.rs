@@ -6,7 +6,7 @@ use axum_core::extract::{FromRef, FromRequest, Request};
 use axum_core::response::{IntoResponse, Response};
 use bytes::Bytes;
 
-use super::refusal::{Refusal, RetryAfter};
+use super::refusal::{openai_error, Refusal, RetryAfter};
 use crate::admission::Rejected;
 use crate::load::WorkerId;
 use crate::migration::MigrationError;
@@ -82,23 +82,13 @@ where
             .ok_or_else(bad_request)?;
         match WorkerRouter::from_ref(state).route(&model, &[]) {
             Ok(worker) => Ok(Routed { worker, model, body }),
-            Err(e) => {
-                let refusal = Refusal::from(e);
-                // The hint is asked for only where it is sent (not for a 404).
-                let refusal = match refusal.rejection() {
-                    Some(_) => refusal.retry_after(RetryAfter::from_ref(state).get()),
-                    None => refusal,
-                };
-                Err(refusal.into_response())
-            }
+            Err(e) => Err(Refusal::from(e).hinted(Some(&RetryAfter::from_ref(state))).into_response()),
         }
     }
 }
 
 /// 400 with the OpenAI error shape.
 fn bad_request() -> Response {
-    let body = r#"{"error":{"message":"the body must be a JSON object with a string \"model\"","type":"InvalidRequest","code":400}}"#;
-    let mut response = (::http::StatusCode::BAD_REQUEST, body).into_response();
-    response.headers_mut().insert(::http::header::CONTENT_TYPE, ::http::HeaderValue::from_static("application/json"));
-    response
+    let message = r#"the body must be a JSON object with a string \"model\""#;
+    openai_error(::http::StatusCode::BAD_REQUEST, "InvalidRequest", message).map(Body::from)
 }

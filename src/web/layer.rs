@@ -106,11 +106,7 @@ where
                     Ok(response.map(|body| GateBody::admitted(body, permit)))
                 }
                 Err(rejected) => {
-                    let mut refusal = Refusal::from(rejected);
-                    if let Some(hint) = &retry_after {
-                        refusal = refusal.retry_after(hint.get());
-                    }
-                    Ok(refusal.to_http().map(GateBody::refused))
+                    Ok(Refusal::from(rejected).hinted(retry_after.as_ref()).to_http().map(GateBody::refused))
                 }
             }
         })

@@ -72,6 +72,15 @@ impl Refusal {
         self
     }
 
+    /// Sets the `Retry-After` hint from `hint`, asking it only where the
+    /// response carries one (not for an unknown model, nor without a hint).
+    pub(super) fn hinted(self, hint: Option<&RetryAfter>) -> Self {
+        match (hint, self.rejection) {
+            (Some(hint), Some(_)) => self.retry_after(hint.get()),
+            _ => self,
+        }
+    }
+
     /// The rejection, or `None` for an unknown model.
     pub fn rejection(&self) -> Option<Rejection> {
         self.rejection
@@ -86,18 +95,12 @@ impl Refusal {
 
     /// The response: status, headers and JSON body.
     pub fn to_http(&self) -> Response<Bytes> {
-        let status = self.status();
         let (kind, message) = match self.rejection {
             Some(r) => (r.error_type(), r.message()),
             None => ("NotFound", UNKNOWN_MODEL),
         };
-        // Every message and type is one of this crate's ASCII constants, with
-        // nothing to escape.
-        let body = format!(r#"{{"error":{{"message":"{message}","type":"{kind}","code":{}}}}}"#, status.as_u16());
-        let mut response = Response::new(Bytes::from(body));
-        *response.status_mut() = status;
+        let mut response = openai_error(self.status(), kind, message);
         let headers = response.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         if let (Some(hint), Some(_)) = (self.retry_after, self.rejection) {
             // Both rounded up, so a client never retries before the hint.
             let nanos = hint.as_nanos();
@@ -108,6 +111,17 @@ impl Refusal {
         }
         response
     }
+}
+
+/// `{"error":{"message","type","code"}}` with `status`, as JSON.
+/// `kind` and `message` are this crate's constants, already valid inside a
+/// JSON string (ASCII, quotes escaped), so they are written as they are.
+pub(super) fn openai_error(status: StatusCode, kind: &str, message: &str) -> Response<Bytes> {
+    let body = format!(r#"{{"error":{{"message":"{message}","type":"{kind}","code":{}}}}}"#, status.as_u16());
+    let mut response = Response::new(Bytes::from(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
 }
 
 impl fmt::Display for Refusal {
