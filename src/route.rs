@@ -112,8 +112,11 @@ impl fmt::Debug for WorkerRouter {
 
 /// The models a router has routed, each with this router's cursor. Only
 /// models the monitor knows are added, so a client naming models cannot
-/// grow it. The monitor never replaces a model's state (models are never
-/// forgotten), so a cached state stays the model's for good.
+/// grow it. When the monitor forgets a model (its last worker left) it
+/// retires the model's state, whose view is then empty: a route that finds
+/// no instance checks for that (cold path) and looks the model up again, so
+/// a model that comes back is routed with its new state. Each addition drops
+/// the retired entries, so forgotten models do not pile up here.
 struct RoutedModels {
     by_name: Swap<HashMap<Arc<str>, Arc<RoutedModel>, rustc_hash::FxBuildHasher>>,
     /// Serialises additions (cold path: the first route of a model).
@@ -152,26 +155,59 @@ impl WorkerRouter {
     /// the monitor's.
     #[inline]
     fn with_routed<R>(&self, model: &str, f: impl FnOnce(&RoutedModel) -> R) -> Result<R, RouteError> {
+        // A retired entry is still taken here: its empty view sends the
+        // route to `route_again`, off this path.
         if let Some(routed) = self.models.by_name.load().get(model) {
             return Ok(f(routed));
         }
         Ok(f(&*self.add_model(model)?))
     }
 
+    /// Resolves `model` through the monitor and caches it, replacing a
+    /// retired entry and dropping every other retired one (cold path: the
+    /// first route of a model, or the first after it was forgotten).
     #[cold]
     fn add_model(&self, model: &str) -> Result<Arc<RoutedModel>, RouteError> {
-        let state = self.monitor.model_state(model).ok_or(RouteError::UnknownModel)?;
+        let cached = self.models.by_name.load();
+        if let Some(routed) = cached.get(model).filter(|r| !r.state.is_retired()) {
+            return Ok(routed.clone()); // another route got here first: no lock
+        }
+        if !cached.contains_key(model) && !self.monitor.has_model(model) {
+            return Err(RouteError::UnknownModel); // nothing to add or drop: no lock
+        }
+        drop(cached);
         let _write = lock(&self.models.write);
         let current = self.models.by_name.load();
-        if let Some(routed) = current.get(model) {
+        if let Some(routed) = current.get(model).filter(|r| !r.state.is_retired()) {
             return Ok(routed.clone());
         }
-        let routed = Arc::new(RoutedModel { state, cursor: CachePadded::new(AtomicUsize::new(0)) });
+        let state = self.monitor.model_state(model);
         let mut next = HashMap::clone(&current);
         drop(current);
-        next.insert(routed.state.name.clone(), routed.clone());
+        next.retain(|_, r| !r.state.is_retired());
+        let routed = state.map(|state| Arc::new(RoutedModel { state, cursor: CachePadded::new(AtomicUsize::new(0)) }));
+        if let Some(routed) = &routed {
+            next.insert(routed.state.name.clone(), routed.clone());
+        }
         self.models.by_name.store(Arc::new(next));
-        Ok(routed)
+        routed.ok_or(RouteError::UnknownModel)
+    }
+
+    /// After `routed` had no instance: if the monitor forgot its model, routes
+    /// `model` again with the monitor's current state (cold path).
+    #[cold]
+    fn route_again(
+        &self,
+        model: &str,
+        routed: &RoutedModel,
+        exclude: &[WorkerId],
+        cost: Option<CostRef<'_>>,
+    ) -> Result<WorkerId, RouteError> {
+        if !routed.state.is_retired() {
+            return Err(RouteError::Unavailable);
+        }
+        let fresh = self.add_model(model)?;
+        self.select(&fresh, &fresh.state.view().load(), exclude, cost)
     }
 
     /// The monitor this router reads.
@@ -192,7 +228,12 @@ impl WorkerRouter {
     /// [`RouteError`]: overloaded, unavailable, or unknown model.
     #[inline]
     pub fn route(&self, model: &str, exclude: &[WorkerId]) -> Result<WorkerId, RouteError> {
-        self.with_routed(model, |routed| self.select(routed, &routed.state.view().load(), exclude, self.policy_cost()))?
+        self.with_routed(model, |routed| {
+            match self.select(routed, &routed.state.view().load(), exclude, self.policy_cost()) {
+                Err(RouteError::Unavailable) => self.route_again(model, routed, exclude, self.policy_cost()),
+                chosen => chosen,
+            }
+        })?
     }
 
     /// As [`route`](Self::route), ranking eligible instances by `cost` (lowest
@@ -207,7 +248,10 @@ impl WorkerRouter {
         exclude: &[WorkerId],
         cost: &dyn Fn(WorkerId, &WorkerLoad) -> u64,
     ) -> Result<WorkerId, RouteError> {
-        self.with_routed(model, |routed| self.select(routed, &routed.state.view().load(), exclude, Some(cost)))?
+        self.with_routed(model, |routed| match self.select(routed, &routed.state.view().load(), exclude, Some(cost)) {
+            Err(RouteError::Unavailable) => self.route_again(model, routed, exclude, Some(cost)),
+            chosen => chosen,
+        })?
     }
 
     /// A handle that routes `model` without the per-call model lookup.
@@ -216,7 +260,7 @@ impl WorkerRouter {
     ///
     /// [`RouteError::UnknownModel`] if the model has never been seen.
     pub fn model(&self, model: &str) -> Result<ModelRouter, RouteError> {
-        let known = self.models.by_name.load().get(model).cloned();
+        let known = self.models.by_name.load().get(model).filter(|r| !r.state.is_retired()).cloned();
         let routed = match known {
             Some(routed) => routed,
             None => self.add_model(model)?,
@@ -335,7 +379,9 @@ fn start(routed: &RoutedModel, view: &ModelView) -> usize {
 }
 
 /// Routes one model; obtained from [`WorkerRouter::model`]. Shares its router's
-/// rotation.
+/// rotation. If the monitor forgets the model (its last worker left), the
+/// handle routes through its router's lookup from then on: the model's new
+/// state when it came back, [`RouteError::UnknownModel`] while it is gone.
 #[derive(Clone)]
 pub struct ModelRouter {
     router: WorkerRouter,
@@ -353,10 +399,17 @@ impl ModelRouter {
     ///
     /// # Errors
     ///
-    /// [`RouteError::Overloaded`] or [`RouteError::Unavailable`].
+    /// [`RouteError::Overloaded`] or [`RouteError::Unavailable`];
+    /// [`RouteError::UnknownModel`] once the monitor forgot the model.
     #[inline]
     pub fn route(&self, exclude: &[WorkerId]) -> Result<WorkerId, RouteError> {
-        self.router.select(&self.routed, &self.routed.state.view().load(), exclude, self.router.policy_cost())
+        let cost = self.router.policy_cost();
+        match self.router.select(&self.routed, &self.routed.state.view().load(), exclude, cost) {
+            Err(RouteError::Unavailable) => {
+                self.router.route_again(&self.routed.state.name, &self.routed, exclude, cost)
+            }
+            chosen => chosen,
+        }
     }
 
     /// A handle for one thread (or one task) that keeps the model's last
@@ -410,9 +463,26 @@ impl LocalRouter {
     ///
     /// # Errors
     ///
-    /// [`RouteError::Overloaded`] or [`RouteError::Unavailable`].
+    /// [`RouteError::Overloaded`] or [`RouteError::Unavailable`];
+    /// [`RouteError::UnknownModel`] once the monitor forgot the model.
     #[inline(always)]
     pub fn route(&mut self, exclude: &[WorkerId]) -> Result<WorkerId, RouteError> {
+        let view = self.view.load();
+        match self.router.select(&self.routed, view, exclude, self.router.policy_cost()) {
+            Err(RouteError::Unavailable) => self.route_again(exclude),
+            chosen => chosen,
+        }
+    }
+
+    /// After the view had no instance: if the monitor forgot the model, moves
+    /// this handle to the model's current state and routes there (cold path).
+    #[cold]
+    fn route_again(&mut self, exclude: &[WorkerId]) -> Result<WorkerId, RouteError> {
+        if !self.routed.state.is_retired() {
+            return Err(RouteError::Unavailable);
+        }
+        let name = self.routed.state.name.clone();
+        *self = self.router.model(&name)?.local();
         let view = self.view.load();
         self.router.select(&self.routed, view, exclude, self.router.policy_cost())
     }

@@ -233,11 +233,24 @@ struct Reference {
     default_thresholds: RefThresholds,
     workers: BTreeMap<u64, RefWorker>,
     models: BTreeMap<String, RefThresholds>,
+    /// Models named by `add_model` or given thresholds: they stay without
+    /// workers; any other model is forgotten when its last worker leaves.
+    kept: BTreeSet<String>,
     /// Round-robin (and tie-rotation) cursor per router (policy) and model.
     cursor: BTreeMap<(usize, String), usize>,
 }
 
 impl Reference {
+    /// After a worker of `model` left: forgets the model (its thresholds, and
+    /// every router's rotation over it) if it is not kept and has no worker.
+    fn forget_if_unused(&mut self, model: &str) {
+        if self.kept.contains(model) || self.workers.values().any(|w| w.model == model) {
+            return;
+        }
+        self.models.remove(model);
+        self.cursor.retain(|(_, name), _| name != model);
+    }
+
     fn reported(&self, w: &RefWorker, rank: u32) -> Option<RankLoad> {
         let slot = w.reported[rank as usize];
         let at = slot.at?;
@@ -368,6 +381,7 @@ impl System {
             default_thresholds,
             workers: BTreeMap::new(),
             models: BTreeMap::new(),
+            kept: BTreeSet::new(),
             cursor: BTreeMap::new(),
         };
         System { monitor, mock, routers, locals: BTreeMap::new(), model }
@@ -413,17 +427,24 @@ impl System {
                     // New, or a restart: fresh slots, whatever it names now.
                     let outcome = if current.is_some() { Registered::Restarted } else { Registered::New };
                     let fresh = vec![RefSlot::default(); dp as usize];
-                    self.model.workers.insert(
+                    self.model.models.entry(name.to_owned()).or_insert(self.model.default_thresholds);
+                    let old = self.model.workers.insert(
                         worker,
                         RefWorker { model: name.to_owned(), dp, incarnation, reported: fresh.clone(), tracked: fresh },
                     );
-                    self.model.models.entry(name.to_owned()).or_insert(self.model.default_thresholds);
+                    if let Some(old) = old {
+                        self.model.forget_if_unused(&old.model);
+                    }
                     Ok(outcome)
                 };
                 prop_assert_eq!(real, expected);
             }
             Op::Deregister { worker } => {
-                prop_assert_eq!(self.monitor.deregister(worker), self.model.workers.remove(&worker).is_some());
+                let old = self.model.workers.remove(&worker);
+                prop_assert_eq!(self.monitor.deregister(worker), old.is_some());
+                if let Some(old) = old {
+                    self.model.forget_if_unused(&old.model);
+                }
             }
             Op::AddModel { model } => {
                 let name = MODELS[model];
@@ -431,6 +452,7 @@ impl System {
                 let new = !name.is_empty() && !self.model.models.contains_key(name);
                 if !name.is_empty() {
                     self.model.models.entry(name.to_owned()).or_insert(self.model.default_thresholds);
+                    self.model.kept.insert(name.to_owned());
                 }
                 prop_assert_eq!(self.monitor.add_model(name), new);
             }
@@ -504,6 +526,7 @@ impl System {
                     Some(t) => {
                         *t = next;
                         assert_thresholds(&real.unwrap(), &next)?;
+                        self.model.kept.insert(name.to_owned());
                     }
                 }
             }
@@ -548,6 +571,7 @@ impl System {
                                 Field::Waiting => t.waiting = v,
                             }
                             assert_thresholds(&real.unwrap(), t)?;
+                            self.model.kept.insert(name.to_owned());
                         }
                     },
                 }

@@ -2270,3 +2270,186 @@ mod concurrency {
         assert!(!admitted.is_empty());
     }
 }
+
+/// Models come and go with their workers unless they are kept: named by
+/// `add_model` (the frontend's `--model`) or given thresholds.
+mod forgotten_models {
+    use super::*;
+
+    fn plain() -> Arc<WorkerMonitor> {
+        Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap())
+    }
+
+    fn assert_gone(monitor: &WorkerMonitor, model: &str) {
+        assert!(!monitor.has_model(model), "{model} is still known");
+        assert!(monitor.thresholds(model).is_none());
+        assert!(monitor.busy_set(model).is_none());
+        assert!(!monitor.models().iter().any(|m| m == model));
+        assert!(!monitor.all_thresholds().iter().any(|(m, _)| m == model));
+    }
+
+    #[test]
+    fn a_model_is_forgotten_when_its_last_worker_leaves() {
+        let monitor = plain();
+        monitor.register(1, "a", 1, 0).unwrap();
+        monitor.register(2, "a", 1, 7).unwrap();
+        monitor.register(3, "b", 1, 0).unwrap();
+        assert_eq!(monitor.model_count(), 2);
+        assert!(monitor.deregister(1));
+        assert!(monitor.has_model("a"), "a still has worker 2");
+        // deregister_incarnation of another life removes nothing, forgets nothing.
+        assert!(!monitor.deregister_incarnation(2, 6));
+        assert!(monitor.has_model("a"));
+        assert!(monitor.deregister_incarnation(2, 7));
+        assert_gone(&monitor, "a");
+        assert_eq!(monitor.model_count(), 1);
+        let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
+        assert_eq!(router.route("a", &[]), Err(RouteError::UnknownModel));
+        assert!(monitor.deregister(3));
+        assert_eq!(monitor.model_count(), 0);
+        assert!(monitor.models().is_empty());
+    }
+
+    #[test]
+    fn a_model_added_or_given_thresholds_is_kept() {
+        let monitor = plain();
+        // Added before its worker, and after (add_model of a known model keeps it).
+        assert!(monitor.add_model("early"));
+        monitor.register(1, "early", 1, 0).unwrap();
+        monitor.register(2, "late", 1, 0).unwrap();
+        assert!(!monitor.add_model("late"));
+        // Given thresholds, whole or by an edit.
+        monitor.register(3, "set", 1, 0).unwrap();
+        monitor.set_thresholds("set", decode(0.5)).unwrap();
+        monitor.register(4, "edited", 1, 0).unwrap();
+        monitor.update_thresholds("edited", |t| t.active_prefill_tokens_threshold = Some(10)).unwrap();
+        // An edit that fails changes nothing, so it does not keep the model.
+        monitor.register(5, "refused", 1, 0).unwrap();
+        let invalid = monitor.update_thresholds("refused", |t| t.active_decode_blocks_threshold = Some(2.0));
+        assert!(matches!(invalid, Err(SetThresholdsError::Invalid(_))));
+        for w in 1..=5 {
+            assert!(monitor.deregister(w));
+        }
+        assert_eq!(monitor.models(), ["early", "edited", "late", "set"]);
+        assert_eq!(monitor.thresholds("set").unwrap().decode_ppb(), Some(500_000_000));
+        assert_eq!(monitor.thresholds("edited").unwrap().to_config().active_prefill_tokens_threshold, Some(10));
+        assert_gone(&monitor, "refused");
+        // A kept model without workers routes as unavailable, not unknown.
+        let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
+        assert_eq!(router.route("early", &[]), Err(RouteError::Unavailable));
+        assert_eq!(router.model("set").unwrap().route(&[]), Err(RouteError::Unavailable));
+    }
+
+    #[test]
+    fn a_restart_into_another_model_forgets_the_old_one() {
+        let monitor = plain();
+        monitor.register(1, "old", 1, 0).unwrap();
+        monitor.register(2, "shared", 1, 0).unwrap();
+        monitor.register(3, "shared", 1, 0).unwrap();
+        assert_eq!(monitor.register(1, "new", 1, 1), Ok(Registered::Restarted));
+        assert_gone(&monitor, "old");
+        assert!(monitor.has_model("new"));
+        // A model another worker still serves stays.
+        assert_eq!(monitor.register(2, "new", 1, 1), Ok(Registered::Restarted));
+        assert!(monitor.has_model("shared"));
+        assert_eq!(monitor.register(3, "new", 1, 1), Ok(Registered::Restarted));
+        assert_gone(&monitor, "shared");
+        assert_eq!(monitor.models(), ["new"]);
+        // A restart in the same model keeps it.
+        assert_eq!(monitor.register(1, "new", 1, 2), Ok(Registered::Restarted));
+        assert_eq!(monitor.model_count(), 1);
+    }
+
+    #[test]
+    fn nothing_of_a_forgotten_model_leaks_into_its_return() {
+        let config = MonitorConfig { staleness: None, default_thresholds: decode(0.5) };
+        let monitor = Arc::new(WorkerMonitor::new(config).unwrap());
+        monitor.register(1, "m", 1, 0).unwrap();
+        monitor.apply(&report(1, 0, 1, blocks(90, 100))).unwrap();
+        // Routers that cached the model, and handles made from them, before it goes.
+        let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
+        let least = WorkerRouter::new(monitor.clone(), Policy::LeastLoaded);
+        assert_eq!(router.route("m", &[]), Err(RouteError::Overloaded));
+        assert_eq!(least.route_by_cost("m", &[], &|_, _| 0), Err(RouteError::Overloaded));
+        let handle = router.model("m").unwrap();
+        let mut local = handle.local();
+        assert_eq!(local.route(&[]), Err(RouteError::Overloaded));
+
+        assert!(monitor.deregister(1));
+        assert_gone(&monitor, "m");
+        assert_eq!(local.route(&[]), Err(RouteError::UnknownModel));
+        assert_eq!(handle.route(&[]), Err(RouteError::UnknownModel));
+        assert_eq!(router.route("m", &[]), Err(RouteError::UnknownModel));
+        // Setting thresholds does not bring a forgotten model back.
+        assert!(matches!(monitor.set_thresholds("m", decode(0.9)), Err(SetThresholdsError::UnknownModel(_))));
+
+        // The same worker id comes back (another life) in the same model: it
+        // starts free, under the default thresholds, and every router and
+        // handle made before routes to it.
+        assert_eq!(monitor.register(1, "m", 1, 1), Ok(Registered::New));
+        monitor.register(2, "m", 1, 0).unwrap();
+        assert!(!monitor.is_busy(1));
+        assert_eq!(monitor.thresholds("m").unwrap().decode_ppb(), Some(500_000_000));
+        let (ids, set) = monitor.busy_set("m").unwrap();
+        assert_eq!(ids, [1, 2]);
+        assert_eq!(set.busy_count(), 0);
+        let mut seen = Vec::new();
+        for _ in 0..2 {
+            seen.push(router.route("m", &[]).unwrap());
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, [1, 2], "round robin over both, from a fresh rotation");
+        assert!(least.route_by_cost("m", &[], &|_, _| 0).is_ok());
+        assert!(handle.route(&[2]) == Ok(1));
+        assert_eq!(local.route(&[1]), Ok(2));
+        assert_eq!(local.route(&[1, 2]), Err(RouteError::Overloaded));
+        // Its reports count again, under the new model's thresholds.
+        let again = LoadReport { incarnation: 1, ..report(1, 0, 1, blocks(90, 100)) };
+        assert_eq!(monitor.apply(&again), Ok(Applied::Flipped));
+        assert!(monitor.is_busy(1));
+        assert_eq!(local.route(&[]), Ok(2));
+    }
+
+    #[test]
+    fn thresholds_set_while_the_last_worker_leaves_keep_the_model() {
+        // A threshold change that succeeds keeps its model, even when the
+        // model's last worker is leaving at the same moment.
+        for _ in 0..20 {
+            let monitor = plain();
+            monitor.register(1, "m", 1, 0).unwrap();
+            let setter = {
+                let monitor = monitor.clone();
+                std::thread::spawn(move || (0..200).any(|_| monitor.set_thresholds("m", decode(0.5)).is_ok()))
+            };
+            for round in 0..200u64 {
+                monitor.deregister(1);
+                monitor.register(1, "m", 1, round + 1).unwrap();
+            }
+            monitor.deregister(1);
+            let kept = setter.join().unwrap();
+            assert_eq!(monitor.has_model("m"), kept);
+            if kept {
+                assert_eq!(monitor.thresholds("m").unwrap().decode_ppb(), Some(500_000_000));
+            }
+        }
+    }
+
+    #[test]
+    fn a_model_that_keeps_coming_back_routes_every_time() {
+        let monitor = plain();
+        let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
+        let mut local = None;
+        for round in 0..50u64 {
+            let model = format!("m{}", round % 3);
+            monitor.register(round, &model, 1, round).unwrap();
+            assert_eq!(router.route(&model, &[]), Ok(round));
+            let local = local.get_or_insert_with(|| router.model("m0").unwrap().local());
+            if round % 3 == 0 {
+                assert_eq!(local.route(&[]), Ok(round));
+            }
+            assert!(monitor.deregister(round));
+            assert_eq!(router.route(&model, &[]), Err(RouteError::UnknownModel));
+            assert_eq!(monitor.model_count(), 0);
+        }
+    }
+}

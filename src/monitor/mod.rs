@@ -194,23 +194,35 @@ impl WorkerMonitor {
             }
         };
         let entry = Arc::new(WorkerEntry::new(worker, incarnation, dp_size));
+        let mut forgotten = None;
         match next.workers.remove(&worker) {
             // A restart in the same model: one publication swaps the entries,
             // so routers never see the worker missing.
-            Some(old) if Arc::ptr_eq(&old.model, &state) => relist(&state, Some(&old.entry), Some(&entry)),
+            Some(old) if Arc::ptr_eq(&old.model, &state) => {
+                relist(&state, Some(&old.entry), Some(&entry));
+            }
             Some(old) => {
-                relist(&old.model, Some(&old.entry), None);
+                if relist(&old.model, Some(&old.entry), None) {
+                    forgotten = forget(&mut next, &old.model);
+                }
                 relist(&state, None, Some(&entry));
             }
-            None => relist(&state, None, Some(&entry)),
+            None => {
+                relist(&state, None, Some(&entry));
+            }
         }
         next.workers.insert(worker, WorkerRecord { entry, model: state });
         self.registry.store(Arc::new(next));
+        if let Some(model) = forgotten {
+            model.retire();
+        }
         Ok(outcome)
     }
 
-    /// Removes a worker; returns whether it was registered. Its model, and
-    /// the model's thresholds, stay.
+    /// Removes a worker; returns whether it was registered. When it was its
+    /// model's last worker, the model is forgotten with its thresholds,
+    /// unless it is kept (named by [`add_model`](Self::add_model) or given
+    /// thresholds): see [`model_count`](Self::model_count).
     ///
     /// Cold path: takes the registry lock and the model's lock.
     pub fn deregister(&self, worker: WorkerId) -> bool {
@@ -236,8 +248,11 @@ impl WorkerMonitor {
         let Some(rec) = next.workers.remove(&worker) else {
             return false;
         };
-        relist(&rec.model, Some(&rec.entry), None);
+        let forgotten = if relist(&rec.model, Some(&rec.entry), None) { forget(&mut next, &rec.model) } else { None };
         self.registry.store(Arc::new(next));
+        if let Some(model) = forgotten {
+            model.retire();
+        }
         true
     }
 
@@ -246,24 +261,57 @@ impl WorkerMonitor {
     }
 
     /// Makes `model` known without any worker (so its thresholds can be set
-    /// and it routes as unavailable rather than unknown). Returns whether it
-    /// was new; an empty name is refused (as [`register`](Self::register)
-    /// refuses it) and returns false.
+    /// and it routes as unavailable rather than unknown) and *kept*: it
+    /// stays when its last worker leaves. Returns whether it was new (a
+    /// model already known becomes kept too); an empty name is refused (as
+    /// [`register`](Self::register) refuses it) and returns false.
+    ///
+    /// Cold path: takes the registry lock.
     pub fn add_model(&self, model: &str) -> bool {
         if model.is_empty() {
             return false;
         }
         let _registry = lock(&self.registry_write);
         let current = self.registry.load();
-        if current.models.contains_key(model) {
+        if let Some(state) = current.models.get(model) {
+            state.keep();
             return false;
         }
         let mut next = Registry::clone(&current);
         drop(current);
         let state = self.new_model(Arc::from(model));
+        state.keep();
         next.models.insert(state.name.clone(), state);
         self.registry.store(Arc::new(next));
         true
+    }
+
+    /// How many models are known: the kept ones and those with a worker.
+    ///
+    /// A model is *kept* once it is named by [`add_model`](Self::add_model)
+    /// or given thresholds ([`set_thresholds`](Self::set_thresholds),
+    /// [`update_thresholds`](Self::update_thresholds)); any other model is
+    /// forgotten, with its thresholds, when its last worker leaves
+    /// ([`deregister`](Self::deregister),
+    /// [`deregister_incarnation`](Self::deregister_incarnation), or a
+    /// restart into another model). Registering it again starts it afresh,
+    /// with the default thresholds; routers that had routed it find the new
+    /// one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use loadgate::WorkerMonitor;
+    ///
+    /// let monitor = WorkerMonitor::new(Default::default()).unwrap();
+    /// monitor.add_model("kept");
+    /// monitor.register(1, "passing", 1, 0).unwrap();
+    /// assert_eq!(monitor.model_count(), 2);
+    /// monitor.deregister(1);
+    /// assert_eq!(monitor.models(), ["kept"]);
+    /// ```
+    pub fn model_count(&self) -> usize {
+        self.registry.load().models.len()
     }
 
     /// Applies one load report. Hot path: a report that flips no busy bit
@@ -408,7 +456,8 @@ impl WorkerMonitor {
     }
 
     /// Replaces a model's thresholds; every worker of the model is
-    /// re-evaluated and the busy set published before this returns.
+    /// re-evaluated and the busy set published before this returns. The
+    /// model becomes kept (see [`model_count`](Self::model_count)).
     ///
     /// # Errors
     ///
@@ -420,6 +469,9 @@ impl WorkerMonitor {
     /// Changes a model's thresholds with `edit` (atomically with respect to
     /// other changes of the same model); as [`set_thresholds`](Self::set_thresholds).
     ///
+    /// Cold path: takes the registry lock (so the model cannot be forgotten
+    /// meanwhile) and the model's lock.
+    ///
     /// # Errors
     ///
     /// Unknown model, or an invalid value (nothing changes then).
@@ -428,12 +480,14 @@ impl WorkerMonitor {
         model: &str,
         edit: impl FnOnce(&mut BusyThresholds),
     ) -> Result<Thresholds, SetThresholdsError> {
+        let _registry = lock(&self.registry_write);
         let registry = self.registry.load_full();
         let state = registry.models.get(model).ok_or_else(|| SetThresholdsError::UnknownModel(model.to_owned()))?;
         let mut writer = state.lock();
         let mut config = state.thresholds.load().to_config();
         edit(&mut config);
         let next = config.validate()?;
+        state.keep();
         state.thresholds.store(Arc::new(next));
         let instances = writer.instances();
         writer.reconcile(&self.clock, instances, Some(next.is_enabled()));
@@ -552,15 +606,24 @@ impl WorkerMonitor {
     }
 
     /// The model's state, for the router (cold path: a router resolves each
-    /// model once).
+    /// model once, and again when the state it holds was retired).
     pub(crate) fn model_state(&self, model: &str) -> Option<Arc<ModelState>> {
         self.registry.load().models.get(model).cloned()
     }
 }
 
-/// Publishes `model`'s view without `remove` and with `add` (cold path, under
-/// the registry lock).
-fn relist(model: &ModelState, remove: Option<&Arc<WorkerEntry>>, add: Option<&Arc<WorkerEntry>>) {
+/// Removes `model` from `next` unless it is kept; returns it when removed, to
+/// be retired once `next` is stored (cold path, under the registry lock).
+fn forget(next: &mut Registry, model: &Arc<ModelState>) -> Option<Arc<ModelState>> {
+    if model.is_kept() {
+        return None;
+    }
+    next.models.remove(&model.name).map(|_| model.clone())
+}
+
+/// Publishes `model`'s view without `remove` and with `add`; returns whether
+/// the model has no instance left (cold path, under the registry lock).
+fn relist(model: &ModelState, remove: Option<&Arc<WorkerEntry>>, add: Option<&Arc<WorkerEntry>>) -> bool {
     let mut writer = model.lock();
     let mut instances = writer.instances();
     if let Some(gone) = remove {
@@ -574,4 +637,5 @@ fn relist(model: &ModelState, remove: Option<&Arc<WorkerEntry>>, add: Option<&Ar
         instances.sort_by_key(|e| e.id);
     }
     writer.rebuild(&instances);
+    instances.is_empty()
 }

@@ -58,7 +58,7 @@ use crate::monitor::clock::MonitorClock;
 use crate::monitor::entry::WorkerEntry;
 use crate::monitor::view::ModelView;
 use crate::padded::Padded;
-use crate::sync::{lock, Arc, Mutex, Ordering, Swap};
+use crate::sync::{lock, Arc, AtomicBool, Mutex, Ordering, Swap};
 use crate::thresholds::Thresholds;
 use crossbeam_utils::CachePadded;
 
@@ -67,6 +67,12 @@ pub(crate) struct ModelState {
     pub(crate) name: Arc<str>,
     pub(crate) thresholds: Swap<Thresholds>,
     view: Swap<ModelView>,
+    /// Named by `add_model` or given thresholds: stays when its last worker
+    /// leaves. Written and read under the monitor's registry lock.
+    kept: AtomicBool,
+    /// Forgotten by the monitor (its last worker left); a router that still
+    /// holds this state looks the model up again.
+    retired: AtomicBool,
     /// Serialises publication for this model (cold path: bit flips,
     /// threshold changes, registration), and holds the view replaced last
     /// (see [`ModelWriter::replace`]).
@@ -80,8 +86,37 @@ impl ModelState {
             name,
             thresholds: Swap::from_pointee(thresholds),
             view: Swap::from_pointee(ModelView::empty(thresholds.is_enabled())),
+            kept: AtomicBool::new(false),
+            retired: AtomicBool::new(false),
             write: Mutex::new(None),
         }
+    }
+
+    /// Marks the model kept (cold path, under the registry lock).
+    pub(crate) fn keep(&self) {
+        // Relaxed: written and read only under the registry lock.
+        self.kept.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the model stays without workers (under the registry lock).
+    pub(crate) fn is_kept(&self) -> bool {
+        // Relaxed: written and read only under the registry lock.
+        self.kept.load(Ordering::Relaxed)
+    }
+
+    /// Marks the model forgotten, after the registry without it is stored.
+    pub(crate) fn retire(&self) {
+        // Release: a router that sees the flag (Acquire) and looks the
+        // model up again sees the registry stored before it.
+        self.retired.store(true, Ordering::Release);
+    }
+
+    /// Whether the monitor has forgotten this model (cold path: a router
+    /// asks only when the model has no instance).
+    #[inline]
+    pub(crate) fn is_retired(&self) -> bool {
+        // Acquire: pairs with the Release in `retire`.
+        self.retired.load(Ordering::Acquire)
     }
 
     /// The published view, which routers read.
