@@ -9,3 +9,6 @@ pub mod semantics {}
 
 #[doc = include_str!("../docs/benchmarks.md")]
 pub mod benchmarks {}
+
+#[doc = include_str!("../docs/deployment.md")]
+pub mod deployment {}

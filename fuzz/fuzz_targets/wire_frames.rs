@@ -22,6 +22,9 @@ enum FrameInput {
     Register { worker: u64, incarnation: u64, dp_size: u32, model: String, http_addr: String, pad: u16 },
     Load { worker: u64, incarnation: u64, rank: u32, seq: u64, load: [u32; 5] },
     Deregister { worker: u64, incarnation: u64 },
+    Challenge { nonce: [u8; 32] },
+    Proof { nonce: [u8; 32], mac: [u8; 32] },
+    Welcome { mac: [u8; 32] },
 }
 
 impl FrameInput {
@@ -46,6 +49,9 @@ impl FrameInput {
                 },
             },
             FrameInput::Deregister { worker, incarnation } => Frame::Deregister { worker, incarnation },
+            FrameInput::Challenge { nonce } => Frame::Challenge { nonce },
+            FrameInput::Proof { nonce, mac } => Frame::Proof { nonce, mac },
+            FrameInput::Welcome { mac } => Frame::Welcome { mac },
         }
     }
 }
@@ -57,6 +63,8 @@ fn encoded_len(frame: &Frame) -> usize {
             Frame::Register { model, http_addr, .. } => 8 + 8 + 4 + 2 + model.len() + 2 + http_addr.len(),
             Frame::Load { .. } => 8 + 8 + 4 + 8 + 20,
             Frame::Deregister { .. } => 16,
+            Frame::Challenge { .. } | Frame::Welcome { .. } => 32,
+            Frame::Proof { .. } => 64,
         }
 }
 

@@ -11,9 +11,12 @@ mod demo;
 mod directory;
 mod events;
 mod frontend;
+mod http_server;
 mod loadgen;
 mod logging;
 mod openai;
+mod secret;
+mod throttle;
 mod tokens;
 mod worker;
 

@@ -4,6 +4,7 @@
 
 use serde_json::Value;
 
+#[cfg(test)]
 use loadgate::metrics::Endpoint;
 
 /// Tokens per KV block the router assumes.
@@ -16,7 +17,9 @@ pub fn blocks_for(tokens: u64) -> u64 {
 
 /// Prompt tokens of a request: the length of a token-id array prompt,
 /// otherwise the number of whitespace-separated words (for chat, of every
-/// message's content).
+/// message's content). The reference that the frontend's one-pass reading
+/// (`frontend/request.rs`) is tested against.
+#[cfg(test)]
 pub fn prompt_tokens(endpoint: Endpoint, request: &Value) -> u64 {
     match endpoint {
         Endpoint::Completions => request.get("prompt").map_or(0, prompt_value),

@@ -2,82 +2,47 @@
 //! processes on free 127.0.0.1 ports, driven over HTTP and the event port.
 //! Every child process is killed when its handle drops.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::{expect_field, long_client, Proc, Worker};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-const BIN: &str = env!("CARGO_BIN_EXE_loadgate");
 const MODEL: &str = "test-model";
 /// Generous: the machine is small and shared.
 const STARTUP: Duration = Duration::from_secs(30);
 const SETTLE: Duration = Duration::from_secs(15);
 
-/// A child process, killed on drop.
-struct Proc {
-    child: Child,
-    name: &'static str,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `loadgate <args>` and waits for its `listening ...` stdout line.
-fn spawn(name: &'static str, args: &[&str], env: &[(&str, &str)]) -> (Proc, String) {
-    let mut command = Command::new(BIN);
-    command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
-    command.env("RUST_LOG", "warn");
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    let mut child = command.spawn().expect("spawn loadgate");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let proc = Proc { child, name };
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        if let Some(Ok(line)) = lines.next() {
-            let _ = tx.send(line);
-        }
-        // Keep draining so the child never blocks on a full pipe.
-        for _ in lines {}
-    });
-    let line = rx.recv_timeout(STARTUP).unwrap_or_else(|_| panic!("{} did not print its listening line", proc.name));
+/// Starts `loadgate <args>` (killed on drop, its logs printed if the test
+/// fails) and waits for its `listening ...` stdout line.
+fn spawn(name: &str, args: &[&str], env: &[(&str, &str)]) -> (Proc, String) {
+    let (proc, line) = common::spawn_within(name, args, env, STARTUP);
     assert!(line.starts_with("listening http=127.0.0.1:"), "{name}: unexpected first line {line:?}");
     (proc, line)
-}
-
-fn field<'a>(line: &'a str, key: &str) -> &'a str {
-    line.split_whitespace().find_map(|w| w.strip_prefix(key)).unwrap_or_else(|| panic!("no {key} in {line:?}"))
 }
 
 struct Frontend {
     _proc: Proc,
     http: String,
     events: String,
+    /// The admin listener (`/busy_threshold`), as a base URL.
+    admin: String,
     client: reqwest::Client,
 }
 
 fn frontend(extra: &[&str]) -> Frontend {
-    let mut args = vec!["frontend", "--http-port", "0", "--event-port", "0"];
+    let mut args =
+        vec!["frontend", "--http-host", "127.0.0.1", "--http-port", "0", "--event-port", "0", "--admin-port", "0"];
     args.extend_from_slice(extra);
     let (proc, line) = spawn("frontend", &args, &[]);
-    let http = format!("http://{}", field(&line, "http="));
-    let events = field(&line, "events=").to_owned();
-    Frontend { _proc: proc, http, events, client: reqwest::Client::new() }
-}
-
-struct Worker {
-    proc: Proc,
-    http: String,
+    let http = format!("http://{}", expect_field(&line, "http"));
+    let events = expect_field(&line, "events");
+    let admin = format!("http://{}", expect_field(&line, "admin"));
+    Frontend { _proc: proc, http, events, admin, client: long_client() }
 }
 
 fn worker(frontend: &Frontend, kv_total_blocks: u32, decode_step_ms: u32, extra: &[&str]) -> Worker {
@@ -97,6 +62,8 @@ fn worker_with_env(
         "worker",
         "--model",
         MODEL,
+        "--http-host",
+        "127.0.0.1",
         "--http-port",
         "0",
         "--frontend",
@@ -108,7 +75,7 @@ fn worker_with_env(
     ];
     args.extend_from_slice(extra);
     let (proc, line) = spawn("worker", &args, env);
-    Worker { proc, http: format!("http://{}", field(&line, "http=")) }
+    Worker { proc, http: format!("http://{}", expect_field(&line, "http")) }
 }
 
 /// `n` whitespace-separated words: `n` prompt tokens.
@@ -153,7 +120,7 @@ impl Frontend {
     async fn post_threshold(&self, body: &str, content_type: &str) -> (u16, Value) {
         let response = self
             .client
-            .post(format!("{}/busy_threshold", self.http))
+            .post(format!("{}/busy_threshold", self.admin))
             .header("content-type", content_type)
             .body(body.to_owned())
             .send()
@@ -277,7 +244,7 @@ async fn busy_threshold_reads_sets_clears_and_takes_effect_at_once() {
         "active_waiting_requests_threshold": null});
 
     // Read: GET lists every model; a POST with only the model reads it.
-    let all: Value = fe.client.get(format!("{}/busy_threshold", fe.http)).send().await.unwrap().json().await.unwrap();
+    let all: Value = fe.client.get(format!("{}/busy_threshold", fe.admin)).send().await.unwrap().json().await.unwrap();
     assert_eq!(all, json!({"thresholds": [unset.clone()]}));
     let body = json!({"model": MODEL}).to_string();
     assert_eq!(fe.post_threshold(&body, "application/json").await, (200, unset.clone()));
@@ -335,7 +302,7 @@ async fn busy_threshold_reads_sets_clears_and_takes_effect_at_once() {
         assert_eq!(got, status, "{content_type} {}", &body[..body.len().min(80)]);
         assert!(reply["error"].is_string(), "error body for {status}: {reply}");
     }
-    let all: Value = fe.client.get(format!("{}/busy_threshold", fe.http)).send().await.unwrap().json().await.unwrap();
+    let all: Value = fe.client.get(format!("{}/busy_threshold", fe.admin)).send().await.unwrap().json().await.unwrap();
     assert_eq!(all, json!({"thresholds": [unset]}));
 }
 
@@ -349,7 +316,7 @@ async fn waiting_requests_threshold_sheds_while_the_engine_queue_is_not_empty() 
     // 10 blocks of 16 tokens: a 100-word prompt takes 7, so a second one waits.
     let _w = worker(&fe, 10, 100, &[]);
     fe.wait_workers(1).await;
-    let all: Value = fe.client.get(format!("{}/busy_threshold", fe.http)).send().await.unwrap().json().await.unwrap();
+    let all: Value = fe.client.get(format!("{}/busy_threshold", fe.admin)).send().await.unwrap().json().await.unwrap();
     assert_eq!(all["thresholds"][0]["active_waiting_requests_threshold"], 0, "{all}");
 
     let running = start_stream(&fe, 100, 40).await; // 140 tokens at most: 9 blocks, 4 s
@@ -395,7 +362,7 @@ async fn worker_killed_mid_stream_releases_everything() {
     assert_eq!(sum_metric(&held, "loadgate_frontend_inflight_requests", ""), 1.0);
     assert!(sum_metric(&held, "loadgate_frontend_tracked_blocks", "") >= 3.0, "{held}");
 
-    w.proc.child.kill().unwrap();
+    w.proc.kill();
     let mut body = Vec::new();
     let failed = tokio::time::timeout(SETTLE, async {
         while let Some(chunk) = stream.next().await {
@@ -498,7 +465,7 @@ async fn raw_event_frames_register_report_and_expire() {
 /// Fills `worker` (N = 1, Q = 2) with three long streaming requests sent
 /// directly to it: one running, two queued. Returns the tasks holding them.
 async fn fill(worker: &Worker) -> Vec<tokio::task::JoinHandle<()>> {
-    let client = reqwest::Client::new();
+    let client = long_client();
     let mut held = Vec::new();
     for _ in 0..3 {
         let client = client.clone();
@@ -538,7 +505,7 @@ async fn refused_request_migrates_then_overload_when_all_refuse() {
     let a = worker_with_env(&fe, 1024, 20, &["--engine-request-limit", "1"], &capped);
     let b = worker_with_env(&fe, 1024, 20, &["--engine-request-limit", "1"], &capped);
     fe.wait_workers(2).await;
-    let client = reqwest::Client::new();
+    let client = long_client();
 
     // Fill A: one running, two queued.
     let mut held = fill(&a).await;
@@ -593,8 +560,9 @@ async fn client_disconnect_releases_everything() {
 /// bodies are 400, unknown models 404, and `/v1/models` lists the model.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_flag_registers_from_info_and_requests_are_validated() {
-    let (standalone, line) = spawn("worker", &["worker", "--model", MODEL, "--http-port", "0"], &[]);
-    let url = format!("http://{}", field(&line, "http="));
+    let (standalone, line) =
+        spawn("worker", &["worker", "--model", MODEL, "--http-host", "127.0.0.1", "--http-port", "0"], &[]);
+    let url = format!("http://{}", expect_field(&line, "http"));
     let fe = frontend(&["--worker", &url]);
     fe.wait_workers(1).await;
     let response = fe.complete(request(8, 3, false)).await;

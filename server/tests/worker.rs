@@ -2,55 +2,40 @@
 //! OpenAI shapes, the `N + Q` hard cap (test (c) of issue 3), and the
 //! configuration errors it refuses to start with.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::process::Command;
 use std::time::Duration;
 
+use common::{expect_field, long_client, Proc};
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_loadgate");
-
-/// A server child process, killed when dropped.
+/// A server child process, killed when dropped (its logs printed if the
+/// test fails).
 struct Server {
-    child: Child,
+    _proc: Proc,
     /// The HTTP address.
     addr: String,
     /// The whole `listening ...` line.
     line: String,
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `loadgate <args>` and waits for its `listening http=...` line.
+/// Starts `loadgate <args>` and waits (bounded) for its `listening http=...` line.
 fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
-    let mut cmd = Command::new(BIN);
-    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::null());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().expect("spawn loadgate");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).expect("read the listening line");
-    let addr = line
-        .trim()
-        .strip_prefix("listening http=")
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_owned();
-    Server { child, addr, line: line.trim().to_owned() }
+    let name = args.first().copied().unwrap_or("loadgate");
+    let (proc, line) = common::spawn(name, args, env);
+    let line = line.trim().to_owned();
+    assert!(line.starts_with("listening http="), "unexpected first line {line:?}");
+    let addr = expect_field(&line, "http");
+    Server { _proc: proc, addr, line }
 }
 
 /// A worker with the cap `N = 1`, `Q = 2`, standalone or pushing to the
 /// frontend event ports `frontends`.
 fn capped_worker_for(frontends: &[&str]) -> Server {
     let mut args =
-        vec!["worker", "--model", "m", "--http-port", "0", "--engine-request-limit", "1", "--decode-step-ms", "10"];
+        vec!["worker", "--model", "m", "--http-host", "127.0.0.1", "--http-port", "0", "--engine-request-limit", "1"];
+    args.extend(["--decode-step-ms", "10"]);
     for f in frontends {
         args.extend(["--frontend", f]);
     }
@@ -63,13 +48,11 @@ fn capped_worker() -> Server {
 
 /// A frontend (no thresholds) and its event address.
 fn frontend() -> (Server, String) {
-    let server = start(&["frontend", "--http-port", "0", "--event-port", "0"], &[]);
-    let events = server
-        .line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("events="))
-        .unwrap_or_else(|| panic!("no events= in {:?}", server.line))
-        .to_owned();
+    let server = start(
+        &["frontend", "--http-host", "127.0.0.1", "--http-port", "0", "--event-port", "0", "--admin-port", "0"],
+        &[],
+    );
+    let events = expect_field(&server.line, "events");
     (server, events)
 }
 
@@ -116,7 +99,7 @@ async fn complete(client: reqwest::Client, addr: String, max_tokens: u32) -> (u1
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_caps_at_n_plus_q_and_refuses_the_next() {
     let worker = capped_worker();
-    let client = reqwest::Client::new();
+    let client = long_client();
     // Three long requests: one runs (N = 1), two wait (Q = 2).
     let long: Vec<_> = (0..3).map(|_| tokio::spawn(complete(client.clone(), worker.addr.clone(), 150))).collect();
     loop {
@@ -155,7 +138,7 @@ async fn worker_caps_at_n_plus_q_and_refuses_the_next() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_gone_returns_the_permit() {
     let worker = capped_worker();
-    let client = reqwest::Client::new();
+    let client = long_client();
     // A streaming request whose client stops reading and goes away.
     let body = serde_json::json!({"model": "m", "prompt": "a b", "max_tokens": 10000, "stream": true});
     let url = format!("http://{}/v1/completions", worker.addr);
@@ -175,8 +158,23 @@ async fn client_gone_returns_the_permit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_shapes_streaming_and_not() {
-    let worker = start(&["worker", "--model", "m", "--http-port", "0", "--dp-size", "2", "--worker-id", "42"], &[]);
-    let client = reqwest::Client::new();
+    let worker = start(
+        &[
+            "worker",
+            "--model",
+            "m",
+            "--http-host",
+            "127.0.0.1",
+            "--http-port",
+            "0",
+            "--dp-size",
+            "2",
+            "--worker-id",
+            "42",
+        ],
+        &[],
+    );
+    let client = long_client();
     let base = format!("http://{}", worker.addr);
 
     let info: Value = client.get(format!("{base}/info")).send().await.unwrap().json().await.unwrap();
@@ -220,7 +218,7 @@ async fn refused_request_migrates_to_the_other_worker() {
     let (frontend, events) = frontend();
     let full = capped_worker_for(&[&events]);
     let free = capped_worker_for(&[&events]);
-    let client = reqwest::Client::new();
+    let client = long_client();
     wait_for_workers(&client, &frontend, 2).await;
     let long = fill(&client, &full).await;
     // Round-robin sends some of these to the full worker first: it refuses,
@@ -242,7 +240,7 @@ async fn refused_request_migrates_to_the_other_worker() {
 async fn refusal_with_nowhere_to_migrate_reaches_the_client() {
     let (frontend, events) = frontend();
     let worker = capped_worker_for(&[&events]);
-    let client = reqwest::Client::new();
+    let client = long_client();
     wait_for_workers(&client, &frontend, 1).await;
     let long = fill(&client, &worker).await;
     let (status, body) = complete(client.clone(), frontend.addr.clone(), 2).await;
@@ -263,8 +261,8 @@ async fn refusal_with_nowhere_to_migrate_reaches_the_client() {
 /// Runs `loadgate worker` with an invalid admission configuration: it must
 /// exit with an error that names the problem.
 fn refuses_to_start(extra: &[&str], env: &[(&str, &str)], expected: &str) {
-    let mut cmd = Command::new(BIN);
-    cmd.args(["worker", "--model", "m", "--http-port", "0"]).args(extra);
+    let mut cmd = Command::new(common::bin());
+    cmd.args(["worker", "--model", "m", "--http-host", "127.0.0.1", "--http-port", "0"]).args(extra);
     for (k, v) in env {
         cmd.env(k, v);
     }

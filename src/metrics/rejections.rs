@@ -85,6 +85,36 @@ impl RejectionMetrics {
         row
     }
 
+    /// Drops the rows of every model `keep` refuses (e.g. the models the
+    /// monitor has forgotten), so the counters of models that came and went
+    /// do not pile up; returns how many rows were dropped. Their series end.
+    /// Cold path: takes the write lock and copies the map once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use loadgate::metrics::{Endpoint, RejectionMetrics};
+    ///
+    /// let metrics = RejectionMetrics::default();
+    /// metrics.record("gone", Endpoint::Completions, []);
+    /// metrics.record("kept", Endpoint::Completions, []);
+    /// assert_eq!(metrics.retain(|model| model == "kept"), 1);
+    /// assert_eq!(metrics.total("gone", Endpoint::Completions), 0);
+    /// assert_eq!(metrics.total("kept", Endpoint::Completions), 1);
+    /// ```
+    pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) -> usize {
+        let _write = lock(&self.write);
+        let rows = self.rows.load_full();
+        if rows.keys().all(|model| keep(model)) {
+            return 0;
+        }
+        let mut next = (*rows).clone();
+        next.retain(|model, _| keep(model));
+        let dropped = rows.len() - next.len();
+        self.rows.store(Arc::new(next));
+        dropped
+    }
+
     /// Rejections of `model` at `endpoint` so far.
     pub fn total(&self, model: &str, endpoint: Endpoint) -> u64 {
         // Relaxed: a counter read.

@@ -1,19 +1,23 @@
 //! A frontend and its workers as child processes of this binary, over real
-//! sockets on 127.0.0.1; stopped when dropped.
+//! sockets on 127.0.0.1; stopped when dropped. They share a random event
+//! secret (handed over in `LOADGATE_EVENT_SECRET`, never on a command line),
+//! so the demo runs with an authenticated event plane.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 
 use crate::demo::args::{Args, MODEL};
 
+/// How long a child may take to print its `listening ...` line.
+const STARTUP: Duration = Duration::from_secs(30);
+
 /// A child process of this binary, killed when dropped.
 struct Process {
     child: Child,
-    /// Kept open so the child's stdout writes never fail.
-    _stdout: BufReader<ChildStdout>,
 }
 
 impl Drop for Process {
@@ -23,21 +27,40 @@ impl Drop for Process {
     }
 }
 
-/// Starts `loadgate <args>` and returns it with its `listening ...` line.
-fn spawn(args: &[String]) -> anyhow::Result<(Process, String)> {
+/// A fresh random event secret: 32 bytes from the OS, hex-encoded.
+fn random_secret() -> anyhow::Result<String> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("cannot get random bytes: {e}"))?;
+    Ok(crate::secret::to_hex(&bytes))
+}
+
+/// Starts `loadgate <args>` with the event secret `secret` and returns it
+/// with its `listening ...` line.
+fn spawn(args: &[String], secret: &str) -> anyhow::Result<(Process, String)> {
     let exe = std::env::current_exe().context("cannot find the loadgate binary")?;
     let mut child = Command::new(exe)
         .args(args)
         .env("RUST_LOG", "warn")
+        .env("LOADGATE_EVENT_SECRET", secret)
+        .env_remove("LOADGATE_EVENT_SECRET_PREVIOUS")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .with_context(|| format!("cannot start loadgate {}", args.join(" ")))?;
-    let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-    let mut line = String::new();
-    stdout.read_line(&mut line)?;
-    let process = Process { child, _stdout: stdout };
+    let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let process = Process { child };
+    // Read on a thread, so a child that prints nothing cannot hang the demo;
+    // it keeps draining the pipe so the child's writes never fail or block.
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = stdout.lines();
+        let _ = tx.send(lines.next().and_then(Result::ok).unwrap_or_default());
+        for _ in lines {}
+    });
+    let line = rx
+        .recv_timeout(STARTUP)
+        .map_err(|_| anyhow::anyhow!("loadgate {} printed no listening line within {STARTUP:?}", args.join(" ")))?;
     anyhow::ensure!(line.starts_with("listening "), "loadgate {} did not start: {line:?}", args.join(" "));
     Ok((process, line.trim().to_owned()))
 }
@@ -59,14 +82,27 @@ pub(crate) struct Pool {
 
 impl Pool {
     pub(crate) fn start(args: &Args, threshold: Option<f64>) -> anyhow::Result<Pool> {
-        let mut frontend_args: Vec<String> =
-            ["frontend", "--http-port", "0", "--event-port", "0", "--router-mode", &args.router_mode]
-                .map(String::from)
-                .into();
+        let secret = random_secret()?;
+        let mut frontend_args: Vec<String> = [
+            "frontend",
+            "--http-host",
+            "127.0.0.1",
+            "--http-port",
+            "0",
+            "--event-host",
+            "127.0.0.1",
+            "--event-port",
+            "0",
+            "--disable-admin-api",
+            "--router-mode",
+            &args.router_mode,
+        ]
+        .map(String::from)
+        .into();
         if let Some(t) = threshold {
             frontend_args.extend(["--active-decode-blocks-threshold".to_owned(), t.to_string()]);
         }
-        let (frontend, line) = spawn(&frontend_args)?;
+        let (frontend, line) = spawn(&frontend_args, &secret)?;
         let http = field(&line, "http")?;
         let events = field(&line, "events")?;
         let workers = (0..args.workers)
@@ -75,6 +111,8 @@ impl Pool {
                     "worker".to_owned(),
                     "--model".to_owned(),
                     MODEL.to_owned(),
+                    "--http-host".to_owned(),
+                    "127.0.0.1".to_owned(),
                     "--http-port".to_owned(),
                     "0".to_owned(),
                     "--frontend".to_owned(),
@@ -88,7 +126,7 @@ impl Pool {
                     "--decode-step-ms".to_owned(),
                     args.decode_step_ms.to_string(),
                 ];
-                spawn(&worker_args).map(|(p, _)| p)
+                spawn(&worker_args, &secret).map(|(p, _)| p)
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         let pool = Pool { http, _frontend: frontend, _workers: workers };
@@ -101,7 +139,7 @@ impl Pool {
         let deadline = Instant::now() + Duration::from_secs(10);
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         runtime.block_on(async {
-            let client = reqwest::Client::new();
+            let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
             loop {
                 let health = client.get(format!("http://{}/health", self.http)).send().await;
                 if let Ok(resp) = health {

@@ -1,11 +1,30 @@
 //! Frontend side of the event plane: [`EventPlane`], ONE mio thread that
 //! serves every worker connection and applies frames straight to the
-//! [`WorkerMonitor`]. A bad frame closes only its own connection; a worker
-//! whose last connection closes is deregistered after a grace period unless
-//! it reconnects.
+//! [`WorkerMonitor`].
+//!
+//! - With a secret, every connection is challenged on accept and no frame
+//!   applies before a valid Proof (`handshake.rs`).
+//! - A worker id belongs to the connection that registered it
+//!   (`ownership.rs`); a worker whose connection closes is deregistered
+//!   after a grace period unless it registers again.
+//! - Every count a peer controls is bounded (`limits.rs`), and reading is
+//!   fair: each ready connection reads at most `--event-read-budget` bytes
+//!   per round, round-robin, so a flooding connection delays another's
+//!   Register by one round at most.
+//! - Time is bounded too: a connection must authenticate (with a secret) or
+//!   register (without one) within [`HANDSHAKE_TIMEOUT`]; past
+//!   `--max-pending-handshakes` such pending connections (or at
+//!   `--max-event-connections`) a new connection evicts the oldest pending
+//!   one, so unauthenticated peers cannot keep workers out; an established
+//!   connection silent for `--event-idle-timeout-ms` is closed (a worker
+//!   host that vanished without a FIN must not hold its id forever), and
+//!   accepted sockets have TCP keepalive on.
+//!
+//! A bad frame closes only its own connection.
 
-use std::collections::HashMap;
-use std::io::{self, Read};
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -13,15 +32,32 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use loadgate::wire::{self, Frame};
+use loadgate::wire::{self, Frame, Nonce};
 use loadgate::{
     monitor::{Applied, Publisher, Registered},
     LoadReport, WorkerId, WorkerMonitor,
 };
-use mio::net::TcpListener;
+use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 
+use super::handshake::{answer_proof, challenge_frame, fresh_nonce, HANDSHAKE_TIMEOUT};
+use super::limits::{Limit, PlaneLimits};
+use super::ownership::Ownership;
+use super::plane_log::PlaneLog;
 use crate::directory::WorkerDirectory;
+use crate::secret::Secrets;
+
+/// How the event plane runs.
+#[derive(Clone, Debug)]
+pub struct PlaneConfig {
+    /// How long a worker whose connection closed stays registered, waiting
+    /// for it to register again.
+    pub grace: Duration,
+    /// The event secret; `None`: no handshake (bind loopback only).
+    pub secrets: Option<Arc<Secrets>>,
+    /// Bounds on what peers control.
+    pub limits: PlaneLimits,
+}
 
 /// Frontend side: one mio thread serving every worker connection on the
 /// event port. Stops (and closes every connection) on drop.
@@ -36,12 +72,20 @@ pub struct EventPlane {
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
 const READ_CHUNK: usize = 4096;
+/// Connections accepted per round; more wait for the next round, so a
+/// connect flood cannot starve the open connections.
+const ACCEPTS_PER_ROUND: usize = 64;
+/// TCP keepalive on accepted sockets: first probe after this much silence,
+/// then every [`KEEPALIVE_INTERVAL`], [`KEEPALIVE_RETRIES`] times.
+const KEEPALIVE_TIME: Duration = Duration::from_secs(5);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
+const KEEPALIVE_RETRIES: u32 = 3;
 
 impl EventPlane {
     /// Serves `listener` on a new thread: Register frames register the worker
     /// in `monitor` and its address in `directory`; Load frames are applied as
     /// [`Publisher::Worker`] reports; Deregister frames (and a connection that
-    /// stays closed for `grace`) remove the worker from both.
+    /// stays closed for the grace) remove the worker from both.
     ///
     /// # Errors
     ///
@@ -50,7 +94,7 @@ impl EventPlane {
         listener: std::net::TcpListener,
         monitor: Arc<WorkerMonitor>,
         directory: Arc<WorkerDirectory>,
-        grace: Duration,
+        config: PlaneConfig,
     ) -> io::Result<EventPlane> {
         let addr = listener.local_addr()?;
         listener.set_nonblocking(true)?;
@@ -62,13 +106,18 @@ impl EventPlane {
         let mut server = PlaneServer {
             poll,
             listener,
+            listener_ready: true,
             conns: HashMap::new(),
             next_token: 2,
-            live: HashMap::new(),
-            pending: Vec::new(),
+            ready: VecDeque::new(),
+            pending: BTreeSet::new(),
+            idle: BinaryHeap::new(),
+            ownership: Ownership::default(),
             monitor,
             directory,
-            grace,
+            budget: config.limits.event_read_budget.max(1),
+            config,
+            log: PlaneLog::default(),
             stop: stop.clone(),
         };
         let thread = std::thread::Builder::new().name("event-plane".into()).spawn(move || server.run())?;
@@ -92,37 +141,102 @@ impl Drop for EventPlane {
     }
 }
 
+/// Where a connection is in the handshake.
+#[derive(Clone, Copy, Debug)]
+enum Auth {
+    /// Challenged with this nonce; nothing applies before a valid Proof.
+    Challenged(Nonce),
+    /// The frontend has no secret and this connection has not registered
+    /// yet: only a Register applies.
+    Unregistered,
+    /// Authenticated (or registered, without a secret): frames apply.
+    Open,
+}
+
+impl Auth {
+    /// Still in the handshake: bounded in time and in number, evictable.
+    fn pending(self) -> bool {
+        !matches!(self, Auth::Open)
+    }
+}
+
 /// One worker connection.
 struct Conn {
-    stream: mio::net::TcpStream,
+    stream: TcpStream,
     peer: SocketAddr,
     buf: BytesMut,
+    auth: Auth,
+    /// When it was accepted (the handshake deadline counts from here).
+    opened: Instant,
+    /// When bytes last arrived (the idle timeout counts from here).
+    last_read: Instant,
     /// The worker (and incarnation) this connection registered, if any.
     worker: Option<(WorkerId, u64)>,
+    /// Its last applied Register: the same one again changes nothing.
+    last_register: Option<Frame>,
+    /// In the ready list.
+    queued: bool,
+}
+
+/// Why a connection is closed.
+enum Close {
+    /// The peer closed it cleanly.
+    Eof,
+    /// Refused: before or at authentication, or a Register refused.
+    Refused(String),
+    /// A frame it may not send, a socket error, or silence.
+    Bad(String),
+    /// Evicted while pending, to make room (logged as a limit hit).
+    Evicted,
+}
+
+/// How a connection's read in one round ended.
+enum Round {
+    /// Read everything available: wait for readiness.
+    Drained,
+    /// Read its budget: more may be there, serve it next round.
+    Budget,
 }
 
 /// The event-plane thread's state.
 struct PlaneServer {
     poll: Poll,
     listener: TcpListener,
+    /// Accepts may be pending (edge-triggered: until WouldBlock).
+    listener_ready: bool,
     conns: HashMap<Token, Conn>,
     next_token: usize,
-    /// Open connections per registered worker.
-    live: HashMap<(WorkerId, u64), usize>,
-    /// Workers whose last connection closed: deregister at the deadline
-    /// unless they reconnected.
-    pending: Vec<(Instant, WorkerId, u64)>,
+    /// Connections with bytes to read, served round-robin.
+    ready: VecDeque<Token>,
+    /// Connections still in the handshake. Tokens grow in accept order and
+    /// the handshake timeout is constant, so the first is both the oldest
+    /// (evicted first) and the first to time out.
+    pending: BTreeSet<Token>,
+    /// Idle deadlines of established connections, earliest first; an entry
+    /// is checked against the connection's `last_read` when it comes due
+    /// (and pushed again if bytes came since), or dropped if it closed.
+    idle: BinaryHeap<Reverse<(Instant, Token)>>,
+    ownership: Ownership,
     monitor: Arc<WorkerMonitor>,
     directory: Arc<WorkerDirectory>,
-    grace: Duration,
+    config: PlaneConfig,
+    budget: usize,
+    /// The rate-limited warn lines.
+    log: PlaneLog,
     stop: Arc<AtomicBool>,
 }
 
 impl PlaneServer {
     fn run(&mut self) {
         let mut events = Events::with_capacity(256);
+        let mut chunk = vec![0u8; READ_CHUNK];
         loop {
-            let timeout = self.pending.iter().map(|(at, ..)| at.saturating_duration_since(Instant::now())).min();
+            let timeout = if self.listener_ready || !self.ready.is_empty() {
+                Some(Duration::ZERO)
+            } else {
+                let next = [self.ownership.next_deadline(), self.next_handshake_deadline(), self.next_idle_deadline()];
+                next.into_iter().flatten().min().map(|at| at.saturating_duration_since(Instant::now()))
+            };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
@@ -136,108 +250,238 @@ impl PlaneServer {
             }
             for event in events.iter() {
                 match event.token() {
-                    LISTENER => self.accept(),
+                    LISTENER => self.listener_ready = true,
                     WAKER => {}
-                    token => self.serve(token),
+                    token => self.mark_ready(token),
                 }
+            }
+            // Read first: a pending connection whose Proof (or Register) has
+            // arrived is established before new connections may evict it.
+            self.round(&mut chunk);
+            if self.listener_ready {
+                self.accept();
             }
             self.expire();
         }
     }
 
+    fn mark_ready(&mut self, token: Token) {
+        if let Some(conn) = self.conns.get_mut(&token) {
+            if !conn.queued {
+                conn.queued = true;
+                self.ready.push_back(token);
+            }
+        }
+    }
+
+    /// Accepts up to [`ACCEPTS_PER_ROUND`] connections.
     fn accept(&mut self) {
-        loop {
+        for _ in 0..ACCEPTS_PER_ROUND {
             match self.listener.accept() {
-                Ok((mut stream, peer)) => {
-                    let token = Token(self.next_token);
-                    self.next_token += 1;
-                    if let Err(e) = self.poll.registry().register(&mut stream, token, Interest::READABLE) {
-                        tracing::warn!(%peer, error = %e, "could not watch event connection");
-                        continue;
-                    }
-                    tracing::debug!(%peer, "event connection opened");
-                    self.conns.insert(token, Conn { stream, peer, buf: BytesMut::new(), worker: None });
+                Ok((stream, peer)) => self.admit(stream, peer),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.listener_ready = false;
+                    return;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
+                    // E.g. out of file descriptors: retried on the next
+                    // connection's readiness, not in a busy loop.
                     tracing::warn!(error = %e, "event port accept failed");
+                    self.listener_ready = false;
                     return;
                 }
             }
         }
     }
 
-    /// Reads everything available on one connection (edge-triggered: until
-    /// WouldBlock), applying each complete frame; closes it on EOF or error.
-    fn serve(&mut self, token: Token) {
-        let Some(mut conn) = self.conns.remove(&token) else { return };
-        let mut chunk = [0u8; READ_CHUNK];
-        let outcome = loop {
-            match conn.stream.read(&mut chunk) {
-                Ok(0) if conn.buf.is_empty() => break Err(None),
-                Ok(0) => break Err(Some(format!("connection closed inside a frame ({} bytes)", conn.buf.len()))),
-                Ok(n) => {
-                    conn.buf.extend_from_slice(&chunk[..n]);
-                    if let Err(e) = self.drain(&mut conn) {
-                        break Err(Some(e));
+    /// Takes one accepted connection, challenged (with a secret) and
+    /// watched. Past `--max-pending-handshakes` pending connections, or at
+    /// `--max-event-connections`, the oldest pending connection is evicted
+    /// to make room; at `--max-event-connections` with none pending (all
+    /// authenticated), the new one is closed at once.
+    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr) {
+        let limits = self.config.limits;
+        if self.pending.len() >= limits.max_pending_handshakes.max(1) {
+            self.evict_oldest_pending();
+            self.log.limit_hit(Limit::PendingHandshakes, &limits, &peer, "the oldest pending connection evicted");
+        }
+        if self.conns.len() >= limits.max_event_connections {
+            if self.evict_oldest_pending() {
+                self.log.limit_hit(Limit::EventConnections, &limits, &peer, "the oldest pending connection evicted");
+            } else {
+                self.log.limit_hit(Limit::EventConnections, &limits, &peer, "connection closed at once");
+                return;
+            }
+        }
+        let _ = stream.set_nodelay(true);
+        let keepalive = socket2::TcpKeepalive::new()
+            .with_time(KEEPALIVE_TIME)
+            .with_interval(KEEPALIVE_INTERVAL)
+            .with_retries(KEEPALIVE_RETRIES);
+        // Best effort: the idle timeout bounds a dead peer's hold anyway.
+        let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
+        let auth = match &self.config.secrets {
+            None => Auth::Unregistered,
+            Some(_) => {
+                let nonce = match fresh_nonce() {
+                    Ok(nonce) => nonce,
+                    Err(e) => {
+                        tracing::error!(%peer, error = %e, "event connection refused: no nonce");
+                        return;
                     }
+                };
+                // A fresh socket's send buffer takes the 36 bytes whole.
+                let challenge = challenge_frame(&nonce);
+                if !matches!(stream.write(&challenge), Ok(n) if n == challenge.len()) {
+                    tracing::warn!(%peer, "event connection refused: could not send the challenge");
+                    return;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => break Err(Some(e.to_string())),
+                Auth::Challenged(nonce)
             }
         };
-        match outcome {
-            Ok(()) => {
-                self.conns.insert(token, conn);
+        let token = Token(self.next_token);
+        self.next_token += 1;
+        if let Err(e) = self.poll.registry().register(&mut stream, token, Interest::READABLE) {
+            tracing::warn!(%peer, error = %e, "could not watch event connection");
+            return;
+        }
+        self.pending.insert(token);
+        tracing::debug!(%peer, "event connection opened");
+        let now = Instant::now();
+        let conn = Conn {
+            stream,
+            peer,
+            buf: BytesMut::new(),
+            auth,
+            opened: now,
+            last_read: now,
+            worker: None,
+            last_register: None,
+            queued: false,
+        };
+        self.conns.insert(token, conn);
+        // Bytes may have arrived with the connection.
+        self.mark_ready(token);
+    }
+
+    /// Closes the oldest pending connection; false when none is pending.
+    fn evict_oldest_pending(&mut self) -> bool {
+        while let Some(token) = self.pending.pop_first() {
+            if let Some(conn) = self.conns.remove(&token) {
+                self.close(token, conn, Close::Evicted);
+                return true;
             }
-            Err(reason) => {
-                match reason {
-                    Some(reason) => {
-                        tracing::warn!(peer = %conn.peer, worker = ?conn.worker, %reason, "closing event connection")
-                    }
-                    None => tracing::info!(peer = %conn.peer, worker = ?conn.worker, "event connection closed"),
+        }
+        false
+    }
+
+    /// `conn` authenticated (or, without a secret, registered): no longer
+    /// pending; from now on the idle timeout applies.
+    fn establish(&mut self, token: Token, conn: &mut Conn) {
+        conn.auth = Auth::Open;
+        self.pending.remove(&token);
+        self.idle.push(Reverse((conn.last_read + self.config.limits.event_idle_timeout, token)));
+    }
+
+    /// When the oldest pending connection's handshake times out.
+    fn next_handshake_deadline(&self) -> Option<Instant> {
+        let token = self.pending.first()?;
+        self.conns.get(token).map(|c| c.opened + HANDSHAKE_TIMEOUT)
+    }
+
+    /// The earliest idle deadline (possibly stale: checked when due).
+    fn next_idle_deadline(&self) -> Option<Instant> {
+        self.idle.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// Serves each connection that was ready at the round's start once, up
+    /// to its budget; those that read their budget go to the back.
+    fn round(&mut self, chunk: &mut [u8]) {
+        for _ in 0..self.ready.len() {
+            let Some(token) = self.ready.pop_front() else { break };
+            let Some(mut conn) = self.conns.remove(&token) else { continue };
+            conn.queued = false;
+            match self.serve(token, &mut conn, chunk) {
+                Ok(Round::Drained) => {
+                    self.conns.insert(token, conn);
                 }
-                self.close(conn);
+                Ok(Round::Budget) => {
+                    conn.queued = true;
+                    self.ready.push_back(token);
+                    self.conns.insert(token, conn);
+                }
+                Err(close) => self.close(token, conn, close),
             }
         }
     }
 
-    /// Decodes and applies every complete frame in the buffer.
-    fn drain(&mut self, conn: &mut Conn) -> Result<(), String> {
-        while let Some(frame) = wire::decode(&mut conn.buf).map_err(|e| e.to_string())? {
-            self.apply(conn, frame)?;
+    /// Reads up to the budget from one connection, applying each complete
+    /// frame as it arrives (so its buffer stays under two frames).
+    fn serve(&mut self, token: Token, conn: &mut Conn, chunk: &mut [u8]) -> Result<Round, Close> {
+        let mut left = self.budget;
+        while left > 0 {
+            let want = left.min(chunk.len());
+            match conn.stream.read(&mut chunk[..want]) {
+                Ok(0) if conn.buf.is_empty() => return Err(Close::Eof),
+                Ok(0) => {
+                    return Err(Close::Bad(format!("connection closed inside a frame ({} bytes)", conn.buf.len())))
+                }
+                Ok(n) => {
+                    left -= n;
+                    conn.last_read = Instant::now();
+                    conn.buf.extend_from_slice(&chunk[..n]);
+                    self.drain(token, conn)?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Round::Drained),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Close::Bad(e.to_string())),
+            }
         }
-        Ok(())
+        Ok(Round::Budget)
     }
 
-    fn apply(&mut self, conn: &mut Conn, frame: Frame) -> Result<(), String> {
+    /// Decodes and handles every complete frame in the buffer.
+    fn drain(&mut self, token: Token, conn: &mut Conn) -> Result<(), Close> {
+        loop {
+            let frame = match wire::decode(&mut conn.buf) {
+                Ok(Some(frame)) => frame,
+                Ok(None) => return Ok(()),
+                Err(e) if matches!(conn.auth, Auth::Challenged(_)) => return Err(Close::Refused(e.to_string())),
+                Err(e) => return Err(Close::Bad(e.to_string())),
+            };
+            match conn.auth {
+                Auth::Challenged(nonce) => {
+                    let Some(secrets) = self.config.secrets.as_deref() else {
+                        return Err(Close::Refused("challenged without a secret".into()));
+                    };
+                    let welcome = answer_proof(secrets, &nonce, &frame).map_err(Close::Refused)?;
+                    // Nothing was sent since the Challenge: the buffer takes it.
+                    if !matches!(conn.stream.write(&welcome), Ok(n) if n == welcome.len()) {
+                        return Err(Close::Refused("could not send the welcome".into()));
+                    }
+                    self.establish(token, conn);
+                    tracing::debug!(peer = %conn.peer, "event connection authenticated");
+                }
+                Auth::Unregistered => {
+                    self.apply(token, conn, frame)?;
+                    if conn.worker.is_some() {
+                        self.establish(token, conn);
+                    }
+                }
+                Auth::Open => self.apply(token, conn, frame)?,
+            }
+        }
+    }
+
+    fn apply(&mut self, token: Token, conn: &mut Conn, frame: Frame) -> Result<(), Close> {
         match frame {
-            Frame::Register { worker, incarnation, dp_size, model, http_addr } => {
-                if conn.worker.is_some_and(|(w, i)| (w, i) != (worker, incarnation)) {
-                    return Err(format!("connection already registered another worker, got {worker}"));
-                }
-                let outcome = self.monitor.register(worker, &model, dp_size, incarnation).map_err(|e| e.to_string())?;
-                self.directory.insert(worker, &http_addr, dp_size);
-                if conn.worker.is_none() {
-                    conn.worker = Some((worker, incarnation));
-                    *self.live.entry((worker, incarnation)).or_default() += 1;
-                }
-                match outcome {
-                    Registered::New => {
-                        tracing::info!(worker, incarnation, %model, dp_size, %http_addr, "worker registered")
-                    }
-                    Registered::Restarted => {
-                        tracing::info!(worker, incarnation, %model, dp_size, %http_addr, "worker restarted; load reset")
-                    }
-                    Registered::Same => {}
-                }
-                Ok(())
-            }
+            Frame::Register { .. } => self.register(token, conn, frame),
             Frame::Load { worker, incarnation, rank, seq, load } => {
                 if conn.worker != Some((worker, incarnation)) {
-                    return Err(format!("load for worker {worker} on a connection that did not register it"));
+                    return Err(Close::Bad(format!(
+                        "Load for worker {worker} from a connection that does not hold it"
+                    )));
                 }
                 let report = LoadReport { worker, incarnation, rank, publisher: Publisher::Worker, seq, load };
                 match self.monitor.apply(&report) {
@@ -246,61 +490,145 @@ impl PlaneServer {
                         Ok(())
                     }
                     Ok(_) => Ok(()),
-                    Err(e) => Err(e.to_string()),
+                    Err(e) => Err(Close::Bad(e.to_string())),
                 }
             }
             Frame::Deregister { worker, incarnation } => {
                 if conn.worker != Some((worker, incarnation)) {
-                    return Err(format!("deregister for worker {worker} on a connection that did not register it"));
+                    return Err(Close::Bad(format!(
+                        "Deregister for worker {worker} from a connection that does not hold it"
+                    )));
                 }
                 conn.worker = None;
-                self.forget_connection(worker, incarnation);
+                conn.last_register = None;
+                self.ownership.forget(worker);
                 self.remove(worker, incarnation);
                 Ok(())
             }
+            other if matches!(conn.auth, Auth::Unregistered) => Err(Close::Refused(format!(
+                "expected a Register, got a {} frame (this frontend has no event secret)",
+                other.kind_name()
+            ))),
+            other => Err(Close::Bad(format!("unexpected {} frame", other.kind_name()))),
         }
     }
 
-    fn close(&mut self, mut conn: Conn) {
-        let _ = self.poll.registry().deregister(&mut conn.stream);
-        if let Some((worker, incarnation)) = conn.worker {
-            if self.forget_connection(worker, incarnation) == 0 {
-                self.pending.push((Instant::now() + self.grace, worker, incarnation));
+    /// A Register: checks the limits and the ownership of the id, then
+    /// registers the worker and makes this connection its holder.
+    fn register(&mut self, token: Token, conn: &mut Conn, frame: Frame) -> Result<(), Close> {
+        let Frame::Register { worker, incarnation, dp_size, ref model, ref http_addr } = frame else {
+            return Ok(());
+        };
+        if let Some((w, i)) = conn.worker.filter(|&held| held != (worker, incarnation)) {
+            return Err(Close::Bad(format!(
+                "connection registered worker {w} (incarnation {i}), then worker {worker} (incarnation {incarnation})"
+            )));
+        }
+        if conn.last_register.as_ref() == Some(&frame) {
+            return Ok(());
+        }
+        if self.directory.is_static(worker) {
+            return Err(Close::Refused(format!("worker id {worker} is registered by --worker")));
+        }
+        if self.ownership.may_claim(worker, token).is_err() {
+            return Err(Close::Refused(format!("worker id {worker} is held by a live connection")));
+        }
+        let limits = self.config.limits;
+        if let Err(refusal) =
+            limits.check_register(&self.monitor, &self.directory, worker, model, Some(http_addr), dp_size)
+        {
+            self.log.limit_hit(refusal.limit, &limits, &conn.peer, "Register refused");
+            return Err(Close::Refused(format!("Register of {refusal}")));
+        }
+        let outcome = self
+            .monitor
+            .register(worker, model, dp_size, incarnation)
+            .map_err(|e| Close::Refused(format!("Register of worker {worker}: {e}")))?;
+        if !self.directory.insert(worker, http_addr, dp_size) {
+            return Err(Close::Refused(format!("worker id {worker} is registered by --worker")));
+        }
+        // Checked above: no other live connection holds it.
+        let _ = self.ownership.claim(worker, incarnation, token);
+        conn.worker = Some((worker, incarnation));
+        match outcome {
+            Registered::New => tracing::info!(worker, incarnation, %model, dp_size, %http_addr, "worker registered"),
+            Registered::Restarted => {
+                tracing::info!(worker, incarnation, %model, dp_size, %http_addr, "worker restarted; load reset")
+            }
+            Registered::Same => tracing::debug!(worker, incarnation, "worker registered again"),
+        }
+        conn.last_register = Some(frame);
+        Ok(())
+    }
+
+    fn close(&mut self, token: Token, mut conn: Conn, close: Close) {
+        let (peer, worker) = (conn.peer, conn.worker.map(|(w, _)| w));
+        let pending = conn.auth.pending();
+        if pending {
+            self.pending.remove(&token);
+        }
+        match close {
+            Close::Eof if pending => tracing::info!(%peer, "event connection closed before the handshake"),
+            Close::Eof => tracing::info!(%peer, ?worker, "event connection closed"),
+            Close::Evicted => tracing::debug!(%peer, "pending event connection evicted"),
+            Close::Refused(reason) => {
+                if let Some(suppressed) = self.log.connection_line(!pending) {
+                    tracing::warn!(%peer, ?worker, suppressed, "event connection refused: {reason}")
+                }
+            }
+            Close::Bad(reason) => {
+                if let Some(suppressed) = self.log.connection_line(!pending) {
+                    tracing::warn!(%peer, ?worker, suppressed, "closing event connection: {reason}")
+                }
             }
         }
-    }
-
-    /// One connection of this incarnation of `worker` is gone; returns how
-    /// many remain. Counted per incarnation: during a rolling restart the
-    /// old and the new life are connected at once, and each must leave when
-    /// its own last connection does.
-    fn forget_connection(&mut self, worker: WorkerId, incarnation: u64) -> usize {
-        let key = (worker, incarnation);
-        let left = self.live.get(&key).map_or(0, |n| n.saturating_sub(1));
-        if left == 0 {
-            self.live.remove(&key);
-        } else {
-            self.live.insert(key, left);
+        let _ = self.poll.registry().deregister(&mut conn.stream);
+        if let Some((worker, _)) = conn.worker {
+            self.ownership.release(worker, token, Instant::now() + self.config.grace);
         }
-        left
     }
 
-    /// Deregisters workers whose grace period passed without a reconnect.
+    /// Closes connections whose handshake ran out of time and established
+    /// ones silent for the idle timeout, and deregisters workers whose grace
+    /// passed without a new holder.
     fn expire(&mut self) {
         let now = Instant::now();
-        let mut due = Vec::new();
-        self.pending.retain(|&(at, worker, incarnation)| {
-            if at <= now {
-                due.push((worker, incarnation));
-                false
-            } else {
-                true
+        while let Some(&token) = self.pending.first() {
+            let Some(conn) = self.conns.get(&token) else {
+                self.pending.remove(&token);
+                continue;
+            };
+            if conn.opened + HANDSHAKE_TIMEOUT > now {
+                break;
             }
-        });
-        for (worker, incarnation) in due {
-            if !self.live.contains_key(&(worker, incarnation)) {
-                self.remove(worker, incarnation);
+            let reason = match conn.auth {
+                Auth::Unregistered => format!("no Register within {HANDSHAKE_TIMEOUT:?}"),
+                _ => format!("no Proof within {HANDSHAKE_TIMEOUT:?}"),
+            };
+            if let Some(conn) = self.conns.remove(&token) {
+                self.close(token, conn, Close::Refused(reason));
             }
+        }
+        let timeout = self.config.limits.event_idle_timeout;
+        while let Some(&Reverse((_, token))) = self.idle.peek().filter(|Reverse((at, _))| *at <= now) {
+            self.idle.pop();
+            let Some(conn) = self.conns.get(&token) else { continue };
+            let due = conn.last_read + timeout;
+            if due > now {
+                // Bytes came since this entry was pushed: check again then.
+                self.idle.push(Reverse((due, token)));
+                continue;
+            }
+            if let Some(conn) = self.conns.remove(&token) {
+                let reason = format!(
+                    "nothing received for {timeout:?} (--event-idle-timeout-ms {}): the peer is gone or stalled",
+                    timeout.as_millis()
+                );
+                self.close(token, conn, Close::Bad(reason));
+            }
+        }
+        for (worker, incarnation) in self.ownership.expire(now) {
+            self.remove(worker, incarnation);
         }
     }
 

@@ -7,16 +7,33 @@
 //!   re-sends every rank's latest state as a heartbeat.
 //! - Frontend side (`listener.rs`): [`EventPlane`], ONE mio thread that
 //!   serves every worker connection and applies frames straight to the
-//!   `WorkerMonitor`. A bad frame closes only its own connection; a worker
-//!   whose last connection closes is deregistered after a grace period
-//!   unless it reconnects.
+//!   `WorkerMonitor`, reading each connection fairly (a byte budget per
+//!   round). A bad frame closes only its own connection.
+//! - The handshake (`handshake.rs`): with the event secret, the frontend
+//!   challenges each connection and applies no frame before a valid Proof;
+//!   the worker checks the frontend's Welcome before it registers.
+//! - Ownership (`ownership.rs`): a worker id belongs to the connection that
+//!   registered it; after that connection closes it may register again (a
+//!   reconnect or a restart) or is deregistered after a grace period.
+//! - Limits (`limits.rs`): [`PlaneLimits`], a bound on everything a peer
+//!   controls, each a frontend flag, including how long a connection may
+//!   stay silent and how many may wait in the handshake; `plane_log.rs`
+//!   caps the warn lines peers can cause (`crate::throttle`).
+//! - Bind policy (`bind.rs`): without the secret, loopback only.
 //!
 //! The two sides share nothing but the frame format, `loadgate::wire`.
 
+mod bind;
+mod handshake;
+mod limits;
 mod listener;
+mod ownership;
+mod plane_log;
 mod publisher;
 #[cfg(test)]
 mod tests;
 
-pub use self::listener::EventPlane;
+pub use self::bind::event_bind_host;
+pub use self::limits::PlaneLimits;
+pub use self::listener::{EventPlane, PlaneConfig};
 pub use self::publisher::{EventPublisher, Registration};

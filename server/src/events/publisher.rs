@@ -2,6 +2,19 @@
 //! blocking connection per frontend. It reconnects with backoff, coalesces
 //! reports (at most one per rank per millisecond), numbers them, and re-sends
 //! every rank's latest state as a heartbeat.
+//!
+//! Each connection is made (and, with the event secret, authenticated: see
+//! `handshake.rs`) on a short-lived thread of its own, so a frontend that is
+//! slow to accept or to answer the handshake never delays the reports to
+//! the others. Sending is not: the one publisher thread writes to each
+//! connection in turn with a blocking write (timeout 1 s, then the
+//! connection is dropped and made again), so a frontend that stops reading
+//! delays the others' reports by up to 1 s per batch until its send buffer
+//! is drained or its connection dropped.
+//!
+//! A heartbeat goes out even before any rank has reported: the
+//! Registration again (a no-op for the frontend), so the frontend's idle
+//! timeout (`--event-idle-timeout-ms`) never closes a live worker.
 
 use std::io::{self, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -12,6 +25,9 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use loadgate::wire::{self, Frame};
 use loadgate::{RankLoad, WorkerId};
+
+use super::handshake::prove_to_frontend;
+use crate::secret::Secrets;
 
 /// What a worker announces about itself to every frontend.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,7 +41,8 @@ pub struct Registration {
     pub model: String,
     /// Its data-parallel size.
     pub dp_size: u32,
-    /// Where its HTTP server listens, `127.0.0.1:PORT`.
+    /// The address it advertises for its HTTP server (`--advertise-addr`,
+    /// else the bound address), `HOST:PORT`.
     pub http_addr: String,
 }
 
@@ -67,6 +84,8 @@ struct PublishState {
     latest: Vec<Option<RankLoad>>,
     dirty: Vec<bool>,
     stop: bool,
+    /// Connection attempts that finished, by link index.
+    arrived: Vec<(usize, io::Result<TcpStream>)>,
 }
 
 impl EventPublisher {
@@ -77,6 +96,12 @@ impl EventPublisher {
     /// millisecond, with increasing seq numbers, and re-sends every rank's
     /// latest state at least every `heartbeat` even when nothing changed.
     ///
+    /// With `secrets`, each connection first answers the frontend's
+    /// Challenge and checks its Welcome; a frontend that sends no Challenge
+    /// within `HANDSHAKE_TIMEOUT` (2 s), closes the
+    /// connection, or whose Welcome does not verify is logged and retried
+    /// with the backoff.
+    ///
     /// # Errors
     ///
     /// `InvalidInput` when the registration does not fit in a frame or its
@@ -85,6 +110,7 @@ impl EventPublisher {
         frontends: Vec<String>,
         registration: Registration,
         heartbeat: Duration,
+        secrets: Option<Arc<Secrets>>,
     ) -> io::Result<EventPublisher> {
         if registration.dp_size == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "dp_size must be at least 1"));
@@ -99,7 +125,12 @@ impl EventPublisher {
         wire::encode(&register, &mut BytesMut::new()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let ranks = registration.dp_size as usize;
         let shared = Arc::new(Shared {
-            state: Mutex::new(PublishState { latest: vec![None; ranks], dirty: vec![false; ranks], stop: false }),
+            state: Mutex::new(PublishState {
+                latest: vec![None; ranks],
+                dirty: vec![false; ranks],
+                stop: false,
+                arrived: Vec::new(),
+            }),
             wake: Condvar::new(),
         });
         let links = frontends.into_iter().map(Link::new).collect();
@@ -113,6 +144,7 @@ impl EventPublisher {
             // the frontend's slots, so counting from 0 is never stale.
             seq: 0,
             heartbeat: heartbeat.max(COALESCE),
+            secrets,
         };
         let thread = std::thread::Builder::new().name("event-publisher".into()).spawn(move || pump.run())?;
         Ok(EventPublisher { shared, dp_size: registration.dp_size, thread: Some(thread) })
@@ -147,37 +179,75 @@ impl Drop for EventPublisher {
 struct Link {
     addr: String,
     stream: Option<TcpStream>,
+    /// A connection attempt is under way on its own thread.
+    connecting: bool,
+    /// When the current stream was established.
+    since: Instant,
     retry_at: Instant,
     backoff: Duration,
 }
 
+/// A connection that lived this long resets the backoff when it fails; a
+/// frontend that refuses each connection soon after it opens (a wrong
+/// secret, an id held by another connection, a limit) is retried at an
+/// ever slower pace instead.
+const STABLE: Duration = MAX_BACKOFF;
+
 impl Link {
     fn new(addr: String) -> Self {
-        Link { addr, stream: None, retry_at: Instant::now(), backoff: MIN_BACKOFF }
+        let now = Instant::now();
+        Link { addr, stream: None, connecting: false, since: now, retry_at: now, backoff: MIN_BACKOFF }
     }
 
-    fn connect(&mut self) -> io::Result<TcpStream> {
-        let mut last = io::Error::new(io::ErrorKind::NotFound, "address resolved to nothing");
-        for addr in self.addr.to_socket_addrs()? {
-            match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
-                Ok(stream) => {
-                    stream.set_nodelay(true)?;
-                    stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
-                    return Ok(stream);
-                }
-                Err(e) => last = e,
-            }
-        }
-        Err(last)
+    fn connected(&mut self, stream: TcpStream, now: Instant) {
+        self.stream = Some(stream);
+        self.since = now;
     }
 
     fn failed(&mut self, now: Instant, error: &io::Error) {
-        if self.stream.take().is_some() || self.backoff == MIN_BACKOFF {
+        let lost = self.stream.take().is_some();
+        if lost && now.duration_since(self.since) >= STABLE {
+            self.backoff = MIN_BACKOFF;
+        }
+        if error.kind() == io::ErrorKind::PermissionDenied {
+            // The handshake failed: say why, every time (a misconfiguration).
+            tracing::warn!(frontend = %self.addr, backoff = ?self.backoff, "{error}; retrying");
+        } else if lost || self.backoff == MIN_BACKOFF {
             tracing::warn!(frontend = %self.addr, %error, "event plane connection lost; reconnecting");
         }
         self.retry_at = now + self.backoff;
         self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
     }
+}
+
+/// Connects to `addr` and, with `secrets`, does the handshake. Blocking: runs
+/// on a connection thread.
+fn connect(addr: &str, secrets: Option<&Secrets>) -> io::Result<TcpStream> {
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "address resolved to nothing");
+    for addr in addr.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
+            Ok(mut stream) => {
+                stream.set_nodelay(true)?;
+                stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
+                if let Some(secrets) = secrets {
+                    prove_to_frontend(&mut stream, secrets)?;
+                }
+                return Ok(stream);
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// What the publisher thread woke up for.
+struct Wake {
+    /// Which ranks changed since the last wake.
+    changed: Vec<bool>,
+    /// Every rank's latest state.
+    latest: Vec<Option<RankLoad>>,
+    /// Finished connection attempts, by link index.
+    arrived: Vec<(usize, io::Result<TcpStream>)>,
 }
 
 /// The publisher thread.
@@ -189,6 +259,7 @@ struct Pump {
     incarnation: u64,
     seq: u64,
     heartbeat: Duration,
+    secrets: Option<Arc<Secrets>>,
 }
 
 impl Pump {
@@ -196,26 +267,31 @@ impl Pump {
         let mut last_send = Instant::now() - COALESCE;
         let mut last_full = Instant::now();
         loop {
-            let (changed, latest, stop) = self.wait(last_send, last_full);
-            if stop {
+            let Some(Wake { changed, latest, arrived }) = self.wait(last_send, last_full) else {
                 break;
-            }
+            };
             let now = Instant::now();
-            // Reconnect due links; a new connection gets the full state.
-            for i in 0..self.links.len() {
-                if self.links[i].stream.is_none() && now >= self.links[i].retry_at {
-                    match self.links[i].connect() {
-                        Ok(stream) => {
-                            self.links[i].stream = Some(stream);
-                            self.links[i].backoff = MIN_BACKOFF;
-                            let mut buf = BytesMut::new();
-                            // Checked at start: the registration fits.
-                            let _ = wire::encode(&self.register, &mut buf);
-                            self.encode_loads(&latest, |_| true, &mut buf);
-                            self.send(i, &buf, now);
-                        }
-                        Err(e) => self.links[i].failed(now, &e),
+            // Links whose connection attempt finished; a new connection gets
+            // the full state.
+            for (i, result) in arrived {
+                self.links[i].connecting = false;
+                match result {
+                    Ok(stream) => {
+                        self.links[i].connected(stream, now);
+                        let mut buf = BytesMut::new();
+                        // Checked at start: the registration fits.
+                        let _ = wire::encode(&self.register, &mut buf);
+                        self.encode_loads(&latest, |_| true, &mut buf);
+                        self.send(i, &buf, now);
                     }
+                    Err(e) => self.links[i].failed(now, &e),
+                }
+            }
+            // Start the due connection attempts.
+            for i in 0..self.links.len() {
+                let link = &self.links[i];
+                if link.stream.is_none() && !link.connecting && now >= link.retry_at {
+                    self.spawn_connect(i, now);
                 }
             }
             let heartbeat_due = now.duration_since(last_full) >= self.heartbeat;
@@ -224,6 +300,11 @@ impl Pump {
             }
             let mut buf = BytesMut::new();
             self.encode_loads(&latest, |rank| heartbeat_due || changed[rank], &mut buf);
+            if heartbeat_due && buf.is_empty() {
+                // No rank has reported yet: the Registration is the heartbeat.
+                // Checked at start: it fits.
+                let _ = wire::encode(&self.register, &mut buf);
+            }
             if !buf.is_empty() {
                 for i in 0..self.links.len() {
                     self.send(i, &buf, now);
@@ -240,26 +321,44 @@ impl Pump {
         }
     }
 
+    /// Starts a connection attempt for link `i` on its own thread; its
+    /// result arrives through the shared state.
+    fn spawn_connect(&mut self, i: usize, now: Instant) {
+        let addr = self.links[i].addr.clone();
+        let secrets = self.secrets.clone();
+        let shared = self.shared.clone();
+        let spawned = std::thread::Builder::new().name("event-connect".into()).spawn(move || {
+            let result = connect(&addr, secrets.as_deref());
+            shared.state.lock().unwrap_or_else(|e| e.into_inner()).arrived.push((i, result));
+            shared.wake.notify_one();
+        });
+        match spawned {
+            Ok(_) => self.links[i].connecting = true,
+            Err(e) => self.links[i].failed(now, &e),
+        }
+    }
+
     /// Waits until a rank changed (and the coalescing window has passed), a
-    /// heartbeat or reconnect is due, or stop; returns which ranks changed,
-    /// every rank's latest state, and whether to stop.
-    fn wait(&self, last_send: Instant, last_full: Instant) -> (Vec<bool>, Vec<Option<RankLoad>>, bool) {
+    /// heartbeat or reconnect is due, a connection attempt finished, or
+    /// stop (`None`).
+    fn wait(&self, last_send: Instant, last_full: Instant) -> Option<Wake> {
         let mut state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if state.stop {
-                return (Vec::new(), Vec::new(), true);
+                return None;
             }
             let now = Instant::now();
             let coalesced = now.duration_since(last_send) >= COALESCE;
             let mut deadline = last_full + self.heartbeat;
-            for link in self.links.iter().filter(|l| l.stream.is_none()) {
+            for link in self.links.iter().filter(|l| l.stream.is_none() && !l.connecting) {
                 deadline = deadline.min(link.retry_at);
             }
             let dirty = state.dirty.iter().any(|d| *d);
-            if (dirty && coalesced) || now >= deadline {
+            if (dirty && coalesced) || now >= deadline || !state.arrived.is_empty() {
                 let ranks = state.latest.len();
                 let changed = std::mem::replace(&mut state.dirty, vec![false; ranks]);
-                return (changed, state.latest.clone(), false);
+                let arrived = std::mem::take(&mut state.arrived);
+                return Some(Wake { changed, latest: state.latest.clone(), arrived });
             }
             if dirty {
                 deadline = deadline.min(last_send + COALESCE);

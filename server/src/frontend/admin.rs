@@ -1,4 +1,6 @@
-//! The frontend's admin routes: `GET /v1/models`, `/health` and `/metrics`.
+//! The frontend's read-only service routes on the inference port:
+//! `GET /v1/models`, `/health` and `/metrics` (`/busy_threshold` is on the
+//! admin listener, `threshold_api.rs`).
 
 use std::sync::Arc;
 

@@ -1,6 +1,15 @@
-//! Command-line arguments of `loadgate frontend`: ports, workers, router
-//! mode, the default busy thresholds, migration and staleness.
+//! Command-line arguments of `loadgate frontend`: listeners, TLS, workers,
+//! router mode, the default busy thresholds, migration and staleness, the
+//! admin API, the event plane's secret and limits, and HTTP body limits.
+//!
+//! Every flag also reads an environment variable (a flag beats its
+//! variable): Dynamo's `DYN_*` name where Dynamo has the flag, else
+//! `LOADGATE_FRONTEND_<FLAG>`. Repeatable flags take a comma-separated
+//! variable; booleans accept 1/true/yes/on and 0/false/no/off.
 
+use std::path::PathBuf;
+
+use clap::builder::BoolishValueParser;
 use loadgate::{migration::DEFAULT_MIGRATION_LIMIT, BusyThresholds, Policy};
 
 /// How the router picks among eligible workers.
@@ -10,12 +19,27 @@ pub enum RouterMode {
     RoundRobin,
     /// Uniformly at random.
     Random,
-    /// The less loaded of two random workers.
+    /// The less loaded of two random workers (Dynamo's `power-of-two`).
+    #[value(alias = "power-of-two")]
     P2c,
     /// The least loaded (by reported load).
     LeastLoaded,
     /// The least loaded, counting the router's own tracked load (KV-aware).
     Kv,
+}
+
+/// Dynamo's router modes that loadgate does not implement, refused by name.
+const UNSUPPORTED_ROUTER_MODES: [&str; 2] = ["direct", "device-aware-weighted"];
+
+/// Parses `--router-mode`: the [`RouterMode`] values and aliases, with a
+/// clear refusal for Dynamo's modes loadgate does not have.
+fn parse_router_mode(value: &str) -> Result<RouterMode, String> {
+    use clap::ValueEnum as _;
+    let names = "round-robin, random, p2c (alias power-of-two), least-loaded, kv";
+    if UNSUPPORTED_ROUTER_MODES.iter().any(|m| m.eq_ignore_ascii_case(value.trim())) {
+        return Err(format!("router mode `{value}` (Dynamo) is not supported by loadgate; use one of {names}"));
+    }
+    RouterMode::from_str(value.trim(), true).map_err(|_| format!("unknown router mode `{value}`; use one of {names}"))
 }
 
 /// The older `--admission-control` flag, kept for compatibility.
@@ -30,42 +54,107 @@ pub enum AdmissionControl {
 /// Command-line arguments of `loadgate frontend`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct Args {
-    /// HTTP port on 127.0.0.1 (0 picks a free one).
-    #[arg(long, default_value_t = 8000)]
+    /// Address the inference HTTP listener binds.
+    #[arg(long, env = "DYN_HTTP_HOST", default_value = "0.0.0.0")]
+    pub http_host: String,
+    /// Inference HTTP port (0 picks a free one).
+    #[arg(long, env = "DYN_HTTP_PORT", default_value_t = 8000)]
     pub http_port: u16,
-    /// Event-plane port on 127.0.0.1 where workers push load (0 picks a free one).
-    #[arg(long, default_value_t = 8001)]
+    /// PEM certificate chain: serve the inference port over TLS (with --tls-key-path).
+    #[arg(long, env = "DYN_TLS_CERT_PATH", value_name = "PATH", requires = "tls_key_path")]
+    pub tls_cert_path: Option<PathBuf>,
+    /// PEM private key of --tls-cert-path.
+    #[arg(long, env = "DYN_TLS_KEY_PATH", value_name = "PATH", requires = "tls_cert_path")]
+    pub tls_key_path: Option<PathBuf>,
+    /// Address the event-plane listener binds (loopback only without an event secret).
+    #[arg(long, env = "LOADGATE_FRONTEND_EVENT_HOST", default_value = "127.0.0.1")]
+    pub event_host: String,
+    /// Event-plane port where workers push load (0 picks a free one).
+    #[arg(long, env = "LOADGATE_FRONTEND_EVENT_PORT", default_value_t = 8001)]
     pub event_port: u16,
+    /// File holding the event-plane secret (line 1: current, optional line 2: previous).
+    /// Without it: LOADGATE_EVENT_SECRET and LOADGATE_EVENT_SECRET_PREVIOUS.
+    #[arg(long, env = "LOADGATE_FRONTEND_EVENT_SECRET_FILE", value_name = "PATH")]
+    pub event_secret_file: Option<PathBuf>,
+    /// Address the admin listener (`/busy_threshold`) binds.
+    #[arg(long, env = "LOADGATE_FRONTEND_ADMIN_HOST", default_value = "127.0.0.1")]
+    pub admin_host: String,
+    /// Admin listener port (0 picks a free one).
+    #[arg(long, env = "LOADGATE_FRONTEND_ADMIN_PORT", default_value_t = 8002)]
+    pub admin_port: u16,
+    /// File holding the admin bearer token (first line, at least 16 bytes).
+    /// Without it: LOADGATE_ADMIN_TOKEN. No token: the admin API is open to whoever reaches it.
+    #[arg(long, env = "LOADGATE_FRONTEND_ADMIN_TOKEN_FILE", value_name = "PATH")]
+    pub admin_token_file: Option<PathBuf>,
+    /// No admin listener at all.
+    #[arg(long, env = "DYN_DISABLE_FRONTEND_ADMIN_API", value_parser = BoolishValueParser::new())]
+    pub disable_admin_api: bool,
     /// A worker to register from `URL/info` (repeatable); for workers not on the event plane.
-    #[arg(long = "worker", value_name = "URL")]
+    #[arg(long = "worker", env = "LOADGATE_FRONTEND_WORKER", value_name = "URL", value_delimiter = ',')]
     pub workers: Vec<String>,
-    /// Worker selection policy.
-    #[arg(long, value_enum, default_value = "round-robin")]
+    /// A model to keep (repeatable): known before any worker serves it, never forgotten.
+    #[arg(long = "model", env = "LOADGATE_FRONTEND_MODEL", value_name = "NAME", value_delimiter = ',')]
+    pub models: Vec<String>,
+    /// Worker selection policy: round-robin, random, p2c (alias power-of-two), least-loaded, kv.
+    #[arg(long, env = "DYN_ROUTER_MODE", default_value = "round-robin", value_parser = parse_router_mode)]
     pub router_mode: RouterMode,
     /// A worker rank is busy when active decode blocks / total blocks exceed this (0..=1).
-    #[arg(long)]
+    #[arg(long, env = "DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD")]
     pub active_decode_blocks_threshold: Option<f64>,
     /// A worker rank is busy when active prefill tokens exceed this.
-    #[arg(long)]
+    #[arg(long, env = "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD")]
     pub active_prefill_tokens_threshold: Option<u64>,
     /// A worker rank is busy when active prefill tokens exceed this fraction of max_num_batched_tokens.
-    #[arg(long)]
+    #[arg(long, env = "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC")]
     pub active_prefill_tokens_threshold_frac: Option<f64>,
     /// A worker rank is busy when the requests waiting in its engine's queue exceed this.
-    #[arg(long)]
+    #[arg(long, env = "LOADGATE_FRONTEND_ACTIVE_WAITING_REQUESTS_THRESHOLD")]
     pub active_waiting_requests_threshold: Option<u64>,
     /// Compatibility: `none` disables busy detection (clears every threshold).
-    #[arg(long, value_enum)]
+    #[arg(long, env = "DYN_ADMISSION_CONTROL", value_enum)]
     pub admission_control: Option<AdmissionControl>,
     /// In `kv` mode, also track blocks for output tokens as they stream.
-    #[arg(long)]
+    #[arg(long, env = "DYN_ROUTER_TRACK_OUTPUT_BLOCKS", value_parser = BoolishValueParser::new())]
     pub router_track_output_blocks: bool,
     /// How many workers may refuse one request (hard cap) before the client gets the overload status.
-    #[arg(long, default_value_t = DEFAULT_MIGRATION_LIMIT)]
+    #[arg(long, env = "DYN_MIGRATION_LIMIT", default_value_t = DEFAULT_MIGRATION_LIMIT)]
     pub migration_limit: usize,
     /// A worker rank whose last report is older than this counts as not reported.
-    #[arg(long, value_name = "MS")]
+    #[arg(long, env = "LOADGATE_FRONTEND_LOAD_STALENESS_MS", value_name = "MS")]
     pub load_staleness_ms: Option<u64>,
+    /// Largest data-parallel size a worker may register with.
+    #[arg(long, env = "LOADGATE_FRONTEND_MAX_DP_SIZE", default_value_t = 256)]
+    pub max_dp_size: u32,
+    /// Open event-plane connections (pending ones included); at it, a new one evicts the oldest
+    /// pending one, or is closed at once when all are authenticated.
+    #[arg(long, env = "LOADGATE_FRONTEND_MAX_EVENT_CONNECTIONS", default_value_t = 1024)]
+    pub max_event_connections: usize,
+    /// Registered workers (event plane and --worker together).
+    #[arg(long, env = "LOADGATE_FRONTEND_MAX_WORKERS", default_value_t = 1024)]
+    pub max_workers: usize,
+    /// Distinct models; a registration naming a new model past it is refused.
+    #[arg(long, env = "LOADGATE_FRONTEND_MAX_MODELS", default_value_t = 256)]
+    pub max_models: usize,
+    /// Bytes of a model name and of an HTTP address in a registration.
+    #[arg(long, env = "LOADGATE_FRONTEND_MAX_NAME_LEN", default_value_t = 256)]
+    pub max_name_len: usize,
+    /// Bytes read per event connection per poll round (fair reading).
+    #[arg(long, env = "LOADGATE_FRONTEND_EVENT_READ_BUDGET", value_name = "BYTES", default_value_t = 16384)]
+    pub event_read_budget: usize,
+    /// Event connections still in the handshake (no valid Proof yet, or, without a secret, no
+    /// Register yet); past it, a new connection evicts the oldest of them.
+    #[arg(long, env = "LOADGATE_FRONTEND_MAX_PENDING_HANDSHAKES", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_pending_handshakes: u64,
+    /// Close an established event connection that sends nothing for this long (ms); keep it at
+    /// least 5x the workers' --heartbeat-ms.
+    #[arg(long, env = "LOADGATE_FRONTEND_EVENT_IDLE_TIMEOUT_MS", value_name = "MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub event_idle_timeout_ms: u64,
+    /// Largest request body, in MiB (larger: 413).
+    #[arg(long, env = "DYN_HTTP_BODY_LIMIT_MB", value_name = "MB", default_value_t = 192)]
+    pub http_body_limit_mb: usize,
+    /// Bytes of request bodies buffered at once over all requests, in MiB (past it: 503).
+    #[arg(long, env = "LOADGATE_FRONTEND_HTTP_BODY_BUDGET_MB", value_name = "MB", default_value_t = 1024)]
+    pub http_body_budget_mb: usize,
 }
 
 impl Args {
@@ -110,5 +199,17 @@ mod tests {
         assert_eq!(cli.args.router_mode, RouterMode::Kv);
         let cli = Cli::parse_from(["x", "--active-decode-blocks-threshold", "0.85", "--admission-control", "none"]);
         assert!(cli.args.default_thresholds().is_empty());
+    }
+
+    #[test]
+    fn router_mode_takes_dynamo_spellings_and_refuses_the_rest() {
+        assert_eq!(parse_router_mode("power-of-two"), Ok(RouterMode::P2c));
+        assert_eq!(parse_router_mode("P2C"), Ok(RouterMode::P2c));
+        assert_eq!(parse_router_mode("least-loaded"), Ok(RouterMode::LeastLoaded));
+        for mode in UNSUPPORTED_ROUTER_MODES {
+            let error = parse_router_mode(mode).unwrap_err();
+            assert!(error.contains("not supported") && error.contains(mode), "{error}");
+        }
+        assert!(parse_router_mode("fastest").unwrap_err().contains("unknown router mode"));
     }
 }

@@ -1,19 +1,29 @@
 //! `loadgate frontend`: the HTTP frontend. Routes OpenAI requests to
 //! workers, excludes busy ones, sheds load when all are busy, migrates on a
-//! worker's hard-cap refusal, and serves the admin routes.
+//! worker's hard-cap refusal, and serves `/busy_threshold` on a separate
+//! admin listener.
+//!
+//! Three listeners: inference HTTP (`--http-host:--http-port`, optionally
+//! TLS), the event plane (`--event-host:--event-port`) and admin
+//! (`--admin-host:--admin-port`, optional bearer token, or none with
+//! `--disable-admin-api`). The inference port never changes state.
 //!
 //! Workers join over the event plane ([`EventPlane`]) or with `--worker URL`
 //! (registered from `URL/info`). This file wires the routes and serves them;
 //! the shared state is [`Frontend`] (`state.rs`), and each route group has
 //! its own file: `proxy.rs` (the OpenAI routes), `threshold_api.rs`
-//! (`/busy_threshold`), `admin.rs` (`/v1/models`, `/health`, `/metrics`).
+//! (`/busy_threshold`), `admin.rs` (`/v1/models`, `/health`, `/metrics`),
+//! `admin_auth.rs` (the admin bearer token).
 
 mod admin;
+mod admin_auth;
 mod args;
+mod body_budget;
 mod inflight;
 mod proxy;
 mod register;
 mod reply;
+mod request;
 mod state;
 mod threshold_api;
 
@@ -22,20 +32,23 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use loadgate::{MonitorConfig, WorkerMonitor};
 
+use self::admin_auth::AdminToken;
 pub use self::args::Args;
 pub use self::state::Frontend;
 use crate::directory::WorkerDirectory;
-use crate::events::EventPlane;
+use crate::events::{EventPlane, PlaneConfig, PlaneLimits};
+use crate::http_server::{self, ServeConfig, Tls};
 
 /// How long a worker whose event connection closed stays registered, waiting
 /// for it to reconnect.
 pub const DEREGISTER_GRACE: Duration = Duration::from_millis(500);
 
-/// The frontend's routes.
+/// The inference listener's routes (nothing here changes state; any other
+/// path, `/busy_threshold` included, is 404).
 pub fn app(frontend: Arc<Frontend>) -> axum::Router {
     axum::Router::new()
         .route("/v1/completions", post(proxy::completions))
@@ -43,38 +56,59 @@ pub fn app(frontend: Arc<Frontend>) -> axum::Router {
         .route("/v1/models", get(admin::models))
         .route("/health", get(admin::health))
         .route("/metrics", get(admin::metrics))
-        .route("/busy_threshold", get(threshold_api::read_all).post(threshold_api::update))
         .with_state(frontend)
+}
+
+/// The admin listener's routes: `/busy_threshold`, behind the bearer token
+/// when there is one.
+pub fn admin_app(frontend: Arc<Frontend>, token: Option<AdminToken>) -> axum::Router {
+    let router = axum::Router::new()
+        .route("/busy_threshold", get(threshold_api::read_all).post(threshold_api::update))
+        .with_state(frontend);
+    match token {
+        Some(token) => router.layer(axum::middleware::from_fn_with_state(Arc::new(token), admin_auth::require_token)),
+        None => router,
+    }
 }
 
 /// A frontend serving on its ports (see [`start`]); stops when dropped.
 #[derive(Debug)]
 pub struct RunningFrontend {
-    /// The HTTP address.
+    /// The inference HTTP address.
     pub http: SocketAddr,
     /// The event-plane address.
     pub events: SocketAddr,
+    /// The admin address (`None` with `--disable-admin-api`).
+    pub admin: Option<SocketAddr>,
     server: tokio::task::JoinHandle<()>,
+    admin_server: Option<tokio::task::JoinHandle<()>>,
     expiry: Option<tokio::task::JoinHandle<()>>,
+    pruning: tokio::task::JoinHandle<()>,
     _plane: EventPlane,
 }
 
 impl Drop for RunningFrontend {
     fn drop(&mut self) {
         self.server.abort();
+        if let Some(admin) = &self.admin_server {
+            admin.abort();
+        }
         if let Some(expiry) = &self.expiry {
             expiry.abort();
         }
+        self.pruning.abort();
     }
 }
 
-/// Binds both ports on 127.0.0.1, starts the event plane, registers the
-/// `--worker` workers, and serves HTTP on the current tokio runtime.
+/// Binds the event listener, registers the `--worker` workers, starts the
+/// event plane, binds the other two listeners and serves HTTP on the
+/// current tokio runtime.
 ///
 /// # Errors
 ///
-/// Invalid thresholds, a port that cannot be bound, or a `--worker` whose
-/// `/info` never answered.
+/// Invalid thresholds, an invalid TLS certificate or key, an invalid admin
+/// token, a port that cannot be bound, or a `--worker` whose `/info` never
+/// answered or names what the event-plane limits refuse.
 pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
     let config = MonitorConfig {
         staleness: args.load_staleness_ms.map(Duration::from_millis),
@@ -82,25 +116,58 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
     };
     let monitor = Arc::new(WorkerMonitor::new(config).map_err(|e| anyhow::anyhow!("invalid threshold: {e}"))?);
     let directory = Arc::new(WorkerDirectory::default());
-    let frontend = Arc::new(Frontend::new(&args, monitor.clone(), directory.clone())?);
-
-    let event_listener = std::net::TcpListener::bind(("127.0.0.1", args.event_port))?;
-    let plane = EventPlane::start(event_listener, monitor.clone(), directory.clone(), DEREGISTER_GRACE)?;
-    for url in &args.workers {
-        register::register_http_worker(&frontend, url).await?;
+    // One secret for the event plane and the requests to workers.
+    let secrets = crate::secret::Secrets::load(args.event_secret_file.as_deref())?.map(Arc::new);
+    let frontend = Arc::new(Frontend::new(&args, monitor.clone(), directory.clone(), secrets.clone())?);
+    for model in &args.models {
+        monitor.add_model(model);
     }
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.http_port)).await?;
+    let tls = match (&args.tls_cert_path, &args.tls_key_path) {
+        (Some(cert), Some(key)) => Some(Tls::load(cert, key)?),
+        (None, None) => None,
+        _ => anyhow::bail!("--tls-cert-path and --tls-key-path go together: give both or neither"),
+    };
+    let admin_token = if args.disable_admin_api { None } else { AdminToken::load(args.admin_token_file.as_deref())? };
+
+    let event_host = crate::events::event_bind_host(&args.event_host, secrets.is_some());
+    let event_listener = std::net::TcpListener::bind((event_host, args.event_port))
+        .with_context(|| format!("cannot bind the event listener on {event_host}:{}", args.event_port))?;
+    let limits = PlaneLimits {
+        max_dp_size: args.max_dp_size,
+        max_event_connections: args.max_event_connections,
+        max_workers: args.max_workers,
+        max_models: args.max_models,
+        max_name_len: args.max_name_len,
+        event_read_budget: args.event_read_budget,
+        max_pending_handshakes: usize::try_from(args.max_pending_handshakes).unwrap_or(usize::MAX),
+        event_idle_timeout: Duration::from_millis(args.event_idle_timeout_ms),
+    };
+    // The `--worker` workers first: no event peer can take their ids while
+    // they start (workers that connect meanwhile wait in the listen backlog,
+    // then retry).
+    for url in &args.workers {
+        register::register_http_worker(&frontend, url, &limits).await?;
+    }
+    let plane_config = PlaneConfig { grace: DEREGISTER_GRACE, secrets: secrets.clone(), limits };
+    let plane = EventPlane::start(event_listener, monitor.clone(), directory.clone(), plane_config)?;
+    let listener = tokio::net::TcpListener::bind((args.http_host.as_str(), args.http_port))
+        .await
+        .with_context(|| format!("cannot bind the HTTP listener on {}:{}", args.http_host, args.http_port))?;
     let http = listener.local_addr()?;
-    let router = app(frontend.clone());
-    // No Nagle delay on small SSE chunks.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let server = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router).await {
-            tracing::error!(error = %e, "HTTP server failed");
+    let (admin, admin_server) = if args.disable_admin_api {
+        (None, None)
+    } else {
+        let listener = tokio::net::TcpListener::bind((args.admin_host.as_str(), args.admin_port))
+            .await
+            .with_context(|| format!("cannot bind the admin listener on {}:{}", args.admin_host, args.admin_port))?;
+        let addr = listener.local_addr()?;
+        if admin_token.is_none() && !addr.ip().is_loopback() {
+            tracing::warn!(%addr, "the admin API is reachable beyond loopback without a token (set LOADGATE_ADMIN_TOKEN)");
         }
-    });
+        let router = admin_app(frontend.clone(), admin_token);
+        (Some(addr), Some(tokio::spawn(http_server::serve(listener, router, ServeConfig::plain()))))
+    };
+    let server = tokio::spawn(http_server::serve(listener, app(frontend.clone()), ServeConfig::with_tls(tls)));
     let expiry = args.load_staleness_ms.map(|ms| {
         let monitor = monitor.clone();
         let period = Duration::from_millis((ms / 4).clamp(1, 1000));
@@ -112,7 +179,34 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
             }
         })
     });
-    Ok(RunningFrontend { http, events: plane.local_addr(), server, expiry, _plane: plane })
+    let pruning = tokio::spawn(prune_forgotten_models(frontend.clone()));
+    Ok(RunningFrontend {
+        http,
+        events: plane.local_addr(),
+        admin,
+        server,
+        admin_server,
+        expiry,
+        pruning,
+        _plane: plane,
+    })
+}
+
+/// How often the rejection counters of forgotten models are dropped.
+const PRUNE_EVERY: Duration = Duration::from_secs(10);
+
+/// Drops the rejection counters of models the monitor has forgotten, so
+/// models that come and go (each with workers that rejected requests) do
+/// not grow `/metrics` without bound.
+async fn prune_forgotten_models(frontend: Arc<Frontend>) {
+    let mut ticks = tokio::time::interval(PRUNE_EVERY);
+    loop {
+        ticks.tick().await;
+        let dropped = frontend.metrics.retain(|model| frontend.monitor.has_model(model));
+        if dropped > 0 {
+            tracing::debug!(dropped, "rejection counters of forgotten models dropped");
+        }
+    }
 }
 
 /// Runs `loadgate frontend` until Ctrl-C / SIGTERM.
@@ -125,7 +219,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         let running = start(args).await?;
-        println!("listening http={} events={}", running.http, running.events);
+        let admin = running.admin.map_or_else(|| "off".to_owned(), |addr| addr.to_string());
+        println!("listening http={} events={} admin={admin}", running.http, running.events);
         std::io::stdout().flush()?;
         shutdown_signal().await;
         tracing::info!("shutting down");

@@ -8,10 +8,9 @@ use std::task::{Context, Poll};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
 use futures_util::Stream;
-use serde_json::Value;
 
 use loadgate::{
     metrics::{Endpoint, Reason},
@@ -21,20 +20,30 @@ use loadgate::{
 
 use crate::frontend::inflight::Held;
 use crate::frontend::reply;
+use crate::frontend::request::read_head;
 use crate::frontend::state::Frontend;
-use crate::tokens::prompt_tokens;
+use crate::secret::{body_digest, BodyDigest};
 
 /// Largest worker error body the frontend reads to look for a refusal.
 const MAX_ERROR_BODY: usize = 64 * 1024;
 
 /// `POST /v1/completions`.
-pub async fn completions(State(frontend): State<Arc<Frontend>>, body: Bytes) -> Response {
-    proxy(frontend, Endpoint::Completions, body).await
+pub async fn completions(State(frontend): State<Arc<Frontend>>, headers: HeaderMap, body: Body) -> Response {
+    receive(frontend, Endpoint::Completions, headers, body).await
 }
 
 /// `POST /v1/chat/completions`.
-pub async fn chat_completions(State(frontend): State<Arc<Frontend>>, body: Bytes) -> Response {
-    proxy(frontend, Endpoint::ChatCompletions, body).await
+pub async fn chat_completions(State(frontend): State<Arc<Frontend>>, headers: HeaderMap, body: Body) -> Response {
+    receive(frontend, Endpoint::ChatCompletions, headers, body).await
+}
+
+/// Reads the body within `--http-body-limit-mb` and `--http-body-budget-mb`
+/// (the body's reservation lasts as long as the body), then proxies it.
+async fn receive(frontend: Arc<Frontend>, endpoint: Endpoint, headers: HeaderMap, body: Body) -> Response {
+    match frontend.bodies.read(&headers, body).await {
+        Ok(body) => proxy(frontend, endpoint, body).await,
+        Err(refusal) => refusal,
+    }
 }
 
 fn path(endpoint: Endpoint) -> &'static str {
@@ -53,17 +62,29 @@ struct Exclusions {
     unreachable: bool,
 }
 
+/// Bodies above this are read (and hashed) on tokio's blocking pool: a scan
+/// of a body of 150 MB takes long enough to stall the runtime thread it runs
+/// on.
+const INLINE_READ_LIMIT: usize = 1024 * 1024;
+
 async fn proxy(frontend: Arc<Frontend>, endpoint: Endpoint, body: Bytes) -> Response {
-    let request: Value = match serde_json::from_slice(&body) {
-        Ok(v @ Value::Object(_)) => v,
-        Ok(_) => return reply::bad_request("request body must be a JSON object"),
-        Err(e) => return reply::bad_request(&format!("request body is not valid JSON: {e}")),
+    let tracking = frontend.inflight.tracking();
+    // The request proof vouches for the body: hashed once, for every attempt.
+    let signing = frontend.secrets.is_some();
+    let read =
+        move |body: &[u8]| read_head(endpoint, body, tracking).map(|head| (head, signing.then(|| body_digest(body))));
+    let head = if body.len() <= INLINE_READ_LIMIT {
+        read(&body)
+    } else {
+        let shared = body.clone();
+        tokio::task::spawn_blocking(move || read(&shared))
+            .await
+            .unwrap_or_else(|e| Err(format!("could not read the request: {e}")))
     };
-    let model = match request.get("model") {
-        Some(Value::String(m)) if !m.is_empty() => m.clone(),
-        _ => return reply::bad_request("\"model\" must be a non-empty string"),
+    let (model, prompt, digest) = match head {
+        Ok((head, digest)) => (head.model, head.prompt_tokens, digest.unwrap_or_default()),
+        Err(message) => return reply::bad_request(&message),
     };
-    let prompt = if frontend.inflight.tracking() { prompt_tokens(endpoint, &request) } else { 0 };
     let mut migration = Migration::new(frontend.migration_limit);
     let mut excluded = Exclusions::default();
     loop {
@@ -84,7 +105,7 @@ async fn proxy(frontend: Arc<Frontend>, endpoint: Endpoint, body: Bytes) -> Resp
             Err(RouteError::UnknownModel) => return reply::unknown_model(&model),
             Err(_) => return reply::unavailable(),
         };
-        match dispatch(&frontend, endpoint, worker, prompt, &body).await {
+        match dispatch(&frontend, endpoint, worker, prompt, &body, &digest).await {
             Attempt::Answer(response) => return response,
             Attempt::AtCapacity => {
                 tracing::debug!(worker, %model, "worker at capacity; migrating");
@@ -119,14 +140,15 @@ async fn dispatch(
     worker: WorkerId,
     prompt: u64,
     body: &Bytes,
+    digest: &BodyDigest,
 ) -> Attempt {
     let Some(address) = frontend.directory.get(worker) else {
         return Attempt::Unreachable;
     };
     let held = frontend.inflight.hold(worker, address.dp_size, prompt);
     let url = format!("{}{}", address.base_url, path(endpoint));
-    let sent =
-        frontend.client.post(url).header(header::CONTENT_TYPE, "application/json").body(body.clone()).send().await;
+    let request = frontend.client.post(url).header(header::CONTENT_TYPE, "application/json").body(body.clone());
+    let sent = frontend.signed(request, "POST", path(endpoint), digest).send().await;
     let upstream = match sent {
         Ok(upstream) => upstream,
         Err(error) => {
@@ -210,5 +232,176 @@ impl Stream for Relay {
             Poll::Pending => {}
         }
         next
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use axum::extract::Request;
+    use axum::response::IntoResponse as _;
+    use axum::routing::post;
+    use clap::Parser as _;
+    use tokio::io::AsyncWriteExt as _;
+    use tower::ServiceExt as _;
+
+    use super::*;
+    use crate::directory::WorkerDirectory;
+    use crate::frontend::Args;
+    use crate::secret::{unix_ms, Secrets, REQUEST_PROOF_HEADER};
+    use loadgate::{MonitorConfig, WorkerMonitor};
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    const SECRET: &[u8] = b"a proxy test secret, 16+";
+
+    /// What a fake worker saw: the body's length and whether its proof held.
+    type Seen = Arc<Mutex<Vec<(usize, bool)>>>;
+
+    /// A fake worker on 127.0.0.1: refuses at its cap or answers 200.
+    async fn fake_worker(refuse: bool, seen: Seen) -> (String, tokio::task::JoinHandle<()>) {
+        let secrets = Secrets::from_values(SECRET, None).unwrap();
+        let handler = move |request: Request| {
+            let seen = seen.clone();
+            let secrets = secrets.clone();
+            async move {
+                let proof =
+                    request.headers().get(REQUEST_PROOF_HEADER).and_then(|v| v.to_str().ok()).map(str::to_owned);
+                let vouched =
+                    proof.and_then(|p| secrets.verify_request_proof(&p, "POST", "/v1/completions", unix_ms()).ok());
+                let body = axum::body::to_bytes(request.into_body(), usize::MAX).await.unwrap();
+                let valid = vouched == Some(body_digest(&body));
+                seen.lock().unwrap().push((body.len(), valid));
+                if refuse {
+                    let message = format!(r#"{{"error":{{"message":"{WORKER_AT_CAPACITY}","code":529}}}}"#);
+                    (StatusCode::from_u16(529).unwrap(), message).into_response()
+                } else {
+                    (StatusCode::OK, r#"{"choices":[]}"#).into_response()
+                }
+            }
+        };
+        let app = axum::Router::new().route("/v1/completions", post(handler));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        (addr.to_string(), server)
+    }
+
+    fn frontend(flags: &[&str], secrets: Option<Arc<Secrets>>) -> Arc<Frontend> {
+        let cli = Cli::parse_from(std::iter::once("frontend").chain(flags.iter().copied()));
+        let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
+        let directory = Arc::new(WorkerDirectory::default());
+        Arc::new(Frontend::new(&cli.args, monitor, directory, secrets).unwrap())
+    }
+
+    fn completion(body: Vec<u8>) -> Request {
+        Request::post("/v1/completions")
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::CONTENT_LENGTH, body.len())
+            .body(Body::from(body))
+            .unwrap()
+    }
+
+    fn json_body(prompt_bytes: usize) -> Vec<u8> {
+        format!(r#"{{"model":"m","prompt":"{}"}}"#, "x".repeat(prompt_bytes)).into_bytes()
+    }
+
+    #[tokio::test]
+    async fn a_migrated_body_is_sent_whole_with_a_proof_and_released_after() {
+        let secrets = Arc::new(Secrets::from_values(SECRET, None).unwrap());
+        let frontend = frontend(&["--router-mode", "round-robin"], Some(secrets));
+        let seen: Seen = Arc::default();
+        let (refusing, _a) = fake_worker(true, seen.clone()).await;
+        let (serving, _b) = fake_worker(false, seen.clone()).await;
+        frontend.monitor.register(1, "m", 1, 0).unwrap();
+        frontend.monitor.register(2, "m", 1, 0).unwrap();
+        frontend.directory.insert(1, &refusing, 1);
+        frontend.directory.insert(2, &serving, 1);
+        let body = json_body(3 << 20);
+        let len = body.len();
+        let app = crate::frontend::app(frontend.clone());
+        let response = app.oneshot(completion(body)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        // Round robin sent it to the refusing worker first, then migrated.
+        assert_eq!(*seen.lock().unwrap(), [(len, true), (len, true)]);
+        let answer = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+        assert_eq!(&answer[..], br#"{"choices":[]}"#);
+        // The reservation went with the last copy of the body (the HTTP
+        // client's may outlive the answer by a moment).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while frontend.bodies.used() != 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(frontend.bodies.used(), 0);
+    }
+
+    #[tokio::test]
+    async fn bodies_past_the_limit_or_the_budget_are_refused_before_routing() {
+        let frontend = frontend(&["--http-body-limit-mb", "1", "--http-body-budget-mb", "1"], None);
+        frontend.monitor.add_model("m");
+        let app = crate::frontend::app(frontend.clone());
+        let too_large = app.clone().oneshot(completion(json_body(1 << 20))).await.unwrap();
+        assert_eq!(too_large.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(too_large.headers()[header::CONNECTION], "close");
+        // Within the limit, the body is read and routed (no worker: 503 Unavailable).
+        let fits = app.clone().oneshot(completion(json_body(1000))).await.unwrap();
+        assert_eq!(fits.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(fits.headers().get(header::CONNECTION).is_none(), "a routing 503 keeps the connection");
+        // With the budget held by another body, the next is refused unread.
+        let held = frontend.bodies.read(&HeaderMap::new(), Body::from(vec![b' '; 1 << 20])).await.unwrap();
+        let over = app.clone().oneshot(completion(json_body(10))).await.unwrap();
+        assert_eq!(over.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(over.headers()[header::CONNECTION], "close");
+        drop(held);
+        assert_eq!(frontend.bodies.used(), 0);
+        let invalid = app.oneshot(completion(b"[1]".to_vec())).await.unwrap();
+        assert_eq!(invalid.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(frontend.bodies.used(), 0);
+    }
+
+    /// Waits (bounded) until `frontend`'s budget shows `bytes` in use.
+    async fn wait_used(frontend: &Frontend, bytes: usize) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while frontend.bodies.used() != bytes && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(frontend.bodies.used(), bytes);
+    }
+
+    #[tokio::test]
+    async fn a_client_that_disconnects_mid_body_gives_its_reservation_back() {
+        let frontend = frontend(&[], None);
+        frontend.monitor.add_model("m");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = crate::frontend::app(frontend.clone());
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        let declared = 4 << 20;
+        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {declared}\r\n\r\n"
+        );
+        client.write_all(head.as_bytes()).await.unwrap();
+        client.write_all(&vec![b' '; 1 << 20]).await.unwrap();
+        // Reserved as the bytes arrive: 1 MiB of 4 sent, 1 to 2 MiB reserved.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while frontend.bodies.used() < 1 << 20 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let used = frontend.bodies.used();
+        assert!((1 << 20..=2 << 20).contains(&used), "{used} bytes reserved for 1 MiB of {declared}");
+        drop(client);
+        wait_used(&frontend, 0).await;
+        server.abort();
     }
 }

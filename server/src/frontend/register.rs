@@ -5,19 +5,29 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::events::PlaneLimits;
 use crate::frontend::state::Frontend;
+use crate::secret::body_digest;
 
 /// How long `--worker URL` keeps retrying `URL/info` before giving up.
 const WORKER_INFO_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Registers the worker at `url` from its `GET /info`, retrying until it
 /// answers (bounded).
-pub(crate) async fn register_http_worker(frontend: &Frontend, url: &str) -> anyhow::Result<()> {
+///
+/// What `/info` names passes the same limits as an event-plane Register
+/// (`--max-name-len` for the model name, `--max-dp-size`, `--max-workers`,
+/// `--max-models`), and an id may be given by one `--worker` only.
+pub(crate) async fn register_http_worker(frontend: &Frontend, url: &str, limits: &PlaneLimits) -> anyhow::Result<()> {
     let base = url.trim_end_matches('/');
     let base = if base.contains("://") { base.to_owned() } else { format!("http://{base}") };
     let deadline = tokio::time::Instant::now() + WORKER_INFO_DEADLINE;
     let info: Value = loop {
-        match frontend.client.get(format!("{base}/info")).send().await {
+        match frontend
+            .signed(frontend.client.get(format!("{base}/info")), "GET", "/info", &body_digest(b""))
+            .send()
+            .await
+        {
             Ok(r) if r.status().is_success() => break r.json().await?,
             Ok(r) => tracing::info!(%base, status = %r.status(), "worker /info not ready; retrying"),
             Err(e) => tracing::info!(%base, error = %e, "worker /info unreachable; retrying"),
@@ -36,9 +46,19 @@ pub(crate) async fn register_http_worker(frontend: &Frontend, url: &str) -> anyh
     let (Some(worker), Some(model)) = (worker, model) else {
         anyhow::bail!("worker {base}/info lacks worker_id or model: {info}");
     };
-    let dp_size = u32::try_from(dp_size)?;
-    frontend.monitor.register(worker, model, dp_size, incarnation)?;
-    frontend.directory.insert(worker, &base, dp_size);
+    let dp_size = u32::try_from(dp_size)
+        .map_err(|_| anyhow::anyhow!("--worker {base}: dp size {dp_size} over --max-dp-size {}", limits.max_dp_size))?;
+    if frontend.directory.contains(worker) {
+        anyhow::bail!("--worker {base}: worker id {worker} is already registered by another --worker");
+    }
+    limits
+        .check_register(&frontend.monitor, &frontend.directory, worker, model, None, dp_size)
+        .map_err(|refusal| anyhow::anyhow!("--worker {base} refused: {refusal}"))?;
+    frontend
+        .monitor
+        .register(worker, model, dp_size, incarnation)
+        .map_err(|e| anyhow::anyhow!("--worker {base} refused: {e}"))?;
+    frontend.directory.insert_static(worker, &base, dp_size);
     tracing::info!(worker, model, dp_size, %base, "worker registered from --worker");
     Ok(())
 }

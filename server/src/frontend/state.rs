@@ -11,8 +11,10 @@ use loadgate::{
 
 use crate::directory::WorkerDirectory;
 use crate::frontend::args::{Args, RouterMode};
+use crate::frontend::body_budget::BodyBudget;
 use crate::frontend::inflight::{InFlight, Tracking};
 use crate::frontend::reply;
+use crate::secret::{unix_ms, BodyDigest, Secrets, REQUEST_PROOF_HEADER};
 
 /// The frontend's shared state, handed to every route.
 #[derive(Debug)]
@@ -24,22 +26,28 @@ pub struct Frontend {
     pub(crate) inflight: Arc<InFlight>,
     pub(crate) client: reqwest::Client,
     pub(crate) migration_limit: usize,
+    /// `--http-body-limit-mb` and `--http-body-budget-mb`.
+    pub(crate) bodies: Arc<BodyBudget>,
+    /// The event secret, which also signs every request sent to a worker.
+    pub(crate) secrets: Option<Arc<Secrets>>,
 }
 
 impl Frontend {
-    /// A frontend over `monitor` configured by `args`.
+    /// A frontend over `monitor` configured by `args`, signing its requests
+    /// to workers with `secrets`.
     ///
     /// # Errors
     ///
     /// The HTTP client could not be built.
-    pub fn new(args: &Args, monitor: Arc<WorkerMonitor>, directory: Arc<WorkerDirectory>) -> anyhow::Result<Self> {
+    pub fn new(
+        args: &Args,
+        monitor: Arc<WorkerMonitor>,
+        directory: Arc<WorkerDirectory>,
+        secrets: Option<Arc<Secrets>>,
+    ) -> anyhow::Result<Self> {
         let tracking =
             (args.router_mode == RouterMode::Kv).then_some(Tracking { output_blocks: args.router_track_output_blocks });
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(2))
-            .pool_idle_timeout(Duration::from_secs(30))
-            .tcp_nodelay(true)
-            .build()?;
+        let client = worker_client()?;
         Ok(Frontend {
             router: WorkerRouter::new(monitor.clone(), args.policy()),
             inflight: Arc::new(InFlight::new(monitor.clone(), tracking)),
@@ -48,8 +56,37 @@ impl Frontend {
             metrics: RejectionMetrics::default(),
             client,
             migration_limit: args.migration_limit,
+            bodies: BodyBudget::new(args.http_body_limit_mb, args.http_body_budget_mb),
+            secrets,
         })
     }
+
+    /// `request` with the proof of the secret for `method path` and a body
+    /// of digest `body` (none without a secret).
+    pub(crate) fn signed(
+        &self,
+        request: reqwest::RequestBuilder,
+        method: &str,
+        path: &str,
+        body: &BodyDigest,
+    ) -> reqwest::RequestBuilder {
+        match &self.secrets {
+            Some(secrets) => request.header(REQUEST_PROOF_HEADER, secrets.request_proof(method, path, body, unix_ms())),
+            None => request,
+        }
+    }
+}
+
+/// The HTTP client to workers. It follows no redirect: a worker that
+/// answers 3xx gets that answer relayed, and the body and the request proof
+/// are never re-sent to wherever it points.
+fn worker_client() -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(2))
+        .pool_idle_timeout(Duration::from_secs(30))
+        .tcp_nodelay(true)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
 }
 
 impl Frontend {
@@ -67,5 +104,51 @@ impl Frontend {
         let busy = Reason::from_signals(self.monitor.model_busy_reasons(model));
         self.metrics.record(model, endpoint, busy.chain(causes));
         reply::overloaded()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use axum::http::{header, StatusCode};
+    use axum::routing::any;
+    use axum::Router;
+
+    use super::*;
+
+    async fn serve(router: Router) -> (String, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        (format!("http://{addr}"), tokio::spawn(async move { axum::serve(listener, router).await.unwrap() }))
+    }
+
+    #[tokio::test]
+    async fn a_redirecting_worker_is_not_followed() {
+        let hits = Arc::new(AtomicUsize::new(0));
+        let counted = hits.clone();
+        let elsewhere = Router::new().fallback(any(move || {
+            // Relaxed: a counter read after the request.
+            counted.fetch_add(1, Ordering::Relaxed);
+            async { "got it" }
+        }));
+        let (target, _target) = serve(elsewhere).await;
+        for status in [StatusCode::TEMPORARY_REDIRECT, StatusCode::PERMANENT_REDIRECT, StatusCode::FOUND] {
+            let location = format!("{target}/v1/completions");
+            let worker = Router::new().fallback(any(move || async move { (status, [(header::LOCATION, location)]) }));
+            let (worker, _worker) = serve(worker).await;
+            let answer = worker_client()
+                .unwrap()
+                .post(format!("{worker}/v1/completions"))
+                .header(REQUEST_PROOF_HEADER, "v1.1.00")
+                .body("a prompt")
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(answer.status(), status, "the redirect itself is the answer");
+        }
+        // Relaxed: the requests above have completed.
+        assert_eq!(hits.load(Ordering::Relaxed), 0, "the redirect target received the body and proof");
     }
 }

@@ -1,6 +1,7 @@
 //! `GET`/`POST /busy_threshold`: read and change a model's busy thresholds
 //! at run time. A change is applied (and every worker of the model
-//! re-evaluated) before the reply is sent.
+//! re-evaluated) before the reply is sent. Served only on the admin listener
+//! (`admin_app` in `mod.rs`), behind the bearer token when one is set.
 
 use std::sync::Arc;
 

@@ -4,41 +4,42 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Command-line arguments of `loadgate bench`.
+/// Command-line arguments of `loadgate bench`. Every flag also reads
+/// `LOADGATE_BENCH_<FLAG>` (a flag beats its variable).
 #[derive(Clone, Debug, clap::Args)]
 pub struct Args {
     /// Base URL of a frontend or worker (or a full `/v1/...completions` URL).
-    #[arg(long)]
+    #[arg(long, env = "LOADGATE_BENCH_URL")]
     pub url: String,
     /// Model name sent in every request.
-    #[arg(long)]
+    #[arg(long, env = "LOADGATE_BENCH_MODEL")]
     pub model: String,
     /// Mean arrival rate, requests per second.
-    #[arg(long)]
+    #[arg(long, env = "LOADGATE_BENCH_RATE")]
     pub rate: f64,
     /// Seconds during which requests arrive.
-    #[arg(long)]
+    #[arg(long, env = "LOADGATE_BENCH_DURATION")]
     pub duration: f64,
     /// Prompt length in tokens (words).
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, env = "LOADGATE_BENCH_PROMPT_TOKENS", default_value_t = 128)]
     pub prompt_tokens: u32,
     /// Tokens to generate per request.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, env = "LOADGATE_BENCH_OUTPUT_TOKENS", default_value_t = 32)]
     pub output_tokens: u32,
     /// Stream responses (SSE); TTFT is then the first streamed bytes.
-    #[arg(long)]
+    #[arg(long, env = "LOADGATE_BENCH_STREAM", value_parser = clap::builder::BoolishValueParser::new())]
     pub stream: bool,
     /// Print one JSON object instead of the table.
-    #[arg(long)]
+    #[arg(long, env = "LOADGATE_BENCH_JSON", value_parser = clap::builder::BoolishValueParser::new())]
     pub json: bool,
     /// Draw latency percentiles and the rejection rate over time (SVG).
-    #[arg(long, value_name = "FILE.svg")]
+    #[arg(long, env = "LOADGATE_BENCH_PLOT", value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
     /// Seconds to wait for in-flight requests after the last arrival.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, env = "LOADGATE_BENCH_DRAIN_TIMEOUT", default_value_t = 10.0)]
     pub drain_timeout: f64,
     /// Seed of the arrival process (default: random).
-    #[arg(long)]
+    #[arg(long, env = "LOADGATE_BENCH_SEED")]
     pub seed: Option<u64>,
 }
 

@@ -1,6 +1,13 @@
-//! Command-line arguments of `loadgate worker`: the model, ports, frontends,
-//! the engine physics and the hard cap.
+//! Command-line arguments of `loadgate worker`: the model, listener and
+//! advertised address, frontends, the event secret, the engine physics and
+//! the hard cap.
+//!
+//! Every flag also reads `LOADGATE_WORKER_<FLAG>` (a flag beats its
+//! variable; `--frontend` takes a comma-separated variable), except
+//! `--http-body-limit-mb`, which reads Dynamo's `DYN_HTTP_BODY_LIMIT_MB` like
+//! the frontend's.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::worker::engine::EngineConfig;
@@ -9,41 +16,55 @@ use crate::worker::engine::EngineConfig;
 #[derive(Clone, Debug, clap::Args)]
 pub struct Args {
     /// The model this worker serves.
-    #[arg(long)]
+    #[arg(long, env = "LOADGATE_WORKER_MODEL")]
     pub model: String,
-    /// HTTP port on 127.0.0.1 (0 picks a free one).
-    #[arg(long, default_value_t = 0)]
+    /// Address the HTTP listener binds.
+    #[arg(long, env = "LOADGATE_WORKER_HTTP_HOST", default_value = "127.0.0.1")]
+    pub http_host: String,
+    /// HTTP port (0 picks a free one).
+    #[arg(long, env = "LOADGATE_WORKER_HTTP_PORT", default_value_t = 0)]
     pub http_port: u16,
+    /// HOST:PORT announced to frontends (default: the bound address; required
+    /// when --http-host is an unspecified address such as 0.0.0.0).
+    #[arg(long, env = "LOADGATE_WORKER_ADVERTISE_ADDR", value_name = "HOST:PORT")]
+    pub advertise_addr: Option<String>,
     /// A frontend's event port, HOST:PORT (repeatable; none: standalone).
-    #[arg(long = "frontend", value_name = "HOST:PORT")]
+    #[arg(long = "frontend", env = "LOADGATE_WORKER_FRONTEND", value_name = "HOST:PORT", value_delimiter = ',')]
     pub frontends: Vec<String>,
+    /// File holding the event-plane secret (line 1: current, optional line 2: previous).
+    /// Without it: LOADGATE_EVENT_SECRET and LOADGATE_EVENT_SECRET_PREVIOUS.
+    #[arg(long, env = "LOADGATE_WORKER_EVENT_SECRET_FILE", value_name = "PATH")]
+    pub event_secret_file: Option<PathBuf>,
+    /// Largest request body, in MiB (larger: 413).
+    #[arg(long, env = "DYN_HTTP_BODY_LIMIT_MB", value_name = "MB", default_value_t = 192)]
+    pub http_body_limit_mb: usize,
     /// Data-parallel ranks.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    #[arg(long, env = "LOADGATE_WORKER_DP_SIZE", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub dp_size: u32,
     /// KV-cache blocks per rank.
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "LOADGATE_WORKER_KV_TOTAL_BLOCKS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     pub kv_total_blocks: u32,
     /// Tokens per KV block.
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "LOADGATE_WORKER_BLOCK_SIZE", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     pub block_size: u32,
     /// Token budget of one engine step (decode + prefill).
-    #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "LOADGATE_WORKER_MAX_NUM_BATCHED_TOKENS", default_value_t = 2048, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_num_batched_tokens: u32,
     /// Engine slots N; the overflow queue Q comes from DYN_DYNAMO_REQUEST_QUEUE_LIMIT (default 16).
     /// Without it there is no cap.
-    #[arg(long)]
+    #[arg(long, env = "LOADGATE_WORKER_ENGINE_REQUEST_LIMIT")]
     pub engine_request_limit: Option<usize>,
     /// Wall time of one engine step, in milliseconds.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "LOADGATE_WORKER_DECODE_STEP_MS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub decode_step_ms: u64,
     /// Bound on prefill speed, tokens per second per rank.
-    #[arg(long)]
+    #[arg(long, env = "LOADGATE_WORKER_PREFILL_TOKENS_PER_S")]
     pub prefill_tokens_per_s: Option<u32>,
     /// Re-send every rank's load at least this often (ms), even when unchanged.
-    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "LOADGATE_WORKER_HEARTBEAT_MS", default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
     pub heartbeat_ms: u64,
     /// Worker id announced to frontends (default: random).
-    #[arg(long)]
+    #[arg(long, env = "LOADGATE_WORKER_WORKER_ID")]
     pub worker_id: Option<u64>,
 }
 

@@ -6,10 +6,11 @@ use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::{Stream, StreamExt};
 use loadgate::{
@@ -19,6 +20,7 @@ use loadgate::{
 };
 
 use crate::openai::{filler_token, parse_request, sse_event, Api, ResponseId, Usage, SSE_DONE};
+use crate::secret::Secrets;
 use crate::worker::engine::{Engine, EngineError, TokenStream};
 
 /// A response's engine slot.
@@ -34,14 +36,95 @@ pub(crate) struct Worker {
     pub(crate) admission: Option<Arc<Admission<()>>>,
     /// Responses not yet ended (the engine-request gauge without a cap).
     pub(crate) in_flight: Arc<AtomicUsize>,
+    /// The event secret: requests must carry its proof (`proof.rs`).
+    pub(crate) secrets: Option<Arc<Secrets>>,
+    /// Largest request body in bytes (`--http-body-limit-mb`).
+    pub(crate) body_limit: usize,
 }
 
-pub(crate) async fn completions(State(worker): State<Arc<Worker>>, body: Bytes) -> Response {
-    generate(worker, Api::Completions, body).await
+pub(crate) async fn completions(State(worker): State<Arc<Worker>>, headers: HeaderMap, body: Body) -> Response {
+    match read_body(worker.body_limit, &headers, body).await {
+        Ok(body) => generate(worker, Api::Completions, body).await,
+        Err(refusal) => refusal,
+    }
 }
 
-pub(crate) async fn chat_completions(State(worker): State<Arc<Worker>>, body: Bytes) -> Response {
-    generate(worker, Api::ChatCompletions, body).await
+pub(crate) async fn chat_completions(State(worker): State<Arc<Worker>>, headers: HeaderMap, body: Body) -> Response {
+    match read_body(worker.body_limit, &headers, body).await {
+        Ok(body) => generate(worker, Api::ChatCompletions, body).await,
+        Err(refusal) => refusal,
+    }
+}
+
+/// How long a client may pause between two pieces of its body (as the
+/// frontend's body reader).
+pub(crate) const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long reading one body may take in all (as the frontend's).
+pub(crate) const BODY_READ_DEADLINE: Duration = Duration::from_secs(120);
+
+/// The first buffer of a body; it doubles as the bytes arrive.
+const FIRST_STEP: usize = 64 * 1024;
+
+/// Reads a request body of at most `--http-body-limit-mb`: a larger
+/// `Content-Length` is refused with 413 before reading (and so is a body
+/// without one once it grows past the limit). The buffer grows as the bytes
+/// arrive (doubling, never past the `Content-Length`), so a declared length
+/// allocates nothing up front. A client that pauses over
+/// [`BODY_IDLE_TIMEOUT`] or takes over [`BODY_READ_DEADLINE`] gets 408.
+async fn read_body(limit: usize, headers: &HeaderMap, body: Body) -> Result<Bytes, Response> {
+    read_body_within(limit, BODY_IDLE_TIMEOUT, BODY_READ_DEADLINE, headers, body).await
+}
+
+async fn read_body_within(
+    limit: usize,
+    idle: Duration,
+    deadline: Duration,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Bytes, Response> {
+    let closing = |status: StatusCode, message: &str, kind: &str| {
+        let mut response = error_response(status, message, kind);
+        // The rest of the body is not read: the connection cannot be reused.
+        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        response
+    };
+    let too_large = || {
+        let message = format!("request body is larger than {limit} bytes (--http-body-limit-mb)");
+        closing(StatusCode::PAYLOAD_TOO_LARGE, &message, "PayloadTooLarge")
+    };
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let cap = declared.map_or(limit, |n| n as usize);
+    let read = async {
+        let mut bytes = Vec::new();
+        let mut stream = body.into_data_stream();
+        loop {
+            let Ok(next) = tokio::time::timeout(idle, stream.next()).await else {
+                return Err(closing(StatusCode::REQUEST_TIMEOUT, "request body arrived too slowly", "RequestTimeout"));
+            };
+            let Some(chunk) = next else { return Ok(Bytes::from(bytes)) };
+            let chunk = chunk.map_err(|e| {
+                closing(StatusCode::BAD_REQUEST, &format!("could not read the body: {e}"), "BadRequest")
+            })?;
+            let needed = bytes.len().saturating_add(chunk.len());
+            if needed > limit {
+                return Err(too_large());
+            }
+            if needed > bytes.capacity() {
+                let step = needed.max(bytes.capacity().saturating_mul(2)).max(FIRST_STEP).min(cap.max(needed));
+                bytes.reserve_exact(step - bytes.len());
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+    };
+    match tokio::time::timeout(deadline, read).await {
+        Ok(read) => read,
+        Err(_) => Err(closing(StatusCode::REQUEST_TIMEOUT, "request body arrived too slowly", "RequestTimeout")),
+    }
 }
 
 fn json_response(status: StatusCode, body: String) -> Response {
@@ -106,8 +189,19 @@ where
     Body::from_stream(PermitStream::new(inner, held))
 }
 
+/// Bodies above this are parsed on tokio's blocking pool, so a large prompt
+/// does not stall the runtime thread that serves other requests.
+const INLINE_PARSE_LIMIT: usize = 1024 * 1024;
+
 async fn generate(worker: Arc<Worker>, api: Api, body: Bytes) -> Response {
-    let request = match parse_request(api, &body) {
+    let parsed = if body.len() <= INLINE_PARSE_LIMIT {
+        parse_request(api, &body)
+    } else {
+        tokio::task::spawn_blocking(move || parse_request(api, &body))
+            .await
+            .unwrap_or_else(|e| Err(format!("could not parse the request: {e}")))
+    };
+    let request = match parsed {
         Ok(r) => r,
         Err(message) => return error_response(StatusCode::BAD_REQUEST, &message, "BadRequest"),
     };
@@ -216,4 +310,59 @@ pub(crate) async fn metrics(State(worker): State<Arc<Worker>>) -> Response {
     };
     let text = render_worker(&worker.model, stats);
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn declared(n: usize) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+        headers
+    }
+
+    #[tokio::test]
+    async fn bodies_past_the_limit_are_413_and_the_rest_are_read_whole() {
+        // Past the limit by its length: refused before reading (this body never ends).
+        let endless = Body::from_stream(futures_util::stream::pending::<Result<Bytes, Infallible>>());
+        let refused = read_body(1 << 20, &declared((1 << 20) + 1), endless).await.unwrap_err();
+        assert_eq!(refused.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        // Past it as it streams.
+        let chunks = (0..5).map(|_| Ok::<_, Infallible>(Bytes::from(vec![b'x'; 1 << 18])));
+        let streamed = Body::from_stream(futures_util::stream::iter(chunks));
+        let refused = read_body(1 << 20, &HeaderMap::new(), streamed).await.unwrap_err();
+        assert_eq!(refused.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        // Larger than axum's 2 MB default, within the limit.
+        let big = vec![b'x'; 3 << 20];
+        let read = read_body(4 << 20, &declared(big.len()), Body::from(big)).await.unwrap();
+        assert_eq!(read.len(), 3 << 20);
+    }
+
+    #[tokio::test]
+    async fn a_slow_body_is_408_and_a_declared_length_is_not_allocated_up_front() {
+        // A body that pauses past the idle timeout.
+        let pausing = Body::from_stream(futures_util::stream::pending::<Result<Bytes, Infallible>>());
+        let idle = Duration::from_millis(50);
+        let refused =
+            read_body_within(1 << 30, idle, Duration::from_secs(5), &declared(1 << 30), pausing).await.unwrap_err();
+        assert_eq!(refused.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(refused.headers()[header::CONNECTION], "close");
+        // One that trickles within the idle timeout but past the deadline.
+        let trickle = futures_util::stream::unfold((), |()| async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Some((Ok::<_, Infallible>(Bytes::from_static(b"x")), ()))
+        });
+        let deadline = Duration::from_millis(200);
+        let started = std::time::Instant::now();
+        let refused = read_body_within(1 << 30, idle, deadline, &declared(1 << 30), Body::from_stream(trickle))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.status(), StatusCode::REQUEST_TIMEOUT);
+        assert!(started.elapsed() < Duration::from_secs(2));
+        // A 1 GiB Content-Length with 3 bytes sent reads them (no 1 GiB buffer first).
+        let short = Body::from(&b"abc"[..]);
+        let read = read_body_within(1 << 30, idle, deadline, &declared(1 << 30), short).await.unwrap();
+        assert_eq!(&read[..], b"abc");
+    }
 }

@@ -14,15 +14,16 @@
 mod args;
 mod engine;
 mod http;
+mod proof;
 
 use std::io::Write as _;
+use std::net::SocketAddr;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use axum::routing::{get, post};
-use axum::serve::ListenerExt as _;
 use axum::Router;
 use loadgate::admission::queue_limit_from_env;
 use loadgate::Admission;
@@ -31,6 +32,7 @@ pub use self::args::Args;
 use self::engine::{Engine, LoadSink};
 use self::http::Worker;
 use crate::events::{EventPublisher, Registration};
+use crate::http_server::{self, ServeConfig};
 
 /// The worker's routes.
 fn app(worker: Arc<Worker>) -> Router {
@@ -41,6 +43,7 @@ fn app(worker: Arc<Worker>) -> Router {
         .route("/health", get(http::health))
         .route("/info", get(http::info))
         .route("/metrics", get(http::metrics))
+        .layer(axum::middleware::from_fn_with_state(worker.secrets.clone(), proof::require_proof))
         .with_state(worker)
 }
 
@@ -49,7 +52,8 @@ fn app(worker: Arc<Worker>) -> Router {
 /// # Errors
 ///
 /// An invalid admission configuration (`--engine-request-limit 0`, an invalid
-/// `DYN_DYNAMO_REQUEST_QUEUE_LIMIT`), or a port that cannot be bound.
+/// `DYN_DYNAMO_REQUEST_QUEUE_LIMIT`), a port that cannot be bound, or an
+/// unspecified bind address without `--advertise-addr`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     crate::logging::init_logging();
     let admission = match args.engine_request_limit {
@@ -65,10 +69,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 async fn serve(args: Args, admission: Option<Arc<Admission<()>>>) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.http_port))
+    // Refused before binding: nothing listens on an address it cannot announce.
+    if args.advertise_addr.is_none() && args.http_host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified()) {
+        anyhow::bail!("--advertise-addr HOST:PORT is required when --http-host is {}", args.http_host);
+    }
+    let listener = tokio::net::TcpListener::bind((args.http_host.as_str(), args.http_port))
         .await
-        .with_context(|| format!("cannot bind 127.0.0.1:{}", args.http_port))?;
+        .with_context(|| format!("cannot bind {}:{}", args.http_host, args.http_port))?;
     let addr = listener.local_addr()?;
+    let advertised = advertise_addr(args.advertise_addr.as_deref(), addr)?;
     let id = args.worker_id.unwrap_or_else(|| fastrand::u64(1..));
     let incarnation = Registration::new_incarnation();
     let registration = Registration {
@@ -76,9 +85,24 @@ async fn serve(args: Args, admission: Option<Arc<Admission<()>>>) -> anyhow::Res
         incarnation,
         model: args.model.clone(),
         dp_size: args.dp_size,
-        http_addr: addr.to_string(),
+        http_addr: advertised.clone(),
     };
-    let (sink, publisher) = publish(&args, registration)?;
+    // One secret for the event plane and the proof on every request.
+    let secrets = crate::secret::Secrets::load(args.event_secret_file.as_deref())?.map(Arc::new);
+    if secrets.is_none() {
+        if addr.ip().is_loopback() {
+            tracing::warn!("no event secret: requests are not authenticated");
+        } else {
+            tracing::warn!(
+                %addr,
+                "no event secret and --http-host {} is not a loopback address: anyone who reaches {addr} \
+                 can send requests to this worker unauthenticated, bypassing the frontend; set \
+                 LOADGATE_EVENT_SECRET or --event-secret-file",
+                args.http_host
+            );
+        }
+    }
+    let (sink, publisher) = publish(&args, registration, secrets.clone())?;
     let engine = Engine::start(args.engine_config(), sink);
     let worker = Arc::new(Worker {
         id,
@@ -88,32 +112,58 @@ async fn serve(args: Args, admission: Option<Arc<Admission<()>>>) -> anyhow::Res
         engine,
         admission,
         in_flight: Arc::new(AtomicUsize::new(0)),
+        secrets,
+        body_limit: args.http_body_limit_mb.saturating_mul(1024 * 1024),
     });
     let app = app(worker);
     println!("listening http={addr}");
     std::io::stdout().flush()?;
-    tracing::info!(worker_id = id, model = %args.model, %addr, "worker started");
+    tracing::info!(worker_id = id, model = %args.model, %addr, %advertised, "worker started");
     tokio::select! {
-        served = axum::serve(listener.tap_io(|tcp| {
-            // Tokens are small writes: without this, Nagle holds each one back.
-            let _ = tcp.set_nodelay(true);
-        }), app) => served?,
+        () = http_server::serve(listener, app, ServeConfig::plain()) => {}
         () = shutdown_signal() => tracing::info!("worker stopping"),
     }
     drop(publisher);
     Ok(())
 }
 
+/// The address announced to frontends: `--advertise-addr` (HOST:PORT), else
+/// the bound address, which must then be a specific one (a frontend cannot
+/// reach `0.0.0.0`).
+fn advertise_addr(flag: Option<&str>, bound: SocketAddr) -> anyhow::Result<String> {
+    match flag {
+        Some(value) => {
+            let valid = value
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0));
+            anyhow::ensure!(valid, "invalid --advertise-addr {value:?}: expected HOST:PORT");
+            Ok(value.to_owned())
+        }
+        None => {
+            anyhow::ensure!(
+                !bound.ip().is_unspecified(),
+                "--advertise-addr HOST:PORT is required when --http-host is an unspecified address ({})",
+                bound.ip()
+            );
+            Ok(bound.to_string())
+        }
+    }
+}
+
 /// Starts pushing registration and load to the frontends (none: a
 /// standalone worker); returns the engine's load sink and the publisher to
 /// keep alive.
-fn publish(args: &Args, registration: Registration) -> anyhow::Result<(LoadSink, Option<Arc<EventPublisher>>)> {
+fn publish(
+    args: &Args,
+    registration: Registration,
+    secrets: Option<Arc<crate::secret::Secrets>>,
+) -> anyhow::Result<(LoadSink, Option<Arc<EventPublisher>>)> {
     if args.frontends.is_empty() {
         return Ok((Arc::new(|_, _| {}), None));
     }
     let heartbeat = Duration::from_millis(args.heartbeat_ms);
     let publisher = Arc::new(
-        EventPublisher::start(args.frontends.clone(), registration, heartbeat)
+        EventPublisher::start(args.frontends.clone(), registration, heartbeat, secrets)
             .context("cannot start the event publisher")?,
     );
     let reporter = publisher.clone();

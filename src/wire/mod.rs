@@ -1,5 +1,6 @@
 //! The load event plane's wire format: compact length-prefixed binary frames
-//! that workers send to frontends over TCP. Pure codec, no I/O.
+//! that workers send to frontends over TCP, and the handshake that proves
+//! both ends hold the shared secret. Pure codec, no I/O.
 //!
 //! # Layout
 //!
@@ -10,7 +11,8 @@
 //! offset size  field
 //! 0      1     magic   0xB2 (format version 2; 0xB0 | v is version v,
 //!                      refused as `UnsupportedVersion`; anything else is garbage)
-//! 1      1     kind    1 = Register, 2 = Load, 3 = Deregister
+//! 1      1     kind    1 = Register, 2 = Load, 3 = Deregister,
+//!                      4 = Challenge, 5 = Proof, 6 = Welcome
 //! 2      2     length  payload length in bytes (header excluded)
 //! 4      n     payload
 //! ```
@@ -25,7 +27,25 @@
 //!            | active_prefill_tokens u32 | max_num_batched_tokens u32
 //!            | waiting_requests u32                                        (exactly 48 bytes)
 //! Deregister worker u64 | incarnation u64                                  (exactly 16 bytes)
+//! Challenge  frontend_nonce [32]                                           (exactly 32 bytes)
+//! Proof      worker_nonce [32] | mac [32]                                  (exactly 64 bytes)
+//! Welcome    mac [32]                                                      (exactly 32 bytes)
 //! ```
+//!
+//! # Handshake
+//!
+//! A frontend that has the event secret sends a Challenge (a fresh random
+//! nonce) as soon as it accepts a connection, and applies no frame before a
+//! valid Proof. The worker answers with a Proof: its own fresh nonce and
+//! [`proof_mac`] = HMAC-SHA256(secret, `"loadgate-event-proof-v1"` ||
+//! frontend_nonce || worker_nonce). The frontend checks it (under its current
+//! or previous secret) and answers with a Welcome: [`welcome_mac`] =
+//! HMAC-SHA256(the secret that matched, `"loadgate-event-welcome-v1"` ||
+//! worker_nonce || frontend_nonce). The worker checks the Welcome before it
+//! sends its Register, so each side has proven the secret to the other, and
+//! the secret never crosses the wire. A recorded Proof is useless on another
+//! connection: its challenge differs. A frontend without a secret sends no
+//! Challenge and takes a Register first.
 //!
 //! The incarnation and `seq` follow [`LoadReport`](crate::LoadReport)'s
 //! freshness contract: a worker picks its incarnation at start (e.g. its
@@ -60,9 +80,13 @@
 //! assert!(partial.is_empty());
 //! ```
 
+mod handshake;
+
 use std::fmt;
 
 use bytes::{Buf, BufMut, BytesMut};
+
+pub use self::handshake::{proof_mac, verify_proof_mac, verify_welcome_mac, welcome_mac, Nonce, NONCE_LEN, TAG_LEN};
 
 use crate::load::{RankLoad, WorkerId};
 
@@ -81,9 +105,15 @@ pub const MAX_FRAME: usize = 4096;
 const KIND_REGISTER: u8 = 1;
 const KIND_LOAD: u8 = 2;
 const KIND_DEREGISTER: u8 = 3;
+const KIND_CHALLENGE: u8 = 4;
+const KIND_PROOF: u8 = 5;
+const KIND_WELCOME: u8 = 6;
 
 const LOAD_PAYLOAD: usize = 8 + 8 + 4 + 8 + 5 * 4;
 const DEREGISTER_PAYLOAD: usize = 8 + 8;
+const CHALLENGE_PAYLOAD: usize = NONCE_LEN;
+const PROOF_PAYLOAD: usize = NONCE_LEN + TAG_LEN;
+const WELCOME_PAYLOAD: usize = TAG_LEN;
 /// Fixed part of a Register payload: worker, incarnation, dp size, two
 /// string lengths.
 const REGISTER_FIXED: usize = 8 + 8 + 4 + 2 + 2;
@@ -124,6 +154,37 @@ pub enum Frame {
         /// The incarnation that leaves.
         incarnation: u64,
     },
+    /// Handshake, frontend to worker: prove you hold the secret.
+    Challenge {
+        /// The frontend's fresh random nonce.
+        nonce: Nonce,
+    },
+    /// Handshake, worker to frontend: the answer to a Challenge.
+    Proof {
+        /// The worker's fresh random nonce.
+        nonce: Nonce,
+        /// [`proof_mac`] over both nonces.
+        mac: [u8; TAG_LEN],
+    },
+    /// Handshake, frontend to worker: the frontend's own proof.
+    Welcome {
+        /// [`welcome_mac`] over both nonces.
+        mac: [u8; TAG_LEN],
+    },
+}
+
+impl Frame {
+    /// The frame's name, for logs (`"Register"`, `"Load"`, ...).
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Frame::Register { .. } => "Register",
+            Frame::Load { .. } => "Load",
+            Frame::Deregister { .. } => "Deregister",
+            Frame::Challenge { .. } => "Challenge",
+            Frame::Proof { .. } => "Proof",
+            Frame::Welcome { .. } => "Welcome",
+        }
+    }
 }
 
 /// Why bytes could not be decoded (the connection should be closed), or a
@@ -212,6 +273,22 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) -> Result<(), WireError> {
             dst.put_u64(*worker);
             dst.put_u64(*incarnation);
         }
+        Frame::Challenge { nonce } => {
+            dst.reserve(HEADER_LEN + CHALLENGE_PAYLOAD);
+            put_header(dst, KIND_CHALLENGE, CHALLENGE_PAYLOAD);
+            dst.put_slice(nonce);
+        }
+        Frame::Proof { nonce, mac } => {
+            dst.reserve(HEADER_LEN + PROOF_PAYLOAD);
+            put_header(dst, KIND_PROOF, PROOF_PAYLOAD);
+            dst.put_slice(nonce);
+            dst.put_slice(mac);
+        }
+        Frame::Welcome { mac } => {
+            dst.reserve(HEADER_LEN + WELCOME_PAYLOAD);
+            put_header(dst, KIND_WELCOME, WELCOME_PAYLOAD);
+            dst.put_slice(mac);
+        }
     }
     Ok(())
 }
@@ -250,7 +327,7 @@ pub fn decode(src: &mut BytesMut) -> Result<Option<Frame>, WireError> {
     let Some(&kind) = src.get(1) else {
         return Ok(None);
     };
-    if !matches!(kind, KIND_REGISTER | KIND_LOAD | KIND_DEREGISTER) {
+    if !matches!(kind, KIND_REGISTER..=KIND_WELCOME) {
         return Err(WireError::UnknownKind(kind));
     }
     if src.len() < HEADER_LEN {
@@ -263,6 +340,9 @@ pub fn decode(src: &mut BytesMut) -> Result<Option<Frame>, WireError> {
     let length_ok = match kind {
         KIND_LOAD => len == LOAD_PAYLOAD,
         KIND_DEREGISTER => len == DEREGISTER_PAYLOAD,
+        KIND_CHALLENGE => len == CHALLENGE_PAYLOAD,
+        KIND_PROOF => len == PROOF_PAYLOAD,
+        KIND_WELCOME => len == WELCOME_PAYLOAD,
         _ => len >= REGISTER_FIXED,
     };
     if !length_ok {
@@ -294,6 +374,9 @@ fn parse_payload(kind: u8, mut p: &[u8]) -> Result<Frame, WireError> {
             },
         }),
         KIND_DEREGISTER => Ok(Frame::Deregister { worker: p.get_u64(), incarnation: p.get_u64() }),
+        KIND_CHALLENGE => Ok(Frame::Challenge { nonce: take_array(&mut p) }),
+        KIND_PROOF => Ok(Frame::Proof { nonce: take_array(&mut p), mac: take_array(&mut p) }),
+        KIND_WELCOME => Ok(Frame::Welcome { mac: take_array(&mut p) }),
         _ => {
             let bad = WireError::BadLength { kind, len };
             let worker = p.get_u64();
@@ -310,6 +393,13 @@ fn parse_payload(kind: u8, mut p: &[u8]) -> Result<Frame, WireError> {
             Ok(Frame::Register { worker, incarnation, dp_size, model, http_addr })
         }
     }
+}
+
+/// Takes `N` bytes; the caller checked the payload length.
+fn take_array<const N: usize>(p: &mut &[u8]) -> [u8; N] {
+    let mut out = [0u8; N];
+    p.copy_to_slice(&mut out);
+    out
 }
 
 /// Reads a `u16` length and that many UTF-8 bytes; `None` when the payload is
@@ -372,6 +462,9 @@ mod tests {
             },
         });
         roundtrip(Frame::Deregister { worker: 0, incarnation: 3 });
+        roundtrip(Frame::Challenge { nonce: [7; NONCE_LEN] });
+        roundtrip(Frame::Proof { nonce: [1; NONCE_LEN], mac: [2; TAG_LEN] });
+        roundtrip(Frame::Welcome { mac: [0xFF; TAG_LEN] });
         roundtrip(Frame::Register {
             worker: 1,
             incarnation: 0,
@@ -404,6 +497,42 @@ mod tests {
             decode(&mut BytesMut::from(&[MAGIC, KIND_DEREGISTER, 0, 9][..])),
             Err(WireError::BadLength { kind: KIND_DEREGISTER, len: 9 })
         );
+    }
+
+    #[test]
+    fn handshake_frames_have_the_documented_layout() {
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce[0] = 0xAB;
+        let mut mac = [0u8; TAG_LEN];
+        mac[TAG_LEN - 1] = 0xCD;
+        let mut buf = BytesMut::new();
+        encode(&Frame::Proof { nonce, mac }, &mut buf).unwrap();
+        assert_eq!(&buf[..HEADER_LEN], &[MAGIC, KIND_PROOF, 0, 64]);
+        assert_eq!(buf[HEADER_LEN], 0xAB);
+        assert_eq!(buf[HEADER_LEN + NONCE_LEN + TAG_LEN - 1], 0xCD);
+        let mut buf = BytesMut::new();
+        encode(&Frame::Challenge { nonce }, &mut buf).unwrap();
+        assert_eq!(&buf[..HEADER_LEN], &[MAGIC, KIND_CHALLENGE, 0, 32]);
+        let mut buf = BytesMut::new();
+        encode(&Frame::Welcome { mac }, &mut buf).unwrap();
+        assert_eq!(&buf[..HEADER_LEN], &[MAGIC, KIND_WELCOME, 0, 32]);
+        assert_eq!(buf.len(), HEADER_LEN + TAG_LEN);
+        assert_eq!(Frame::Welcome { mac }.kind_name(), "Welcome");
+    }
+
+    #[test]
+    fn handshake_frames_of_another_length_are_refused_at_the_header() {
+        for (kind, good) in [(KIND_CHALLENGE, 32u8), (KIND_PROOF, 64), (KIND_WELCOME, 32)] {
+            for len in [0, good - 1, good + 1, 255] {
+                assert_eq!(
+                    decode(&mut BytesMut::from(&[MAGIC, kind, 0, len][..])),
+                    Err(WireError::BadLength { kind, len: usize::from(len) })
+                );
+            }
+            assert_eq!(decode(&mut BytesMut::from(&[MAGIC, kind, 0, good][..])), Ok(None));
+        }
+        assert_eq!(decode(&mut BytesMut::from(&[MAGIC, 7][..])), Err(WireError::UnknownKind(7)));
+        assert_eq!(decode(&mut BytesMut::from(&[MAGIC, 0][..])), Err(WireError::UnknownKind(0)));
     }
 
     #[test]
@@ -483,7 +612,7 @@ mod tests {
         }
 
         #[test]
-        fn headed_garbage_never_panics(kind in 0u8..5, len in 0u16..80, tail in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..100)) {
+        fn headed_garbage_never_panics(kind in 0u8..8, len in 0u16..80, tail in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..100)) {
             let mut buf = BytesMut::new();
             buf.put_u8(MAGIC);
             buf.put_u8(kind);
@@ -504,6 +633,16 @@ mod tests {
             let mut buf = BytesMut::new();
             encode(&frame, &mut buf).unwrap();
             proptest::prop_assert_eq!(decode(&mut buf), Ok(Some(frame)));
+        }
+
+        #[test]
+        fn handshake_frames_roundtrip(nonce: [u8; NONCE_LEN], mac: [u8; TAG_LEN]) {
+            for frame in [Frame::Challenge { nonce }, Frame::Proof { nonce, mac }, Frame::Welcome { mac }] {
+                let mut buf = BytesMut::new();
+                encode(&frame, &mut buf).unwrap();
+                proptest::prop_assert_eq!(decode(&mut buf), Ok(Some(frame)));
+                proptest::prop_assert!(buf.is_empty());
+            }
         }
 
         #[test]

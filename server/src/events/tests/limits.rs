@@ -1,0 +1,91 @@
+//! Limits: each bound refuses what passes it and keeps what fits.
+
+use std::time::Duration;
+
+use super::*;
+
+fn register(plane: &Plane, worker: WorkerId, model: &str, dp_size: u32, http_addr: &str) -> Peer {
+    let mut peer = plane.peer();
+    let frame = Frame::Register { worker, incarnation: 1, dp_size, model: model.into(), http_addr: http_addr.into() };
+    peer.send(&frame).unwrap();
+    peer
+}
+
+/// Registers and waits for it, or asserts the refusal.
+fn expect(plane: &Plane, mut peer: Peer, worker: WorkerId, accepted: bool) -> Peer {
+    if accepted {
+        eventually("registration", || plane.registered(worker));
+    } else {
+        assert!(peer.closed_within(Duration::from_secs(5)), "worker {worker} should be refused");
+        assert!(!plane.registered(worker));
+    }
+    peer
+}
+
+#[test]
+fn dp_size_is_bounded() {
+    let plane = Plane::start(None, PlaneLimits { max_dp_size: 4, ..Default::default() });
+    expect(&plane, register(&plane, 1, "m", 5, "127.0.0.1:1"), 1, false);
+    expect(&plane, register(&plane, 1, "m", 65_536, "127.0.0.1:1"), 1, false);
+    let _ok = expect(&plane, register(&plane, 2, "m", 4, "127.0.0.1:1"), 2, true);
+    assert_eq!(plane.directory.get(2).unwrap().dp_size, 4);
+}
+
+#[test]
+fn names_and_addresses_are_bounded() {
+    let plane = Plane::start(None, PlaneLimits { max_name_len: 14, ..Default::default() });
+    expect(&plane, register(&plane, 1, &"m".repeat(15), 1, "127.0.0.1:1"), 1, false);
+    expect(&plane, register(&plane, 2, "m", 1, "127.0.0.1:12345"), 2, false);
+    let _ok = expect(&plane, register(&plane, 3, &"m".repeat(14), 1, "127.0.0.1:1234"), 3, true);
+    assert_eq!(plane.monitor.model_count(), 1);
+}
+
+#[test]
+fn workers_are_bounded_counting_static_ones() {
+    let plane = Plane::start(None, PlaneLimits { max_workers: 3, ..Default::default() });
+    plane.monitor.register(100, "m", 1, 0).unwrap();
+    plane.directory.insert_static(100, "127.0.0.1:1", 1);
+    let first = expect(&plane, register(&plane, 1, "m", 1, "127.0.0.1:1"), 1, true);
+    let _second = expect(&plane, register(&plane, 2, "m", 1, "127.0.0.1:1"), 2, true);
+    expect(&plane, register(&plane, 3, "m", 1, "127.0.0.1:1"), 3, false);
+    // A known id may register again (a reconnect) at the limit.
+    drop(first);
+    let _back = expect(&plane, register(&plane, 1, "m", 1, "127.0.0.1:1"), 1, true);
+    std::thread::sleep(GRACE * 2);
+    assert!(plane.registered(1));
+}
+
+#[test]
+fn models_are_bounded() {
+    let plane = Plane::start(None, PlaneLimits { max_models: 2, ..Default::default() });
+    plane.monitor.add_model("kept");
+    let _a = expect(&plane, register(&plane, 1, "a", 1, "127.0.0.1:1"), 1, true);
+    expect(&plane, register(&plane, 2, "b", 1, "127.0.0.1:1"), 2, false);
+    // A model already known is fine at the limit.
+    let _c = expect(&plane, register(&plane, 3, "a", 1, "127.0.0.1:1"), 3, true);
+    let _d = expect(&plane, register(&plane, 4, "kept", 1, "127.0.0.1:1"), 4, true);
+    assert_eq!(plane.monitor.model_count(), 2);
+}
+
+#[test]
+fn connections_are_bounded_and_a_pending_one_is_evicted_first() {
+    let plane = Plane::start(None, PlaneLimits { max_event_connections: 2, ..Default::default() });
+    let _first = expect(&plane, register(&plane, 1, "m", 1, "127.0.0.1:1"), 1, true);
+    let second = expect(&plane, register(&plane, 2, "m", 1, "127.0.0.1:1"), 2, true);
+    // Both places held by registered connections: a third is closed at once.
+    expect(&plane, register(&plane, 3, "m", 1, "127.0.0.1:1"), 3, false);
+    drop(second);
+    // A connection that has not registered holds the freed place (once the
+    // plane has seen the close: retry, bounded) ...
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut idle = loop {
+        let mut peer = plane.peer();
+        if !peer.closed_within(Duration::from_millis(100)) {
+            break peer;
+        }
+        assert!(std::time::Instant::now() < deadline, "no place freed");
+    };
+    // ... and is evicted for the next connection, which registers.
+    let _fourth = expect(&plane, register(&plane, 4, "m", 1, "127.0.0.1:1"), 4, true);
+    assert!(idle.closed_within(Duration::from_secs(1)), "the pending connection was evicted");
+}
