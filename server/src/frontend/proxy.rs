@@ -69,22 +69,21 @@ const INLINE_READ_LIMIT: usize = 1024 * 1024;
 
 async fn proxy(frontend: Arc<Frontend>, endpoint: Endpoint, body: Bytes) -> Response {
     let tracking = frontend.inflight.tracking();
-    // The request proof vouches for the body: hashed once, for every attempt.
-    let signing = frontend.secrets.is_some();
-    let read =
-        move |body: &[u8]| read_head(endpoint, body, tracking).map(|head| (head, signing.then(|| body_digest(body))));
     let head = if body.len() <= INLINE_READ_LIMIT {
-        read(&body)
+        read_head(endpoint, &body, tracking)
     } else {
         let shared = body.clone();
-        tokio::task::spawn_blocking(move || read(&shared))
+        tokio::task::spawn_blocking(move || read_head(endpoint, &shared, tracking))
             .await
             .unwrap_or_else(|e| Err(format!("could not read the request: {e}")))
     };
-    let (model, prompt, digest) = match head {
-        Ok((head, digest)) => (head.model, head.prompt_tokens, digest.unwrap_or_default()),
+    let (model, prompt) = match head {
+        Ok(head) => (head.model, head.prompt_tokens),
         Err(message) => return reply::bad_request(&message),
     };
+    // The request proof vouches for the body: hashed at the first dispatch
+    // (a shed request is never hashed), once for every attempt.
+    let mut digest = None;
     let mut migration = Migration::new(frontend.migration_limit);
     let mut excluded = Exclusions::default();
     loop {
@@ -105,6 +104,10 @@ async fn proxy(frontend: Arc<Frontend>, endpoint: Endpoint, body: Bytes) -> Resp
             Err(RouteError::UnknownModel) => return reply::unknown_model(&model),
             Err(_) => return reply::unavailable(),
         };
+        let digest = match digest {
+            Some(digest) => digest,
+            None => *digest.insert(signing_digest(&frontend, &body).await),
+        };
         match dispatch(&frontend, endpoint, worker, prompt, &body, &digest).await {
             Attempt::Answer(response) => return response,
             Attempt::AtCapacity => {
@@ -121,6 +124,23 @@ async fn proxy(frontend: Arc<Frontend>, endpoint: Endpoint, body: Bytes) -> Resp
                 }
             }
         }
+    }
+}
+
+/// The digest the request proof vouches for (unused without a secret), on
+/// the blocking pool for big bodies.
+async fn signing_digest(frontend: &Frontend, body: &Bytes) -> BodyDigest {
+    if frontend.secrets.is_none() {
+        return BodyDigest::default();
+    }
+    if body.len() <= INLINE_READ_LIMIT {
+        return body_digest(body);
+    }
+    let shared = body.clone();
+    match tokio::task::spawn_blocking(move || body_digest(&shared)).await {
+        Ok(digest) => digest,
+        // The blocking pool is shutting down; hashing here is still right.
+        Err(_) => body_digest(body),
     }
 }
 
