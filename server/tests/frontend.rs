@@ -584,3 +584,44 @@ async fn worker_flag_registers_from_info_and_requests_are_validated() {
     assert_eq!(models["data"][0]["id"], MODEL);
     drop(standalone);
 }
+
+/// The service routes in OpenAI's and Prometheus' shapes: `/v1/models` lists
+/// `created`; `GET /v1/models/{id}` answers one model (ids may hold slashes)
+/// or a 404 error body; `/live` answers while the process runs; `/metrics`
+/// (frontend and worker) is served as OpenMetrics, which its `# EOF` says it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_routes_speak_openai_and_openmetrics() {
+    let fe = frontend(&["--model", "org/a model.gguf"]);
+    let w = worker(&fe, 64, 10, &[]);
+    fe.wait_workers(1).await;
+    let get = |path: String| {
+        let client = fe.client.clone();
+        async move { client.get(path).send().await.unwrap() }
+    };
+    let models: Value = get(format!("{}/v1/models", fe.http)).await.json().await.unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    for model in models["data"].as_array().unwrap() {
+        let created = model["created"].as_u64().expect("created");
+        assert!(now.abs_diff(created) < 120, "{model}");
+        assert_eq!(model["object"], "model");
+    }
+    let one = get(format!("{}/v1/models/{MODEL}", fe.http)).await;
+    assert_eq!(one.status().as_u16(), 200);
+    let one: Value = one.json().await.unwrap();
+    assert_eq!((one["id"].as_str(), one["object"].as_str()), (Some(MODEL), Some("model")));
+    let kept = get(format!("{}/v1/models/org/a%20model.gguf", fe.http)).await;
+    assert_eq!(kept.status().as_u16(), 200, "a model id with a slash");
+    assert_eq!(kept.json::<Value>().await.unwrap()["id"], "org/a model.gguf");
+    let missing = get(format!("{}/v1/models/no-such-model", fe.http)).await;
+    assert_eq!(missing.status().as_u16(), 404);
+    let error: Value = missing.json().await.unwrap();
+    assert!(error["error"]["message"].as_str().unwrap().contains("no-such-model"), "{error}");
+    let live = get(format!("{}/live", fe.http)).await;
+    assert_eq!(live.status().as_u16(), 200);
+    for base in [&fe.http, &w.http] {
+        let metrics = get(format!("{base}/metrics")).await;
+        let content_type = metrics.headers()[reqwest::header::CONTENT_TYPE].to_str().unwrap().to_owned();
+        assert_eq!(content_type, "application/openmetrics-text; version=1.0.0; charset=utf-8", "{base}");
+        assert!(metrics.text().await.unwrap().trim_end().ends_with("# EOF"), "{base}");
+    }
+}

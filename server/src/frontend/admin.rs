@@ -1,26 +1,47 @@
 //! The frontend's read-only service routes on the inference port:
-//! `GET /v1/models`, `/health` and `/metrics` (`/busy_threshold` is on the
-//! admin listener, `threshold_api.rs`).
+//! `GET /v1/models`, `/v1/models/{id}`, `/live`, `/health` and `/metrics`
+//! (`/busy_threshold` is on the admin listener, `threshold_api.rs`).
 
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::http::header;
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
+use crate::frontend::reply;
 use crate::frontend::state::Frontend;
 
-/// `GET /v1/models`: every model a registered worker serves.
+/// The content type of an OpenMetrics text exposition (what `/metrics`
+/// serves: it ends with `# EOF`).
+pub(crate) const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// One entry of `/v1/models`, in OpenAI's shape.
+fn model_object(frontend: &Frontend, id: &str) -> Value {
+    json!({"id": id, "object": "model", "created": frontend.started_unix_s, "owned_by": "loadgate"})
+}
+
+/// `GET /v1/models`: every model the frontend knows (served by a
+/// registered worker, or kept).
 pub async fn models(State(frontend): State<Arc<Frontend>>) -> Json<Value> {
-    let data: Vec<Value> = frontend
-        .monitor
-        .models()
-        .into_iter()
-        .map(|id| json!({"id": id, "object": "model", "owned_by": "loadgate"}))
-        .collect();
+    let data: Vec<Value> = frontend.monitor.models().iter().map(|id| model_object(&frontend, id)).collect();
     Json(json!({"object": "list", "data": data}))
+}
+
+/// `GET /v1/models/{id}`: one model, or 404 in OpenAI's shape. The id may
+/// hold slashes (an engine may name a model by its file path).
+pub async fn model(State(frontend): State<Arc<Frontend>>, Path(id): Path<String>) -> Response {
+    if frontend.monitor.has_model(&id) {
+        Json(model_object(&frontend, &id)).into_response()
+    } else {
+        reply::unknown_model(&id)
+    }
+}
+
+/// `GET /live`: 200 while the process runs (liveness, not readiness).
+pub async fn live() -> Json<Value> {
+    Json(json!({"status": "live"}))
 }
 
 /// `GET /health`: up, and how many workers are registered.
@@ -60,5 +81,5 @@ pub async fn metrics(State(frontend): State<Arc<Frontend>>) -> Response {
         Some(at) => text.insert_str(at, &lines),
         None => text.push_str(&lines),
     }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+    (StatusCode::OK, [(header::CONTENT_TYPE, OPENMETRICS)], text).into_response()
 }

@@ -54,6 +54,8 @@ pub fn app(frontend: Arc<Frontend>) -> axum::Router {
         .route("/v1/completions", post(proxy::completions))
         .route("/v1/chat/completions", post(proxy::chat_completions))
         .route("/v1/models", get(admin::models))
+        .route("/v1/models/{*id}", get(admin::model))
+        .route("/live", get(admin::live))
         .route("/health", get(admin::health))
         .route("/metrics", get(admin::metrics))
         .with_state(frontend)

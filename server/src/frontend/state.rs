@@ -26,6 +26,10 @@ pub struct Frontend {
     pub(crate) inflight: Arc<InFlight>,
     pub(crate) client: reqwest::Client,
     pub(crate) migration_limit: usize,
+    /// When this frontend started, in seconds since the Unix epoch: the
+    /// `created` of the models it lists (it does not know when a model was
+    /// made, only since when it serves it).
+    pub(crate) started_unix_s: u64,
     /// `--http-body-limit-mb` and `--http-body-budget-mb`.
     pub(crate) bodies: Arc<BodyBudget>,
     /// The event secret, which also signs every request sent to a worker.
@@ -56,6 +60,7 @@ impl Frontend {
             metrics: RejectionMetrics::default(),
             client,
             migration_limit: args.migration_limit,
+            started_unix_s: crate::secret::unix_ms() / 1000,
             bodies: BodyBudget::new(args.http_body_limit_mb, args.http_body_budget_mb),
             secrets,
         })

@@ -309,7 +309,9 @@ pub(crate) async fn metrics(State(worker): State<Arc<Worker>>) -> Response {
         None => WorkerAdmissionStats { running: worker.in_flight.load(Ordering::Relaxed) as u64, ..Default::default() },
     };
     let text = render_worker(&worker.model, stats);
-    (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+    // OpenMetrics text (it ends with `# EOF`).
+    (StatusCode::OK, [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text)
+        .into_response()
 }
 
 #[cfg(test)]
