@@ -9,6 +9,16 @@ use crate::route::RouteError;
 /// The message a worker sends when its engine slots and queue are full.
 pub const WORKER_AT_CAPACITY: &str = "Server overloaded: worker at capacity";
 
+/// The response header a worker sets on a hard-cap refusal, with the value
+/// [`REFUSAL_AT_CAPACITY`]. A router recognises a migratable refusal by
+/// this header alone, whatever the status (an operator may set the
+/// overload status to anything, even 200) and whatever the body says, and
+/// strips it before the client.
+pub const REFUSAL_HEADER: &str = "x-loadgate-refusal";
+
+/// The [`REFUSAL_HEADER`] value of a worker at its hard cap.
+pub const REFUSAL_AT_CAPACITY: &str = "worker-at-capacity";
+
 /// The environment variable that overrides the overload status code.
 pub const OVERLOAD_STATUS_ENV: &str = "DYN_HTTP_OVERLOAD_STATUS_CODE";
 

@@ -625,3 +625,28 @@ async fn service_routes_speak_openai_and_openmetrics() {
         assert!(metrics.text().await.unwrap().trim_end().ends_with("# EOF"), "{base}");
     }
 }
+
+/// A worker whose operator set its overload status to 200: its hard-cap
+/// refusals still carry `x-loadgate-refusal: worker-at-capacity`, so the
+/// frontend takes them for refusals (not completions), and the client gets
+/// the frontend's own overload answer without the signal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_with_status_200_is_still_a_refusal() {
+    let fe = frontend(&[]);
+    let env = [("DYN_DYNAMO_REQUEST_QUEUE_LIMIT", "2"), ("DYN_HTTP_OVERLOAD_STATUS_CODE", "200")];
+    let w = worker_with_env(&fe, 1024, 20, &["--engine-request-limit", "1"], &env);
+    fe.wait_workers(1).await;
+    let held = fill(&w).await;
+    let direct = fe.client.post(format!("{}/v1/completions", w.http)).json(&request(8, 2, false)).send().await.unwrap();
+    assert_eq!(direct.status().as_u16(), 200, "the worker's own refusal status");
+    assert_eq!(direct.headers().get("x-loadgate-refusal").unwrap(), "worker-at-capacity");
+    let response = fe.complete(request(8, 2, false)).await;
+    assert_eq!(response.status().as_u16(), 529, "a refusal, not a completion");
+    assert!(response.headers().get("x-loadgate-refusal").is_none(), "the signal is stripped");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "Overloaded");
+    assert_eq!(fe.metric("loadgate_frontend_rejection_reason_total", "reason=\"worker_capacity\"").await, 1.0);
+    for task in held {
+        task.abort();
+    }
+}

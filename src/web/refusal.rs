@@ -9,7 +9,7 @@ use bytes::Bytes;
 
 use crate::admission::Rejected;
 use crate::migration::MigrationError;
-use crate::rejection::Rejection;
+use crate::rejection::{Rejection, REFUSAL_AT_CAPACITY, REFUSAL_HEADER};
 use crate::route::RouteError;
 use crate::sync::Arc;
 
@@ -101,6 +101,9 @@ impl Refusal {
         };
         let mut response = openai_error(self.status(), kind, message);
         let headers = response.headers_mut();
+        if self.rejection == Some(Rejection::WorkerOverloaded) {
+            headers.insert(REFUSAL_HEADER, HeaderValue::from_static(REFUSAL_AT_CAPACITY));
+        }
         if let (Some(hint), Some(_)) = (self.retry_after, self.rejection) {
             // Both rounded up, so a client never retries before the hint.
             let nanos = hint.as_nanos();

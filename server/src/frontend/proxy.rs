@@ -14,7 +14,7 @@ use futures_util::Stream;
 
 use loadgate::{
     metrics::{Endpoint, Reason},
-    rejection::WORKER_AT_CAPACITY,
+    rejection::{REFUSAL_AT_CAPACITY, REFUSAL_HEADER},
     Migration, RouteError, WorkerId,
 };
 
@@ -24,7 +24,7 @@ use crate::frontend::request::read_head;
 use crate::frontend::state::Frontend;
 use crate::secret::{body_digest, BodyDigest};
 
-/// Largest worker error body the frontend reads to look for a refusal.
+/// Largest worker error body the frontend reads to relay.
 const MAX_ERROR_BODY: usize = 64 * 1024;
 
 /// `POST /v1/completions`.
@@ -176,6 +176,16 @@ async fn dispatch(
             return Attempt::Unreachable;
         }
     };
+    // A refusal is recognised by the worker's explicit signal alone, whatever
+    // its status (an overload status of 200 included) and its body. Workers
+    // are the only peers the frontend sends to, so the signal comes from a
+    // registered one; the frontend builds its own response headers, so it
+    // never reaches the client.
+    if upstream.headers().get(REFUSAL_HEADER).is_some_and(|v| v.as_bytes() == REFUSAL_AT_CAPACITY.as_bytes()) {
+        drop(upstream);
+        drop(held);
+        return Attempt::AtCapacity;
+    }
     let status = StatusCode::from_u16(upstream.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let content_type = upstream.headers().get(header::CONTENT_TYPE).cloned();
     if status.is_success() {
@@ -195,9 +205,6 @@ async fn dispatch(
         }
     };
     drop(held);
-    if contains(&error_body, WORKER_AT_CAPACITY.as_bytes()) {
-        return Attempt::AtCapacity;
-    }
     let mut response = Response::new(Body::from(error_body));
     *response.status_mut() = status;
     if let Some(content_type) = content_type {
@@ -216,10 +223,6 @@ async fn read_bounded(mut upstream: reqwest::Response) -> reqwest::Result<Bytes>
         }
     }
     Ok(Bytes::from(body))
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 type Upstream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
@@ -271,6 +274,7 @@ mod tests {
     use crate::directory::WorkerDirectory;
     use crate::frontend::Args;
     use crate::secret::{unix_ms, Secrets, REQUEST_PROOF_HEADER};
+    use loadgate::rejection::WORKER_AT_CAPACITY;
     use loadgate::{MonitorConfig, WorkerMonitor};
 
     #[derive(clap::Parser)]
@@ -284,8 +288,19 @@ mod tests {
     /// What a fake worker saw: the body's length and whether its proof held.
     type Seen = Arc<Mutex<Vec<(usize, bool)>>>;
 
-    /// A fake worker on 127.0.0.1: refuses at its cap or answers 200.
-    async fn fake_worker(refuse: bool, seen: Seen) -> (String, tokio::task::JoinHandle<()>) {
+    /// How a fake worker answers.
+    #[derive(Clone, Copy)]
+    enum Answer {
+        /// 200 with a completion.
+        Serve,
+        /// A hard-cap refusal with this status and the refusal header.
+        Refuse(u16),
+        /// An error whose body says "worker at capacity", without the header.
+        PhraseOnly,
+    }
+
+    /// A fake worker on 127.0.0.1 answering as `answer` says.
+    async fn fake_worker(answer: Answer, seen: Seen) -> (String, tokio::task::JoinHandle<()>) {
         let secrets = Secrets::from_values(SECRET, None).unwrap();
         let handler = move |request: Request| {
             let seen = seen.clone();
@@ -298,11 +313,14 @@ mod tests {
                 let body = axum::body::to_bytes(request.into_body(), usize::MAX).await.unwrap();
                 let valid = vouched == Some(body_digest(&body));
                 seen.lock().unwrap().push((body.len(), valid));
-                if refuse {
-                    let message = format!(r#"{{"error":{{"message":"{WORKER_AT_CAPACITY}","code":529}}}}"#);
-                    (StatusCode::from_u16(529).unwrap(), message).into_response()
-                } else {
-                    (StatusCode::OK, r#"{"choices":[]}"#).into_response()
+                let message = format!(r#"{{"error":{{"message":"{WORKER_AT_CAPACITY}","code":529}}}}"#);
+                match answer {
+                    Answer::Serve => (StatusCode::OK, r#"{"choices":[]}"#).into_response(),
+                    Answer::Refuse(status) => {
+                        let status = StatusCode::from_u16(status).unwrap();
+                        (status, [(REFUSAL_HEADER, REFUSAL_AT_CAPACITY)], message).into_response()
+                    }
+                    Answer::PhraseOnly => (StatusCode::INTERNAL_SERVER_ERROR, message).into_response(),
                 }
             }
         };
@@ -339,8 +357,8 @@ mod tests {
         let secrets = Arc::new(Secrets::from_values(SECRET, None).unwrap());
         let frontend = frontend(&["--router-mode", "round-robin"], Some(secrets));
         let seen: Seen = Arc::default();
-        let (refusing, _a) = fake_worker(true, seen.clone()).await;
-        let (serving, _b) = fake_worker(false, seen.clone()).await;
+        let (refusing, _a) = fake_worker(Answer::Refuse(529), seen.clone()).await;
+        let (serving, _b) = fake_worker(Answer::Serve, seen.clone()).await;
         frontend.monitor.register(1, "m", 1, 0).unwrap();
         frontend.monitor.register(2, "m", 1, 0).unwrap();
         frontend.directory.insert(1, &refusing, 1);
@@ -361,6 +379,33 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert_eq!(frontend.bodies.used(), 0);
+    }
+
+    /// A refusal is the worker's header, not its status or its text: a
+    /// refusal with status 200 migrates (and never reaches the client as a
+    /// completion), an error that only says "worker at capacity" is relayed.
+    #[tokio::test]
+    async fn a_refusal_is_recognised_by_its_header_alone() {
+        for (first, status, relayed) in [
+            (Answer::Refuse(200), StatusCode::OK, &br#"{"choices":[]}"#[..]),
+            (Answer::Refuse(529), StatusCode::OK, &br#"{"choices":[]}"#[..]),
+            (Answer::PhraseOnly, StatusCode::INTERNAL_SERVER_ERROR, WORKER_AT_CAPACITY.as_bytes()),
+        ] {
+            let frontend = frontend(&["--router-mode", "round-robin"], None);
+            let seen: Seen = Arc::default();
+            let (a, _a) = fake_worker(first, seen.clone()).await;
+            let (b, _b) = fake_worker(Answer::Serve, seen.clone()).await;
+            frontend.monitor.register(1, "m", 1, 0).unwrap();
+            frontend.monitor.register(2, "m", 1, 0).unwrap();
+            frontend.directory.insert(1, &a, 1);
+            frontend.directory.insert(2, &b, 1);
+            let app = crate::frontend::app(frontend.clone());
+            let response = app.oneshot(completion(json_body(10))).await.unwrap();
+            assert_eq!(response.status(), status);
+            assert!(response.headers().get(REFUSAL_HEADER).is_none(), "the signal is stripped");
+            let answer = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+            assert!(answer.windows(relayed.len()).any(|w| w == relayed), "{answer:?}");
+        }
     }
 
     #[tokio::test]

@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::{Stream, StreamExt};
 use loadgate::{
     metrics::{render_worker, WorkerAdmissionStats},
-    rejection::{overload_status_code, WORKER_AT_CAPACITY},
+    rejection::{overload_status_code, REFUSAL_AT_CAPACITY, REFUSAL_HEADER, WORKER_AT_CAPACITY},
     Admission, Permit, PermitStream, WorkerId,
 };
 
@@ -146,6 +146,8 @@ fn at_capacity() -> Response {
     );
     let mut response = json_response(status, body);
     response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    // The explicit signal: the frontend recognises a refusal by it alone.
+    response.headers_mut().insert(REFUSAL_HEADER, HeaderValue::from_static(REFUSAL_AT_CAPACITY));
     response
 }
 
