@@ -347,6 +347,12 @@ async fn no_worker_is_503_unavailable() {
     assert_eq!(body["error"]["type"], "Unavailable");
     assert_eq!(body["error"]["code"], 503);
     assert_eq!(fe.metric("dynamo_frontend_model_rejection_total", "").await, 0.0);
+    // Not ready without a worker; alive all the same.
+    let health = fe.client.get(format!("{}/health", fe.http)).send().await.unwrap();
+    assert_eq!(health.status().as_u16(), 503);
+    let health: Value = health.json().await.unwrap();
+    assert_eq!((health["status"].as_str(), health["workers"].as_u64()), (Some("unhealthy"), Some(0)));
+    assert_eq!(fe.client.get(format!("{}/live", fe.http)).send().await.unwrap().status().as_u16(), 200);
 }
 
 /// (f) A worker killed mid-stream: the client's stream fails, the worker is

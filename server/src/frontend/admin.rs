@@ -44,9 +44,14 @@ pub async fn live() -> Json<Value> {
     Json(json!({"status": "live"}))
 }
 
-/// `GET /health`: up, and how many workers are registered.
-pub async fn health(State(frontend): State<Arc<Frontend>>) -> Json<Value> {
-    Json(json!({"status": "healthy", "workers": frontend.monitor.workers().len()}))
+/// `GET /health` (readiness): 200 `healthy` while some model has a
+/// registered worker, else 503 `unhealthy` (a frontend with no worker can
+/// serve nothing); with the count of registered workers either way.
+pub async fn health(State(frontend): State<Arc<Frontend>>) -> Response {
+    let workers = frontend.monitor.workers().len();
+    let (status, word) =
+        if workers == 0 { (StatusCode::SERVICE_UNAVAILABLE, "unhealthy") } else { (StatusCode::OK, "healthy") };
+    (status, Json(json!({"status": word, "workers": workers}))).into_response()
 }
 
 /// `GET /metrics`: the rejection counters and per-rank load

@@ -344,10 +344,11 @@ impl Frontend {
         Frontend::start(Some(SECRET), extra)
     }
 
-    /// `GET /health`'s `workers` (None when it did not answer 200 JSON).
+    /// `GET /health`'s `workers` (None when it did not answer JSON: 200
+    /// with workers, 503 with none).
     pub async fn workers(&self) -> Option<u64> {
         let response = self.client.get(format!("{}/health", self.http)).send().await.ok()?;
-        if response.status() != 200 {
+        if !matches!(response.status().as_u16(), 200 | 503) {
             return None;
         }
         response.json::<Value>().await.ok()?["workers"].as_u64()
