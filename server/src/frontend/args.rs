@@ -12,6 +12,8 @@ use std::path::PathBuf;
 use clap::builder::BoolishValueParser;
 use loadgate::{migration::DEFAULT_MIGRATION_LIMIT, BusyThresholds, Policy};
 
+use crate::http_server::HttpArgs;
+
 /// How the router picks among eligible workers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum RouterMode {
@@ -40,6 +42,16 @@ fn parse_router_mode(value: &str) -> Result<RouterMode, String> {
         return Err(format!("router mode `{value}` (Dynamo) is not supported by loadgate; use one of {names}"));
     }
     RouterMode::from_str(value.trim(), true).map_err(|_| format!("unknown router mode `{value}`; use one of {names}"))
+}
+
+/// How the frontend fills `Retry-After` on its refusals.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RetryAfterMode {
+    /// From the recent rate at which requests finish and how many were refused, with jitter,
+    /// bounded (docs/reliability.md has the formula).
+    Computed,
+    /// Always `Retry-After: 1` (the behaviour before; kept to measure the difference).
+    Constant,
 }
 
 /// The older `--admission-control` flag, kept for compatibility.
@@ -155,6 +167,35 @@ pub struct Args {
     /// Bytes of request bodies buffered at once over all requests, in MiB (past it: 503).
     #[arg(long, env = "LOADGATE_FRONTEND_HTTP_BODY_BUDGET_MB", value_name = "MB", default_value_t = 1024)]
     pub http_body_budget_mb: usize,
+    /// Seconds a request body may go without a byte arriving (past it: 408).
+    #[arg(long, env = "LOADGATE_FRONTEND_HTTP_BODY_IDLE_TIMEOUT_SECS", value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_body_idle_timeout_secs: u64,
+    /// Seconds a whole request body may take to arrive (past it: 408).
+    #[arg(long, env = "LOADGATE_FRONTEND_HTTP_BODY_TIMEOUT_SECS", value_name = "SECS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_body_timeout_secs: u64,
+    /// The inference listener's header, idle and connection limits and the shutdown drain.
+    #[command(flatten)]
+    pub http: HttpArgs,
+    /// Milliseconds a connection to a worker may take to open; past it (or refused), the request
+    /// migrates to another worker.
+    #[arg(long, env = "LOADGATE_FRONTEND_UPSTREAM_CONNECT_TIMEOUT_MS", value_name = "MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub upstream_connect_timeout_ms: u64,
+    /// Seconds a worker may take to send the response head and first byte (the time to first
+    /// token); past it: 504.
+    #[arg(long, env = "LOADGATE_FRONTEND_UPSTREAM_FIRST_BYTE_TIMEOUT_SECS", value_name = "SECS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+    pub upstream_first_byte_timeout_secs: u64,
+    /// Seconds a worker's response may go without a byte between two chunks; past it the
+    /// response is cut.
+    #[arg(long, env = "LOADGATE_FRONTEND_UPSTREAM_CHUNK_TIMEOUT_SECS", value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub upstream_chunk_timeout_secs: u64,
+    /// Milliseconds an event connection may stay silent before its worker leaves routing (it
+    /// rejoins with its next frame); at most --event-idle-timeout-ms, at least a few of the
+    /// workers' --heartbeat-ms.
+    #[arg(long, env = "LOADGATE_FRONTEND_EVENT_SILENCE_MS", value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub event_silence_ms: u64,
+    /// How refusals fill `Retry-After` and `retry-after-ms`: computed (spread), or constant (1 s).
+    #[arg(long, env = "LOADGATE_FRONTEND_RETRY_AFTER_MODE", value_enum, default_value = "computed")]
+    pub retry_after_mode: RetryAfterMode,
 }
 
 impl Args {

@@ -20,6 +20,7 @@ mod admin_auth;
 mod args;
 mod body_budget;
 mod inflight;
+mod observe;
 mod proxy;
 mod register;
 mod reply;
@@ -50,7 +51,7 @@ pub const DEREGISTER_GRACE: Duration = Duration::from_millis(500);
 /// The inference listener's routes (nothing here changes state; any other
 /// path, `/busy_threshold` included, is 404).
 pub fn app(frontend: Arc<Frontend>) -> axum::Router {
-    axum::Router::new()
+    let routes = axum::Router::new()
         .route("/v1/completions", post(proxy::completions))
         .route("/v1/chat/completions", post(proxy::chat_completions))
         .route("/v1/models", get(admin::models))
@@ -58,7 +59,10 @@ pub fn app(frontend: Arc<Frontend>) -> axum::Router {
         .route("/live", get(admin::live))
         .route("/health", get(admin::health))
         .route("/metrics", get(admin::metrics))
-        .with_state(frontend)
+        .fallback(reply::no_route)
+        .method_not_allowed_fallback(reply::method_not_allowed)
+        .with_state(frontend.clone());
+    observe::layer(routes, frontend)
 }
 
 /// The admin listener's routes: `/busy_threshold`, behind the bearer token

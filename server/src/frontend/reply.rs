@@ -47,3 +47,13 @@ pub fn bad_request(message: &str) -> Response {
 pub fn plain_error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, axum::Json(json!({"error": message.into()}))).into_response()
 }
+
+/// Any path the inference listener does not serve: 404 in OpenAI's shape.
+pub async fn no_route() -> Response {
+    openai_error(StatusCode::NOT_FOUND, "NotFound", "no such route")
+}
+
+/// A served path with the wrong method: 405 in OpenAI's shape.
+pub async fn method_not_allowed() -> Response {
+    openai_error(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", "method not allowed on this route")
+}

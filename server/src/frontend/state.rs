@@ -1,5 +1,6 @@
 //! [`Frontend`]: the state every route of the frontend shares.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,6 +35,8 @@ pub struct Frontend {
     pub(crate) bodies: Arc<BodyBudget>,
     /// The event secret, which also signs every request sent to a worker.
     pub(crate) secrets: Option<Arc<Secrets>>,
+    /// Set on SIGTERM: `/health` answers 503 while in-flight responses drain.
+    pub(crate) draining: AtomicBool,
 }
 
 impl Frontend {
@@ -63,6 +66,7 @@ impl Frontend {
             started_unix_s: crate::secret::unix_ms() / 1000,
             bodies: BodyBudget::new(args.http_body_limit_mb, args.http_body_budget_mb),
             secrets,
+            draining: AtomicBool::new(false),
         })
     }
 
@@ -95,6 +99,18 @@ fn worker_client() -> reqwest::Result<reqwest::Client> {
 }
 
 impl Frontend {
+    /// The frontend is shutting down (SIGTERM): not ready for new work.
+    pub(crate) fn draining(&self) -> bool {
+        // Relaxed: a flag read on its own; no data hangs on it.
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Marks the frontend as shutting down.
+    pub(crate) fn start_draining(&self) {
+        // Relaxed: as `draining`.
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
     /// Answers the overload status and counts it in
     /// `dynamo_frontend_model_rejection_total`, with the busy signals that
     /// made the workers busy and the `causes` of this request's own

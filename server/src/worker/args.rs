@@ -10,6 +10,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::http_server::HttpArgs;
 use crate::worker::engine::EngineConfig;
 
 /// Command-line arguments of `loadgate worker`.
@@ -66,6 +67,9 @@ pub struct Args {
     /// Worker id announced to frontends (default: random).
     #[arg(long, env = "LOADGATE_WORKER_WORKER_ID")]
     pub worker_id: Option<u64>,
+    /// The HTTP listener's header, idle and connection limits and the shutdown drain.
+    #[command(flatten)]
+    pub http: HttpArgs,
 }
 
 impl Args {

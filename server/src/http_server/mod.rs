@@ -34,6 +34,9 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::{self, ServerConfig};
 use tokio_rustls::TlsAcceptor;
 
+mod args;
+
+pub use self::args::HttpArgs;
 use crate::throttle::LogThrottle;
 
 /// How long a TLS handshake may take before its connection is dropped.
