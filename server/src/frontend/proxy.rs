@@ -90,7 +90,7 @@ async fn proxy(frontend: Arc<Frontend>, endpoint: Endpoint, body: Bytes) -> Resp
         let worker = match frontend.router.route(&model, migration.refusals()) {
             Ok(worker) => worker,
             Err(RouteError::Overloaded) if excluded.unreachable && !excluded.at_capacity => {
-                return reply::unavailable()
+                return frontend.unavailable()
             }
             Err(RouteError::Overloaded) => {
                 // Every worker left free had refused this request already.
@@ -98,11 +98,11 @@ async fn proxy(frontend: Arc<Frontend>, endpoint: Endpoint, body: Bytes) -> Resp
                 let capacity = excluded.at_capacity.then_some(Reason::WorkerCapacity);
                 return frontend.reject_overloaded(&model, endpoint, excluded_free.into_iter().chain(capacity));
             }
-            Err(RouteError::Unavailable) => return reply::unavailable(),
+            Err(RouteError::Unavailable) => return frontend.unavailable(),
             // With no worker registered at all, the model may well exist: unavailable.
-            Err(RouteError::UnknownModel) if frontend.directory.is_empty() => return reply::unavailable(),
+            Err(RouteError::UnknownModel) if frontend.directory.is_empty() => return frontend.unavailable(),
             Err(RouteError::UnknownModel) => return reply::unknown_model(&model),
-            Err(_) => return reply::unavailable(),
+            Err(_) => return frontend.unavailable(),
         };
         let digest = match digest {
             Some(digest) => digest,

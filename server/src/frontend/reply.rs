@@ -2,6 +2,8 @@
 //! routes (`{"error":{"message","type","code"}}`) and the plain
 //! `{"error":"..."}` of the admin routes.
 
+use std::time::Duration;
+
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
@@ -17,19 +19,32 @@ pub fn openai_error(status: StatusCode, kind: &str, message: &str) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
+/// Sets `Retry-After` (whole seconds, rounded up, at least 1) and
+/// `retry-after-ms` (which the OpenAI SDKs read first) to `after`.
+pub fn set_retry_after(response: &mut Response, after: Duration) {
+    let ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX).max(1);
+    let secs = ms.div_ceil(1000);
+    let headers = response.headers_mut();
+    headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    headers.insert(RETRY_AFTER_MS, HeaderValue::from(ms));
+}
+
+/// The `retry-after-ms` header.
+pub const RETRY_AFTER_MS: &str = "retry-after-ms";
+
 /// Every eligible worker is busy (or refused): the overload status (529 by
-/// default), `Retry-After`, and the Overloaded body.
-pub fn overloaded() -> Response {
+/// default), the retry hint, and the Overloaded body.
+pub fn overloaded(retry_after: Duration) -> Response {
     let status = StatusCode::from_u16(overload_status_code()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
     let mut response = openai_error(status, "Overloaded", Rejection::Overloaded.message());
-    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
+    set_retry_after(&mut response, retry_after);
     response
 }
 
-/// The model has no usable worker: 503 Unavailable.
-pub fn unavailable() -> Response {
+/// The model has no usable worker: 503 Unavailable, with the retry hint.
+pub fn unavailable(retry_after: Duration) -> Response {
     let mut response = openai_error(StatusCode::SERVICE_UNAVAILABLE, "Unavailable", Rejection::Unavailable.message());
-    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
+    set_retry_after(&mut response, retry_after);
     response
 }
 

