@@ -7,8 +7,11 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use std::time::Instant;
+
 use loadgate::{WorkerId, WorkerMonitor};
 
+use crate::frontend::retry_hint::RetryHint;
 use crate::tokens::{blocks_for, SseEvents};
 
 /// Frontend-wide totals of what in-flight requests hold.
@@ -22,6 +25,8 @@ pub struct InFlight {
     tracked_prefill_tokens: AtomicU64,
     /// Spreads tracked requests over a worker's ranks.
     next_rank: AtomicUsize,
+    /// Learns how long requests take (for the retry hint).
+    hint: Arc<RetryHint>,
 }
 
 /// How the router tracks its own load (`--router-mode kv`).
@@ -44,9 +49,11 @@ pub struct InFlightTotals {
 }
 
 impl InFlight {
-    /// A ledger over `monitor`; `tracking` enables the router's own load.
-    pub fn new(monitor: Arc<WorkerMonitor>, tracking: Option<Tracking>) -> Self {
+    /// A ledger over `monitor`; `tracking` enables the router's own load;
+    /// each finished request's duration goes to `hint`.
+    pub fn new(monitor: Arc<WorkerMonitor>, tracking: Option<Tracking>, hint: Arc<RetryHint>) -> Self {
         InFlight {
+            hint,
             monitor,
             tracking,
             requests: AtomicU64::new(0),
@@ -79,6 +86,7 @@ impl InFlight {
             prefill_tokens: 0,
             events: self.tracking.filter(|t| t.output_blocks).map(|_| SseEvents::default()),
             started: false,
+            since: Instant::now(),
         };
         if self.tracking.is_some() {
             // Relaxed: only spreads load; any interleaving is fine.
@@ -113,6 +121,8 @@ pub struct Held {
     /// Counts streamed tokens when output blocks are tracked.
     events: Option<SseEvents>,
     started: bool,
+    /// When it was dispatched.
+    since: Instant,
 }
 
 impl fmt::Debug for Held {
@@ -191,6 +201,7 @@ fn signed(n: u64) -> i64 {
 impl Drop for Held {
     fn drop(&mut self) {
         self.sub(self.blocks, self.prefill_tokens);
+        self.ledger.hint.finished(self.since.elapsed());
         // Relaxed: a gauge.
         self.ledger.requests.fetch_sub(1, Ordering::Relaxed);
     }
@@ -210,7 +221,11 @@ mod tests {
     fn guard_releases_everything_it_tracked() {
         let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
         monitor.register(1, "m", 1, 0).unwrap();
-        let ledger = Arc::new(InFlight::new(monitor.clone(), Some(Tracking { output_blocks: true })));
+        let ledger = Arc::new(InFlight::new(
+            monitor.clone(),
+            Some(Tracking { output_blocks: true }),
+            Arc::new(RetryHint::new(true)),
+        ));
         let mut held = ledger.hold(1, 1, 20);
         assert_eq!(ledger.totals(), InFlightTotals { requests: 1, tracked_blocks: 2, tracked_prefill_tokens: 20 });
         assert_eq!(tracked(&monitor, 1).active_decode_blocks, 2);
@@ -230,7 +245,7 @@ mod tests {
     fn without_tracking_only_requests_are_counted() {
         let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
         monitor.register(1, "m", 1, 0).unwrap();
-        let ledger = Arc::new(InFlight::new(monitor.clone(), None));
+        let ledger = Arc::new(InFlight::new(monitor.clone(), None, Arc::new(RetryHint::new(true))));
         let held = ledger.hold(1, 1, 100);
         assert_eq!(ledger.totals(), InFlightTotals { requests: 1, ..Default::default() });
         assert!(monitor.rank_snapshots()[0].tracked.is_none());

@@ -25,6 +25,7 @@ mod proxy;
 mod register;
 mod reply;
 mod request;
+mod retry_hint;
 mod state;
 mod threshold_api;
 

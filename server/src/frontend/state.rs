@@ -11,10 +11,11 @@ use loadgate::{
 };
 
 use crate::directory::WorkerDirectory;
-use crate::frontend::args::{Args, RouterMode};
+use crate::frontend::args::{Args, RetryAfterMode, RouterMode};
 use crate::frontend::body_budget::BodyBudget;
 use crate::frontend::inflight::{InFlight, Tracking};
 use crate::frontend::reply;
+use crate::frontend::retry_hint::RetryHint;
 use crate::secret::{unix_ms, BodyDigest, Secrets, REQUEST_PROOF_HEADER};
 
 /// The frontend's shared state, handed to every route.
@@ -35,6 +36,8 @@ pub struct Frontend {
     pub(crate) bodies: Arc<BodyBudget>,
     /// The event secret, which also signs every request sent to a worker.
     pub(crate) secrets: Option<Arc<Secrets>>,
+    /// `Retry-After` of refusals (`--retry-after-mode`).
+    pub(crate) retry_hint: Arc<RetryHint>,
     /// Set on SIGTERM: `/health` answers 503 while in-flight responses drain.
     pub(crate) draining: AtomicBool,
 }
@@ -55,9 +58,11 @@ impl Frontend {
         let tracking =
             (args.router_mode == RouterMode::Kv).then_some(Tracking { output_blocks: args.router_track_output_blocks });
         let client = worker_client()?;
+        let retry_hint = Arc::new(RetryHint::new(args.retry_after_mode == RetryAfterMode::Computed));
         Ok(Frontend {
             router: WorkerRouter::new(monitor.clone(), args.policy()),
-            inflight: Arc::new(InFlight::new(monitor.clone(), tracking)),
+            inflight: Arc::new(InFlight::new(monitor.clone(), tracking, retry_hint.clone())),
+            retry_hint,
             monitor,
             directory,
             metrics: RejectionMetrics::default(),
@@ -140,7 +145,7 @@ impl Frontend {
 
     /// How long a refused client should wait before it retries.
     pub(crate) fn retry_after(&self) -> Duration {
-        Duration::from_secs(1)
+        self.retry_hint.refused(self.inflight.totals().requests)
     }
 }
 
