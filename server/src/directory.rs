@@ -1,9 +1,23 @@
 //! [`WorkerDirectory`]: where each registered worker's HTTP server listens,
-//! for the proxy, and whether it came from `--worker URL` (static: no event
-//! connection owns it, so the event plane may not take its id).
+//! for the proxy, whether it came from `--worker URL` (static: no event
+//! connection owns it, so the event plane may not take its id), and whether
+//! it is out of routing for now:
+//!
+//! - *silent*: its event connection sent nothing for `--event-silence-ms`
+//!   (the process is frozen, or its host vanished); set and cleared by the
+//!   event plane, which clears it with the worker's next frame;
+//! - *unreachable*: a connection to it just failed; the proxy quarantines it
+//!   for [`UNREACHABLE_QUARANTINE`] so other requests do not each pay for
+//!   the failure (a killed worker stays registered for the deregistration
+//!   grace).
+//!
+//! The proxy passes both as exclusions to the router. The common case (no
+//! worker out of routing) costs two atomic loads.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
 use loadgate::WorkerId;
 
@@ -16,12 +30,38 @@ pub struct WorkerAddress {
     pub dp_size: u32,
 }
 
+/// How long a worker a connection failed to stays out of routing.
+pub const UNREACHABLE_QUARANTINE: Duration = Duration::from_secs(1);
+
 /// Maps worker ids to their HTTP endpoints. Written on registration and
 /// deregistration (cold), read once per proxied request.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct WorkerDirectory {
     // A read-write lock: many concurrent readers, rare writers.
     workers: RwLock<HashMap<WorkerId, Entry>>,
+    /// Where quarantine times count from.
+    epoch: Instant,
+    /// Entries marked silent.
+    silent: AtomicUsize,
+    /// The latest quarantine deadline given, ms since `epoch` (0: none).
+    quarantine_horizon_ms: AtomicU64,
+    /// Times a worker went silent (for `/metrics`).
+    silenced_total: AtomicU64,
+    /// Times a worker was quarantined after a failed connection.
+    quarantined_total: AtomicU64,
+}
+
+impl Default for WorkerDirectory {
+    fn default() -> Self {
+        WorkerDirectory {
+            workers: RwLock::default(),
+            epoch: Instant::now(),
+            silent: AtomicUsize::new(0),
+            quarantine_horizon_ms: AtomicU64::new(0),
+            silenced_total: AtomicU64::new(0),
+            quarantined_total: AtomicU64::new(0),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -29,6 +69,23 @@ struct Entry {
     address: WorkerAddress,
     /// Registered by `--worker URL`, not by an event connection.
     is_static: bool,
+    /// Its event connection went silent.
+    silent: AtomicBool,
+    /// Quarantined until this (ms since the directory's epoch; 0: not).
+    quarantined_until_ms: AtomicU64,
+}
+
+impl Entry {
+    fn new(address: WorkerAddress, is_static: bool) -> Self {
+        Entry { address, is_static, silent: AtomicBool::new(false), quarantined_until_ms: AtomicU64::new(0) }
+    }
+
+    /// Out of routing at `now_ms`.
+    fn excluded(&self, now_ms: u64) -> bool {
+        // Relaxed: advisory flags; a request routed a moment before a change
+        // is handled like any other request to that worker.
+        self.silent.load(Ordering::Relaxed) || self.quarantined_until_ms.load(Ordering::Relaxed) > now_ms
+    }
 }
 
 impl WorkerDirectory {
@@ -40,20 +97,88 @@ impl WorkerDirectory {
         if workers.get(&worker).is_some_and(|e| e.is_static) {
             return false;
         }
-        workers.insert(worker, Entry { address: address(http_addr, dp_size), is_static: false });
+        let old = workers.insert(worker, Entry::new(address(http_addr, dp_size), false));
+        self.forget_flags(old);
         true
     }
 
     /// Records (or replaces) the endpoint of a worker registered by
     /// `--worker URL`: static, so the event plane refuses its id.
     pub fn insert_static(&self, worker: WorkerId, http_addr: &str, dp_size: u32) {
-        let entry = Entry { address: address(http_addr, dp_size), is_static: true };
-        self.workers.write().unwrap_or_else(|e| e.into_inner()).insert(worker, entry);
+        let entry = Entry::new(address(http_addr, dp_size), true);
+        let old = self.workers.write().unwrap_or_else(|e| e.into_inner()).insert(worker, entry);
+        self.forget_flags(old);
     }
 
     /// Forgets `worker`; returns whether it was known.
     pub fn remove(&self, worker: WorkerId) -> bool {
-        self.workers.write().unwrap_or_else(|e| e.into_inner()).remove(&worker).is_some()
+        let old = self.workers.write().unwrap_or_else(|e| e.into_inner()).remove(&worker);
+        let known = old.is_some();
+        self.forget_flags(old);
+        known
+    }
+
+    /// A replaced or removed entry no longer counts as silent.
+    fn forget_flags(&self, old: Option<Entry>) {
+        // Relaxed: the count only gates the proxy's scan; see `excluded`.
+        if old.is_some_and(|e| e.silent.load(Ordering::Relaxed)) {
+            self.silent.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Marks `worker`'s event connection silent (out of routing) or
+    /// speaking again; returns whether that changed anything.
+    pub fn set_silent(&self, worker: WorkerId, silent: bool) -> bool {
+        let workers = self.workers.read().unwrap_or_else(|e| e.into_inner());
+        let Some(entry) = workers.get(&worker) else { return false };
+        // Relaxed: the flag is advisory (see `Entry::excluded`); the swap
+        // makes each change counted once.
+        if entry.silent.swap(silent, Ordering::Relaxed) == silent {
+            return false;
+        }
+        if silent {
+            self.silent.fetch_add(1, Ordering::Relaxed);
+            self.silenced_total.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.silent.fetch_sub(1, Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// Takes `worker` out of routing for [`UNREACHABLE_QUARANTINE`] (a
+    /// connection to it failed).
+    pub fn quarantine(&self, worker: WorkerId) {
+        let until = self.now_ms() + UNREACHABLE_QUARANTINE.as_millis() as u64;
+        let workers = self.workers.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(entry) = workers.get(&worker) {
+            // Relaxed: advisory, as `Entry::excluded`.
+            entry.quarantined_until_ms.fetch_max(until, Ordering::Relaxed);
+            self.quarantine_horizon_ms.fetch_max(until, Ordering::Relaxed);
+            self.quarantined_total.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The workers out of routing now (silent or quarantined); empty, and
+    /// without taking the lock, in the common case.
+    pub fn out_of_routing(&self) -> Vec<WorkerId> {
+        let now_ms = self.now_ms();
+        // Relaxed: advisory, as `Entry::excluded`.
+        if self.silent.load(Ordering::Relaxed) == 0 && self.quarantine_horizon_ms.load(Ordering::Relaxed) <= now_ms {
+            return Vec::new();
+        }
+        let workers = self.workers.read().unwrap_or_else(|e| e.into_inner());
+        workers.iter().filter(|(_, e)| e.excluded(now_ms)).map(|(id, _)| *id).collect()
+    }
+
+    /// Times a worker went silent and times one was quarantined, since start.
+    pub fn liveness_totals(&self) -> (u64, u64) {
+        // Relaxed: counters read on their own.
+        (self.silenced_total.load(Ordering::Relaxed), self.quarantined_total.load(Ordering::Relaxed))
+    }
+
+    fn now_ms(&self) -> u64 {
+        // At least 1, so that 0 keeps meaning "not quarantined".
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX).max(1)
     }
 
     /// `worker`'s endpoint, if known.
@@ -131,5 +256,26 @@ mod tests {
         assert!(!d.is_static(4));
         assert!(d.contains(4));
         assert_eq!(d.len(), 2);
+    }
+
+    #[test]
+    fn silent_and_quarantined_workers_are_out_of_routing_until_cleared() {
+        let d = WorkerDirectory::default();
+        d.insert(1, "127.0.0.1:80", 1);
+        d.insert(2, "127.0.0.1:81", 1);
+        assert!(d.out_of_routing().is_empty());
+        assert!(d.set_silent(1, true));
+        assert!(!d.set_silent(1, true), "counted once");
+        assert_eq!(d.out_of_routing(), vec![1]);
+        assert!(d.set_silent(1, false));
+        assert!(d.out_of_routing().is_empty());
+        d.quarantine(2);
+        assert_eq!(d.out_of_routing(), vec![2]);
+        assert_eq!(d.liveness_totals(), (1, 1));
+        // Removing a silent worker does not leave the count behind.
+        d.set_silent(1, true);
+        d.remove(1);
+        assert!(!d.set_silent(7, true), "unknown worker");
+        assert_eq!(d.out_of_routing(), vec![2]);
     }
 }

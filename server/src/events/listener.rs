@@ -19,6 +19,15 @@
 //!   connection silent for `--event-idle-timeout-ms` is closed (a worker
 //!   host that vanished without a FIN must not hold its id forever), and
 //!   accepted sockets have TCP keepalive on.
+//! - Liveness: a worker whose connection sends nothing for
+//!   [`PlaneConfig::silence`] (`--event-silence-ms`, bounded by the load
+//!   staleness window) leaves routing at once (it is marked silent in the
+//!   [`WorkerDirectory`]) and rejoins with its next frame; a worker whose
+//!   connection closed leaves routing at once too, and is deregistered when
+//!   the grace passes without a new connection. Heartbeats keep a live
+//!   worker's load fresh, so only a live connection's data is ever used.
+//! - An accept that fails (out of file descriptors) is retried after a
+//!   pause; the listener never waits for a new connection to retry.
 //!
 //! A bad frame closes only its own connection.
 
@@ -46,6 +55,7 @@ use super::ownership::Ownership;
 use super::plane_log::PlaneLog;
 use crate::directory::WorkerDirectory;
 use crate::secret::Secrets;
+use crate::throttle::LogThrottle;
 
 /// How the event plane runs.
 #[derive(Clone, Debug)]
@@ -57,6 +67,9 @@ pub struct PlaneConfig {
     pub secrets: Option<Arc<Secrets>>,
     /// Bounds on what peers control.
     pub limits: PlaneLimits,
+    /// How long an established connection may send nothing before its
+    /// worker leaves routing (it rejoins with its next frame).
+    pub silence: Duration,
 }
 
 /// Frontend side: one mio thread serving every worker connection on the
@@ -75,6 +88,10 @@ const READ_CHUNK: usize = 4096;
 /// Connections accepted per round; more wait for the next round, so a
 /// connect flood cannot starve the open connections.
 const ACCEPTS_PER_ROUND: usize = 64;
+/// How long the accept loop waits after a failed accept (e.g. EMFILE).
+const ACCEPT_RETRY: Duration = Duration::from_millis(50);
+/// At most one accept-failure warning this often.
+const ACCEPT_WARNING_EVERY: Duration = Duration::from_secs(5);
 /// TCP keepalive on accepted sockets: first probe after this much silence,
 /// then every [`KEEPALIVE_INTERVAL`], [`KEEPALIVE_RETRIES`] times.
 const KEEPALIVE_TIME: Duration = Duration::from_secs(5);
@@ -112,6 +129,9 @@ impl EventPlane {
             ready: VecDeque::new(),
             pending: BTreeSet::new(),
             idle: BinaryHeap::new(),
+            silence: BinaryHeap::new(),
+            accept_retry: None,
+            accept_warnings: LogThrottle::new(1, ACCEPT_WARNING_EVERY),
             ownership: Ownership::default(),
             monitor,
             directory,
@@ -176,6 +196,9 @@ struct Conn {
     last_register: Option<Frame>,
     /// In the ready list.
     queued: bool,
+    /// Silent past [`PlaneConfig::silence`]: its worker is out of routing
+    /// until bytes arrive.
+    silent: bool,
 }
 
 /// Why a connection is closed.
@@ -216,6 +239,12 @@ struct PlaneServer {
     /// is checked against the connection's `last_read` when it comes due
     /// (and pushed again if bytes came since), or dropped if it closed.
     idle: BinaryHeap<Reverse<(Instant, Token)>>,
+    /// Silence deadlines of established connections, checked like `idle`;
+    /// a connection marked silent has none until bytes arrive.
+    silence: BinaryHeap<Reverse<(Instant, Token)>>,
+    /// After a failed accept: when to try again.
+    accept_retry: Option<Instant>,
+    accept_warnings: LogThrottle,
     ownership: Ownership,
     monitor: Arc<WorkerMonitor>,
     directory: Arc<WorkerDirectory>,
@@ -234,7 +263,13 @@ impl PlaneServer {
             let timeout = if self.listener_ready || !self.ready.is_empty() {
                 Some(Duration::ZERO)
             } else {
-                let next = [self.ownership.next_deadline(), self.next_handshake_deadline(), self.next_idle_deadline()];
+                let next = [
+                    self.ownership.next_deadline(),
+                    self.next_handshake_deadline(),
+                    self.next_idle_deadline(),
+                    self.silence.peek().map(|Reverse((at, _))| *at),
+                    self.accept_retry,
+                ];
                 next.into_iter().flatten().min().map(|at| at.saturating_duration_since(Instant::now()))
             };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
@@ -254,6 +289,10 @@ impl PlaneServer {
                     WAKER => {}
                     token => self.mark_ready(token),
                 }
+            }
+            if self.accept_retry.is_some_and(|at| at <= Instant::now()) {
+                self.accept_retry = None;
+                self.listener_ready = true;
             }
             // Read first: a pending connection whose Proof (or Register) has
             // arrived is established before new connections may evict it.
@@ -285,10 +324,15 @@ impl PlaneServer {
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    // E.g. out of file descriptors: retried on the next
-                    // connection's readiness, not in a busy loop.
-                    tracing::warn!(error = %e, "event port accept failed");
+                    // E.g. out of file descriptors: the connections waiting
+                    // in the backlog raise no new readiness, so retry after
+                    // a pause (not in a busy loop, and not only when another
+                    // connection happens to arrive).
+                    if let Some(suppressed) = self.accept_warnings.admit() {
+                        tracing::warn!(error = %e, suppressed, "event port accept failed; retrying");
+                    }
                     self.listener_ready = false;
+                    self.accept_retry = Some(Instant::now() + ACCEPT_RETRY);
                     return;
                 }
             }
@@ -359,6 +403,7 @@ impl PlaneServer {
             worker: None,
             last_register: None,
             queued: false,
+            silent: false,
         };
         self.conns.insert(token, conn);
         // Bytes may have arrived with the connection.
@@ -382,6 +427,19 @@ impl PlaneServer {
         conn.auth = Auth::Open;
         self.pending.remove(&token);
         self.idle.push(Reverse((conn.last_read + self.config.limits.event_idle_timeout, token)));
+        self.silence.push(Reverse((conn.last_read + self.config.silence, token)));
+    }
+
+    /// Bytes arrived on `conn`, which had been silent: its worker rejoins
+    /// routing, and its silence is watched again.
+    fn speaks_again(&mut self, token: Token, conn: &mut Conn) {
+        conn.silent = false;
+        if let Some((worker, _)) = conn.worker {
+            if self.directory.set_silent(worker, false) {
+                tracing::info!(worker, peer = %conn.peer, "worker reports again; back in routing");
+            }
+        }
+        self.silence.push(Reverse((conn.last_read + self.config.silence, token)));
     }
 
     /// When the oldest pending connection's handshake times out.
@@ -402,7 +460,11 @@ impl PlaneServer {
             let Some(token) = self.ready.pop_front() else { break };
             let Some(mut conn) = self.conns.remove(&token) else { continue };
             conn.queued = false;
-            match self.serve(token, &mut conn, chunk) {
+            let served = self.serve(token, &mut conn, chunk);
+            if conn.silent && conn.last_read.elapsed() < self.config.silence {
+                self.speaks_again(token, &mut conn);
+            }
+            match served {
                 Ok(Round::Drained) => {
                     self.conns.insert(token, conn);
                 }
@@ -584,6 +646,9 @@ impl PlaneServer {
         }
         let _ = self.poll.registry().deregister(&mut conn.stream);
         if let Some((worker, _)) = conn.worker {
+            // Out of routing while orphaned: nothing reports its load, and
+            // its process is likely gone (a new Register brings it back).
+            self.directory.set_silent(worker, true);
             self.ownership.release(worker, token, Instant::now() + self.config.grace);
         }
     }
@@ -625,6 +690,26 @@ impl PlaneServer {
                     timeout.as_millis()
                 );
                 self.close(token, conn, Close::Bad(reason));
+            }
+        }
+        let silence = self.config.silence;
+        while let Some(&Reverse((_, token))) = self.silence.peek().filter(|Reverse((at, _))| *at <= now) {
+            self.silence.pop();
+            let Some(conn) = self.conns.get_mut(&token) else { continue };
+            let due = conn.last_read + silence;
+            if due > now {
+                self.silence.push(Reverse((due, token)));
+                continue;
+            }
+            conn.silent = true;
+            if let Some((worker, _)) = conn.worker {
+                if self.directory.set_silent(worker, true) {
+                    tracing::warn!(
+                        worker,
+                        peer = %conn.peer,
+                        "nothing received for {silence:?} (--event-silence-ms): worker out of routing until it reports"
+                    );
+                }
             }
         }
         for (worker, incarnation) in self.ownership.expire(now) {

@@ -28,6 +28,7 @@ mod request;
 mod retry_hint;
 mod state;
 mod threshold_api;
+mod upstream;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -155,7 +156,14 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
     for url in &args.workers {
         register::register_http_worker(&frontend, url, &limits).await?;
     }
-    let plane_config = PlaneConfig { grace: DEREGISTER_GRACE, secrets: secrets.clone(), limits };
+    // A worker leaves routing when its connection is silent for
+    // --event-silence-ms, or as soon as its load would go stale.
+    let silence = [Some(args.event_silence_ms), args.load_staleness_ms, Some(args.event_idle_timeout_ms)]
+        .into_iter()
+        .flatten()
+        .min()
+        .map_or(limits.event_idle_timeout, Duration::from_millis);
+    let plane_config = PlaneConfig { grace: DEREGISTER_GRACE, secrets: secrets.clone(), limits, silence };
     let plane = EventPlane::start(event_listener, monitor.clone(), directory.clone(), plane_config)?;
     let listener = tokio::net::TcpListener::bind((args.http_host.as_str(), args.http_port))
         .await

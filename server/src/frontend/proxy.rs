@@ -2,15 +2,19 @@
 //! (SSE chunks as they arrive), and migrate to another worker when one
 //! refuses at its hard cap.
 
+use std::borrow::Cow;
+use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt as _};
+use tokio::time::Instant;
 
 use loadgate::{
     metrics::{Endpoint, Reason},
@@ -19,9 +23,11 @@ use loadgate::{
 };
 
 use crate::frontend::inflight::Held;
+use crate::frontend::observe::ModelLabel;
 use crate::frontend::reply;
 use crate::frontend::request::read_head;
 use crate::frontend::state::Frontend;
+use crate::frontend::upstream::Failure;
 use crate::secret::{body_digest, BodyDigest};
 
 /// Largest worker error body the frontend reads to relay.
@@ -56,10 +62,26 @@ fn path(endpoint: Endpoint) -> &'static str {
 /// Why workers were excluded from this request so far.
 #[derive(Default)]
 struct Exclusions {
-    /// Some worker answered `Server overloaded: worker at capacity`.
+    /// Some worker refused at its hard cap.
     at_capacity: bool,
-    /// Some worker could not be reached.
-    unreachable: bool,
+    /// Workers that gave no usable answer to this request.
+    unreachable: Vec<WorkerId>,
+    /// The last such failure.
+    last_failure: Option<Failure>,
+}
+
+impl Exclusions {
+    /// The router's exclusions: the workers that refused or failed this
+    /// request, and those out of routing now (silent or quarantined).
+    /// Borrowed, without allocating, in the common case.
+    fn for_router<'a>(&self, migration: &'a Migration, out_of_routing: &[WorkerId]) -> Cow<'a, [WorkerId]> {
+        if self.unreachable.is_empty() && out_of_routing.is_empty() {
+            return Cow::Borrowed(migration.refusals());
+        }
+        let mut all = migration.refusals().to_vec();
+        all.extend(self.unreachable.iter().chain(out_of_routing).filter(|w| !migration.refusals().contains(w)));
+        Cow::Owned(all)
+    }
 }
 
 /// Bodies above this are read (and hashed) on tokio's blocking pool: a scan
@@ -81,49 +103,98 @@ async fn proxy(frontend: Arc<Frontend>, endpoint: Endpoint, body: Bytes) -> Resp
         Ok(head) => (head.model, head.prompt_tokens),
         Err(message) => return reply::bad_request(&message),
     };
+    let mut response = route_and_send(&frontend, endpoint, &model, prompt, &body).await;
+    response.extensions_mut().insert(ModelLabel(Arc::from(model.as_str())));
+    response
+}
+
+/// Routes the request and sends it, migrating on refusals and failures,
+/// until a worker answers or none is left.
+async fn route_and_send(
+    frontend: &Arc<Frontend>,
+    endpoint: Endpoint,
+    model: &str,
+    prompt: u64,
+    body: &Bytes,
+) -> Response {
     // The request proof vouches for the body: hashed at the first dispatch
     // (a shed request is never hashed), once for every attempt.
     let mut digest = None;
     let mut migration = Migration::new(frontend.migration_limit);
     let mut excluded = Exclusions::default();
     loop {
-        let worker = match frontend.router.route(&model, migration.refusals()) {
+        let out_of_routing = frontend.directory.out_of_routing();
+        let exclude = excluded.for_router(&migration, &out_of_routing);
+        let worker = match frontend.router.route(model, &exclude) {
             Ok(worker) => worker,
-            Err(RouteError::Overloaded) if excluded.unreachable && !excluded.at_capacity => {
-                return frontend.unavailable()
-            }
             Err(RouteError::Overloaded) => {
-                // Every worker left free had refused this request already.
-                let excluded_free = (!migration.refusals().is_empty()).then_some(Reason::Excluded);
-                let capacity = excluded.at_capacity.then_some(Reason::WorkerCapacity);
-                return frontend.reject_overloaded(&model, endpoint, excluded_free.into_iter().chain(capacity));
+                return no_worker_left(frontend, endpoint, model, &migration, &excluded, &out_of_routing)
             }
             Err(RouteError::Unavailable) => return frontend.unavailable(),
             // With no worker registered at all, the model may well exist: unavailable.
             Err(RouteError::UnknownModel) if frontend.directory.is_empty() => return frontend.unavailable(),
-            Err(RouteError::UnknownModel) => return reply::unknown_model(&model),
+            Err(RouteError::UnknownModel) => return reply::unknown_model(model),
             Err(_) => return frontend.unavailable(),
         };
+        drop(exclude);
         let digest = match digest {
             Some(digest) => digest,
-            None => *digest.insert(signing_digest(&frontend, &body).await),
+            None => *digest.insert(signing_digest(frontend, body).await),
         };
-        match dispatch(&frontend, endpoint, worker, prompt, &body, &digest).await {
+        match dispatch(frontend, endpoint, worker, prompt, body, &digest).await {
             Attempt::Answer(response) => return response,
             Attempt::AtCapacity => {
                 tracing::debug!(worker, %model, "worker at capacity; migrating");
                 excluded.at_capacity = true;
                 if !migration.refused(worker) {
-                    return frontend.reject_overloaded(&model, endpoint, [Reason::WorkerCapacity]);
+                    return frontend.reject_overloaded(model, endpoint, [Reason::WorkerCapacity]);
                 }
             }
-            Attempt::Unreachable => {
-                excluded.unreachable = true;
-                if !migration.refused(worker) {
-                    return reply::openai_error(StatusCode::BAD_GATEWAY, "BadGateway", "worker unreachable");
+            Attempt::Failed(failure) => {
+                frontend.upstream_stats.record(failure);
+                frontend.directory.quarantine(worker);
+                excluded.unreachable.push(worker);
+                excluded.last_failure = Some(failure);
+                if excluded.unreachable.len() > frontend.migration_limit.max(1) {
+                    return failed_answer(failure);
                 }
             }
         }
+    }
+}
+
+/// The router found no eligible worker left for this request. Busy workers,
+/// or workers that refused it at their cap, are alive: the overload status.
+/// When every worker of the model failed or is out of routing: 504 if the
+/// last failure was a timeout, else 503 Unavailable.
+fn no_worker_left(
+    frontend: &Frontend,
+    endpoint: Endpoint,
+    model: &str,
+    migration: &Migration,
+    excluded: &Exclusions,
+    out_of_routing: &[WorkerId],
+) -> Response {
+    let ids = frontend.monitor.busy_set(model).map(|(ids, _)| ids).unwrap_or_default();
+    let alive = ids.iter().any(|id| !excluded.unreachable.contains(id) && !out_of_routing.contains(id));
+    if !alive {
+        return match excluded.last_failure {
+            Some(failure) if failure.is_timeout() => failed_answer(failure),
+            _ => frontend.unavailable(),
+        };
+    }
+    // Every worker left free had refused this request already.
+    let excluded_free = (!migration.refusals().is_empty()).then_some(Reason::Excluded);
+    let capacity = excluded.at_capacity.then_some(Reason::WorkerCapacity);
+    frontend.reject_overloaded(model, endpoint, excluded_free.into_iter().chain(capacity))
+}
+
+/// The answer after the last worker tried failed: 504 for a timeout, else 502.
+fn failed_answer(failure: Failure) -> Response {
+    if failure.is_timeout() {
+        reply::openai_error(StatusCode::GATEWAY_TIMEOUT, "GatewayTimeout", "the worker did not answer in time")
+    } else {
+        reply::openai_error(StatusCode::BAD_GATEWAY, "BadGateway", "worker unreachable")
     }
 }
 
@@ -150,8 +221,17 @@ enum Attempt {
     Answer(Response),
     /// The worker refused at its hard cap: migratable.
     AtCapacity,
-    /// No answer from the worker (gone, or not yet in the directory).
-    Unreachable,
+    /// No usable answer, nothing relayed yet: migratable.
+    Failed(Failure),
+}
+
+/// How a failed `send` is classified.
+fn send_failure(error: &reqwest::Error) -> Failure {
+    match (error.is_connect(), error.is_timeout()) {
+        (true, true) => Failure::ConnectTimeout,
+        (true, false) => Failure::Connect,
+        _ => Failure::Broken,
+    }
 }
 
 async fn dispatch(
@@ -163,17 +243,24 @@ async fn dispatch(
     digest: &BodyDigest,
 ) -> Attempt {
     let Some(address) = frontend.directory.get(worker) else {
-        return Attempt::Unreachable;
+        return Attempt::Failed(Failure::Gone);
     };
-    let held = frontend.inflight.hold(worker, address.dp_size, prompt);
+    let timeouts = frontend.upstream;
+    let first_byte_by = Instant::now() + timeouts.first_byte;
+    let mut held = frontend.inflight.hold(worker, address.dp_size, prompt);
     let url = format!("{}{}", address.base_url, path(endpoint));
     let request = frontend.client.post(url).header(header::CONTENT_TYPE, "application/json").body(body.clone());
-    let sent = frontend.signed(request, "POST", path(endpoint), digest).send().await;
-    let upstream = match sent {
-        Ok(upstream) => upstream,
-        Err(error) => {
-            tracing::warn!(worker, %error, "worker request failed");
-            return Attempt::Unreachable;
+    let sent = tokio::time::timeout_at(first_byte_by, frontend.signed(request, "POST", path(endpoint), digest).send());
+    let upstream = match sent.await {
+        Ok(Ok(upstream)) => upstream,
+        Ok(Err(error)) => {
+            let failure = send_failure(&error);
+            tracing::warn!(worker, %error, kind = failure.label(), "worker request failed; migrating");
+            return Attempt::Failed(failure);
+        }
+        Err(_) => {
+            tracing::warn!(worker, timeout = ?timeouts.first_byte, "no answer from the worker in time; migrating");
+            return Attempt::Failed(Failure::FirstByte);
         }
     };
     // A refusal is recognised by the worker's explicit signal alone, whatever
@@ -182,30 +269,50 @@ async fn dispatch(
     // registered one; the frontend builds its own response headers, so it
     // never reaches the client.
     if upstream.headers().get(REFUSAL_HEADER).is_some_and(|v| v.as_bytes() == REFUSAL_AT_CAPACITY.as_bytes()) {
-        drop(upstream);
-        drop(held);
         return Attempt::AtCapacity;
     }
     let status = StatusCode::from_u16(upstream.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let content_type = upstream.headers().get(header::CONTENT_TYPE).cloned();
-    if status.is_success() {
-        let relay = Relay { upstream: Box::pin(upstream.bytes_stream()), held: Some(held) };
-        let mut response = Response::new(Body::from_stream(relay));
-        *response.status_mut() = status;
-        if let Some(content_type) = content_type {
-            response.headers_mut().insert(header::CONTENT_TYPE, content_type);
+    let mut response = if status.is_success() {
+        // The first bytes are awaited here, so that a worker that sends its
+        // head but no token can still be migrated away from.
+        let mut stream: Upstream = Box::pin(upstream.bytes_stream());
+        let first = match tokio::time::timeout_at(first_byte_by, stream.next()).await {
+            Ok(Some(Ok(chunk))) => Some(chunk),
+            Ok(None) => None,
+            Ok(Some(Err(error))) => {
+                tracing::warn!(worker, %error, "worker stream failed before its first byte; migrating");
+                return Attempt::Failed(Failure::Broken);
+            }
+            Err(_) => {
+                tracing::warn!(worker, timeout = ?timeouts.first_byte, "no first byte from the worker in time; migrating");
+                return Attempt::Failed(Failure::FirstByte);
+            }
+        };
+        if let Some(chunk) = &first {
+            held.on_chunk(chunk);
         }
-        return Attempt::Answer(response);
-    }
-    let error_body = match read_bounded(upstream).await {
-        Ok(b) => b,
-        Err(error) => {
-            tracing::warn!(worker, %error, "reading a worker's error body failed");
-            return Attempt::Unreachable;
-        }
+        let relay = Relay {
+            first,
+            upstream: stream,
+            held: Some(held),
+            idle: Box::pin(tokio::time::sleep(timeouts.between_chunks)),
+            between_chunks: timeouts.between_chunks,
+            frontend: frontend.clone(),
+        };
+        Response::new(Body::from_stream(relay))
+    } else {
+        let error_body = match tokio::time::timeout(timeouts.between_chunks, read_bounded(upstream)).await {
+            Ok(Ok(body)) => body,
+            Ok(Err(error)) => {
+                tracing::warn!(worker, %error, "reading a worker's error body failed");
+                return Attempt::Failed(Failure::Broken);
+            }
+            Err(_) => return Attempt::Failed(Failure::BetweenChunks),
+        };
+        drop(held);
+        Response::new(Body::from(error_body))
     };
-    drop(held);
-    let mut response = Response::new(Body::from(error_body));
     *response.status_mut() = status;
     if let Some(content_type) = content_type {
         response.headers_mut().insert(header::CONTENT_TYPE, content_type);
@@ -227,34 +334,67 @@ async fn read_bounded(mut upstream: reqwest::Response) -> reqwest::Result<Bytes>
 
 type Upstream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
 
-/// A worker's response body on its way to the client. Holds the request's
-/// [`Held`] until the stream ends, fails, or is dropped (client gone).
+/// A worker's response body on its way to the client, its first chunk
+/// already read. Holds the request's [`Held`] until the stream ends, fails,
+/// is cut for silence, or is dropped (client gone).
 struct Relay {
+    first: Option<Bytes>,
     upstream: Upstream,
     held: Option<Held>,
+    /// Fires when the worker sent nothing for `between_chunks`.
+    idle: Pin<Box<tokio::time::Sleep>>,
+    between_chunks: Duration,
+    frontend: Arc<Frontend>,
 }
 
 impl Stream for Relay {
-    type Item = reqwest::Result<Bytes>;
+    type Item = Result<Bytes, std::io::Error>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
-        let next = this.upstream.as_mut().poll_next(cx);
-        match &next {
+        if let Some(first) = this.first.take() {
+            return Poll::Ready(Some(Ok(first)));
+        }
+        if this.held.is_none() {
+            return Poll::Ready(None);
+        }
+        match this.upstream.as_mut().poll_next(cx) {
             Poll::Ready(Some(Ok(chunk))) => {
                 if let Some(held) = this.held.as_mut() {
-                    held.on_chunk(chunk);
+                    held.on_chunk(&chunk);
                 }
+                let next = tokio::time::Instant::now() + this.between_chunks;
+                this.idle.as_mut().reset(next);
+                Poll::Ready(Some(Ok(chunk)))
             }
             Poll::Ready(Some(Err(error))) => {
                 if let Some(held) = this.held.take() {
                     tracing::warn!(worker = held.worker(), %error, "worker stream failed");
                 }
+                Poll::Ready(Some(Err(std::io::Error::other(error))))
             }
-            Poll::Ready(None) => this.held = None,
-            Poll::Pending => {}
+            Poll::Ready(None) => {
+                this.held = None;
+                Poll::Ready(None)
+            }
+            Poll::Pending => match this.idle.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    this.frontend.upstream_stats.record(Failure::BetweenChunks);
+                    if let Some(held) = this.held.take() {
+                        tracing::warn!(
+                            worker = held.worker(),
+                            timeout = ?this.between_chunks,
+                            "worker sent nothing within the between-chunks timeout; response cut"
+                        );
+                    }
+                    Poll::Ready(Some(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the worker stopped sending",
+                    ))))
+                }
+                Poll::Pending => Poll::Pending,
+            },
         }
-        next
     }
 }
 

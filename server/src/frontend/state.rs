@@ -16,6 +16,7 @@ use crate::frontend::body_budget::BodyBudget;
 use crate::frontend::inflight::{InFlight, Tracking};
 use crate::frontend::reply;
 use crate::frontend::retry_hint::RetryHint;
+use crate::frontend::upstream::{UpstreamStats, UpstreamTimeouts};
 use crate::secret::{unix_ms, BodyDigest, Secrets, REQUEST_PROOF_HEADER};
 
 /// The frontend's shared state, handed to every route.
@@ -36,6 +37,10 @@ pub struct Frontend {
     pub(crate) bodies: Arc<BodyBudget>,
     /// The event secret, which also signs every request sent to a worker.
     pub(crate) secrets: Option<Arc<Secrets>>,
+    /// Bounds on waiting for workers.
+    pub(crate) upstream: UpstreamTimeouts,
+    /// Counts of upstream failures by kind.
+    pub(crate) upstream_stats: UpstreamStats,
     /// `Retry-After` of refusals (`--retry-after-mode`).
     pub(crate) retry_hint: Arc<RetryHint>,
     /// Set on SIGTERM: `/health` answers 503 while in-flight responses drain.
@@ -57,12 +62,15 @@ impl Frontend {
     ) -> anyhow::Result<Self> {
         let tracking =
             (args.router_mode == RouterMode::Kv).then_some(Tracking { output_blocks: args.router_track_output_blocks });
-        let client = worker_client()?;
+        let upstream = UpstreamTimeouts::from_args(args);
+        let client = worker_client(upstream.connect)?;
         let retry_hint = Arc::new(RetryHint::new(args.retry_after_mode == RetryAfterMode::Computed));
         Ok(Frontend {
             router: WorkerRouter::new(monitor.clone(), args.policy()),
             inflight: Arc::new(InFlight::new(monitor.clone(), tracking, retry_hint.clone())),
             retry_hint,
+            upstream,
+            upstream_stats: UpstreamStats::default(),
             monitor,
             directory,
             metrics: RejectionMetrics::default(),
@@ -94,9 +102,9 @@ impl Frontend {
 /// The HTTP client to workers. It follows no redirect: a worker that
 /// answers 3xx gets that answer relayed, and the body and the request proof
 /// are never re-sent to wherever it points.
-fn worker_client() -> reqwest::Result<reqwest::Client> {
+fn worker_client(connect_timeout: Duration) -> reqwest::Result<reqwest::Client> {
     reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(2))
+        .connect_timeout(connect_timeout)
         .pool_idle_timeout(Duration::from_secs(30))
         .tcp_nodelay(true)
         .redirect(reqwest::redirect::Policy::none())
@@ -140,7 +148,7 @@ impl Frontend {
     /// The OpenMetrics lines of the upstream timeouts and the liveness
     /// counters (without `# EOF`), for `/metrics`.
     pub(crate) fn upstream_metrics(&self) -> String {
-        String::new()
+        self.upstream_stats.render(&self.directory)
     }
 
     /// How long a refused client should wait before it retries.
@@ -179,7 +187,7 @@ mod tests {
             let location = format!("{target}/v1/completions");
             let worker = Router::new().fallback(any(move || async move { (status, [(header::LOCATION, location)]) }));
             let (worker, _worker) = serve(worker).await;
-            let answer = worker_client()
+            let answer = worker_client(Duration::from_secs(2))
                 .unwrap()
                 .post(format!("{worker}/v1/completions"))
                 .header(REQUEST_PROOF_HEADER, "v1.1.00")

@@ -1,4 +1,100 @@
-//! (Scaffold: fault tests of issue 10.)
+//! Liveness: a frozen worker (SIGSTOP: its process and its event connection
+//! go silent, but its kernel still accepts connections, like a host that
+//! vanished without a FIN) leaves routing within the silence bound, its
+//! in-flight requests end at the upstream timeout and migrate, it is
+//! deregistered after the idle timeout and the grace, and it rejoins when it
+//! runs again.
 
-#[allow(unused_imports)]
-use crate::common;
+use std::time::{Duration, Instant};
+
+use crate::common::{self, Frontend};
+
+/// The frontend's first-byte timeout in these tests.
+const FIRST_BYTE_SECS: u64 = 3;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_worker_gets_no_new_request_two_seconds_after_it_froze_and_rejoins_when_it_runs_again() {
+    let _serial = common::exclusive().await;
+    let first_byte = FIRST_BYTE_SECS.to_string();
+    let frontend = Frontend::start(None, &["--upstream-first-byte-timeout-secs", &first_byte]);
+    let mut frozen = common::worker(Some(frontend.events), "m", None, &[]);
+    let other = common::worker(Some(frontend.events), "m", None, &[]);
+    frontend.wait_workers(2, Duration::from_secs(10)).await;
+
+    common::signal(frozen.proc.pid(), "STOP");
+    let froze = Instant::now();
+    // A request every 20 ms for 4 s (open loop), round robin: those sent to
+    // the frozen worker before it left routing wait for the first-byte
+    // timeout, then migrate.
+    let timeout = Duration::from_secs(FIRST_BYTE_SECS + 5);
+    let seen = open_loop(&frontend.http, Duration::from_millis(20), Duration::from_secs(4), timeout).await;
+    let slow: Vec<_> = seen.iter().filter(|o| o.took >= Duration::from_secs(2)).collect();
+    let late: Vec<_> = seen.iter().filter(|o| o.sent >= Duration::from_secs(2)).collect();
+    let last_slow = slow.iter().map(|o| o.sent).max();
+    eprintln!(
+        "frozen worker: {} requests in 4 s (one per 20 ms), {} waited for the first-byte timeout (the last sent \
+         {last_slow:?} after the freeze), {} sent after 2 s; statuses {:?}",
+        seen.len(),
+        slow.len(),
+        late.len(),
+        common::by_status(&seen)
+    );
+    assert!(seen.iter().all(|o| o.status == 200), "every request is answered 200");
+    assert!(!slow.is_empty(), "some request reached the frozen worker");
+    for o in &slow {
+        assert!(o.sent < Duration::from_secs(2), "a request sent {:?} after the freeze hit the frozen worker", o.sent);
+        let bound = Duration::from_secs(FIRST_BYTE_SECS);
+        assert!(o.took >= bound - Duration::from_millis(100), "it ended at the first-byte timeout: {:?}", o.took);
+    }
+    assert!(!late.is_empty(), "requests were sent after the bound");
+    assert!(late.iter().all(|o| o.took < Duration::from_secs(1)), "late requests waited");
+
+    // Silent past the idle timeout (2 s) and the grace: deregistered.
+    frontend.wait_workers(1, Duration::from_secs(5)).await;
+    let gone = froze.elapsed();
+    eprintln!("frozen worker deregistered within {gone:?} of the freeze (checked after the load)");
+
+    // Running again: it reconnects, registers and takes traffic.
+    common::signal(frozen.proc.pid(), "CONT");
+    let resumed = Instant::now();
+    frontend.wait_workers(2, Duration::from_secs(10)).await;
+    eprintln!("resumed worker registered again {:?} after SIGCONT", resumed.elapsed());
+    let text = common::metrics_text(&frontend.client, &frontend.http).await;
+    assert_eq!(common::metric(&text, "loadgate_frontend_workers_out_of_routing"), Some(0.0), "{text}");
+    assert!(common::metric(&text, "loadgate_frontend_workers_silenced_total").unwrap_or(0.0) >= 1.0, "{text}");
+    assert!(common::metric(&text, "loadgate_frontend_upstream_failures_total").unwrap_or(0.0) >= slow.len() as f64);
+    // The resumed worker serves: with the other one frozen past the
+    // silence bound, every request still succeeds at once.
+    common::signal(other.proc.pid(), "STOP");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let outcomes = common::load(&frontend.http, "m", 2, Duration::from_secs(1), 50, Duration::from_secs(5)).await;
+    common::signal(other.proc.pid(), "CONT");
+    eprintln!("with the other worker frozen: {:?}", common::by_status(&outcomes));
+    assert!(!outcomes.is_empty());
+    assert!(outcomes.iter().all(|o| o.status == 200 && o.took < Duration::from_secs(1)), "{outcomes:?}");
+    frozen.proc.kill();
+}
+
+/// Sends one small completion every `every` for `run_for` (each bounded by
+/// `timeout`), whatever the earlier ones do; returns every outcome.
+async fn open_loop(base: &str, every: Duration, run_for: Duration, timeout: Duration) -> Vec<common::Outcome> {
+    let client = common::client_within(timeout);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    let mut ticks = tokio::time::interval(every);
+    while started.elapsed() < run_for {
+        ticks.tick().await;
+        let (client, base) = (client.clone(), base.to_owned());
+        tasks.push(tokio::spawn(async move {
+            let sent = started.elapsed();
+            let t = Instant::now();
+            let (status, body) = common::complete(&client, &base, "m", None).await;
+            common::Outcome { sent, took: t.elapsed(), status, body }
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.push(task.await.expect("a request task panicked"));
+    }
+    all
+}

@@ -39,6 +39,29 @@ fn a_silent_registered_connection_is_closed_and_its_id_can_register_again() {
 }
 
 #[test]
+fn a_silent_worker_leaves_routing_and_rejoins_with_its_next_frame() {
+    let silence = Duration::from_millis(150);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let plane = Plane::silent_after(listener, MonitorConfig::default(), None, idle_limits(), silence);
+    let mut peer = plane.peer();
+    peer.send(&register_frame(11, 1)).unwrap();
+    eventually("registration", || plane.registered(11));
+    assert!(plane.directory.out_of_routing().is_empty());
+    let quiet = Instant::now();
+    eventually("out of routing", || plane.directory.out_of_routing() == [11]);
+    let took = quiet.elapsed();
+    assert!(took >= silence - Duration::from_millis(20) && took < IDLE, "left routing after {took:?}");
+    assert!(plane.registered(11), "still registered: only out of routing");
+    peer.send(&load_frame(11, 1, 1, 1)).unwrap();
+    eventually("back in routing", || plane.directory.out_of_routing().is_empty());
+    // Closed (the peer goes away): out of routing at once, during the grace.
+    drop(peer);
+    eventually("out of routing on close", || plane.directory.out_of_routing() == [11]);
+    eventually("deregistered after the grace", || !plane.registered(11));
+    assert!(plane.directory.out_of_routing().is_empty(), "a deregistered worker leaves no flag");
+}
+
+#[test]
 fn a_connection_that_keeps_sending_stays_open() {
     let plane = Plane::start(None, idle_limits());
     let mut peer = plane.peer();

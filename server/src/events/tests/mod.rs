@@ -71,9 +71,20 @@ impl Plane {
         secrets: Option<Arc<Secrets>>,
         limits: PlaneLimits,
     ) -> Plane {
+        Plane::silent_after(listener, config, secrets, limits, limits.event_idle_timeout)
+    }
+
+    /// As [`Plane::on`], with workers out of routing after `silence`.
+    fn silent_after(
+        listener: std::net::TcpListener,
+        config: MonitorConfig,
+        secrets: Option<Arc<Secrets>>,
+        limits: PlaneLimits,
+        silence: Duration,
+    ) -> Plane {
         let monitor = Arc::new(WorkerMonitor::new(config).unwrap());
         let directory = Arc::new(WorkerDirectory::default());
-        let config = PlaneConfig { grace: GRACE, secrets, limits };
+        let config = PlaneConfig { grace: GRACE, secrets, limits, silence };
         let plane = EventPlane::start(listener, monitor.clone(), directory.clone(), config).unwrap();
         Plane { monitor, directory, plane }
     }

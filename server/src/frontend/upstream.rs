@@ -1,0 +1,163 @@
+//! Bounds on every wait for a worker, and counts of each kind of failure:
+//!
+//! - connect (`--upstream-connect-timeout-ms`, 2 s): a refused or timed-out
+//!   connection excludes the worker for the request (and quarantines it for
+//!   a second) and the request migrates;
+//! - first byte (`--upstream-first-byte-timeout-secs`, 120 s): the response
+//!   head and its first body bytes (the first token of a stream; the whole
+//!   answer of a non-streaming request) must come within it, else the
+//!   request migrates, or gets 504 when no other worker can take it;
+//! - between chunks (`--upstream-chunk-timeout-secs`, 60 s): a response
+//!   already relayed is cut when its worker sends nothing for this long.
+//!
+//! `/metrics` shows each as `loadgate_frontend_upstream_failures_total{kind}`.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::directory::WorkerDirectory;
+use crate::frontend::args::Args;
+
+/// The upstream timeouts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UpstreamTimeouts {
+    /// Opening a connection to a worker.
+    pub connect: Duration,
+    /// From sending a request to its first body bytes.
+    pub first_byte: Duration,
+    /// Between two chunks of a response.
+    pub between_chunks: Duration,
+}
+
+impl UpstreamTimeouts {
+    /// The timeouts `args` name.
+    pub fn from_args(args: &Args) -> Self {
+        UpstreamTimeouts {
+            connect: Duration::from_millis(args.upstream_connect_timeout_ms),
+            first_byte: Duration::from_secs(args.upstream_first_byte_timeout_secs),
+            between_chunks: Duration::from_secs(args.upstream_chunk_timeout_secs),
+        }
+    }
+}
+
+/// Why a worker gave no usable answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// The connection was refused (or failed to open).
+    Connect,
+    /// The connection did not open within the connect timeout.
+    ConnectTimeout,
+    /// No first byte within the first-byte timeout.
+    FirstByte,
+    /// The connection broke before the first byte (a worker killed with a
+    /// request on a kept-alive connection, a reset).
+    Broken,
+    /// The worker left the directory between routing and dispatch.
+    Gone,
+    /// A response already relayed got no chunk within the timeout.
+    BetweenChunks,
+}
+
+impl Failure {
+    const ALL: [Failure; 6] = [
+        Failure::Connect,
+        Failure::ConnectTimeout,
+        Failure::FirstByte,
+        Failure::Broken,
+        Failure::Gone,
+        Failure::BetweenChunks,
+    ];
+
+    /// The `kind` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Failure::Connect => "connect",
+            Failure::ConnectTimeout => "connect_timeout",
+            Failure::FirstByte => "first_byte_timeout",
+            Failure::Broken => "broken",
+            Failure::Gone => "gone",
+            Failure::BetweenChunks => "between_chunks_timeout",
+        }
+    }
+
+    /// A timeout (the client gets 504 when no other worker can take it).
+    pub fn is_timeout(self) -> bool {
+        matches!(self, Failure::ConnectTimeout | Failure::FirstByte | Failure::BetweenChunks)
+    }
+
+    fn index(self) -> usize {
+        Failure::ALL.iter().position(|f| *f == self).unwrap_or(0)
+    }
+}
+
+/// Counts of upstream failures by kind.
+#[derive(Debug, Default)]
+pub struct UpstreamStats {
+    failures: [AtomicU64; 6],
+}
+
+impl UpstreamStats {
+    /// Counts one `failure`.
+    pub fn record(&self, failure: Failure) {
+        // Relaxed: a counter.
+        self.failures[failure.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many `failure`s so far.
+    pub fn count(&self, failure: Failure) -> u64 {
+        // Relaxed: a counter read on its own.
+        self.failures[failure.index()].load(Ordering::Relaxed)
+    }
+
+    /// OpenMetrics lines of the failures and of the directory's liveness
+    /// counters (without `# EOF`).
+    pub fn render(&self, directory: &WorkerDirectory) -> String {
+        let mut text = String::new();
+        let name = "loadgate_frontend_upstream_failures";
+        let _ = writeln!(text, "# HELP {name} Requests to workers that failed, by kind (connect, timeouts, broken).");
+        let _ = writeln!(text, "# TYPE {name} counter");
+        for failure in Failure::ALL {
+            let _ = writeln!(text, "{name}_total{{kind=\"{}\"}} {}", failure.label(), self.count(failure));
+        }
+        let (silenced, quarantined) = directory.liveness_totals();
+        for (name, help, value) in [
+            (
+                "loadgate_frontend_workers_silenced",
+                "Times a worker left routing because its event connection went silent or closed",
+                silenced,
+            ),
+            (
+                "loadgate_frontend_workers_quarantined",
+                "Times a worker left routing for a second after a connection to it failed",
+                quarantined,
+            ),
+        ] {
+            let _ = writeln!(text, "# HELP {name} {help}.\n# TYPE {name} counter\n{name}_total {value}");
+        }
+        let out = directory.out_of_routing().len();
+        let name = "loadgate_frontend_workers_out_of_routing";
+        let _ = writeln!(text, "# HELP {name} Registered workers out of routing now (silent or quarantined).");
+        let _ = writeln!(text, "# TYPE {name} gauge\n{name} {out}");
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_is_counted_and_rendered() {
+        let stats = UpstreamStats::default();
+        stats.record(Failure::FirstByte);
+        stats.record(Failure::FirstByte);
+        stats.record(Failure::Connect);
+        let text = stats.render(&WorkerDirectory::default());
+        assert!(text.contains("loadgate_frontend_upstream_failures_total{kind=\"first_byte_timeout\"} 2"), "{text}");
+        assert!(text.contains("loadgate_frontend_upstream_failures_total{kind=\"connect\"} 1"), "{text}");
+        assert!(text.contains("loadgate_frontend_upstream_failures_total{kind=\"between_chunks_timeout\"} 0"));
+        assert!(text.contains("loadgate_frontend_workers_out_of_routing 0"));
+        assert!(Failure::FirstByte.is_timeout() && !Failure::Connect.is_timeout());
+    }
+}
