@@ -71,6 +71,11 @@ struct Exclusions {
 }
 
 impl Exclusions {
+    /// The last failure, if it was a timeout.
+    fn timed_out(&self) -> Option<Failure> {
+        self.last_failure.filter(|f| f.is_timeout())
+    }
+
     /// The router's exclusions: the workers that refused or failed this
     /// request, and those out of routing now (silent or quarantined).
     /// Borrowed, without allocating, in the common case.
@@ -130,11 +135,7 @@ async fn route_and_send(
             Err(RouteError::Overloaded) => {
                 return no_worker_left(frontend, endpoint, model, &migration, &excluded, &out_of_routing)
             }
-            Err(RouteError::Unavailable) => return frontend.unavailable(),
-            // With no worker registered at all, the model may well exist: unavailable.
-            Err(RouteError::UnknownModel) if frontend.directory.is_empty() => return frontend.unavailable(),
-            Err(RouteError::UnknownModel) => return reply::unknown_model(model),
-            Err(_) => return frontend.unavailable(),
+            Err(error) => return route_error(frontend, model, error, &excluded),
         };
         drop(exclude);
         let digest = match digest {
@@ -163,6 +164,19 @@ async fn route_and_send(
     }
 }
 
+/// The answer to a route error other than overloaded. A worker that timed
+/// out on this request and has left since: the client learns of the timeout.
+fn route_error(frontend: &Frontend, model: &str, error: RouteError, excluded: &Exclusions) -> Response {
+    if let Some(failure) = excluded.timed_out() {
+        return failed_answer(failure);
+    }
+    match error {
+        // With no worker registered at all, the model may well exist: unavailable.
+        RouteError::UnknownModel if !frontend.directory.is_empty() => reply::unknown_model(model),
+        _ => frontend.unavailable(),
+    }
+}
+
 /// The router found no eligible worker left for this request. Busy workers,
 /// or workers that refused it at their cap, are alive: the overload status.
 /// When every worker of the model failed or is out of routing: 504 if the
@@ -178,10 +192,7 @@ fn no_worker_left(
     let ids = frontend.monitor.busy_set(model).map(|(ids, _)| ids).unwrap_or_default();
     let alive = ids.iter().any(|id| !excluded.unreachable.contains(id) && !out_of_routing.contains(id));
     if !alive {
-        return match excluded.last_failure {
-            Some(failure) if failure.is_timeout() => failed_answer(failure),
-            _ => frontend.unavailable(),
-        };
+        return excluded.timed_out().map_or_else(|| frontend.unavailable(), failed_answer);
     }
     // Every worker left free had refused this request already.
     let excluded_free = (!migration.refusals().is_empty()).then_some(Reason::Excluded);

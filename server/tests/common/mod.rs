@@ -443,8 +443,11 @@ pub fn worker(events: Option<SocketAddr>, model: &str, secret: Option<&str>, ext
 /// A simulated worker as [`worker`], with `env` instead of a secret.
 pub fn worker_with_env(events: Option<SocketAddr>, model: &str, env: &[(&str, &str)], extra: &[&str]) -> Worker {
     let events = events.map(|e| e.to_string());
-    let mut args =
-        vec!["worker", "--http-host", "127.0.0.1", "--http-port", "0", "--model", model, "--decode-step-ms", "1"];
+    let mut args = vec!["worker", "--http-host", "127.0.0.1", "--http-port", "0", "--model", model];
+    // Fast steps unless the test names its own.
+    if !extra.contains(&"--decode-step-ms") {
+        args.extend(["--decode-step-ms", "1"]);
+    }
     if let Some(events) = &events {
         args.extend(["--frontend", events.as_str()]);
     }
