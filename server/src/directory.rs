@@ -5,7 +5,8 @@
 //!
 //! - *silent*: its event connection sent nothing for `--event-silence-ms`
 //!   (the process is frozen, or its host vanished); set and cleared by the
-//!   event plane, which clears it with the worker's next frame;
+//!   event plane, which clears it with the worker's next frame (for a
+//!   `--worker URL` worker: by its active health checks);
 //! - *unreachable*: a connection to it just failed; the proxy quarantines it
 //!   for [`UNREACHABLE_QUARANTINE`] so other requests do not each pay for
 //!   the failure (a killed worker stays registered for the deregistration
@@ -184,6 +185,12 @@ impl WorkerDirectory {
     /// `worker`'s endpoint, if known.
     pub fn get(&self, worker: WorkerId) -> Option<WorkerAddress> {
         self.workers.read().unwrap_or_else(|e| e.into_inner()).get(&worker).map(|e| e.address.clone())
+    }
+
+    /// The workers registered by `--worker URL`, with their base URLs.
+    pub fn static_workers(&self) -> Vec<(WorkerId, Arc<str>)> {
+        let workers = self.workers.read().unwrap_or_else(|e| e.into_inner());
+        workers.iter().filter(|(_, e)| e.is_static).map(|(id, e)| (*id, e.address.base_url.clone())).collect()
     }
 
     /// Whether `worker` was registered by `--worker URL`.

@@ -807,7 +807,7 @@ async fn direct_calls_to_a_worker_without_the_proof_get_401() {
 async fn eight_concurrent_150_mib_bodies_stay_under_2_gib() {
     let _box = exclusive().await;
     // The sink's event connection sends nothing after its Register.
-    let (fe, _w) = pool(&["--event-idle-timeout-ms", "600000"], &[]).await;
+    let (fe, _w) = pool(&["--event-idle-timeout-ms", "600000", "--event-silence-ms", "600000"], &[]).await;
     // The big bodies go to a fake worker that reads and drops them (a debug
     // build of the real one would spend most of the test parsing 900 MiB of
     // JSON); the normal requests go to the real worker.
@@ -893,7 +893,7 @@ async fn eight_concurrent_150_mib_bodies_stay_under_2_gib() {
 async fn trickling_big_declared_bodies_do_not_hold_the_budget() {
     let _box = exclusive().await;
     // The sink's event connection sends nothing after its Register.
-    let (fe, _w) = pool(&["--event-idle-timeout-ms", "600000"], &[]).await;
+    let (fe, _w) = pool(&["--event-idle-timeout-ms", "600000", "--event-silence-ms", "600000"], &[]).await;
     let sink = FakeWorker::start();
     let mut sink_conn = EventConn::authenticated(fe.events, SECRET);
     sink_conn.send(&register(5196, 1, 1, "big-model", &sink.addr.to_string())).unwrap();

@@ -193,6 +193,10 @@ pub struct Args {
     /// workers' --heartbeat-ms.
     #[arg(long, env = "LOADGATE_FRONTEND_EVENT_SILENCE_MS", value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     pub event_silence_ms: u64,
+    /// Milliseconds between active health checks (`GET URL/health`) of each --worker worker;
+    /// two failures in a row take it out of routing, one success brings it back. 0: none.
+    #[arg(long, env = "LOADGATE_FRONTEND_WORKER_HEALTH_CHECK_MS", value_name = "MS", default_value_t = 1000)]
+    pub worker_health_check_ms: u64,
     /// How refusals fill `Retry-After` and `retry-after-ms`: computed (spread), or constant (1 s).
     #[arg(long, env = "LOADGATE_FRONTEND_RETRY_AFTER_MODE", value_enum, default_value = "computed")]
     pub retry_after_mode: RetryAfterMode,

@@ -19,6 +19,7 @@ mod admin;
 mod admin_auth;
 mod args;
 mod body_budget;
+mod health_check;
 mod inflight;
 mod observe;
 mod proxy;
@@ -195,6 +196,8 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
         })
     });
     let pruning = tokio::spawn(prune_forgotten_models(frontend.clone()));
+    let checks = (args.worker_health_check_ms > 0).then(|| Duration::from_millis(args.worker_health_check_ms));
+    health_check::spawn(&frontend, checks);
     Ok(RunningFrontend {
         http,
         events: plane.local_addr(),

@@ -65,6 +65,7 @@ const NEW_FRONTEND_FLAGS: &[&str] = &[
     "--http-body-limit-mb",
     "--http-body-budget-mb",
     "--event-idle-timeout-ms",
+    "--event-silence-ms",
     "--max-pending-handshakes",
 ];
 const NEW_WORKER_FLAGS: &[&str] = &["--http-host", "--advertise-addr", "--http-body-limit-mb"];

@@ -98,3 +98,48 @@ async fn open_loop(base: &str, every: Duration, run_for: Duration, timeout: Dura
     }
     all
 }
+
+/// A `--worker URL` worker has no event connection: its active health
+/// checks take it out of routing when it freezes and bring it back after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_static_worker_fails_its_health_checks_and_comes_back() {
+    let _serial = common::exclusive().await;
+    let worker = common::worker(None, "m", None, &[]);
+    let frontend = Frontend::start(
+        None,
+        &["--worker", &worker.http, "--worker-health-check-ms", "200", "--upstream-first-byte-timeout-secs", "5"],
+    );
+    let client = common::client_within(Duration::from_secs(10));
+    assert_eq!(common::complete(&client, &frontend.http, "m", None).await.0, 200);
+    common::signal(worker.proc.pid(), "STOP");
+    let froze = Instant::now();
+    // Out of routing within two failed checks (each bounded by 200 ms).
+    let mut answered = None;
+    while froze.elapsed() < Duration::from_secs(4) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let text = common::metrics_text(&frontend.client, &frontend.http).await;
+        if common::metric(&text, "loadgate_frontend_workers_out_of_routing") == Some(1.0) {
+            answered = Some(froze.elapsed());
+            break;
+        }
+    }
+    let out_after = answered.expect("the frozen worker left routing");
+    let t = Instant::now();
+    let (status, body) = common::complete(&client, &frontend.http, "m", None).await;
+    let took = t.elapsed();
+    eprintln!("static worker: out of routing {out_after:?} after the freeze; a request then: {status} in {took:?}");
+    assert!(out_after < Duration::from_millis(1500), "{out_after:?}");
+    assert_eq!(status, 503, "no live worker: {body}");
+    assert!(took < Duration::from_secs(1), "answered at once, not at the upstream timeout: {took:?}");
+    common::signal(worker.proc.pid(), "CONT");
+    let resumed = Instant::now();
+    loop {
+        let (status, _) = common::complete(&client, &frontend.http, "m", None).await;
+        if status == 200 {
+            break;
+        }
+        assert!(resumed.elapsed() < Duration::from_secs(3), "the resumed worker did not come back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("static worker back in routing {:?} after SIGCONT", resumed.elapsed());
+}
