@@ -1,6 +1,6 @@
 //! Token arithmetic for the router's own load tracking (`--router-mode kv`):
 //! prompt tokens of an OpenAI request, KV blocks, and generated tokens seen
-//! in a streamed SSE body.
+//! in a streamed SSE body (the usage chunk and `[DONE]` are not tokens).
 
 use serde_json::Value;
 
@@ -53,29 +53,76 @@ pub(crate) fn content_value(content: &Value) -> u64 {
     }
 }
 
-/// Counts SSE events (`data:` lines) across body chunks, whichever way the
-/// chunks split them. Each event carries one generated token (the final
-/// `data: [DONE]` counts too; it arrives as the response ends).
+/// Counts the generated tokens of a streamed SSE body across body chunks,
+/// whichever way the chunks split it: one per `data:` line, except
+/// `data: [DONE]` and the usage chunk that ends a stream with
+/// `stream_options.include_usage` (`"choices": []`), which carry none. (The
+/// chunk with the finish reason counts: engines such as vLLM put the last
+/// token in it; the simulated worker's carries none, so its count is one
+/// over, as an estimate of KV use may be.)
+///
+/// Only the current line is kept, and at most [`MAX_LINE`] bytes of it: a
+/// longer `data:` line counts as a token unread.
 #[derive(Debug, Default)]
 pub struct SseEvents {
     count: u64,
-    /// The end of the previous chunk, for a marker split across chunks.
-    carry: Vec<u8>,
+    /// The current line so far (at most [`MAX_LINE`] bytes of it).
+    line: Vec<u8>,
+    /// The current line is longer than [`MAX_LINE`].
+    long: bool,
 }
+
+/// The longest line read to classify (a usage chunk is a few hundred bytes).
+pub const MAX_LINE: usize = 16 * 1024;
 
 const MARKER: &[u8] = b"data:";
 
 impl SseEvents {
-    /// Feeds one body chunk; returns the total events seen so far.
+    /// Feeds one body chunk; returns the total tokens seen so far.
     pub fn feed(&mut self, chunk: &[u8]) -> u64 {
-        let mut joined = std::mem::take(&mut self.carry);
-        joined.extend_from_slice(chunk);
-        self.count += joined.windows(MARKER.len()).filter(|w| *w == MARKER).count() as u64;
-        // Keep the last len-1 bytes: they may begin a marker but cannot hold a whole one.
-        let keep = joined.len().min(MARKER.len() - 1);
-        self.carry = joined[joined.len() - keep..].to_vec();
+        let mut rest = chunk;
+        while !rest.is_empty() {
+            let (piece, ended) = match rest.iter().position(|&b| b == b'\n') {
+                Some(at) => (&rest[..at], true),
+                None => (rest, false),
+            };
+            let room = MAX_LINE - self.line.len();
+            self.line.extend_from_slice(&piece[..piece.len().min(room)]);
+            self.long |= piece.len() > room;
+            rest = &rest[piece.len() + usize::from(ended)..];
+            if ended {
+                self.end_line();
+            }
+        }
         self.count
     }
+
+    /// Counts the line just ended if it is a token, and starts the next.
+    fn end_line(&mut self) {
+        let line = self.line.strip_suffix(b"\r").unwrap_or(&self.line);
+        if let Some(data) = line.strip_prefix(MARKER) {
+            if self.long || carries_a_token(data) {
+                self.count += 1;
+            }
+        }
+        self.line.clear();
+        self.long = false;
+    }
+}
+
+/// Whether an event's data is a chunk that carries a token: neither
+/// `[DONE]` nor a chunk whose `choices` is empty.
+fn carries_a_token(data: &[u8]) -> bool {
+    /// The part of a chunk that tells (`None`: absent or null).
+    #[derive(serde::Deserialize)]
+    struct Chunk {
+        choices: Option<Vec<serde::de::IgnoredAny>>,
+    }
+    let data = data.trim_ascii();
+    if data == b"[DONE]" {
+        return false;
+    }
+    !matches!(serde_json::from_slice::<Chunk>(data), Ok(Chunk { choices: Some(choices) }) if choices.is_empty())
 }
 
 #[cfg(test)]
@@ -109,11 +156,49 @@ mod tests {
 
     #[test]
     fn sse_events_across_any_split() {
-        let body = b"data: {\"a\":1}\n\ndata: {\"a\":2}\n\ndata: [DONE]\n\n";
+        // Two tokens, the finish chunk, the usage chunk, [DONE].
+        let body = concat!(
+            "data: {\"choices\":[{\"text\":\"a\"}]}\n\n",
+            "data:{\"choices\":[{\"text\":\"b\"}],\"usage\":null}\r\n\r\n",
+            "data: {\"choices\":[{\"text\":\"\",\"finish_reason\":\"length\"}]}\n\n",
+            "data: {\"id\":\"x\",\"choices\": [ ],\"usage\":{\"completion_tokens\":2}}\n\n",
+            "data: [DONE]\n\n",
+        )
+        .as_bytes();
         for cut in 0..body.len() {
             let mut events = SseEvents::default();
             events.feed(&body[..cut]);
             assert_eq!(events.feed(&body[cut..]), 3, "split at {cut}");
+        }
+        let mut bytewise = SseEvents::default();
+        for byte in body {
+            bytewise.feed(std::slice::from_ref(byte));
+        }
+        assert_eq!(bytewise.feed(b""), 3);
+    }
+
+    #[test]
+    fn a_long_line_counts_unread_and_is_not_kept() {
+        let mut events = SseEvents::default();
+        let long = format!("data: {{\"choices\":[],\"pad\":\"{}\"}}\n", "x".repeat(4 * MAX_LINE));
+        assert_eq!(events.feed(long.as_bytes()), 1);
+        assert!(events.line.capacity() <= 2 * MAX_LINE);
+        // Other lines (comments, event names) count nothing.
+        assert_eq!(events.feed(b": keep-alive\nevent: x\n\ndata: {}\n"), 2);
+    }
+
+    #[test]
+    fn the_simulated_workers_streams_count_their_tokens_plus_the_finish_chunk() {
+        use crate::openai::{sse_event, Api, ResponseId, Usage, SSE_DONE};
+        for include_usage in [false, true] {
+            let id = ResponseId::new(Api::ChatCompletions, "m").with_usage_chunk(include_usage);
+            let mut body: String = (0..5).map(|i| sse_event(&id.chunk("t", i == 0))).collect();
+            body.push_str(&sse_event(&id.finish_chunk()));
+            if include_usage {
+                body.push_str(&sse_event(&id.usage_chunk(Usage { prompt_tokens: 1, completion_tokens: 5 })));
+            }
+            body.push_str(SSE_DONE);
+            assert_eq!(SseEvents::default().feed(body.as_bytes()), 6, "{body}");
         }
     }
 }

@@ -201,7 +201,7 @@ async fn overload_rejects_with_529_and_counts_each_rejection() {
         assert!(retry_after.is_some(), "a 529 carries a consistent retry hint");
         assert_eq!(
             *body,
-            json!({"error": {"message": "All workers are busy, please retry later", "type": "Overloaded", "code": 529}})
+            json!({"error": {"message": "All workers are busy, please retry later", "type": "Overloaded", "param": null, "code": 529}})
         );
     }
     for (status, _, body) in results.iter().filter(|r| r.0 == 200) {

@@ -120,7 +120,7 @@ async fn worker_caps_at_n_plus_q_and_refuses_the_next() {
     assert_eq!(resp.headers().get("retry-after").unwrap(), "1");
     assert_eq!(
         resp.text().await.unwrap(),
-        r#"{"error":{"message":"Server overloaded: worker at capacity","type":"WorkerOverloaded","code":529}}"#
+        r#"{"error":{"message":"Server overloaded: worker at capacity","type":"Overloaded","param":null,"code":529}}"#
     );
     // The three accepted requests all complete.
     for handle in long {
@@ -194,18 +194,20 @@ async fn openai_shapes_streaming_and_not() {
         "messages": [{"role": "user", "content": "hello there"}],
         "max_tokens": 3,
         "stream": true,
+        "stream_options": {"include_usage": true},
     });
     let resp = client.post(format!("{base}/v1/chat/completions")).json(&chat).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 200);
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
     let text = resp.text().await.unwrap();
     let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
-    assert_eq!(events.len(), 5, "3 tokens, the finish chunk, [DONE]: {text}");
+    assert_eq!(events.len(), 6, "3 tokens, the finish chunk, the usage chunk, [DONE]: {text}");
     assert_eq!(*events.last().unwrap(), "data: [DONE]");
     let first: Value = serde_json::from_str(events[0].strip_prefix("data: ").unwrap()).unwrap();
     assert_eq!(first["object"], "chat.completion.chunk");
     assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
-    let last: Value = serde_json::from_str(events[3].strip_prefix("data: ").unwrap()).unwrap();
+    let last: Value = serde_json::from_str(events[4].strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(last["choices"], serde_json::json!([]), "the usage comes in its own chunk");
     assert_eq!(last["usage"]["prompt_tokens"], 2);
     assert_eq!(last["usage"]["completion_tokens"], 3);
 

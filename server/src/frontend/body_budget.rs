@@ -8,18 +8,22 @@
 //! arrive: the buffer and its reservation start at [`FIRST_STEP`] and double
 //! when the bytes outgrow them, up to the `Content-Length` (or the limit). So
 //! a client holds at most twice what it has sent (at least [`FIRST_STEP`]),
-//! for at most [`BODY_READ_DEADLINE`]: declaring 192 MiB and trickling bytes
-//! holds 64 KiB, not 192 MiB.
+//! for at most the read deadline (`--http-body-timeout-secs`, default
+//! [`BODY_READ_DEADLINE`]; a pause between two pieces of a body may last
+//! `--http-body-idle-timeout-secs`, default [`BODY_IDLE_TIMEOUT`]; past
+//! either: 408): declaring 192 MiB and trickling bytes holds 64 KiB, not
+//! 192 MiB.
 //!
 //! When the budget cannot take a body's next step, the body waits (reading
-//! nothing) for another body to give bytes back, for at most
-//! [`BUDGET_WAIT_MAX`]. Bodies read whole give theirs back once forwarded;
+//! nothing) for another body to give bytes back, for at most the idle
+//! timeout. Bodies read whole give theirs back once forwarded;
 //! when only bodies still being read hold the budget (they grew together
 //! past it) and nothing is given back for [`BUDGET_WAIT`], the youngest
 //! waiting body is refused, so that the others can finish: as many are
 //! served as the budget holds. A body that has nothing reserved yet is
-//! refused at once. A refusal is 503 (the budget) or 413
-//! (the limit), without buffering the rest, with `Connection: close` (the
+//! refused at once. A refusal is 503 (the budget, `Unavailable`, with a
+//! retry hint of [`BUDGET_RETRY_AFTER`]) or 413 (the limit), in OpenAI's
+//! error shape, without buffering the rest, with `Connection: close` (the
 //! rest is discarded in the background, within bounds, so that a client
 //! still sending reads the answer, not a reset). The reservation is owned by
 //! the returned [`Bytes`]: it is released when the last clone of the body is
@@ -41,14 +45,22 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use futures_util::StreamExt;
 
+use loadgate::Rejection;
+
 use crate::frontend::reply;
 use crate::throttle::LogThrottle;
 
-/// How long a client may pause between two pieces of its body.
+/// How long a client may pause between two pieces of its body, unless
+/// configured (`--http-body-idle-timeout-secs`).
 pub const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How long reading one body may take in all.
+/// How long reading one body may take in all, unless configured
+/// (`--http-body-timeout-secs`).
 pub const BODY_READ_DEADLINE: Duration = Duration::from_secs(120);
+
+/// The retry hint (`Retry-After`, `retry-after-ms`) of a 503 for the budget:
+/// bodies give their bytes back as soon as they are forwarded.
+pub const BUDGET_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// How long the rest of a refused body is discarded, so that the client,
 /// still sending, reads the refusal rather than a reset connection.
@@ -60,10 +72,6 @@ pub const FIRST_STEP: usize = 64 * 1024;
 /// How long bodies still being read may all wait for the budget to give
 /// bytes back before the youngest of them is refused.
 pub const BUDGET_WAIT: Duration = Duration::from_secs(1);
-
-/// How long one body may wait for the budget in all (as long as a client
-/// may pause its body).
-pub const BUDGET_WAIT_MAX: Duration = BODY_IDLE_TIMEOUT;
 
 /// At most one `limit hit` warning per this period (the others are counted).
 const WARN_PERIOD: Duration = Duration::from_secs(1);
@@ -81,8 +89,11 @@ pub struct BodyBudget {
     used: AtomicUsize,
     /// Rate limit of the `limit hit` warning.
     warn_throttle: LogThrottle,
-    /// [`BODY_IDLE_TIMEOUT`] (shorter in tests).
+    /// How long a body may pause, and wait for the budget in all
+    /// (`--http-body-idle-timeout-secs`).
     idle_timeout: Duration,
+    /// How long reading one body may take (`--http-body-timeout-secs`).
+    read_deadline: Duration,
     /// [`BUDGET_WAIT`] (shorter in tests).
     budget_wait: Duration,
     /// Woken whenever a reservation gives bytes back.
@@ -186,8 +197,17 @@ enum Refusal {
 
 impl BodyBudget {
     /// A limit of `limit_mb` MiB per request and a budget of `budget_mb` MiB
-    /// for all of them.
+    /// for all of them, with the default timeouts ([`BODY_IDLE_TIMEOUT`],
+    /// [`BODY_READ_DEADLINE`]).
+    #[allow(dead_code, reason = "the frontend passes its flags to `with_timeouts`; tests use the defaults")]
     pub fn new(limit_mb: usize, budget_mb: usize) -> Arc<Self> {
+        Self::with_timeouts(limit_mb, budget_mb, BODY_IDLE_TIMEOUT, BODY_READ_DEADLINE)
+    }
+
+    /// As [`new`](Self::new), with a client's pauses bounded by `idle` and a
+    /// whole body by `deadline` (`--http-body-idle-timeout-secs`,
+    /// `--http-body-timeout-secs`).
+    pub fn with_timeouts(limit_mb: usize, budget_mb: usize, idle: Duration, deadline: Duration) -> Arc<Self> {
         Arc::new(BodyBudget {
             limit_mb,
             budget_mb,
@@ -195,7 +215,8 @@ impl BodyBudget {
             budget: budget_mb.saturating_mul(MIB),
             used: AtomicUsize::new(0),
             warn_throttle: LogThrottle::new(1, WARN_PERIOD),
-            idle_timeout: BODY_IDLE_TIMEOUT,
+            idle_timeout: idle,
+            read_deadline: deadline,
             budget_wait: BUDGET_WAIT,
             released: tokio::sync::Notify::new(),
             tickets: AtomicU64::new(0),
@@ -245,7 +266,7 @@ impl BodyBudget {
             if reservation.grow_to(needed) {
                 return Ok(needed);
             }
-            if reservation.bytes == 0 || started.elapsed() >= BUDGET_WAIT_MAX {
+            if reservation.bytes == 0 || started.elapsed() >= self.idle_timeout {
                 return Err(Refusal::OverBudget);
             }
             let waiting = waiter.get_or_insert_with(|| Waiter::new(self, ticket));
@@ -270,17 +291,18 @@ impl BodyBudget {
     /// connection. Unless the client waits for `100 Continue` (then it sends
     /// nothing more), the rest is discarded in the background (at most
     /// twice the limit, for [`DRAIN_DEADLINE`]): a client still sending then
-    /// reads the answer instead of a reset.
+    /// reads the answer instead of a reset. Every refusal is in OpenAI's
+    /// error shape.
     pub async fn read(self: &Arc<Self>, headers: &HeaderMap, body: Body) -> Result<Bytes, Response> {
         let mut stream = body.into_data_stream();
-        let read = tokio::time::timeout(BODY_READ_DEADLINE, self.read_within(headers, &mut stream));
+        let read = tokio::time::timeout(self.read_deadline, self.read_within(headers, &mut stream));
         match read.await.unwrap_or(Err(Refusal::Timeout)) {
             Ok(bytes) => Ok(bytes),
             Err(refusal) => {
                 let waits_for_continue =
                     headers.get(header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
                 if matches!(refusal, Refusal::TooLarge | Refusal::OverBudget) && !waits_for_continue {
-                    drain(stream, self.limit.saturating_mul(2));
+                    drain(stream, self.limit.saturating_mul(2), self.idle_timeout);
                 }
                 Err(self.refuse(refusal))
             }
@@ -338,25 +360,22 @@ impl BodyBudget {
 
     fn refuse(&self, refusal: Refusal) -> Response {
         let mut response = match refusal {
-            Refusal::TooLarge => reply::openai_error(
+            Refusal::TooLarge => reply::client_error(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                "PayloadTooLarge",
                 &format!("request body is larger than {} MiB (--http-body-limit-mb)", self.limit_mb),
             ),
             Refusal::OverBudget => {
                 self.warn_budget_hit();
                 let mut response = reply::openai_error(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    "Unavailable",
+                    Rejection::Unavailable.error_type(),
                     "too many request bodies are buffered at once; retry later",
                 );
-                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(reply::RETRY_AFTER_SECS));
+                reply::set_retry_after(&mut response, BUDGET_RETRY_AFTER);
                 response
             }
-            Refusal::Timeout => {
-                reply::openai_error(StatusCode::REQUEST_TIMEOUT, "RequestTimeout", "request body arrived too slowly")
-            }
-            Refusal::Unreadable(message) => reply::bad_request(&message),
+            Refusal::Timeout => reply::client_error(StatusCode::REQUEST_TIMEOUT, "request body arrived too slowly"),
+            Refusal::Unreadable(message) => reply::bad_request(message),
         };
         // The rest of the body is not read: the connection cannot be reused.
         response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -378,15 +397,15 @@ impl BodyBudget {
 }
 
 /// Reads and discards the rest of a refused body in the background: at most
-/// `bytes`, with pauses of at most [`BODY_IDLE_TIMEOUT`], for at most
-/// [`DRAIN_DEADLINE`]. Nothing is kept; then the connection closes.
-fn drain(mut stream: BodyDataStream, bytes: usize) {
+/// `bytes`, with pauses of at most `idle`, for at most [`DRAIN_DEADLINE`].
+/// Nothing is kept; then the connection closes.
+fn drain(mut stream: BodyDataStream, bytes: usize, idle: Duration) {
     tokio::spawn(async move {
         let deadline = tokio::time::Instant::now() + DRAIN_DEADLINE;
         let mut drained = 0usize;
         while drained <= bytes {
-            let idle = (tokio::time::Instant::now() + BODY_IDLE_TIMEOUT).min(deadline);
-            match tokio::time::timeout_at(idle, stream.next()).await {
+            let pause = (tokio::time::Instant::now() + idle).min(deadline);
+            match tokio::time::timeout_at(pause, stream.next()).await {
                 Ok(Some(Ok(chunk))) => drained = drained.saturating_add(chunk.len()),
                 _ => break,
             }
@@ -610,6 +629,50 @@ mod tests {
             outcomes.push(tokio::time::timeout(Duration::from_secs(5), read).await.expect("bounded").unwrap());
         }
         assert_eq!(outcomes, [Ok(2 * MIB), Ok(2 * MIB), Err(StatusCode::SERVICE_UNAVAILABLE)]);
+        assert_eq!(budget.used(), 0);
+    }
+
+    /// The `error` object of a refusal.
+    async fn error_of(refused: Response) -> serde_json::Value {
+        let body = axum::body::to_bytes(refused.into_body(), 1 << 16).await.unwrap();
+        serde_json::from_slice::<serde_json::Value>(&body).unwrap()["error"].clone()
+    }
+
+    #[tokio::test]
+    async fn refusals_are_in_openais_shape() {
+        let budget = BodyBudget::with_timeouts(1, 1, Duration::from_millis(20), Duration::from_secs(5));
+        let too_large = budget.read(&headers(Some(MIB + 1)), Body::from("x")).await.unwrap_err();
+        let error = error_of(too_large).await;
+        assert_eq!(
+            (&error["type"], &error["code"], &error["param"]),
+            (&"invalid_request_error".into(), &413.into(), &serde_json::Value::Null)
+        );
+        let held = budget.read(&headers(Some(MIB)), Body::from(vec![b'x'; MIB])).await.unwrap();
+        let over = budget.read(&headers(Some(10)), Body::from(vec![b'x'; 10])).await.unwrap_err();
+        assert_eq!(over.headers()[header::RETRY_AFTER], "1");
+        assert_eq!(over.headers()[reply::RETRY_AFTER_MS], "1000");
+        let error = error_of(over).await;
+        assert_eq!((&error["type"], &error["code"]), (&"Unavailable".into(), &503.into()));
+        drop(held);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
+        let slow = budget.read(&headers(Some(10)), Body::from_stream(tokio_stream_from(rx))).await.unwrap_err();
+        let error = error_of(slow).await;
+        assert_eq!((&error["type"], &error["code"]), (&"invalid_request_error".into(), &408.into()));
+        drop(tx);
+    }
+
+    #[tokio::test]
+    async fn a_body_that_trickles_past_the_read_deadline_is_408() {
+        // Each pause is within the idle timeout; the whole is not.
+        let budget = BodyBudget::with_timeouts(4, 8, Duration::from_secs(1), Duration::from_millis(200));
+        let trickle = futures_util::stream::unfold((), |()| async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Some((Ok::<_, std::io::Error>(Bytes::from_static(b"x")), ()))
+        });
+        let started = std::time::Instant::now();
+        let refused = budget.read(&headers(Some(MIB)), Body::from_stream(trickle)).await.unwrap_err();
+        assert_eq!(refused.status(), StatusCode::REQUEST_TIMEOUT);
+        assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
         assert_eq!(budget.used(), 0);
     }
 

@@ -28,6 +28,7 @@ use crate::frontend::reply;
 use crate::frontend::request::read_head;
 use crate::frontend::state::Frontend;
 use crate::frontend::upstream::Failure;
+use crate::openai::InvalidRequest;
 use crate::secret::{body_digest, BodyDigest};
 
 /// Largest worker error body the frontend reads to relay.
@@ -102,7 +103,7 @@ async fn proxy(frontend: Arc<Frontend>, endpoint: Endpoint, body: Bytes) -> Resp
         let shared = body.clone();
         tokio::task::spawn_blocking(move || read_head(endpoint, &shared, tracking))
             .await
-            .unwrap_or_else(|e| Err(format!("could not read the request: {e}")))
+            .unwrap_or_else(|e| Err(InvalidRequest::body(format!("could not read the request: {e}"))))
     };
     let (model, prompt) = match head {
         Ok(head) => (head.model, head.prompt_tokens),
@@ -203,9 +204,9 @@ fn no_worker_left(
 /// The answer after the last worker tried failed: 504 for a timeout, else 502.
 fn failed_answer(failure: Failure) -> Response {
     if failure.is_timeout() {
-        reply::openai_error(StatusCode::GATEWAY_TIMEOUT, "GatewayTimeout", "the worker did not answer in time")
+        reply::gateway_timeout("the worker did not answer in time")
     } else {
-        reply::openai_error(StatusCode::BAD_GATEWAY, "BadGateway", "worker unreachable")
+        reply::bad_gateway("worker unreachable")
     }
 }
 

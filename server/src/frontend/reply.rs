@@ -1,6 +1,11 @@
 //! The frontend's error replies: OpenAI-shaped errors for the inference
-//! routes (`{"error":{"message","type","code"}}`) and the plain
+//! routes (`{"error":{"message","type","param","code"}}`, `code` the status
+//! sent, `param` the field at fault or `null`) and the plain
 //! `{"error":"..."}` of the admin routes.
+//!
+//! `type` is OpenAI's `invalid_request_error` for every 4xx, DESIGN's
+//! `Overloaded` and `Unavailable` for the shedding answers (529 and 503),
+//! and OpenAI's `server_error` for the gateway errors (502, 504).
 
 use std::time::Duration;
 
@@ -10,13 +15,24 @@ use serde_json::json;
 
 use loadgate::{rejection::overload_status_code, Rejection};
 
-/// Seconds a rejected client should wait before retrying.
-pub const RETRY_AFTER_SECS: &str = "1";
+use crate::openai::{error_body, InvalidRequest, INVALID_REQUEST_ERROR, SERVER_ERROR};
 
-/// `{"error":{"message","type","code"}}` with `status`.
+/// `{"error":{"message","type","param":null,"code"}}` with `status`.
 pub fn openai_error(status: StatusCode, kind: &str, message: &str) -> Response {
-    let body = json!({"error": {"message": message, "type": kind, "code": status.as_u16()}});
-    (status, axum::Json(body)).into_response()
+    error_with_param(status, kind, None, message)
+}
+
+/// `{"error":{"message","type","param","code"}}` with `status`, naming
+/// `param` (`None`: `null`).
+pub fn error_with_param(status: StatusCode, kind: &str, param: Option<&str>, message: &str) -> Response {
+    let body = error_body(message, kind, param, status.as_u16());
+    (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response()
+}
+
+/// A client error other than 400 (404, 405, 408, 413, 415):
+/// `invalid_request_error`, no `param`.
+pub fn client_error(status: StatusCode, message: &str) -> Response {
+    openai_error(status, INVALID_REQUEST_ERROR, message)
 }
 
 /// Sets `Retry-After` (whole seconds, rounded up, at least 1) and
@@ -36,26 +52,43 @@ pub const RETRY_AFTER_MS: &str = "retry-after-ms";
 /// default), the retry hint, and the Overloaded body.
 pub fn overloaded(retry_after: Duration) -> Response {
     let status = StatusCode::from_u16(overload_status_code()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-    let mut response = openai_error(status, "Overloaded", Rejection::Overloaded.message());
+    let refusal = Rejection::Overloaded;
+    let mut response = openai_error(status, refusal.error_type(), refusal.message());
     set_retry_after(&mut response, retry_after);
     response
 }
 
 /// The model has no usable worker: 503 Unavailable, with the retry hint.
 pub fn unavailable(retry_after: Duration) -> Response {
-    let mut response = openai_error(StatusCode::SERVICE_UNAVAILABLE, "Unavailable", Rejection::Unavailable.message());
+    let refusal = Rejection::Unavailable;
+    let mut response = openai_error(StatusCode::SERVICE_UNAVAILABLE, refusal.error_type(), refusal.message());
     set_retry_after(&mut response, retry_after);
     response
 }
 
-/// No such model: 404.
+/// No such model: 404 naming `model`.
 pub fn unknown_model(model: &str) -> Response {
-    openai_error(StatusCode::NOT_FOUND, "NotFound", &format!("model {model:?} not found"))
+    let message = format!("model {model:?} not found");
+    error_with_param(StatusCode::NOT_FOUND, INVALID_REQUEST_ERROR, Some("model"), &message)
 }
 
-/// The request body is unusable: 400.
-pub fn bad_request(message: &str) -> Response {
-    openai_error(StatusCode::BAD_REQUEST, "InvalidRequest", message)
+/// The request body is unusable: 400, naming the field at fault if one is.
+/// Takes an [`InvalidRequest`] or a message.
+pub fn bad_request(error: impl Into<InvalidRequest>) -> Response {
+    let error = error.into();
+    error_with_param(StatusCode::BAD_REQUEST, INVALID_REQUEST_ERROR, error.param, &error.message)
+}
+
+/// No worker answered: 502 `server_error`.
+#[allow(dead_code, reason = "for the proxy's 502 (proxy.rs builds its own until it switches)")]
+pub fn bad_gateway(message: &str) -> Response {
+    openai_error(StatusCode::BAD_GATEWAY, SERVER_ERROR, message)
+}
+
+/// A worker took too long (to connect, to the first byte): 504 `server_error`.
+#[allow(dead_code, reason = "for the proxy's 504 (proxy.rs builds its own until it switches)")]
+pub fn gateway_timeout(message: &str) -> Response {
+    openai_error(StatusCode::GATEWAY_TIMEOUT, SERVER_ERROR, message)
 }
 
 /// `{"error":"..."}` with `status` (admin routes).
@@ -65,10 +98,58 @@ pub fn plain_error(status: StatusCode, message: impl Into<String>) -> Response {
 
 /// Any path the inference listener does not serve: 404 in OpenAI's shape.
 pub async fn no_route() -> Response {
-    openai_error(StatusCode::NOT_FOUND, "NotFound", "no such route")
+    client_error(StatusCode::NOT_FOUND, "no such route")
 }
 
 /// A served path with the wrong method: 405 in OpenAI's shape.
 pub async fn method_not_allowed() -> Response {
-    openai_error(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", "method not allowed on this route")
+    client_error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    use super::*;
+    use crate::openai::Field;
+
+    /// Status, content type and `error` object of `response`.
+    async fn parts(response: Response) -> (u16, String, Value) {
+        let status = response.status().as_u16();
+        let content_type = response.headers()[header::CONTENT_TYPE].to_str().unwrap().to_owned();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        let error = body["error"].clone();
+        let mut keys: Vec<&String> = error.as_object().unwrap().keys().collect();
+        keys.sort();
+        assert_eq!(keys, ["code", "message", "param", "type"], "{body}");
+        (status, content_type, error)
+    }
+
+    #[tokio::test]
+    async fn every_error_is_in_openais_shape() {
+        let cases = [
+            (bad_request(Field::Stream.invalid()), 400, INVALID_REQUEST_ERROR, Some("stream")),
+            (bad_request("request body must be a JSON object"), 400, INVALID_REQUEST_ERROR, None),
+            (unknown_model("x"), 404, INVALID_REQUEST_ERROR, Some("model")),
+            (no_route().await, 404, INVALID_REQUEST_ERROR, None),
+            (method_not_allowed().await, 405, INVALID_REQUEST_ERROR, None),
+            (client_error(StatusCode::PAYLOAD_TOO_LARGE, "big"), 413, INVALID_REQUEST_ERROR, None),
+            (bad_gateway("gone"), 502, SERVER_ERROR, None),
+            (gateway_timeout("slow"), 504, SERVER_ERROR, None),
+            (unavailable(Duration::from_secs(1)), 503, "Unavailable", None),
+            (overloaded(Duration::from_secs(1)), overload_status_code(), "Overloaded", None),
+        ];
+        for (response, status, kind, param) in cases {
+            let (sent, content_type, error) = parts(response).await;
+            assert_eq!(sent, status);
+            assert_eq!(content_type, "application/json");
+            assert_eq!(error["type"], kind, "{error}");
+            assert_eq!(error["code"], status, "{error}");
+            assert_eq!(error["param"].as_str(), param, "{error}");
+            if let Some(param) = param {
+                assert!(error["message"].as_str().unwrap().contains(param), "{error}");
+            }
+        }
+    }
 }

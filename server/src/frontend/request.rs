@@ -1,9 +1,12 @@
 //! What the proxy reads of an OpenAI request body: the model and, for the
-//! router's own tracking (`--router-mode kv`), the prompt's size.
+//! router's own tracking (`--router-mode kv`), the prompt's size; and the
+//! fields whose type it checks, so that a wrong one gets a 400 naming it
+//! before any worker is asked (the rules and messages of
+//! [`crate::openai`]'s module doc, which the worker applies too).
 //!
 //! Read in one pass over the bytes without building a JSON tree: a body of
 //! 150 MB costs no second copy. Strings without escapes are borrowed from
-//! the body; every field the proxy does not need is skipped. The counts are
+//! the body; every field the proxy does not check is skipped. The counts are
 //! those of [`crate::tokens::prompt_tokens`] on the parsed value.
 
 use std::borrow::Cow;
@@ -12,6 +15,8 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use loadgate::metrics::Endpoint;
+
+use crate::openai::{checked_token_limit, Field, InvalidRequest};
 
 /// The fields of a request the proxy uses.
 #[derive(Debug, PartialEq, Eq)]
@@ -22,40 +27,96 @@ pub(crate) struct RequestHead {
     pub(crate) prompt_tokens: u64,
 }
 
-/// Reads the model (and, if `count_prompt`, the prompt tokens) of `body`.
+/// Reads the model (and, if `count_prompt`, the prompt tokens) of `body`,
+/// checking the types of the fields of [`crate::openai`]'s module doc.
 ///
 /// # Errors
 ///
-/// The message for a 400: not JSON, not an object, or no non-empty string
-/// `model`.
-pub(crate) fn read_head(endpoint: Endpoint, body: &[u8], count_prompt: bool) -> Result<RequestHead, String> {
+/// The 400 to send: not JSON, not an object, or a field missing or of the
+/// wrong type (named in `param`; the first in the module doc's order), as an
+/// [`InvalidRequest`] or its message (`String`, from which
+/// `reply::bad_request` recovers the field).
+pub(crate) fn read_head<E: From<InvalidRequest>>(
+    endpoint: Endpoint,
+    body: &[u8],
+    count_prompt: bool,
+) -> Result<RequestHead, E> {
+    read_request(endpoint, body, count_prompt).map_err(E::from)
+}
+
+/// [`read_head`] with the error as an [`InvalidRequest`].
+fn read_request(endpoint: Endpoint, body: &[u8], count_prompt: bool) -> Result<RequestHead, InvalidRequest> {
     let is_object = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
     if !is_object {
         return match serde_json::from_slice::<IgnoredAny>(body) {
-            Ok(_) => Err("request body must be a JSON object".to_owned()),
-            Err(e) => Err(format!("request body is not valid JSON: {e}")),
+            Ok(_) => Err(InvalidRequest::body("request body must be a JSON object")),
+            Err(e) => Err(InvalidRequest::body(format!("request body is not valid JSON: {e}"))),
         };
     }
     let mut deserializer = serde_json::Deserializer::from_slice(body);
-    let fields = Fields { endpoint, count_prompt }
+    let found = Fields { endpoint, count: count_prompt }
         .deserialize(&mut deserializer)
-        .and_then(|fields| deserializer.end().map(|()| fields))
-        .map_err(|e| format!("request body is not valid JSON: {e}"))?;
-    match fields.model {
-        Some(model) if !model.is_empty() => Ok(RequestHead { model: model.into_owned(), prompt_tokens: fields.prompt }),
-        _ => Err("\"model\" must be a non-empty string".to_owned()),
+        .and_then(|found| deserializer.end().map(|()| found))
+        .map_err(|e| InvalidRequest::body(format!("request body is not valid JSON: {e}")))?;
+    let head = found.check(endpoint)?;
+    Ok(if count_prompt { head } else { RequestHead { prompt_tokens: 0, ..head } })
+}
+
+/// A value of a type its field does not take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Wrong;
+
+/// What was read of each checked field (`None`: absent; the last of a
+/// repeated key wins, as in a parsed value).
+struct Found<'de> {
+    /// The model, or `None` when it is not a non-empty string.
+    model: Option<Option<Cow<'de, str>>>,
+    /// `prompt` (completions) or `messages` (chat): its tokens.
+    prompt: Option<Result<u64, Wrong>>,
+    /// Whether `max_tokens` is within bounds.
+    max_tokens: Option<bool>,
+    /// Whether `max_completion_tokens` is within bounds.
+    max_completion_tokens: Option<bool>,
+    /// `stream` (`Ok(None)`: null).
+    stream: Option<Result<Option<bool>, Wrong>>,
+    /// `stream_options`: whether it is given (not null), or the field at fault.
+    stream_options: Option<Result<bool, Field>>,
+}
+
+impl<'de> Found<'de> {
+    /// The head, or the first field at fault in the module doc's order.
+    fn check(self, endpoint: Endpoint) -> Result<RequestHead, InvalidRequest> {
+        let Some(Some(model)) = self.model else { return Err(Field::Model.invalid()) };
+        let prompt_field = match endpoint {
+            Endpoint::Completions => Field::Prompt,
+            Endpoint::ChatCompletions => Field::Messages,
+        };
+        let Some(Ok(prompt_tokens)) = self.prompt else { return Err(prompt_field.invalid()) };
+        if self.max_tokens == Some(false) {
+            return Err(Field::MaxTokens.invalid());
+        }
+        if self.max_completion_tokens == Some(false) {
+            return Err(Field::MaxCompletionTokens.invalid());
+        }
+        let stream = match self.stream {
+            Some(Err(Wrong)) => return Err(Field::Stream.invalid()),
+            Some(Ok(stream)) => stream.unwrap_or(false),
+            None => false,
+        };
+        match self.stream_options {
+            Some(Err(field)) => return Err(field.invalid()),
+            Some(Ok(true)) if !stream => return Err(InvalidRequest::stream_options_without_stream()),
+            _ => {}
+        }
+        Ok(RequestHead { model: model.into_owned(), prompt_tokens })
     }
 }
 
 /// The top-level object.
 struct Fields {
     endpoint: Endpoint,
-    count_prompt: bool,
-}
-
-struct Found<'de> {
-    model: Option<Cow<'de, str>>,
-    prompt: u64,
+    /// Count the prompt's tokens (else only check its shape).
+    count: bool,
 }
 
 impl<'de> DeserializeSeed<'de> for Fields {
@@ -74,16 +135,30 @@ impl<'de> Visitor<'de> for Fields {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Found<'de>, A::Error> {
-        let mut found = Found { model: None, prompt: 0 };
+        let mut found = Found {
+            model: None,
+            prompt: None,
+            max_tokens: None,
+            max_completion_tokens: None,
+            stream: None,
+            stream_options: None,
+        };
+        let count = self.count;
         while let Some(key) = map.next_key::<Cow<'de, str>>()? {
             match (&*key, self.endpoint) {
-                ("model", _) => found.model = map.next_value_seed(MaybeStr)?,
-                ("prompt", Endpoint::Completions) if self.count_prompt => {
-                    found.prompt = map.next_value_seed(Count(Shape::Prompt))?;
+                ("model", _) => found.model = Some(map.next_value_seed(Checked(Model))?),
+                ("prompt", Endpoint::Completions) => {
+                    found.prompt = Some(map.next_value_seed(Checked(Prompt { count }))?)
                 }
-                ("messages", Endpoint::ChatCompletions) if self.count_prompt => {
-                    found.prompt = map.next_value_seed(Count(Shape::Messages))?;
+                ("messages", Endpoint::ChatCompletions) => {
+                    found.prompt = Some(map.next_value_seed(Checked(Messages { count }))?);
                 }
+                ("max_tokens", _) => found.max_tokens = Some(map.next_value_seed(Checked(TokenLimit))?),
+                ("max_completion_tokens", _) => {
+                    found.max_completion_tokens = Some(map.next_value_seed(Checked(TokenLimit))?);
+                }
+                ("stream", _) => found.stream = Some(map.next_value_seed(Checked(Flag))?),
+                ("stream_options", _) => found.stream_options = Some(map.next_value_seed(Checked(StreamOptions))?),
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -93,88 +168,102 @@ impl<'de> Visitor<'de> for Fields {
     }
 }
 
-/// A string (borrowed when it has no escapes), or `None` for any other value.
-struct MaybeStr;
+/// A JSON value that is not a container, as a [`Check`] sees it.
+#[derive(Clone, Copy, Debug)]
+enum Scalar<'a> {
+    Null,
+    Bool(bool),
+    /// A non-negative integer.
+    Unsigned(u64),
+    /// A negative integer or a number with a fraction or exponent.
+    OtherNumber,
+    Str(&'a str),
+}
 
-impl<'de> DeserializeSeed<'de> for MaybeStr {
-    type Value = Option<Cow<'de, str>>;
+/// What one field (or part of one) takes: each JSON type is read by one
+/// method, and any type whose method is left out is [`wrong`](Check::wrong)
+/// (a container is then skipped). Read through [`Checked`].
+trait Check<'de>: Sized {
+    /// What the check yields.
+    type Out;
 
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+    /// The outcome for a value of a type the field does not take.
+    fn wrong(self) -> Self::Out;
+
+    /// A scalar.
+    fn scalar(self, _value: Scalar<'_>) -> Self::Out {
+        self.wrong()
+    }
+
+    /// A string borrowed from the body (no escapes).
+    fn borrowed_str(self, value: &'de str) -> Self::Out {
+        self.scalar(Scalar::Str(value))
+    }
+
+    /// An array.
+    fn seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Out, A::Error> {
+        IgnoredAny.visit_seq(seq).map(|_| self.wrong())
+    }
+
+    /// An object.
+    fn map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Out, A::Error> {
+        IgnoredAny.visit_map(map).map(|_| self.wrong())
+    }
+}
+
+/// Reads one value with the [`Check`] `C`.
+struct Checked<C>(C);
+
+impl<'de, C: Check<'de>> DeserializeSeed<'de> for Checked<C> {
+    type Value = C::Out;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<C::Out, D::Error> {
         deserializer.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for MaybeStr {
-    type Value = Option<Cow<'de, str>>;
+impl<'de, C: Check<'de>> Visitor<'de> for Checked<C> {
+    type Value = C::Out;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("any JSON value")
     }
 
-    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-        Ok(Some(Cow::Borrowed(v)))
+    fn visit_unit<E: de::Error>(self) -> Result<C::Out, E> {
+        Ok(self.0.scalar(Scalar::Null))
     }
 
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(Some(Cow::Owned(v.to_owned())))
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<C::Out, E> {
+        Ok(self.0.scalar(Scalar::Bool(v)))
     }
 
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(None)
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<C::Out, E> {
+        Ok(self.0.scalar(Scalar::Unsigned(v)))
     }
 
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(None)
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<C::Out, E> {
+        // serde_json gives non-negative integers as u64; this is for others.
+        Ok(self.0.scalar(u64::try_from(v).map_or(Scalar::OtherNumber, Scalar::Unsigned)))
     }
 
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(None)
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<C::Out, E> {
+        Ok(self.0.scalar(Scalar::OtherNumber))
     }
 
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(None)
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<C::Out, E> {
+        Ok(self.0.borrowed_str(v))
     }
 
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<C::Out, E> {
+        Ok(self.0.scalar(Scalar::Str(v)))
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-        IgnoredAny.visit_seq(seq).map(|_| None)
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<C::Out, A::Error> {
+        self.0.seq(seq)
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-        IgnoredAny.visit_map(map).map(|_| None)
-    }
-}
-
-/// Which counting rule applies to a value.
-#[derive(Clone, Copy)]
-enum Shape {
-    /// A completions `prompt`: a string (words), token ids (their number),
-    /// or a batch of either (the sum).
-    Prompt,
-    /// Chat `messages`: the sum over each message's `content`.
-    Messages,
-    /// One message: only its `content` counts.
-    Message,
-    /// A `content`: a string, or parts whose `text` strings count.
-    Content,
-    /// One part of a `content`: only its string `text` counts.
-    Part,
-    /// A part's `text`: words if it is a string.
-    Text,
-}
-
-/// Counts tokens of one value by its [`Shape`]; any value of another type
-/// counts 0 (and is skipped).
-struct Count(Shape);
-
-impl<'de> DeserializeSeed<'de> for Count {
-    type Value = u64;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<u64, D::Error> {
-        deserializer.deserialize_any(self)
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<C::Out, A::Error> {
+        self.0.map(map)
     }
 }
 
@@ -182,145 +271,312 @@ fn words(s: &str) -> u64 {
     s.split_whitespace().count() as u64
 }
 
-impl<'de> Visitor<'de> for Count {
-    type Value = u64;
+/// `model`: a non-empty string, borrowed when it has no escapes (`None`:
+/// anything else).
+struct Model;
 
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
+impl<'de> Check<'de> for Model {
+    type Out = Option<Cow<'de, str>>;
+
+    fn wrong(self) -> Self::Out {
+        None
     }
 
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<u64, E> {
-        Ok(match self.0 {
-            Shape::Prompt | Shape::Content | Shape::Text => words(v),
-            Shape::Messages | Shape::Message | Shape::Part => 0,
-        })
+    fn borrowed_str(self, value: &'de str) -> Self::Out {
+        (!value.is_empty()).then_some(Cow::Borrowed(value))
     }
 
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<u64, E> {
-        Ok(0)
+    fn scalar(self, value: Scalar<'_>) -> Self::Out {
+        match value {
+            Scalar::Str(s) if !s.is_empty() => Some(Cow::Owned(s.to_owned())),
+            _ => None,
+        }
+    }
+}
+
+/// `stream`, `include_usage`: a boolean or null (`Ok(None)`).
+struct Flag;
+
+impl Check<'_> for Flag {
+    type Out = Result<Option<bool>, Wrong>;
+
+    fn wrong(self) -> Self::Out {
+        Err(Wrong)
     }
 
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<u64, E> {
-        Ok(0)
+    fn scalar(self, value: Scalar<'_>) -> Self::Out {
+        match value {
+            Scalar::Null => Ok(None),
+            Scalar::Bool(b) => Ok(Some(b)),
+            _ => Err(Wrong),
+        }
+    }
+}
+
+/// `max_tokens`, `max_completion_tokens`: null, or an integer within
+/// bounds (true).
+struct TokenLimit;
+
+impl Check<'_> for TokenLimit {
+    type Out = bool;
+
+    fn wrong(self) -> bool {
+        false
     }
 
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<u64, E> {
-        Ok(0)
+    fn scalar(self, value: Scalar<'_>) -> bool {
+        match value {
+            Scalar::Null => true,
+            Scalar::Unsigned(n) => checked_token_limit(Some(n)).is_some(),
+            _ => false,
+        }
+    }
+}
+
+/// `stream_options`: null (`Ok(false)`), or an object whose
+/// `include_usage` is a boolean or null (`Ok(true)`); else the field at fault.
+struct StreamOptions;
+
+impl<'de> Check<'de> for StreamOptions {
+    type Out = Result<bool, Field>;
+
+    fn wrong(self) -> Self::Out {
+        Err(Field::StreamOptions)
     }
 
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<u64, E> {
-        Ok(0)
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<u64, E> {
-        Ok(0)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<u64, A::Error> {
-        match self.0 {
-            Shape::Prompt => {
-                // Token ids when every item is a number; else the items' sum.
-                let (mut len, mut sum, mut all_numbers) = (0u64, 0u64, true);
-                while let Some(item) = seq.next_element_seed(PromptItemVisitor)? {
-                    len += 1;
-                    match item {
-                        PromptItem::NUMBER => {}
-                        count => {
-                            all_numbers = false;
-                            sum = sum.saturating_add(count.0);
-                        }
-                    }
-                }
-                Ok(if all_numbers { len } else { sum })
-            }
-            Shape::Messages | Shape::Content => {
-                let item = if matches!(self.0, Shape::Messages) { Shape::Message } else { Shape::Part };
-                let mut sum = 0u64;
-                while let Some(count) = seq.next_element_seed(Count(item))? {
-                    sum = sum.saturating_add(count);
-                }
-                Ok(sum)
-            }
-            Shape::Message | Shape::Part | Shape::Text => IgnoredAny.visit_seq(seq).map(|_| 0),
+    fn scalar(self, value: Scalar<'_>) -> Self::Out {
+        match value {
+            Scalar::Null => Ok(false),
+            _ => self.wrong(),
         }
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<u64, A::Error> {
-        let wanted = match self.0 {
-            Shape::Message => Some(("content", Shape::Content)),
-            Shape::Part => Some(("text", Shape::Text)),
-            _ => None,
-        };
-        let Some((field, shape)) = wanted else { return IgnoredAny.visit_map(map).map(|_| 0) };
-        let mut count = 0;
+    fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Out, A::Error> {
+        let mut include_usage = Ok(None);
         while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-            if key == field {
-                count = map.next_value_seed(Count(shape))?;
+            if key == "include_usage" {
+                include_usage = map.next_value_seed(Checked(Flag))?;
             } else {
                 map.next_value::<IgnoredAny>()?;
             }
         }
-        Ok(count)
+        Ok(include_usage.map(|_| true).map_err(|Wrong| Field::IncludeUsage))
     }
 }
 
-/// One item of a prompt array: a number (for the token-id rule), or any
-/// other value with its own prompt count.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct PromptItem(u64, bool);
-
-impl PromptItem {
-    const NUMBER: PromptItem = PromptItem(0, true);
+/// A completions `prompt`: a string (its words), an array of strings (the
+/// sum), of token ids (their number) or of arrays of token ids (the sum of
+/// their numbers). Words are counted only if `count`.
+struct Prompt {
+    count: bool,
 }
 
-/// Reads one [`PromptItem`].
-struct PromptItemVisitor;
+/// One item of a prompt array.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Item {
+    /// A string of this many words.
+    Words(u64),
+    /// A token id.
+    Id,
+    /// An array of this many token ids.
+    Ids(u64),
+    /// Anything else.
+    Wrong,
+}
 
-impl<'de> DeserializeSeed<'de> for PromptItemVisitor {
-    type Value = PromptItem;
+impl<'de> Check<'de> for Prompt {
+    type Out = Result<u64, Wrong>;
 
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<PromptItem, D::Error> {
-        deserializer.deserialize_any(self)
+    fn wrong(self) -> Self::Out {
+        Err(Wrong)
+    }
+
+    fn scalar(self, value: Scalar<'_>) -> Self::Out {
+        match value {
+            Scalar::Str(s) => Ok(if self.count { words(s) } else { 0 }),
+            _ => Err(Wrong),
+        }
+    }
+
+    fn seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Out, A::Error> {
+        // Every item of one kind: their sum (a token id counts 1).
+        let (mut first, mut total) = (None, 0u64);
+        while let Some(item) = seq.next_element_seed(Checked(PromptItem { count: self.count }))? {
+            let kind = std::mem::discriminant(&item);
+            if item == Item::Wrong || *first.get_or_insert(kind) != kind {
+                return IgnoredAny.visit_seq(seq).map(|_| Err(Wrong));
+            }
+            total = total.saturating_add(match item {
+                Item::Words(n) | Item::Ids(n) => n,
+                Item::Id => 1,
+                Item::Wrong => 0,
+            });
+        }
+        Ok(Ok(total))
     }
 }
 
-impl<'de> Visitor<'de> for PromptItemVisitor {
-    type Value = PromptItem;
+/// One item of a prompt array.
+struct PromptItem {
+    count: bool,
+}
 
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
+impl<'de> Check<'de> for PromptItem {
+    type Out = Item;
+
+    fn wrong(self) -> Item {
+        Item::Wrong
     }
 
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<PromptItem, E> {
-        Ok(PromptItem::NUMBER)
+    fn scalar(self, value: Scalar<'_>) -> Item {
+        match value {
+            Scalar::Str(s) => Item::Words(if self.count { words(s) } else { 0 }),
+            Scalar::Unsigned(_) => Item::Id,
+            _ => Item::Wrong,
+        }
     }
 
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<PromptItem, E> {
-        Ok(PromptItem::NUMBER)
+    fn seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Item, A::Error> {
+        let mut ids = 0u64;
+        while let Some(is_id) = seq.next_element_seed(Checked(TokenId))? {
+            if !is_id {
+                return IgnoredAny.visit_seq(seq).map(|_| Item::Wrong);
+            }
+            ids += 1;
+        }
+        Ok(Item::Ids(ids))
+    }
+}
+
+/// A token id: a non-negative integer.
+struct TokenId;
+
+impl Check<'_> for TokenId {
+    type Out = bool;
+
+    fn wrong(self) -> bool {
+        false
     }
 
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<PromptItem, E> {
-        Ok(PromptItem::NUMBER)
+    fn scalar(self, value: Scalar<'_>) -> bool {
+        matches!(value, Scalar::Unsigned(_))
+    }
+}
+
+/// Chat `messages`: a non-empty array of objects; the sum of their
+/// contents' words (if `count`).
+struct Messages {
+    count: bool,
+}
+
+impl<'de> Check<'de> for Messages {
+    type Out = Result<u64, Wrong>;
+
+    fn wrong(self) -> Self::Out {
+        Err(Wrong)
     }
 
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<PromptItem, E> {
-        Count(Shape::Prompt).visit_str(v).map(|n| PromptItem(n, false))
+    fn seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Out, A::Error> {
+        let (mut messages, mut total) = (0usize, 0u64);
+        while let Some(message) = seq.next_element_seed(Checked(Message { count: self.count }))? {
+            let Some(tokens) = message else { return IgnoredAny.visit_seq(seq).map(|_| Err(Wrong)) };
+            messages += 1;
+            total = total.saturating_add(tokens);
+        }
+        Ok(if messages == 0 { Err(Wrong) } else { Ok(total) })
+    }
+}
+
+/// One message: an object (`None`: anything else); its `content`'s words.
+struct Message {
+    count: bool,
+}
+
+impl<'de> Check<'de> for Message {
+    type Out = Option<u64>;
+
+    fn wrong(self) -> Option<u64> {
+        None
     }
 
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<PromptItem, E> {
-        Ok(PromptItem(0, false))
+    fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<u64>, A::Error> {
+        let mut tokens = 0;
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            if self.count && key == "content" {
+                tokens = map.next_value_seed(Checked(Content))?;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(Some(tokens))
+    }
+}
+
+/// A message's `content` (not checked): the words of a string, or of the
+/// string `text`s of its parts; 0 for anything else.
+struct Content;
+
+impl<'de> Check<'de> for Content {
+    type Out = u64;
+
+    fn wrong(self) -> u64 {
+        0
     }
 
-    fn visit_unit<E: de::Error>(self) -> Result<PromptItem, E> {
-        Ok(PromptItem(0, false))
+    fn scalar(self, value: Scalar<'_>) -> u64 {
+        match value {
+            Scalar::Str(s) => words(s),
+            _ => 0,
+        }
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<PromptItem, A::Error> {
-        Count(Shape::Prompt).visit_seq(seq).map(|n| PromptItem(n, false))
+    fn seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<u64, A::Error> {
+        let mut total = 0u64;
+        while let Some(tokens) = seq.next_element_seed(Checked(Part))? {
+            total = total.saturating_add(tokens);
+        }
+        Ok(total)
+    }
+}
+
+/// One part of a content: the words of its string `text`.
+struct Part;
+
+impl<'de> Check<'de> for Part {
+    type Out = u64;
+
+    fn wrong(self) -> u64 {
+        0
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<PromptItem, A::Error> {
-        IgnoredAny.visit_map(map).map(|_| PromptItem(0, false))
+    fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<u64, A::Error> {
+        let mut tokens = 0;
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            if key == "text" {
+                tokens = map.next_value_seed(Checked(Text))?;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(tokens)
+    }
+}
+
+/// A part's `text`: the words of a string; 0 for anything else.
+struct Text;
+
+impl Check<'_> for Text {
+    type Out = u64;
+
+    fn wrong(self) -> u64 {
+        0
+    }
+
+    fn scalar(self, value: Scalar<'_>) -> u64 {
+        match value {
+            Scalar::Str(s) => words(s),
+            _ => 0,
+        }
     }
 }
 
@@ -329,10 +585,18 @@ mod tests {
     use serde_json::{json, Value};
 
     use super::*;
+    use crate::openai::{Api, BAD_REQUESTS, GOOD_REQUESTS};
     use crate::tokens::prompt_tokens;
 
-    fn head(endpoint: Endpoint, body: &str) -> Result<RequestHead, String> {
-        read_head(endpoint, body.as_bytes(), true)
+    fn head(endpoint: Endpoint, body: &str) -> Result<RequestHead, InvalidRequest> {
+        read_request(endpoint, body.as_bytes(), true)
+    }
+
+    fn endpoint(api: Api) -> Endpoint {
+        match api {
+            Api::Completions => Endpoint::Completions,
+            Api::ChatCompletions => Endpoint::ChatCompletions,
+        }
     }
 
     #[test]
@@ -341,45 +605,47 @@ mod tests {
             (Endpoint::Completions, json!({"model": "m", "prompt": "one two  three"})),
             (Endpoint::Completions, json!({"model": "m", "prompt": [1, 2, 3, 4]})),
             (Endpoint::Completions, json!({"model": "m", "prompt": []})),
-            (Endpoint::Completions, json!({"model": "m", "prompt": ["a b", "c", [1, 2], 7, null, {"x": 1}]})),
-            (Endpoint::Completions, json!({"model": "m", "prompt": [[1, 2, 3], [4]]})),
-            (Endpoint::Completions, json!({"model": "m", "prompt": {"a": "b c"}})),
+            (Endpoint::Completions, json!({"model": "m", "prompt": ["a b", "c", "", " d  e "]})),
+            (Endpoint::Completions, json!({"model": "m", "prompt": [[1, 2, 3], [4], []]})),
             (Endpoint::Completions, json!({"model": "m", "prompt": "esc\\\"aped\nwords \u{e9}t\u{e9}"})),
-            (Endpoint::Completions, json!({"model": "m"})),
-            (Endpoint::Completions, json!({"messages": [{"content": "not counted here"}], "model": "m"})),
+            (
+                Endpoint::Completions,
+                json!({"messages": [{"content": "not counted here"}], "model": "m", "prompt": "x"}),
+            ),
             (
                 Endpoint::ChatCompletions,
                 json!({"model": "m", "messages": [
                     {"role": "user", "content": "a b c"},
-                    {"content": [{"type": "text", "text": "d e"}, {"text": 5}, "loose", {"image": "x"}]},
+                    {"content": [{"type": "text", "text": "d e"}, {"text": 5}, {"text": ["f g"]}, "loose", {"image": "x"}]},
                     {"content": 3},
-                    "not a message",
+                    {"content": {"text": "h"}},
                     {"role": "system"},
                 ]}),
             ),
-            (Endpoint::ChatCompletions, json!({"model": "m", "messages": "no"})),
-            (Endpoint::ChatCompletions, json!({"model": "m", "prompt": "ignored"})),
+            (Endpoint::ChatCompletions, json!({"model": "m", "messages": [{}], "prompt": "ignored"})),
         ];
         for (endpoint, value) in cases {
             let body = value.to_string();
             let read = head(endpoint, &body).unwrap();
             assert_eq!(read.model, "m");
             assert_eq!(read.prompt_tokens, prompt_tokens(endpoint, &value), "{body}");
-            // Without counting, only the model is read.
-            assert_eq!(read_head(endpoint, body.as_bytes(), false).unwrap().prompt_tokens, 0);
+            // Without counting, only the model is read (and the types checked).
+            assert_eq!(read_request(endpoint, body.as_bytes(), false).unwrap().prompt_tokens, 0);
         }
     }
 
     #[test]
     fn refuses_what_the_proxy_refused() {
-        let not_object = Err("request body must be a JSON object".to_owned());
+        let not_object = Err(InvalidRequest::body("request body must be a JSON object"));
         assert_eq!(head(Endpoint::Completions, "[1, 2]"), not_object);
         assert_eq!(head(Endpoint::Completions, " \"m\""), not_object);
-        for body in ["", "{", "{\"model\": \"m\"} trailing", "nope", "{\"model\": \"m\", }"] {
+        for body in ["", "{", "{\"model\": \"m\"} trailing", "nope", "{\"model\": \"m\", }", "{\"stream\": \"yes\", "] {
             let error = head(Endpoint::Completions, body).unwrap_err();
-            assert!(error.starts_with("request body is not valid JSON"), "{body}: {error}");
+            assert!(error.message.starts_with("request body is not valid JSON"), "{body}: {error}");
+            assert_eq!(error.param, None);
         }
-        let no_model = Err("\"model\" must be a non-empty string".to_owned());
+        let no_model =
+            Err(InvalidRequest { param: Some("model"), message: "\"model\" must be a non-empty string".to_owned() });
         for body in
             [r#"{}"#, r#"{"model": ""}"#, r#"{"model": 5}"#, r#"{"model": {"name": "m"}}"#, r#"{"model": ["m"]}"#]
         {
@@ -388,14 +654,40 @@ mod tests {
         // The last of a repeated key wins, as in a parsed value.
         let value: Value = serde_json::from_str(r#"{"model": "a", "model": "b"}"#).unwrap();
         assert_eq!(value["model"], "b");
-        assert_eq!(head(Endpoint::Completions, r#"{"model": "a", "model": "b"}"#).unwrap().model, "b");
-        assert_eq!(head(Endpoint::Completions, r#"{"model": "caf\u00e9"}"#).unwrap().model, "café");
+        let body = r#"{"model": "a", "model": "b", "prompt": 5, "prompt": "x"}"#;
+        assert_eq!(head(Endpoint::Completions, body).unwrap().model, "b");
+        assert_eq!(head(Endpoint::Completions, r#"{"model": "caf\u00e9", "prompt": ""}"#).unwrap().model, "café");
+    }
+
+    #[test]
+    fn a_wrong_type_is_a_400_naming_the_field_as_the_worker_says() {
+        for (api, body) in GOOD_REQUESTS {
+            for count in [true, false] {
+                assert!(read_request(endpoint(*api), body.as_bytes(), count).is_ok(), "{body}");
+            }
+        }
+        for (api, body, param) in BAD_REQUESTS {
+            for count in [true, false] {
+                let error = read_request(endpoint(*api), body.as_bytes(), count).unwrap_err();
+                assert_eq!(error.param, Some(*param), "{body}: {error}");
+                // The same 400 as the worker's (which reads a parsed value).
+                assert_eq!(Err(error), crate::openai::parse_request(*api, body.as_bytes()).map(|_| ()), "{body}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_error_passed_on_as_its_message_keeps_its_field() {
+        let message = read_head::<String>(Endpoint::Completions, br#"{"model":"m","prompt":"a","stream":"yes"}"#, true);
+        assert_eq!(InvalidRequest::from(&message.unwrap_err()).param, Some("stream"));
     }
 
     #[test]
     fn a_large_prompt_is_read_without_a_tree() {
         let body = format!(r#"{{"model":"m","prompt":"{}"}}"#, "x".repeat(8 << 20));
-        let read = read_head(Endpoint::Completions, body.as_bytes(), true).unwrap();
+        let read = read_request(Endpoint::Completions, body.as_bytes(), true).unwrap();
         assert_eq!(read, RequestHead { model: "m".to_owned(), prompt_tokens: 1 });
+        let ids = format!(r#"{{"model":"m","prompt":[{}0]}}"#, "1,".repeat(1 << 20));
+        assert_eq!(read_request(Endpoint::Completions, ids.as_bytes(), true).unwrap().prompt_tokens, (1 << 20) + 1);
     }
 }

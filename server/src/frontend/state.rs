@@ -77,7 +77,12 @@ impl Frontend {
             client,
             migration_limit: args.migration_limit,
             started_unix_s: crate::secret::unix_ms() / 1000,
-            bodies: BodyBudget::new(args.http_body_limit_mb, args.http_body_budget_mb),
+            bodies: BodyBudget::with_timeouts(
+                args.http_body_limit_mb,
+                args.http_body_budget_mb,
+                Duration::from_secs(args.http_body_idle_timeout_secs),
+                Duration::from_secs(args.http_body_timeout_secs),
+            ),
             secrets,
             draining: AtomicBool::new(false),
         })

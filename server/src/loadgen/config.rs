@@ -114,6 +114,10 @@ pub(crate) fn request_body(config: &BenchConfig) -> String {
         "max_tokens": config.output_tokens,
         "stream": config.stream,
     });
+    if config.stream {
+        // The usage (the output-token count) comes in a stream's last chunk only when asked, as OpenAI's.
+        body["stream_options"] = serde_json::json!({"include_usage": true});
+    }
     if config.url.ends_with("/chat/completions") {
         body["messages"] = serde_json::json!([{"role": "user", "content": prompt}]);
     } else {

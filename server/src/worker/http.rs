@@ -1,6 +1,8 @@
 //! The worker's HTTP API: the OpenAI routes (admitted through the hard cap,
 //! then run on the engine, streamed as SSE or answered whole), `/v1/models`,
-//! `/health`, `/info` and `/metrics`.
+//! `/health`, `/info` and `/metrics`. Every error is in OpenAI's shape
+//! (`openai::error_body`): `invalid_request_error` for a 4xx (with the field
+//! at fault in `param`), DESIGN's `Overloaded` / `Unavailable` for refusals.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -15,11 +17,14 @@ use axum::response::{IntoResponse, Response};
 use futures_util::{Stream, StreamExt};
 use loadgate::{
     metrics::{render_worker, WorkerAdmissionStats},
-    rejection::{overload_status_code, REFUSAL_AT_CAPACITY, REFUSAL_HEADER, WORKER_AT_CAPACITY},
-    Admission, Permit, PermitStream, WorkerId,
+    rejection::{overload_status_code, REFUSAL_AT_CAPACITY, REFUSAL_HEADER},
+    Admission, Permit, PermitStream, Rejection, WorkerId,
 };
 
-use crate::openai::{filler_token, parse_request, sse_event, Api, ResponseId, Usage, SSE_DONE};
+use crate::openai::{
+    error_body, filler_token, parse_request, sse_event, Api, InvalidRequest, ResponseId, Usage, INVALID_REQUEST_ERROR,
+    SSE_DONE,
+};
 use crate::secret::Secrets;
 use crate::worker::engine::{Engine, EngineError, TokenStream};
 
@@ -83,15 +88,15 @@ async fn read_body_within(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Bytes, Response> {
-    let closing = |status: StatusCode, message: &str, kind: &str| {
-        let mut response = error_response(status, message, kind);
+    let closing = |status: StatusCode, message: &str| {
+        let mut response = error_response(status, INVALID_REQUEST_ERROR, None, message);
         // The rest of the body is not read: the connection cannot be reused.
         response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         response
     };
     let too_large = || {
         let message = format!("request body is larger than {limit} bytes (--http-body-limit-mb)");
-        closing(StatusCode::PAYLOAD_TOO_LARGE, &message, "PayloadTooLarge")
+        closing(StatusCode::PAYLOAD_TOO_LARGE, &message)
     };
     let declared =
         headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
@@ -104,12 +109,11 @@ async fn read_body_within(
         let mut stream = body.into_data_stream();
         loop {
             let Ok(next) = tokio::time::timeout(idle, stream.next()).await else {
-                return Err(closing(StatusCode::REQUEST_TIMEOUT, "request body arrived too slowly", "RequestTimeout"));
+                return Err(closing(StatusCode::REQUEST_TIMEOUT, "request body arrived too slowly"));
             };
             let Some(chunk) = next else { return Ok(Bytes::from(bytes)) };
-            let chunk = chunk.map_err(|e| {
-                closing(StatusCode::BAD_REQUEST, &format!("could not read the body: {e}"), "BadRequest")
-            })?;
+            let chunk =
+                chunk.map_err(|e| closing(StatusCode::BAD_REQUEST, &format!("could not read the body: {e}")))?;
             let needed = bytes.len().saturating_add(chunk.len());
             if needed > limit {
                 return Err(too_large());
@@ -123,7 +127,7 @@ async fn read_body_within(
     };
     match tokio::time::timeout(deadline, read).await {
         Ok(read) => read,
-        Err(_) => Err(closing(StatusCode::REQUEST_TIMEOUT, "request body arrived too slowly", "RequestTimeout")),
+        Err(_) => Err(closing(StatusCode::REQUEST_TIMEOUT, "request body arrived too slowly")),
     }
 }
 
@@ -131,21 +135,37 @@ fn json_response(status: StatusCode, body: String) -> Response {
     (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response()
 }
 
-fn error_response(status: StatusCode, message: &str, kind: &str) -> Response {
-    let body = serde_json::json!({"error": {"message": message, "type": kind, "code": status.as_u16()}});
-    json_response(status, body.to_string())
+/// `{"error":{"message","type","param","code"}}` with `status`.
+fn error_response(status: StatusCode, kind: &str, param: Option<&str>, message: &str) -> Response {
+    json_response(status, error_body(message, kind, param, status.as_u16()))
 }
 
-/// The hard-cap refusal: the overload status, `Retry-After: 1`, and the
-/// message the frontend recognises as a migratable worker refusal.
+/// A request the worker will not run: 400 naming the field at fault.
+fn invalid(error: &InvalidRequest) -> Response {
+    error_response(StatusCode::BAD_REQUEST, INVALID_REQUEST_ERROR, error.param, &error.message)
+}
+
+/// Any path the worker does not serve: 404 in OpenAI's shape.
+#[allow(dead_code, reason = "the router's fallback, once worker/mod.rs wires it")]
+pub(crate) async fn no_route() -> Response {
+    error_response(StatusCode::NOT_FOUND, INVALID_REQUEST_ERROR, None, "no such route")
+}
+
+/// A served path with the wrong method: 405 in OpenAI's shape.
+#[allow(dead_code, reason = "the router's fallback, once worker/mod.rs wires it")]
+pub(crate) async fn method_not_allowed() -> Response {
+    error_response(StatusCode::METHOD_NOT_ALLOWED, INVALID_REQUEST_ERROR, None, "method not allowed on this route")
+}
+
+/// The hard-cap refusal: the overload status, `Retry-After: 1` (and
+/// `retry-after-ms: 1000`), the explicit refusal signal, and an
+/// `Overloaded` body saying `Server overloaded: worker at capacity`.
 fn at_capacity() -> Response {
     let status = StatusCode::from_u16(overload_status_code()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-    let body = format!(
-        r#"{{"error":{{"message":"{WORKER_AT_CAPACITY}","type":"WorkerOverloaded","code":{}}}}}"#,
-        status.as_u16()
-    );
-    let mut response = json_response(status, body);
+    let refusal = Rejection::WorkerOverloaded;
+    let mut response = error_response(status, refusal.error_type(), None, refusal.message());
     response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response.headers_mut().insert("retry-after-ms", HeaderValue::from_static("1000"));
     // The explicit signal: the frontend recognises a refusal by it alone.
     response.headers_mut().insert(REFUSAL_HEADER, HeaderValue::from_static(REFUSAL_AT_CAPACITY));
     response
@@ -201,11 +221,11 @@ async fn generate(worker: Arc<Worker>, api: Api, body: Bytes) -> Response {
     } else {
         tokio::task::spawn_blocking(move || parse_request(api, &body))
             .await
-            .unwrap_or_else(|e| Err(format!("could not parse the request: {e}")))
+            .unwrap_or_else(|e| Err(InvalidRequest::body(format!("could not parse the request: {e}"))))
     };
     let request = match parsed {
         Ok(r) => r,
-        Err(message) => return error_response(StatusCode::BAD_REQUEST, &message, "BadRequest"),
+        Err(error) => return invalid(&error),
     };
     let permit = match admit(&worker).await {
         Ok(p) => p,
@@ -215,14 +235,14 @@ async fn generate(worker: Arc<Worker>, api: Api, body: Bytes) -> Response {
     let tokens = match worker.engine.submit(request.prompt_tokens, request.max_tokens) {
         Ok(t) => t,
         Err(e @ EngineError::ContextTooLong { .. }) => {
-            return error_response(StatusCode::BAD_REQUEST, &e.to_string(), "BadRequest")
+            return error_response(StatusCode::BAD_REQUEST, INVALID_REQUEST_ERROR, None, &e.to_string())
         }
         Err(e @ EngineError::Stopped) => {
-            return error_response(StatusCode::SERVICE_UNAVAILABLE, &e.to_string(), "Unavailable")
+            let unavailable = Rejection::Unavailable.error_type();
+            return error_response(StatusCode::SERVICE_UNAVAILABLE, unavailable, None, &e.to_string());
         }
     };
-    let model = if request.model.is_empty() { worker.model.clone() } else { request.model };
-    let id = ResponseId::new(api, &model);
+    let id = ResponseId::new(api, &request.model).with_usage_chunk(request.include_usage);
     let prompt_tokens = request.prompt_tokens;
     if request.stream {
         let events = sse_stream(id, prompt_tokens, tokens);
@@ -253,7 +273,9 @@ async fn collect(mut tokens: TokenStream) -> (String, u32) {
 }
 
 /// The SSE events of a streaming request: one per token, then the finish
-/// chunk with usage, then `[DONE]`. Dropping it cancels the request.
+/// chunk, then (with `include_usage`) a chunk of `"choices": []` and the
+/// usage, then `[DONE]`, as OpenAI ends its streams. Without
+/// `include_usage` no chunk carries usage. Dropping it cancels the request.
 fn sse_stream(
     id: ResponseId,
     prompt_tokens: u32,
@@ -270,8 +292,12 @@ fn sse_stream(
                     Some((event, (Some(tokens), generated + 1)))
                 }
                 None => {
-                    let usage = Usage { prompt_tokens, completion_tokens: generated };
-                    let last = format!("{}{SSE_DONE}", sse_event(&id.final_chunk(usage)));
+                    let mut last = sse_event(&id.finish_chunk());
+                    if id.include_usage {
+                        let usage = Usage { prompt_tokens, completion_tokens: generated };
+                        last.push_str(&sse_event(&id.usage_chunk(usage)));
+                    }
+                    last.push_str(SSE_DONE);
                     Some((last, (None, generated)))
                 }
             }
@@ -318,7 +344,70 @@ pub(crate) async fn metrics(State(worker): State<Arc<Worker>>) -> Response {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Value;
+
     use super::*;
+
+    /// The `type`, `param` and `code` of an error response.
+    async fn error_of(response: Response) -> (String, Value, u64) {
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        let error = &body["error"];
+        assert!(error["message"].is_string(), "{body}");
+        (error["type"].as_str().unwrap().to_owned(), error["param"].clone(), error["code"].as_u64().unwrap())
+    }
+
+    #[tokio::test]
+    async fn errors_are_in_openais_shape() {
+        let bad = invalid(&parse_request(Api::Completions, br#"{"model":"m","prompt":5}"#).unwrap_err());
+        assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(error_of(bad).await, (INVALID_REQUEST_ERROR.to_owned(), Value::from("prompt"), 400));
+        assert_eq!(error_of(no_route().await).await, (INVALID_REQUEST_ERROR.to_owned(), Value::Null, 404));
+        assert_eq!(error_of(method_not_allowed().await).await, (INVALID_REQUEST_ERROR.to_owned(), Value::Null, 405));
+        let refusal = at_capacity();
+        assert_eq!(refusal.headers()[REFUSAL_HEADER], REFUSAL_AT_CAPACITY);
+        assert_eq!(refusal.headers()["retry-after-ms"], "1000");
+        let status = u64::from(refusal.status().as_u16());
+        assert_eq!(error_of(refusal).await, ("Overloaded".to_owned(), Value::Null, status));
+    }
+
+    /// The events of a stream of `tokens` tokens.
+    async fn stream_events(include_usage: bool, tokens: u32) -> Vec<String> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        for index in 0..tokens {
+            tx.send(index).unwrap();
+        }
+        drop(tx);
+        let id = ResponseId::new(Api::ChatCompletions, "m").with_usage_chunk(include_usage);
+        let body: Vec<Bytes> = sse_stream(id, 7, rx).map(|chunk| chunk.unwrap()).collect().await;
+        let text = String::from_utf8(body.concat()).unwrap();
+        text.split("\n\n").filter(|e| !e.is_empty()).map(str::to_owned).collect()
+    }
+
+    #[tokio::test]
+    async fn a_stream_ends_with_its_usage_only_when_asked() {
+        let events = stream_events(false, 3).await;
+        assert_eq!(events.len(), 5, "3 tokens, the finish chunk, [DONE]: {events:?}");
+        assert_eq!(events[4], "data: [DONE]");
+        for event in &events[..4] {
+            assert!(!event.contains("usage"), "{event}");
+        }
+        let events = stream_events(true, 3).await;
+        assert_eq!(events.len(), 6, "3 tokens, the finish chunk, the usage chunk, [DONE]: {events:?}");
+        let chunks: Vec<Value> =
+            events[..5].iter().map(|e| serde_json::from_str(e.strip_prefix("data: ").unwrap()).unwrap()).collect();
+        for chunk in &chunks[..4] {
+            assert_eq!(chunk["usage"], Value::Null);
+            assert_eq!(chunk["choices"].as_array().map(Vec::len), Some(1));
+        }
+        assert_eq!(chunks[3]["choices"][0]["finish_reason"], "length");
+        assert_eq!(chunks[4]["choices"], serde_json::json!([]));
+        assert_eq!(
+            chunks[4]["usage"],
+            serde_json::json!({"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10})
+        );
+        assert_eq!(events[5], "data: [DONE]");
+    }
 
     fn declared(n: usize) -> HeaderMap {
         let mut headers = HeaderMap::new();
@@ -332,6 +421,7 @@ mod tests {
         let endless = Body::from_stream(futures_util::stream::pending::<Result<Bytes, Infallible>>());
         let refused = read_body(1 << 20, &declared((1 << 20) + 1), endless).await.unwrap_err();
         assert_eq!(refused.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(error_of(refused).await, (INVALID_REQUEST_ERROR.to_owned(), Value::Null, 413));
         // Past it as it streams.
         let chunks = (0..5).map(|_| Ok::<_, Infallible>(Bytes::from(vec![b'x'; 1 << 18])));
         let streamed = Body::from_stream(futures_util::stream::iter(chunks));

@@ -43,6 +43,8 @@ fn app(worker: Arc<Worker>) -> Router {
         .route("/health", get(http::health))
         .route("/info", get(http::info))
         .route("/metrics", get(http::metrics))
+        .fallback(http::no_route)
+        .method_not_allowed_fallback(http::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(worker.secrets.clone(), proof::require_proof))
         .with_state(worker)
 }
