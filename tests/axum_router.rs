@@ -79,7 +79,7 @@ async fn sheds_with_proper_statuses_and_bodies() {
     let body = error_of(shed).await;
     assert_eq!(
         body,
-        serde_json::json!({"error": {"message": "All workers are busy, please retry later", "type": "Overloaded", "code": 529}})
+        serde_json::json!({"error": {"message": "All workers are busy, please retry later", "type": "Overloaded", "param": null, "code": 529}})
     );
 
     // Worker 2 frees up: it takes the request.

@@ -102,7 +102,7 @@ async fn past_n_plus_q_the_layer_refuses_with_the_callers_hint() {
         let body = refused.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(
             body,
-            r#"{"error":{"message":"Server overloaded: worker at capacity","type":"Overloaded","code":529}}"#
+            r#"{"error":{"message":"Server overloaded: worker at capacity","type":"Overloaded","param":null,"code":529}}"#
         );
     }
     assert_eq!((gate.running(), gate.queued(), gate.rejected()), (1, 2, 2));

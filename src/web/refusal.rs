@@ -21,7 +21,8 @@ use crate::sync::Arc;
 /// overload status, 529 by default, for either overload; 503 unavailable;
 /// 404 unknown model), `Retry-After` (whole seconds, rounded up) and
 /// `retry-after-ms` when a hint is set, and the body
-/// `{"error":{"message":…,"type":…,"code":<status sent>}}`.
+/// `{"error":{"message":…,"type":…,"param":null,"code":<status sent>}}`
+/// (OpenAI's error shape).
 ///
 /// # Examples
 ///
@@ -36,7 +37,7 @@ use crate::sync::Arc;
 /// assert_eq!(response.headers()["retry-after-ms"], "1500");
 /// assert_eq!(
 ///     response.body().as_ref(),
-///     br#"{"error":{"message":"All workers are busy, please retry later","type":"Overloaded","code":529}}"#
+///     br#"{"error":{"message":"All workers are busy, please retry later","type":"Overloaded","param":null,"code":529}}"#
 /// );
 /// assert_eq!(Refusal::from(RouteError::UnknownModel).to_http().status(), 404);
 /// // Rounded up: never earlier than the hint.
@@ -116,11 +117,12 @@ impl Refusal {
     }
 }
 
-/// `{"error":{"message","type","code"}}` with `status`, as JSON.
+/// `{"error":{"message","type","param","code"}}` with `status`, as JSON.
 /// `kind` and `message` are this crate's constants, already valid inside a
 /// JSON string (ASCII, quotes escaped), so they are written as they are.
 pub(super) fn openai_error(status: StatusCode, kind: &str, message: &str) -> Response<Bytes> {
-    let body = format!(r#"{{"error":{{"message":"{message}","type":"{kind}","code":{}}}}}"#, status.as_u16());
+    let body =
+        format!(r#"{{"error":{{"message":"{message}","type":"{kind}","param":null,"code":{}}}}}"#, status.as_u16());
     let mut response = Response::new(Bytes::from(body));
     *response.status_mut() = status;
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
