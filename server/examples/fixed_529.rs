@@ -21,7 +21,8 @@ use axum::serve::ListenerExt;
 use clap::Parser;
 
 /// The frontend's overload body (`reply::overloaded`), byte for byte.
-const BODY: &str = r#"{"error":{"code":529,"message":"All workers are busy, please retry later","type":"Overloaded"}}"#;
+const BODY: &str =
+    r#"{"error":{"message":"All workers are busy, please retry later","type":"Overloaded","param":null,"code":529}}"#;
 
 /// Command-line arguments.
 #[derive(Debug, Parser)]
@@ -38,6 +39,7 @@ async fn overloaded(_body: Bytes) -> Response {
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    headers.insert("retry-after-ms", HeaderValue::from_static("1000"));
     response
 }
 
