@@ -37,8 +37,8 @@ pub struct Args {
     /// Prompt tokens per request.
     #[arg(long, env = "LOADGATE_DEMO_PROMPT_TOKENS", default_value_t = 112)]
     pub prompt_tokens: u32,
-    /// Output tokens per request.
-    #[arg(long, env = "LOADGATE_DEMO_OUTPUT_TOKENS", default_value_t = 32)]
+    /// Output tokens per request (at least 1: `max_tokens` 0 is a 400).
+    #[arg(long, env = "LOADGATE_DEMO_OUTPUT_TOKENS", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
     pub output_tokens: u32,
     /// Router mode of the frontend (both runs).
     #[arg(long, env = "LOADGATE_DEMO_ROUTER_MODE", default_value = "kv")]
