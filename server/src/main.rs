@@ -33,7 +33,8 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the HTTP frontend: routes OpenAI requests, sheds load.
-    Frontend(frontend::Args),
+    // Boxed: the frontend has many flags, and the enum is as large as its largest variant.
+    Frontend(Box<frontend::Args>),
     /// Run a simulated continuous-batching worker.
     Worker(worker::Args),
     /// Generate open-loop load against a frontend or worker.
@@ -45,7 +46,7 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Frontend(args) => frontend::run(args),
+        Command::Frontend(args) => frontend::run(*args),
         Command::Worker(args) => worker::run(args),
         Command::Bench(args) => loadgen::run(args),
         Command::Demo(args) => demo::run(args),

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde_json::{json, Value};
 
+use crate::frontend::observe::RequestMetrics;
 use crate::frontend::reply;
 use crate::frontend::state::Frontend;
 
@@ -44,20 +45,38 @@ pub async fn live() -> Json<Value> {
     Json(json!({"status": "live"}))
 }
 
-/// `GET /health` (readiness): 200 `healthy` while some model has a
-/// registered worker, else 503 `unhealthy` (a frontend with no worker can
-/// serve nothing); with the count of registered workers either way.
+/// `GET /health` (readiness): 503 `draining` once the frontend is shutting
+/// down (SIGTERM), else 200 `healthy` while some registered worker is in
+/// routing (not silent, not quarantined) and 503 `unhealthy` without one (a
+/// frontend with no live worker can serve nothing); with the counts of
+/// registered and of live workers either way.
 pub async fn health(State(frontend): State<Arc<Frontend>>) -> Response {
     let workers = frontend.monitor.workers().len();
-    let (status, word) =
-        if workers == 0 { (StatusCode::SERVICE_UNAVAILABLE, "unhealthy") } else { (StatusCode::OK, "healthy") };
-    (status, Json(json!({"status": word, "workers": workers}))).into_response()
+    let live = workers.saturating_sub(frontend.directory.out_of_routing().len());
+    let (status, word) = if frontend.draining() {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining")
+    } else if live == 0 {
+        (StatusCode::SERVICE_UNAVAILABLE, "unhealthy")
+    } else {
+        (StatusCode::OK, "healthy")
+    };
+    (status, Json(json!({"status": word, "workers": workers, "live_workers": live}))).into_response()
 }
 
 /// `GET /metrics`: the rejection counters and per-rank load
-/// (`RejectionMetrics::render_frontend`) plus what in-flight requests hold.
-pub async fn metrics(State(frontend): State<Arc<Frontend>>) -> Response {
+/// (`RejectionMetrics::render_frontend`), what in-flight requests hold, the
+/// request counters and histograms of the observe layer
+/// (`observe::RequestMetrics`, none when called without the layer) and
+/// the upstream and liveness counters, ending with the one `# EOF`.
+pub async fn metrics(
+    State(frontend): State<Arc<Frontend>>,
+    requests: Option<Extension<Arc<RequestMetrics>>>,
+) -> Response {
     let mut text = frontend.metrics.render_frontend(&frontend.monitor);
+    // Everything goes before the OpenMetrics terminator, which stays last.
+    if let Some(at) = text.rfind("# EOF") {
+        text.truncate(at);
+    }
     let totals = frontend.inflight.totals();
     let extra = [
         (
@@ -77,14 +96,14 @@ pub async fn metrics(State(frontend): State<Arc<Frontend>>) -> Response {
         ),
         ("loadgate_frontend_workers", "Registered workers", frontend.monitor.workers().len() as u64),
     ];
-    let mut lines = String::new();
     for (name, help, value) in extra {
-        lines.push_str(&format!("# HELP {name} {help}.\n# TYPE {name} gauge\n{name} {value}\n"));
+        text.push_str(&format!("# HELP {name} {help}.\n# TYPE {name} gauge\n{name} {value}\n"));
     }
-    // Keep the OpenMetrics terminator last.
-    match text.rfind("# EOF") {
-        Some(at) => text.insert_str(at, &lines),
-        None => text.push_str(&lines),
+    if let Some(Extension(requests)) = requests {
+        requests.retain_known(|model| frontend.monitor.has_model(model));
+        requests.render(&mut text);
     }
+    text.push_str(&frontend.upstream_metrics());
+    text.push_str("# EOF\n");
     (StatusCode::OK, [(header::CONTENT_TYPE, OPENMETRICS)], text).into_response()
 }

@@ -8,6 +8,14 @@
 //! (`--admin-host:--admin-port`, optional bearer token, or none with
 //! `--disable-admin-api`). The inference port never changes state.
 //!
+//! On SIGTERM (or ctrl-c) the frontend drains ([`RunningFrontend::shutdown`]):
+//! `/health` answers 503, the inference listener closes, in-flight
+//! responses (SSE streams included) finish for at most
+//! `--graceful-shutdown-timeout-secs` (`DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS`,
+//! default 5 s), then it exits. The inference listener's timeouts and
+//! connection limit come from `args.http` (`http_server::HttpArgs`); the
+//! admin listener uses the defaults with `http_server::ADMIN_MAX_CONNECTIONS`.
+//!
 //! Workers join over the event plane ([`EventPlane`]) or with `--worker URL`
 //! (registered from `URL/info`). This file wires the routes and serves them;
 //! the shared state is [`Frontend`] (`state.rs`), and each route group has
@@ -45,7 +53,7 @@ pub use self::args::Args;
 pub use self::state::Frontend;
 use crate::directory::WorkerDirectory;
 use crate::events::{EventPlane, PlaneConfig, PlaneLimits};
-use crate::http_server::{self, ServeConfig, Tls};
+use crate::http_server::{self, Drained, ServeConfig, Tls};
 
 /// How long a worker whose event connection closed stays registered, waiting
 /// for it to reconnect.
@@ -80,7 +88,8 @@ pub fn admin_app(frontend: Arc<Frontend>, token: Option<AdminToken>) -> axum::Ro
     }
 }
 
-/// A frontend serving on its ports (see [`start`]); stops when dropped.
+/// A frontend serving on its ports (see [`start`]); stops at once when
+/// dropped, gracefully with [`RunningFrontend::shutdown`].
 #[derive(Debug)]
 pub struct RunningFrontend {
     /// The inference HTTP address.
@@ -89,11 +98,53 @@ pub struct RunningFrontend {
     pub events: SocketAddr,
     /// The admin address (`None` with `--disable-admin-api`).
     pub admin: Option<SocketAddr>,
-    server: tokio::task::JoinHandle<()>,
+    /// The inference listener's server; it drains when `stop` fires.
+    server: tokio::task::JoinHandle<Drained>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// How long the drain may take (`--graceful-shutdown-timeout-secs`).
+    drain: Duration,
+    frontend: Arc<Frontend>,
     admin_server: Option<tokio::task::JoinHandle<()>>,
     expiry: Option<tokio::task::JoinHandle<()>>,
     pruning: tokio::task::JoinHandle<()>,
     _plane: EventPlane,
+}
+
+impl RunningFrontend {
+    /// Graceful shutdown: `/health` turns 503 ([`Frontend::start_draining`]),
+    /// the inference listener closes (new connections are refused), and
+    /// in-flight responses, SSE streams included, may finish for at most
+    /// the drain timeout; then everything stops. Logs each phase.
+    pub async fn shutdown(mut self) -> Drained {
+        self.frontend.start_draining();
+        tracing::info!(
+            timeout = ?self.drain,
+            "draining: /health answers 503, no new connections, in-flight responses may finish"
+        );
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        // The server's drain is bounded by `drain`; the margin covers its wind-down.
+        let bound = self.drain + Duration::from_secs(1);
+        let drained = match tokio::time::timeout(bound, &mut self.server).await {
+            Ok(Ok(drained)) => drained,
+            Ok(Err(_)) | Err(_) => Drained { open_at_stop: 0, busy_at_stop: 0, settled: false, cut: 0 },
+        };
+        if drained.settled {
+            tracing::info!(
+                connections = drained.open_at_stop,
+                busy = drained.busy_at_stop,
+                "drained: every in-flight response finished"
+            );
+        } else {
+            tracing::warn!(
+                cut = drained.cut,
+                timeout = ?self.drain,
+                "drain timeout: responses still in flight were cut"
+            );
+        }
+        drained
+    }
 }
 
 impl Drop for RunningFrontend {
@@ -166,7 +217,7 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
         .map_or(limits.event_idle_timeout, Duration::from_millis);
     let plane_config = PlaneConfig { grace: DEREGISTER_GRACE, secrets: secrets.clone(), limits, silence };
     let plane = EventPlane::start(event_listener, monitor.clone(), directory.clone(), plane_config)?;
-    let listener = tokio::net::TcpListener::bind((args.http_host.as_str(), args.http_port))
+    let listener = http_server::bind(&args.http_host, args.http_port)
         .await
         .with_context(|| format!("cannot bind the HTTP listener on {}:{}", args.http_host, args.http_port))?;
     let http = listener.local_addr()?;
@@ -181,9 +232,21 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
             tracing::warn!(%addr, "the admin API is reachable beyond loopback without a token (set LOADGATE_ADMIN_TOKEN)");
         }
         let router = admin_app(frontend.clone(), admin_token);
-        (Some(addr), Some(tokio::spawn(http_server::serve(listener, router, ServeConfig::plain()))))
+        let config = ServeConfig { max_connections: http_server::ADMIN_MAX_CONNECTIONS, ..ServeConfig::plain() };
+        (Some(addr), Some(tokio::spawn(http_server::serve(listener, router, config))))
     };
-    let server = tokio::spawn(http_server::serve(listener, app(frontend.clone()), ServeConfig::with_tls(tls)));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let drain = args.http.graceful_shutdown_timeout();
+    let server = tokio::spawn(http_server::serve_until(
+        listener,
+        app(frontend.clone()),
+        ServeConfig::from_args(&args.http, tls),
+        async {
+            // A dropped sender (the RunningFrontend dropped) ends the task by abort anyway.
+            let _ = stopped.await;
+        },
+        drain,
+    ));
     let expiry = args.load_staleness_ms.map(|ms| {
         let monitor = monitor.clone();
         let period = Duration::from_millis((ms / 4).clamp(1, 1000));
@@ -203,6 +266,9 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
         events: plane.local_addr(),
         admin,
         server,
+        stop: Some(stop),
+        drain,
+        frontend,
         admin_server,
         expiry,
         pruning,
@@ -227,7 +293,8 @@ async fn prune_forgotten_models(frontend: Arc<Frontend>) {
     }
 }
 
-/// Runs `loadgate frontend` until Ctrl-C / SIGTERM.
+/// Runs `loadgate frontend` until Ctrl-C / SIGTERM, then shuts down
+/// gracefully ([`RunningFrontend::shutdown`]).
 ///
 /// # Errors
 ///
@@ -241,8 +308,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("listening http={} events={} admin={admin}", running.http, running.events);
         std::io::stdout().flush()?;
         shutdown_signal().await;
-        tracing::info!("shutting down");
-        drop(running);
+        tracing::info!("shutdown signal received");
+        running.shutdown().await;
+        tracing::info!("frontend stopped");
         Ok(())
     })
 }

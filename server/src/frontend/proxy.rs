@@ -13,6 +13,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
+use axum::Extension;
 use futures_util::{Stream, StreamExt as _};
 use tokio::time::Instant;
 
@@ -23,7 +24,7 @@ use loadgate::{
 };
 
 use crate::frontend::inflight::Held;
-use crate::frontend::observe::ModelLabel;
+use crate::frontend::observe::{ModelLabel, RequestId, REQUEST_ID_HEADER};
 use crate::frontend::reply;
 use crate::frontend::request::read_head;
 use crate::frontend::state::Frontend;
@@ -35,20 +36,37 @@ use crate::secret::{body_digest, BodyDigest};
 const MAX_ERROR_BODY: usize = 64 * 1024;
 
 /// `POST /v1/completions`.
-pub async fn completions(State(frontend): State<Arc<Frontend>>, headers: HeaderMap, body: Body) -> Response {
-    receive(frontend, Endpoint::Completions, headers, body).await
+pub async fn completions(
+    State(frontend): State<Arc<Frontend>>,
+    id: Option<Extension<RequestId>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    receive(frontend, Endpoint::Completions, id.map(|Extension(id)| id), headers, body).await
 }
 
 /// `POST /v1/chat/completions`.
-pub async fn chat_completions(State(frontend): State<Arc<Frontend>>, headers: HeaderMap, body: Body) -> Response {
-    receive(frontend, Endpoint::ChatCompletions, headers, body).await
+pub async fn chat_completions(
+    State(frontend): State<Arc<Frontend>>,
+    id: Option<Extension<RequestId>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    receive(frontend, Endpoint::ChatCompletions, id.map(|Extension(id)| id), headers, body).await
 }
 
 /// Reads the body within `--http-body-limit-mb` and `--http-body-budget-mb`
 /// (the body's reservation lasts as long as the body), then proxies it.
-async fn receive(frontend: Arc<Frontend>, endpoint: Endpoint, headers: HeaderMap, body: Body) -> Response {
+/// The request id (set by the observe layer) goes on to the worker.
+async fn receive(
+    frontend: Arc<Frontend>,
+    endpoint: Endpoint,
+    id: Option<RequestId>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     match frontend.bodies.read(&headers, body).await {
-        Ok(body) => proxy(frontend, endpoint, body).await,
+        Ok(body) => proxy(frontend, endpoint, id, body).await,
         Err(refusal) => refusal,
     }
 }
@@ -95,7 +113,7 @@ impl Exclusions {
 /// on.
 const INLINE_READ_LIMIT: usize = 1024 * 1024;
 
-async fn proxy(frontend: Arc<Frontend>, endpoint: Endpoint, body: Bytes) -> Response {
+async fn proxy(frontend: Arc<Frontend>, endpoint: Endpoint, id: Option<RequestId>, body: Bytes) -> Response {
     let tracking = frontend.inflight.tracking();
     let head = if body.len() <= INLINE_READ_LIMIT {
         read_head(endpoint, &body, tracking)
@@ -109,20 +127,25 @@ async fn proxy(frontend: Arc<Frontend>, endpoint: Endpoint, body: Bytes) -> Resp
         Ok(head) => (head.model, head.prompt_tokens),
         Err(message) => return reply::bad_request(&message),
     };
-    let mut response = route_and_send(&frontend, endpoint, &model, prompt, &body).await;
+    let request = Outgoing { endpoint, prompt, body: &body, id: id.as_ref() };
+    let mut response = route_and_send(&frontend, &model, &request).await;
     response.extensions_mut().insert(ModelLabel(Arc::from(model.as_str())));
     response
 }
 
 /// Routes the request and sends it, migrating on refusals and failures,
 /// until a worker answers or none is left.
-async fn route_and_send(
-    frontend: &Arc<Frontend>,
+/// What is sent to a worker, the same for every attempt.
+struct Outgoing<'a> {
     endpoint: Endpoint,
-    model: &str,
+    /// Prompt tokens (for the router's own tracking).
     prompt: u64,
-    body: &Bytes,
-) -> Response {
+    body: &'a Bytes,
+    id: Option<&'a RequestId>,
+}
+
+async fn route_and_send(frontend: &Arc<Frontend>, model: &str, request: &Outgoing<'_>) -> Response {
+    let endpoint = request.endpoint;
     // The request proof vouches for the body: hashed at the first dispatch
     // (a shed request is never hashed), once for every attempt.
     let mut digest = None;
@@ -141,9 +164,9 @@ async fn route_and_send(
         drop(exclude);
         let digest = match digest {
             Some(digest) => digest,
-            None => *digest.insert(signing_digest(frontend, body).await),
+            None => *digest.insert(signing_digest(frontend, request.body).await),
         };
-        match dispatch(frontend, endpoint, worker, prompt, body, &digest).await {
+        match dispatch(frontend, worker, request, &digest).await {
             Attempt::Answer(response) => return response,
             Attempt::AtCapacity => {
                 tracing::debug!(worker, %model, "worker at capacity; migrating");
@@ -246,22 +269,21 @@ fn send_failure(error: &reqwest::Error) -> Failure {
     }
 }
 
-async fn dispatch(
-    frontend: &Arc<Frontend>,
-    endpoint: Endpoint,
-    worker: WorkerId,
-    prompt: u64,
-    body: &Bytes,
-    digest: &BodyDigest,
-) -> Attempt {
+async fn dispatch(frontend: &Arc<Frontend>, worker: WorkerId, outgoing: &Outgoing<'_>, digest: &BodyDigest) -> Attempt {
+    let endpoint = outgoing.endpoint;
     let Some(address) = frontend.directory.get(worker) else {
         return Attempt::Failed(Failure::Gone);
     };
     let timeouts = frontend.upstream;
     let first_byte_by = Instant::now() + timeouts.first_byte;
-    let mut held = frontend.inflight.hold(worker, address.dp_size, prompt);
+    let mut held = frontend.inflight.hold(worker, address.dp_size, outgoing.prompt);
     let url = format!("{}{}", address.base_url, path(endpoint));
-    let request = frontend.client.post(url).header(header::CONTENT_TYPE, "application/json").body(body.clone());
+    let mut request =
+        frontend.client.post(url).header(header::CONTENT_TYPE, "application/json").body(outgoing.body.clone());
+    if let Some(id) = outgoing.id {
+        // Not covered by the request proof (method, path, body): harmless.
+        request = request.header(REQUEST_ID_HEADER, id.header_value().clone());
+    }
     let sent = tokio::time::timeout_at(first_byte_by, frontend.signed(request, "POST", path(endpoint), digest).send());
     let upstream = match sent.await {
         Ok(Ok(upstream)) => upstream,

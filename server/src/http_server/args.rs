@@ -10,18 +10,22 @@ use std::time::Duration;
 /// HTTP-side limits of one listener.
 #[derive(Clone, Debug, clap::Args)]
 pub struct HttpArgs {
-    /// Seconds a request head (request line and headers) may take to arrive; past it the
-    /// connection is closed.
+    /// Seconds an HTTP/1 request head (request line and headers) may take to arrive; past it
+    /// the connection is closed (a slow-loris head trickled byte by byte). Default 30.
     #[arg(long, env = "LOADGATE_HTTP_HEADER_TIMEOUT_SECS", value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     pub http_header_timeout_secs: u64,
-    /// Seconds an idle keep-alive connection (no request in progress) stays open.
+    /// Seconds a connection with no request in service stays open (HTTP/1 keep-alive and
+    /// HTTP/2 alike; a new connection that sends nothing is idle too). Default 60.
     #[arg(long, env = "LOADGATE_HTTP_IDLE_TIMEOUT_SECS", value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub http_idle_timeout_secs: u64,
-    /// Open HTTP connections at most (default: the process's file limit less a reserve); at it,
-    /// the idle connection unused longest is closed to admit a new one.
+    /// Open HTTP connections at most. Default: the soft RLIMIT_NOFILE less a reserve of
+    /// max(256, nofile/4) descriptors (for event-plane and upstream connections), at least 1:
+    /// 1024 -> 768, 2048 -> 1536, 20000 -> 15000. At it, the idle connection unused longest is
+    /// closed to admit a new one; with none idle, the new connection is closed at once.
     #[arg(long, env = "LOADGATE_HTTP_MAX_CONNECTIONS", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub http_max_connections: Option<u64>,
-    /// On SIGTERM: seconds in-flight responses may take to finish before they are cut.
+    /// On SIGTERM: seconds in-flight responses (SSE streams included) may take to finish
+    /// before they are cut; new connections are refused meanwhile. Default 5.
     #[arg(long, env = "DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS", value_name = "SECS", default_value_t = 5)]
     pub graceful_shutdown_timeout_secs: u64,
 }

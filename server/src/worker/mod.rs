@@ -7,6 +7,13 @@
 //! error, or client gone. The worker registers itself and pushes its per-rank
 //! load to every `--frontend` event port through an [`EventPublisher`].
 //!
+//! On SIGTERM (or ctrl-c) it shuts down gracefully: it leaves routing
+//! first (a Deregister to every frontend, waited for at most
+//! [`DEREGISTER_WAIT`]), then closes its listener and lets in-flight
+//! requests, streams included, finish for at most
+//! `--graceful-shutdown-timeout-secs` (`DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS`,
+//! default 5 s), then exits 0.
+//!
 //! This file starts the worker and wires its routes; the arguments are in
 //! `args.rs`, the HTTP handlers and their shared state in `http.rs`, the
 //! simulated engine in `engine.rs`.
@@ -19,8 +26,8 @@ mod proof;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicUsize;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use axum::routing::{get, post};
@@ -75,7 +82,7 @@ async fn serve(args: Args, admission: Option<Arc<Admission<()>>>) -> anyhow::Res
     if args.advertise_addr.is_none() && args.http_host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified()) {
         anyhow::bail!("--advertise-addr HOST:PORT is required when --http-host is {}", args.http_host);
     }
-    let listener = tokio::net::TcpListener::bind((args.http_host.as_str(), args.http_port))
+    let listener = http_server::bind(&args.http_host, args.http_port)
         .await
         .with_context(|| format!("cannot bind {}:{}", args.http_host, args.http_port))?;
     let addr = listener.local_addr()?;
@@ -121,12 +128,82 @@ async fn serve(args: Args, admission: Option<Arc<Admission<()>>>) -> anyhow::Res
     println!("listening http={addr}");
     std::io::stdout().flush()?;
     tracing::info!(worker_id = id, model = %args.model, %addr, %advertised, "worker started");
+    let drain = args.http.graceful_shutdown_timeout();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let mut server = tokio::spawn(http_server::serve_until(
+        listener,
+        app,
+        ServeConfig::from_args(&args.http, None),
+        async {
+            let _ = stopped.await;
+        },
+        drain,
+    ));
     tokio::select! {
-        () = http_server::serve(listener, app, ServeConfig::plain()) => {}
-        () = shutdown_signal() => tracing::info!("worker stopping"),
+        // `serve_until` only ends after `stop`: this is a panic in the server.
+        _ = &mut server => anyhow::bail!("the HTTP server stopped unexpectedly"),
+        () = shutdown_signal() => {}
     }
-    drop(publisher);
+    tracing::info!(
+        frontends = args.frontends.len(),
+        "shutdown signal received: leaving routing (Deregister to every frontend)"
+    );
+    let started = Instant::now();
+    let deregistered = deregister(publisher).await;
+    tracing::info!(
+        deregistered,
+        took = ?started.elapsed(),
+        timeout = ?drain,
+        "draining: no new connections, in-flight requests may finish"
+    );
+    let _ = stop.send(());
+    match tokio::time::timeout(drain + Duration::from_secs(1), server).await {
+        Ok(Ok(drained)) if drained.settled => {
+            tracing::info!(
+                connections = drained.open_at_stop,
+                busy = drained.busy_at_stop,
+                "drained: every in-flight request finished"
+            );
+        }
+        Ok(Ok(drained)) => tracing::warn!(cut = drained.cut, "drain timeout: requests still in flight were cut"),
+        Ok(Err(_)) | Err(_) => tracing::warn!("the HTTP server did not wind down in time"),
+    }
+    tracing::info!("worker stopped");
     Ok(())
+}
+
+/// How long a shutting-down worker waits for its Deregister frames to go
+/// out (the publisher writes each with a 1 s write timeout).
+pub const DEREGISTER_WAIT: Duration = Duration::from_secs(3);
+
+/// Stops the publisher, which sends a Deregister to every connected
+/// frontend and closes its connections; waits for that at most
+/// [`DEREGISTER_WAIT`]. True when it finished in time (or there was no
+/// publisher).
+async fn deregister(publisher: Option<Arc<EventPublisher>>) -> bool {
+    let Some(publisher) = publisher else { return true };
+    let deadline = Instant::now() + DEREGISTER_WAIT;
+    let done = tokio::task::spawn_blocking(move || {
+        // The engine's sink holds only a `Weak`; an upgrade lasts one
+        // report, so the last strong reference is ours within moments.
+        let mut publisher = publisher;
+        loop {
+            match Arc::try_unwrap(publisher) {
+                // Its drop stops the thread, which sends the Deregisters.
+                Ok(owned) => {
+                    drop(owned);
+                    return true;
+                }
+                Err(shared) if Instant::now() < deadline => {
+                    publisher = shared;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                // The reporter that holds it drops it (and so deregisters) last.
+                Err(_) => return false,
+            }
+        }
+    });
+    matches!(tokio::time::timeout(DEREGISTER_WAIT, done).await, Ok(Ok(true)))
 }
 
 /// The address announced to frontends: `--advertise-addr` (HOST:PORT), else
@@ -168,8 +245,15 @@ fn publish(
         EventPublisher::start(args.frontends.clone(), registration, heartbeat, secrets)
             .context("cannot start the event publisher")?,
     );
-    let reporter = publisher.clone();
-    Ok((Arc::new(move |rank, load| reporter.report(rank, load)), Some(publisher)))
+    // Weak: at shutdown the worker drops the last strong reference, which
+    // sends the Deregisters (see `deregister`).
+    let reporter: Weak<EventPublisher> = Arc::downgrade(&publisher);
+    let sink: LoadSink = Arc::new(move |rank, load| {
+        if let Some(publisher) = reporter.upgrade() {
+            publisher.report(rank, load);
+        }
+    });
+    Ok((sink, Some(publisher)))
 }
 
 /// Resolves on SIGTERM or ctrl-c.

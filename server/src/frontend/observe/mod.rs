@@ -1,0 +1,89 @@
+//! Observability of the inference listener: a request id on every response,
+//! one structured access-log line per request, and the request counters and
+//! histograms of `/metrics`.
+//!
+//! [`layer`] wraps every route of the inference listener, its 404 and 405
+//! fallbacks included. For each request it
+//! - takes the client's `x-request-id` when well formed (visible ASCII, at
+//!   most 128 bytes), else makes one ([`RequestId`]); puts it into the
+//!   request's extensions and its `x-request-id` header before the handler
+//!   (the proxy forwards it to the worker) and sets it on the response;
+//! - when the response body ends, fails, or is dropped (the client went
+//!   away), counts the request in [`RequestMetrics`] (`metrics.rs`: the
+//!   families and their labels) and writes one `info` event with target
+//!   `loadgate::access` (`tracked.rs`): `request_id`, `method`, `path`,
+//!   `status`, `model` (the proxy's [`ModelLabel`], quoted; `none` without
+//!   one), `duration_ms`, `ttft_ms` (to the first body frame), `bytes`,
+//!   `client_gone`, `body_error`.
+//!
+//! The access log is off by default (`logging.rs`); `RUST_LOG=info` turns it
+//! on with everything else, `RUST_LOG=warn,loadgate::access=info` alone.
+//!
+//! | file | what it is |
+//! |---|---|
+//! | `request_id.rs` | [`RequestId`], the `x-request-id` header |
+//! | `route.rs` | the `endpoint` label and how a response ended |
+//! | `tracked.rs` | the body wrapper that records a request at its end |
+//! | `metrics.rs` | [`RequestMetrics`] and its exposition |
+//! | `histogram.rs` | the lock-free histogram and Dynamo's buckets |
+
+mod histogram;
+mod metrics;
+mod request_id;
+mod route;
+mod tracked;
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+
+pub(crate) use self::metrics::RequestMetrics;
+pub(crate) use self::request_id::{RequestId, REQUEST_ID_HEADER};
+use self::route::Route;
+use self::tracked::{Head, Pending};
+use crate::frontend::state::Frontend;
+
+/// The target of the access-log events.
+pub(crate) const ACCESS_TARGET: &str = "loadgate::access";
+
+/// The model a proxied response was for, set by the proxy as a response
+/// extension so the layer can label what it records.
+#[derive(Clone, Debug)]
+pub(crate) struct ModelLabel(pub(crate) Arc<str>);
+
+/// What the layer shares between requests.
+#[derive(Debug)]
+struct Observer {
+    frontend: Arc<Frontend>,
+    metrics: Arc<RequestMetrics>,
+}
+
+/// Wraps the inference routes with the request id, the access log and the
+/// request metrics. `/metrics` finds the metrics as an
+/// `Extension<Arc<RequestMetrics>>` of its request.
+pub(crate) fn layer(router: axum::Router, frontend: Arc<Frontend>) -> axum::Router {
+    let observer = Arc::new(Observer { frontend, metrics: Arc::default() });
+    router.layer(axum::middleware::from_fn_with_state(observer, observe))
+}
+
+/// The middleware of [`layer`].
+async fn observe(State(observer): State<Arc<Observer>>, mut request: Request, next: Next) -> Response {
+    let id = RequestId::from_headers(request.headers());
+    let head = Head::new(id.clone(), request.method(), request.uri().path());
+    // The handler sees the id it is given, as an extension and as the
+    // header (a malformed incoming one replaced).
+    request.headers_mut().insert(REQUEST_ID_HEADER, id.header_value().clone());
+    request.extensions_mut().insert(id.clone());
+    if head.route == Route::Metrics {
+        request.extensions_mut().insert(observer.metrics.clone());
+    }
+    let pending = Pending::new(observer, head);
+    let mut response = next.run(request).await;
+    response.headers_mut().insert(REQUEST_ID_HEADER, id.header_value().clone());
+    pending.respond(response)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,322 @@
+//! [`Tracked`]: a response body that records, when it ends or is dropped,
+//! the request's metrics and its access-log line; [`Pending`]: the same for
+//! a request whose response never came (the client went away first).
+
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::http::{header, Method, StatusCode};
+use axum::response::Response;
+use http_body::{Body as _, Frame, SizeHint};
+
+use super::metrics::{ModelKey, ModelRow, Series};
+use super::route::{code_of, End, Route};
+use super::{ModelLabel, Observer, RequestId, ACCESS_TARGET};
+
+/// Longest path or model name written into an access-log line.
+const LOGGED_LEN: usize = 256;
+
+/// What the layer knows of a request before its response.
+#[derive(Debug)]
+pub(super) struct Head {
+    pub(super) id: RequestId,
+    pub(super) method: Method,
+    /// The path, cut to [`LOGGED_LEN`].
+    pub(super) path: String,
+    pub(super) route: Route,
+    pub(super) started: Instant,
+}
+
+impl Head {
+    /// `request`'s head, timed from now.
+    pub(super) fn new(id: RequestId, method: &Method, path: &str) -> Self {
+        Head {
+            id,
+            method: method.clone(),
+            path: cut(path).to_owned(),
+            route: Route::of(method, path),
+            started: Instant::now(),
+        }
+    }
+}
+
+/// A request whose response has not been made yet: logged and counted as
+/// gone if dropped so (the client closed the connection meanwhile).
+#[derive(Debug)]
+pub(super) struct Pending {
+    observer: Arc<Observer>,
+    head: Option<Head>,
+}
+
+impl Pending {
+    pub(super) fn new(observer: Arc<Observer>, head: Head) -> Self {
+        if head.route.is_inference() {
+            // Relaxed: a gauge; nothing else is published with it.
+            observer.metrics.awaiting.fetch_add(1, Ordering::Relaxed);
+        }
+        Pending { observer, head: Some(head) }
+    }
+
+    /// The request no longer awaits its response.
+    fn answered(&self, head: &Head) {
+        if head.route.is_inference() {
+            // Relaxed: as in `new`.
+            self.observer.metrics.awaiting.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The response is here: tracks its body from now on.
+    pub(super) fn respond(mut self, response: Response) -> Response {
+        let Some(head) = self.head.take() else { return response };
+        self.answered(&head);
+        let tracker = Tracker::start(&self.observer, head, &response);
+        response.map(|body| Body::new(Tracked { inner: body, tracker: Some(tracker) }))
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(head) = self.head.take() {
+            self.answered(&head);
+            let row = self.observer.metrics.row(ModelKey::None, |m| self.observer.frontend.monitor.has_model(m));
+            let tracker = Tracker {
+                head,
+                status: None,
+                model: None,
+                row,
+                stream: false,
+                first: None,
+                last_event: None,
+                bytes: 0,
+                inflight: false,
+            };
+            tracker.finish(End::ClientGone);
+        }
+    }
+}
+
+/// One response on its way out.
+#[derive(Debug)]
+struct Tracker {
+    head: Head,
+    status: Option<StatusCode>,
+    /// The proxy's [`ModelLabel`], as the client named it.
+    model: Option<Arc<str>>,
+    row: Arc<ModelRow>,
+    /// An SSE response (`request_type="stream"`).
+    stream: bool,
+    /// Time to the first body frame.
+    first: Option<Duration>,
+    /// When the last SSE event was sent (inter-token latency).
+    last_event: Option<Instant>,
+    bytes: u64,
+    /// Counted in its row's `inflight` gauge (an LLM request).
+    inflight: bool,
+}
+
+impl Tracker {
+    fn start(observer: &Observer, head: Head, response: &Response) -> Self {
+        let model = response.extensions().get::<ModelLabel>().map(|label| label.0.clone());
+        let monitor = &observer.frontend.monitor;
+        let key = match &model {
+            Some(model) if monitor.has_model(model) => ModelKey::Known(model.clone()),
+            Some(_) => ModelKey::Unknown,
+            None => ModelKey::None,
+        };
+        let row = observer.metrics.row(key, |m| monitor.has_model(m));
+        let stream = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        let inflight = head.route.is_inference();
+        if inflight {
+            // Relaxed: a gauge; nothing else is published with it.
+            row.inflight.fetch_add(1, Ordering::Relaxed);
+        }
+        let status = Some(response.status());
+        Tracker { head, status, model, row, stream, first: None, last_event: None, bytes: 0, inflight }
+    }
+
+    /// A 2xx response of an LLM route (the TTFT and ITL histograms).
+    #[inline]
+    fn timed(&self) -> bool {
+        self.head.route.is_inference() && self.status.is_some_and(|s| s.is_success())
+    }
+
+    fn on_data(&mut self, data: &Bytes) {
+        self.bytes += data.len() as u64;
+        if self.first.is_none() {
+            let ttft = self.head.started.elapsed();
+            self.first = Some(ttft);
+            if self.timed() {
+                self.row.ttft.observe(ttft);
+                if self.stream {
+                    self.last_event = Some(Instant::now());
+                }
+            }
+            return;
+        }
+        if let Some(last) = self.last_event {
+            let events = sse_events(data);
+            if events > 0 {
+                let now = Instant::now();
+                let gap = now.saturating_duration_since(last);
+                self.row.itl.observe_n(gap / events, u64::from(events));
+                self.last_event = Some(now);
+            }
+        }
+    }
+
+    fn finish(self, end: End) {
+        let elapsed = self.head.started.elapsed();
+        if self.inflight {
+            // Relaxed: as in `start`.
+            self.row.inflight.fetch_sub(1, Ordering::Relaxed);
+        }
+        let code = code_of(self.status);
+        if self.head.route.is_inference() {
+            self.row.duration.observe(elapsed);
+        }
+        self.row.count(Series { route: self.head.route, stream: self.stream, code, end });
+        tracing::info!(
+            target: ACCESS_TARGET,
+            request_id = %self.head.id,
+            method = %self.head.method,
+            path = %self.head.path,
+            status = %Shown(self.status.map(|s| s.as_u16())),
+            model = %Shown(self.model.as_deref().map(|m| Quoted(cut(m)))),
+            duration_ms = millis(elapsed),
+            ttft_ms = %Shown(self.first.map(millis)),
+            bytes = self.bytes,
+            client_gone = end == End::ClientGone,
+            body_error = end == End::Failed,
+            "request"
+        );
+    }
+}
+
+/// Token events in an SSE frame: its `\n\n` terminators, the final
+/// `[DONE]` not counted.
+fn sse_events(data: &[u8]) -> u32 {
+    let ends = data.windows(2).filter(|w| w == b"\n\n").count();
+    let done = data.windows(6).any(|w| w == b"[DONE]");
+    u32::try_from(ends.saturating_sub(usize::from(done))).unwrap_or(u32::MAX)
+}
+
+/// Milliseconds, to the microsecond.
+fn millis(elapsed: Duration) -> f64 {
+    elapsed.as_micros() as f64 / 1000.0
+}
+
+/// `s` cut to at most [`LOGGED_LEN`] bytes, at a character boundary.
+fn cut(s: &str) -> &str {
+    if s.len() <= LOGGED_LEN {
+        return s;
+    }
+    let end = (0..=LOGGED_LEN).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0);
+    &s[..end]
+}
+
+/// A value, or `none`.
+struct Shown<T>(Option<T>);
+
+impl<T: std::fmt::Display> std::fmt::Display for Shown<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(value) => value.fmt(f),
+            None => f.write_str("none"),
+        }
+    }
+}
+
+/// A client-chosen string, quoted and escaped (a model name cannot split
+/// or forge a log line).
+struct Quoted<'a>(&'a str);
+
+impl std::fmt::Display for Quoted<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+/// A response body that finishes its [`Tracker`] at its end, on an error,
+/// or when dropped before its end (the client went away).
+struct Tracked {
+    inner: Body,
+    tracker: Option<Tracker>,
+}
+
+impl Tracked {
+    fn finish(&mut self, end: End) {
+        if let Some(tracker) = self.tracker.take() {
+            tracker.finish(end);
+        }
+    }
+}
+
+impl http_body::Body for Tracked {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(tracker), Some(data)) = (this.tracker.as_mut(), frame.data_ref()) {
+                    tracker.on_data(data);
+                }
+                // The server may stop polling once the body says it ended.
+                if this.inner.is_end_stream() {
+                    this.finish(End::Complete);
+                }
+            }
+            Poll::Ready(Some(Err(_))) => this.finish(End::Failed),
+            Poll::Ready(None) => this.finish(End::Complete),
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        // An empty body (or a HEAD response's) may never be polled.
+        let ended = self.inner.is_end_stream() || self.tracker.as_ref().is_some_and(|t| t.head.method == Method::HEAD);
+        self.finish(if ended { End::Complete } else { End::ClientGone });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_events_are_counted_without_done() {
+        assert_eq!(sse_events(b"data: {}\n\n"), 1);
+        assert_eq!(sse_events(b"data: {}\n\ndata: {}\n\n"), 2);
+        assert_eq!(sse_events(b"data: {}\n\ndata: [DONE]\n\n"), 1);
+        assert_eq!(sse_events(b"data: {"), 0);
+    }
+
+    #[test]
+    fn long_values_are_cut_at_a_character_boundary() {
+        let long = "é".repeat(LOGGED_LEN);
+        let cut = cut(&long);
+        assert!(cut.len() <= LOGGED_LEN && cut.len() >= LOGGED_LEN - 1);
+        assert_eq!(Quoted("a\"\nb").to_string(), "\"a\\\"\\nb\"");
+        assert_eq!(Shown::<u16>(None).to_string(), "none");
+    }
+}
