@@ -87,6 +87,7 @@ impl InFlight {
             events: self.tracking.filter(|t| t.output_blocks).map(|_| SseEvents::default()),
             started: false,
             since: Instant::now(),
+            answered: false,
         };
         if self.tracking.is_some() {
             // Relaxed: only spreads load; any interleaving is fine.
@@ -123,6 +124,9 @@ pub struct Held {
     started: bool,
     /// When it was dispatched.
     since: Instant,
+    /// The worker answered it (not a refusal or a failure): its duration
+    /// counts towards the retry hint.
+    answered: bool,
 }
 
 impl fmt::Debug for Held {
@@ -140,6 +144,12 @@ impl Held {
     /// The worker the request went to.
     pub fn worker(&self) -> WorkerId {
         self.worker
+    }
+
+    /// The worker answered (a response is being relayed): when this is
+    /// dropped, the request's duration teaches the retry hint.
+    pub fn answered(&mut self) {
+        self.answered = true;
     }
 
     /// A chunk of the response body arrived: the prompt is prefilled (its
@@ -201,7 +211,9 @@ fn signed(n: u64) -> i64 {
 impl Drop for Held {
     fn drop(&mut self) {
         self.sub(self.blocks, self.prefill_tokens);
-        self.ledger.hint.finished(self.since.elapsed());
+        if self.answered {
+            self.ledger.hint.finished(self.since.elapsed());
+        }
         // Relaxed: a gauge.
         self.ledger.requests.fetch_sub(1, Ordering::Relaxed);
     }

@@ -326,6 +326,7 @@ async fn dispatch(frontend: &Arc<Frontend>, worker: WorkerId, outgoing: &Outgoin
         if let Some(chunk) = &first {
             held.on_chunk(chunk);
         }
+        held.answered();
         let relay = Relay {
             first,
             upstream: stream,
@@ -344,6 +345,7 @@ async fn dispatch(frontend: &Arc<Frontend>, worker: WorkerId, outgoing: &Outgoin
             }
             Err(_) => return Attempt::Failed(Failure::BetweenChunks),
         };
+        held.answered();
         drop(held);
         Response::new(Body::from(error_body))
     };

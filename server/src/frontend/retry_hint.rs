@@ -8,13 +8,17 @@
 //!
 //! - The frontend serves about `capacity = max(in_flight, 1) / W` requests per
 //!   second (Little's law), where `in_flight` is the number of requests
-//!   dispatched and not finished and `W` the mean time a request takes (an
-//!   exponentially weighted mean over finished requests, α = 1/16; 1 s until
-//!   the first finishes). One slot is `1 / capacity = W / max(in_flight, 1)`.
-//! - Each refusal takes the next slot: `next = max(next, now) + slot`. The
-//!   k-th client refused in a burst is told to wait about k slots: retries
-//!   arrive at about the rate requests finish. Slots in the past are
-//!   forgotten, so the queue drains by itself as time passes.
+//!   dispatched and not finished and `W` the mean time an answered request
+//!   takes (an exponentially weighted mean, α = max(1/16, 1/n) over the n
+//!   answered so far, so the first answers count fully; 1 s before any).
+//!   Attempts a worker refused or failed are not answers: they take a
+//!   millisecond and would make requests look short. One slot is
+//!   `1 / capacity = W / max(in_flight, 1)`.
+//! - Each refusal takes the next slot:
+//!   `next = max(next, now + 50 ms) + slot`. The k-th client refused in a
+//!   burst is told to wait 50 ms and about k slots: retries arrive at about
+//!   the rate requests finish. Slots in the past are forgotten, so the queue
+//!   drains by itself as time passes.
 //! - The hint is `clamp((next - now) · U(0.75, 1.25), 50 ms, 30 s)`: jitter of
 //!   ±25 % so neighbouring clients do not land together, bounded so no client
 //!   waits less than 50 ms (no busy retry) or more than 30 s.
@@ -38,6 +42,9 @@ pub const CONSTANT_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// The mean request time assumed before any request finished.
 const INITIAL_MEAN: Duration = Duration::from_secs(1);
 
+/// The EWMA's window: α = 1/16 once 16 requests were answered.
+const WINDOW: u64 = 16;
+
 /// Jitter: the hint is multiplied by a uniform factor in this range.
 const JITTER: (f64, f64) = (0.75, 1.25);
 
@@ -50,8 +57,10 @@ pub struct RetryHint {
     epoch: Instant,
     /// The next free retry slot, ns since `epoch`.
     next_slot_ns: AtomicU64,
-    /// The mean request time, ns (an EWMA over finished requests).
+    /// The mean request time, ns (an EWMA over answered requests).
     mean_ns: AtomicU64,
+    /// Answered requests seen (up to the EWMA's window).
+    samples: AtomicU64,
 }
 
 impl RetryHint {
@@ -62,19 +71,22 @@ impl RetryHint {
             epoch: Instant::now(),
             next_slot_ns: AtomicU64::new(0),
             mean_ns: AtomicU64::new(nanos(INITIAL_MEAN)),
+            samples: AtomicU64::new(0),
         }
     }
 
-    /// A dispatched request finished after `took`.
+    /// A request answered by a worker finished after `took`.
     pub fn finished(&self, took: Duration) {
         if !self.computed {
             return;
         }
         let sample = nanos(took);
-        // Relaxed: a statistic; a lost update (two finishing at once) only
+        // Relaxed: statistics; a lost update (two finishing at once) only
         // drops one sample from the mean.
+        let n = self.samples.fetch_add(1, Ordering::Relaxed).saturating_add(1).min(WINDOW);
         let mean = self.mean_ns.load(Ordering::Relaxed);
-        let next = mean - mean / 16 + sample / 16;
+        // mean + (sample - mean) / n, in unsigned steps.
+        let next = if sample >= mean { mean + (sample - mean) / n } else { mean - (mean - sample) / n };
         self.mean_ns.store(next.max(1), Ordering::Relaxed);
     }
 
@@ -93,9 +105,10 @@ impl RetryHint {
         let slot = (self.mean().as_nanos() as u64 / in_flight.max(1)).max(1);
         // Relaxed: the slot counter orders nothing else; the CAS makes each
         // refusal take a distinct slot.
+        let earliest = now.saturating_add(nanos(MIN_RETRY_AFTER));
         let mut current = self.next_slot_ns.load(Ordering::Relaxed);
         let taken = loop {
-            let next = current.max(now).saturating_add(slot);
+            let next = current.max(earliest).saturating_add(slot);
             match self.next_slot_ns.compare_exchange_weak(current, next, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => break next,
                 Err(seen) => current = seen,
@@ -127,12 +140,15 @@ mod tests {
     #[test]
     fn a_burst_is_spread_over_the_time_the_frontend_needs() {
         let hint = RetryHint::new(true);
-        // Requests take 100 ms and 10 are in flight: 100 per second, one slot 10 ms.
+        // Requests take 100 ms and 10 are in flight: 100 per second, one slot
+        // 10 ms. The first answer counts fully: no long start from 1 s.
+        hint.finished(Duration::from_millis(100));
+        assert_eq!(hint.mean(), Duration::from_millis(100));
         for _ in 0..64 {
             hint.finished(Duration::from_millis(100));
         }
         let mean = hint.mean();
-        assert!(mean > Duration::from_millis(95) && mean < Duration::from_millis(200), "{mean:?}");
+        assert!(mean > Duration::from_millis(95) && mean < Duration::from_millis(105), "{mean:?}");
         let hints: Vec<Duration> = (0..300).map(|_| hint.refused(10)).collect();
         // The k-th refusal waits about k slots (± jitter): 300 refusals span about 3 s.
         let last = hints[250..].iter().min().copied().unwrap_or_default();
@@ -157,7 +173,8 @@ mod tests {
         for _ in 0..64 {
             fresh.finished(Duration::from_micros(100));
         }
-        // Tiny slots: the floor.
-        assert_eq!(fresh.refused(1000), MIN_RETRY_AFTER);
+        // Tiny slots: just above the floor.
+        let tiny = fresh.refused(1000);
+        assert!(tiny >= MIN_RETRY_AFTER && tiny < Duration::from_millis(70), "{tiny:?}");
     }
 }
