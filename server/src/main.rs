@@ -37,7 +37,7 @@ enum Command {
     Frontend(Box<frontend::Args>),
     /// Run a simulated continuous-batching worker.
     Worker(worker::Args),
-    /// Generate open-loop load against a frontend or worker.
+    /// Generate open-loop load (or, with --retry-storm N, a retry storm) against a frontend or worker.
     Bench(loadgen::Args),
     /// Frontend + 4 workers + load at 0.5x..3x capacity, shedding off and on.
     Demo(demo::Args),

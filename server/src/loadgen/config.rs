@@ -1,5 +1,6 @@
 //! What a benchmark run does: the `loadgate bench` arguments, the
-//! [`BenchConfig`] they become, and the request body every request sends.
+//! [`BenchConfig`] (open loop) or [`StormConfig`] (`--retry-storm`) they
+//! become, and the request body every request sends.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,12 +15,13 @@ pub struct Args {
     /// Model name sent in every request.
     #[arg(long, env = "LOADGATE_BENCH_MODEL")]
     pub model: String,
-    /// Mean arrival rate, requests per second.
-    #[arg(long, env = "LOADGATE_BENCH_RATE")]
-    pub rate: f64,
-    /// Seconds during which requests arrive.
-    #[arg(long, env = "LOADGATE_BENCH_DURATION")]
-    pub duration: f64,
+    /// Mean arrival rate, requests per second (open loop; not with --retry-storm).
+    #[arg(long, env = "LOADGATE_BENCH_RATE", required_unless_present = "retry_storm", conflicts_with = "retry_storm")]
+    pub rate: Option<f64>,
+    /// Seconds during which requests arrive; with --retry-storm, the storm's bound: no attempt
+    /// starts after it (default 60 s there).
+    #[arg(long, env = "LOADGATE_BENCH_DURATION", required_unless_present = "retry_storm")]
+    pub duration: Option<f64>,
     /// Prompt length in tokens (words).
     #[arg(long, env = "LOADGATE_BENCH_PROMPT_TOKENS", default_value_t = 128)]
     pub prompt_tokens: u32,
@@ -41,7 +43,31 @@ pub struct Args {
     /// Seed of the arrival process (default: random).
     #[arg(long, env = "LOADGATE_BENCH_SEED")]
     pub seed: Option<u64>,
+    /// Retry-storm mode: CLIENTS clients each send one request at the same instant and, on 529
+    /// or 503, wait what `retry-after-ms` says (else `Retry-After`, else --retry-fallback-ms) and
+    /// send it again, until success, --max-attempts or --duration. Reports the peak number of
+    /// retries in any 10 ms window, goodput and time to success.
+    #[arg(long, env = "LOADGATE_BENCH_RETRY_STORM", value_name = "CLIENTS",
+          value_parser = clap::value_parser!(u32).range(1..=MAX_STORM_CLIENTS))]
+    pub retry_storm: Option<u32>,
+    /// With --retry-storm: attempts per client, the first included.
+    #[arg(long, env = "LOADGATE_BENCH_MAX_ATTEMPTS", default_value_t = 20,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub max_attempts: u32,
+    /// With --retry-storm: milliseconds to wait before a retry when a refusal carries no usable
+    /// hint (none, unparsable, or above 60 s), and after a transport error or timeout.
+    #[arg(long, env = "LOADGATE_BENCH_RETRY_FALLBACK_MS", value_name = "MS", default_value_t = 1000)]
+    pub retry_fallback_ms: u64,
+    /// With --retry-storm: seconds one attempt may take (connect to last byte); past it the
+    /// attempt counts as a timeout and is retried.
+    #[arg(long, env = "LOADGATE_BENCH_REQUEST_TIMEOUT", value_name = "SECS", default_value_t = 30.0)]
+    pub request_timeout: f64,
 }
+
+/// Most clients `--retry-storm` takes (each holds a connection).
+pub const MAX_STORM_CLIENTS: i64 = 20_000;
+/// The storm's bound when `--retry-storm` is given without `--duration`.
+pub const DEFAULT_STORM_SECS: f64 = 60.0;
 
 /// What one benchmark run does.
 #[derive(Clone, Debug)]
@@ -76,14 +102,16 @@ impl BenchConfig {
     ///
     /// A rate or duration that is not a positive number.
     pub fn from_args(args: &Args) -> anyhow::Result<Self> {
-        anyhow::ensure!(args.rate.is_finite() && args.rate > 0.0, "--rate must be a positive number");
-        anyhow::ensure!(args.duration.is_finite() && args.duration > 0.0, "--duration must be a positive number");
+        let rate = args.rate.unwrap_or(0.0);
+        let duration = args.duration.unwrap_or(0.0);
+        anyhow::ensure!(rate.is_finite() && rate > 0.0, "--rate must be a positive number");
+        anyhow::ensure!(duration.is_finite() && duration > 0.0, "--duration must be a positive number");
         anyhow::ensure!(args.drain_timeout.is_finite() && args.drain_timeout >= 0.0, "invalid --drain-timeout");
         Ok(BenchConfig {
             url: completions_url(&args.url),
             model: args.model.clone(),
-            rate: args.rate,
-            duration: Duration::from_secs_f64(args.duration),
+            rate,
+            duration: Duration::from_secs_f64(duration),
             prompt_tokens: args.prompt_tokens,
             output_tokens: args.output_tokens,
             stream: args.stream,
@@ -91,6 +119,58 @@ impl BenchConfig {
             seed: args.seed.unwrap_or_else(|| fastrand::u64(..)),
             progress: !args.json,
         })
+    }
+}
+
+/// What one retry storm does (`--retry-storm`).
+#[derive(Clone, Debug)]
+pub struct StormConfig {
+    /// The request every client sends (`rate` and `seed` unused).
+    pub request: BenchConfig,
+    /// Clients, all starting at once.
+    pub clients: u32,
+    /// Attempts per client, the first included.
+    pub max_attempts: u32,
+    /// Wait before a retry when the refusal has no usable hint.
+    pub fallback: Duration,
+    /// Bound on one attempt.
+    pub request_timeout: Duration,
+}
+
+impl StormConfig {
+    /// The storm `args` describe (`None` without `--retry-storm`).
+    ///
+    /// # Errors
+    ///
+    /// A duration, drain timeout or request timeout that is not a positive number.
+    pub fn from_args(args: &Args) -> anyhow::Result<Option<Self>> {
+        let Some(clients) = args.retry_storm else { return Ok(None) };
+        let duration = args.duration.unwrap_or(DEFAULT_STORM_SECS);
+        anyhow::ensure!(duration.is_finite() && duration > 0.0, "--duration must be a positive number");
+        anyhow::ensure!(args.drain_timeout.is_finite() && args.drain_timeout >= 0.0, "invalid --drain-timeout");
+        anyhow::ensure!(
+            args.request_timeout.is_finite() && args.request_timeout > 0.0,
+            "--request-timeout must be a positive number"
+        );
+        let request = BenchConfig {
+            url: completions_url(&args.url),
+            model: args.model.clone(),
+            rate: 0.0,
+            duration: Duration::from_secs_f64(duration),
+            prompt_tokens: args.prompt_tokens,
+            output_tokens: args.output_tokens,
+            stream: args.stream,
+            drain_timeout: Duration::from_secs_f64(args.drain_timeout),
+            seed: 0,
+            progress: false,
+        };
+        Ok(Some(StormConfig {
+            request,
+            clients,
+            max_attempts: args.max_attempts,
+            fallback: Duration::from_millis(args.retry_fallback_ms),
+            request_timeout: Duration::from_secs_f64(args.request_timeout),
+        }))
     }
 }
 
@@ -129,6 +209,32 @@ pub(crate) fn request_body(config: &BenchConfig) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        let base = ["bench", "--url", "http://a:1", "--model", "m"];
+        Cli::try_parse_from(base.iter().chain(args)).map(|c| c.args)
+    }
+
+    #[test]
+    fn retry_storm_needs_no_rate_and_takes_none() {
+        let args = parse(&["--retry-storm", "300", "--max-attempts", "5"]).unwrap();
+        let storm = StormConfig::from_args(&args).unwrap().unwrap();
+        assert_eq!((storm.clients, storm.max_attempts), (300, 5));
+        assert_eq!(storm.request.duration, Duration::from_secs_f64(DEFAULT_STORM_SECS));
+        assert_eq!(storm.fallback, Duration::from_secs(1));
+        assert!(parse(&["--retry-storm", "300", "--rate", "5"]).is_err(), "--rate conflicts with --retry-storm");
+        assert!(parse(&["--retry-storm", "0"]).is_err());
+        assert!(parse(&["--duration", "5"]).is_err(), "the open loop needs --rate");
+        let open = parse(&["--rate", "5", "--duration", "2"]).unwrap();
+        assert!(StormConfig::from_args(&open).unwrap().is_none());
+        assert_eq!(BenchConfig::from_args(&open).unwrap().rate, 5.0);
+    }
 
     #[test]
     fn completions_url_names_an_endpoint() {

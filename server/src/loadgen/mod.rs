@@ -9,22 +9,31 @@
 //! every answer is counted by status. [`run_bench`] is the in-process entry
 //! point the demo uses; [`BenchReport`] renders the table and the JSON.
 //!
-//! `config.rs` holds the arguments and [`BenchConfig`]; `report.rs` the plain
-//! measured data every other piece reads; `open_loop.rs` and
-//! `closed_loop.rs` the two kinds of run; `plot.rs` the SVG charts.
+//! With `--retry-storm N` it runs a retry storm instead: N clients that
+//! honour `retry-after-ms` / `Retry-After` start in one burst and retry
+//! every refusal ([`run_storm`]; its `StormReport` renders its figures: the
+//! peak of retries in any 10 ms window, goodput, time to success).
+//!
+//! `config.rs` holds the arguments, [`BenchConfig`] and [`StormConfig`];
+//! `report.rs` the plain measured data every other piece reads;
+//! `open_loop.rs`, `closed_loop.rs` and `retry_storm.rs` the three kinds of
+//! run; `storm_report.rs` the storm's figures; `plot.rs` the SVG charts.
 
 mod closed_loop;
 mod config;
 mod open_loop;
 pub mod plot;
 mod report;
+mod retry_storm;
+mod storm_report;
 
 use anyhow::Context as _;
 
 pub use self::closed_loop::saturate;
-pub use self::config::{completions_url, Args, BenchConfig};
+pub use self::config::{completions_url, Args, BenchConfig, StormConfig};
 pub use self::open_loop::run_bench;
 pub use self::report::{BenchReport, Percentiles};
+pub use self::retry_storm::run_storm;
 
 /// Runs `loadgate bench`.
 ///
@@ -32,8 +41,18 @@ pub use self::report::{BenchReport, Percentiles};
 ///
 /// Invalid arguments, or a plot that cannot be written.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let config = BenchConfig::from_args(&args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    if let Some(storm) = StormConfig::from_args(&args)? {
+        anyhow::ensure!(args.plot.is_none(), "--plot draws open-loop runs only, not --retry-storm");
+        let report = runtime.block_on(run_storm(&storm))?;
+        if args.json {
+            println!("{}", serde_json::to_string(&report.summary())?);
+        } else {
+            print!("{}", report.table());
+        }
+        return Ok(());
+    }
+    let config = BenchConfig::from_args(&args)?;
     let report = runtime.block_on(run_bench(&config))?;
     if args.json {
         println!("{}", serde_json::to_string(&report.summary())?);

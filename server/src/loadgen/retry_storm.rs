@@ -1,0 +1,228 @@
+//! The retry storm (`loadgate bench --retry-storm N`): N clients that honour
+//! the server's retry hint start in one burst against a frontend.
+//!
+//! Every client sends the same request at the same instant (t = 0). On 529
+//! or 503 it waits what the answer asks and sends it again, as the OpenAI
+//! SDKs do: `retry-after-ms` (milliseconds) first, else `Retry-After`
+//! (seconds), used when it is above 0 and at most 60 s; otherwise (no hint,
+//! an unparsable one, or after a transport error or a timed-out attempt) the
+//! fixed `--retry-fallback-ms`. Another status ends the client (failed). A
+//! client also stops after `--max-attempts` attempts, or when its next retry
+//! would start after `--duration`; each attempt is bounded by
+//! `--request-timeout`, and the whole storm by `--duration` plus
+//! `--drain-timeout` (clients still running then are abandoned and counted
+//! unfinished). The time every retry is due (the end of its wait: when it
+//! is sent, unless the load generator itself is short of CPU) is kept for
+//! the report's peak (`storm_report.rs`): a starved generator waking many
+//! timers late at once would otherwise bunch retries its clients spread.
+//!
+//! Each client has its own HTTP client and opens its connection before the
+//! burst (as SDK clients with keep-alive connections would have), so the
+//! burst is not spread by N TCP handshakes.
+
+use std::time::Duration;
+
+use reqwest::header::{HeaderMap, RETRY_AFTER};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::loadgen::config::{request_body, StormConfig};
+use crate::loadgen::storm_report::{ClientRun, Ending, StormReport};
+
+/// The header the OpenAI SDKs read before `Retry-After`.
+const RETRY_AFTER_MS: &str = "retry-after-ms";
+/// Longest hint a client honours (the OpenAI SDKs' bound); a longer one is
+/// replaced by the fallback.
+const MAX_HONOURED_HINT: Duration = Duration::from_secs(60);
+
+/// Runs one retry storm.
+///
+/// # Errors
+///
+/// The HTTP client cannot be built.
+pub async fn run_storm(config: &StormConfig) -> anyhow::Result<StormReport> {
+    let body = bytes::Bytes::from(request_body(&config.request));
+    // Every client opens its connection, reports, and waits for the
+    // starting instant, sent once all are connected (or the wait is over).
+    let (go, ready) = watch::channel(None::<Instant>);
+    let (connected, mut connections) = mpsc::channel::<()>(config.clients as usize);
+    let mut tasks = JoinSet::new();
+    for _ in 0..config.clients {
+        // One client each, as separate processes would be: its own connection.
+        let client = reqwest::Client::builder()
+            .tcp_nodelay(true)
+            .connect_timeout(config.request_timeout)
+            .timeout(config.request_timeout)
+            .build()?;
+        let (body, mut ready, connected, config) = (body.clone(), ready.clone(), connected.clone(), config.clone());
+        tasks.spawn(async move {
+            connect(&client, &config.request.url).await;
+            let _ = connected.send(()).await;
+            drop(connected);
+            let start = match ready.wait_for(Option::is_some).await {
+                Ok(start) => (*start)?,
+                Err(_) => return None,
+            };
+            Some(one_client(&client, body, start, &config).await)
+        });
+    }
+    drop(connected);
+    let connect_deadline = Instant::now() + config.request_timeout;
+    let mut ready_clients = 0;
+    while ready_clients < config.clients {
+        match tokio::time::timeout_at(connect_deadline, connections.recv()).await {
+            Ok(Some(())) => ready_clients += 1,
+            Ok(None) | Err(_) => break,
+        }
+    }
+    let start = Instant::now();
+    // No receiver can have gone yet (each task holds one): the send only
+    // fails if every task already ended, which cannot happen before it.
+    let _ = go.send(Some(start));
+    let deadline = start + config.request.duration + config.request.drain_timeout;
+    let mut runs = Vec::with_capacity(config.clients as usize);
+    loop {
+        tokio::select! {
+            joined = tasks.join_next() => match joined {
+                Some(Ok(Some(run))) => runs.push(run),
+                Some(_) => {}
+                None => break,
+            },
+            () = tokio::time::sleep_until(deadline) => {
+                tasks.abort_all();
+                break;
+            }
+        }
+    }
+    let unfinished = u64::from(config.clients) - runs.len() as u64;
+    let elapsed =
+        if unfinished > 0 { deadline - start } else { runs.iter().map(|r| r.finished_at).max().unwrap_or_default() };
+    Ok(StormReport { config: config.clone(), runs, unfinished, elapsed })
+}
+
+/// Opens the client's connection before the burst (one `GET` of the URL,
+/// answered 405 and not counted), so that the burst measures the server and
+/// not TCP handshakes; a failure is left for the attempts to meet.
+async fn connect(client: &reqwest::Client, url: &str) {
+    if let Ok(response) = client.get(url).send().await {
+        let _ = response.bytes().await;
+    }
+}
+
+/// One client: the first attempt at `start`, then a retry after every
+/// refusal, within the bounds of `config`.
+async fn one_client(client: &reqwest::Client, body: bytes::Bytes, start: Instant, config: &StormConfig) -> ClientRun {
+    let end = start + config.request.duration;
+    let mut run = ClientRun::default();
+    let mut due = start;
+    for attempt in 1..=config.max_attempts {
+        if attempt > 1 {
+            run.retries.push(due - start);
+        }
+        let wait = match attempt_once(client, &config.request.url, body.clone()).await {
+            Ok((status, hint)) => {
+                run.statuses.push(status);
+                if (200..300).contains(&status) {
+                    run.success = Some(start.elapsed());
+                    run.ending = Ending::Succeeded;
+                    break;
+                }
+                if !matches!(status, 503 | 529) {
+                    run.ending = Ending::Failed;
+                    break;
+                }
+                match hint {
+                    Some(hint) => {
+                        run.hints.push(hint);
+                        hint
+                    }
+                    None => {
+                        run.unhinted += 1;
+                        config.fallback
+                    }
+                }
+            }
+            Err(Failure::Timeout) => {
+                run.timeouts += 1;
+                config.fallback
+            }
+            Err(Failure::Transport) => {
+                run.transport_errors += 1;
+                config.fallback
+            }
+        };
+        if attempt == config.max_attempts {
+            run.ending = Ending::OutOfAttempts;
+        } else if Instant::now() + wait > end {
+            run.ending = Ending::OutOfTime;
+            break;
+        } else {
+            due = Instant::now() + wait;
+            tokio::time::sleep_until(due).await;
+        }
+    }
+    run.finished_at = start.elapsed();
+    run
+}
+
+/// Why an attempt has no status.
+enum Failure {
+    /// The attempt took longer than `--request-timeout`.
+    Timeout,
+    /// The connection failed or broke.
+    Transport,
+}
+
+/// One attempt: its status (the body fully read) and the retry hint it carries.
+async fn attempt_once(
+    client: &reqwest::Client,
+    url: &str,
+    body: bytes::Bytes,
+) -> Result<(u16, Option<Duration>), Failure> {
+    let classify = |e: reqwest::Error| if e.is_timeout() { Failure::Timeout } else { Failure::Transport };
+    let response =
+        client.post(url).header("content-type", "application/json").body(body).send().await.map_err(classify)?;
+    let status = response.status().as_u16();
+    let hint = retry_hint(response.headers());
+    response.bytes().await.map_err(classify)?;
+    Ok((status, hint))
+}
+
+/// The wait a refusal asks for, as the OpenAI SDKs read it: `retry-after-ms`
+/// (milliseconds, fractional allowed) if it parses, else `Retry-After`
+/// (seconds, fractional allowed; HTTP dates are not read); `None` when
+/// neither parses or the value is not in (0, 60 s].
+pub(crate) fn retry_hint(headers: &HeaderMap) -> Option<Duration> {
+    let number = |name: &str| headers.get(name)?.to_str().ok()?.trim().parse::<f64>().ok();
+    let secs = number(RETRY_AFTER_MS).map(|ms| ms / 1000.0).or_else(|| number(RETRY_AFTER.as_str()))?;
+    (secs.is_finite() && secs > 0.0 && secs <= MAX_HONOURED_HINT.as_secs_f64()).then(|| Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use reqwest::header::HeaderValue;
+
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (k, v) in pairs {
+            map.insert(*k, HeaderValue::from_static(v));
+        }
+        map
+    }
+
+    #[test]
+    fn the_hint_prefers_milliseconds_and_is_bounded() {
+        let ms = Duration::from_millis;
+        assert_eq!(retry_hint(&headers(&[("retry-after-ms", "250"), ("retry-after", "1")])), Some(ms(250)));
+        assert_eq!(retry_hint(&headers(&[("retry-after-ms", "12.5")])), Some(Duration::from_micros(12_500)));
+        assert_eq!(retry_hint(&headers(&[("retry-after-ms", "soon"), ("retry-after", "2")])), Some(ms(2000)));
+        assert_eq!(retry_hint(&headers(&[("retry-after", "0.5")])), Some(ms(500)));
+        assert_eq!(retry_hint(&headers(&[("retry-after", "61")])), None);
+        assert_eq!(retry_hint(&headers(&[("retry-after-ms", "0")])), None);
+        assert_eq!(retry_hint(&headers(&[("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT")])), None);
+        assert_eq!(retry_hint(&headers(&[])), None);
+    }
+}
