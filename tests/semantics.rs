@@ -2045,6 +2045,32 @@ mod metrics {
     }
 
     #[test]
+    fn model_names_are_escaped_in_label_values() {
+        let monitor = WorkerMonitor::new(MonitorConfig::default()).unwrap();
+        let odd = "m\"x\\y\nz";
+        monitor.register(3, odd, 1, 0).unwrap();
+        let metrics = RejectionMetrics::default();
+        metrics.record(odd, Endpoint::Completions, [Reason::WorkerCapacity]);
+        let text = metrics.render_frontend(&monitor);
+        let escaped = r#"model="m\"x\\y\nz""#;
+        for family in [
+            "dynamo_frontend_model_rejection_total{",
+            "loadgate_frontend_rejection_reason_total{",
+            "loadgate_frontend_worker_busy{",
+        ] {
+            let line = text.lines().find(|l| l.starts_with(family)).unwrap_or_else(|| panic!("no {family} in\n{text}"));
+            assert!(line.contains(escaped), "{line}");
+        }
+        assert_eq!(
+            text.lines().count(),
+            text.split('\n').filter(|l| !l.is_empty()).count(),
+            "no raw newline inside a line"
+        );
+        let worker = render_worker(odd, WorkerAdmissionStats { rejected: 1, running: 0, queued: 0 });
+        assert!(worker.contains(r#"dynamo_rejection_request_total{model="m\"x\\y\nz"} 1"#), "{worker}");
+    }
+
+    #[test]
     fn worker_render_has_the_reference_names() {
         let text = render_worker("m", WorkerAdmissionStats { rejected: 5, running: 2, queued: 1 });
         for line in [

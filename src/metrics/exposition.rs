@@ -7,11 +7,35 @@
 use std::fmt;
 
 use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
+};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
+
+/// A label value written escaped (`\`, `"`, newline), as the text format
+/// requires: prometheus-client 0.23 writes label values as given, and a
+/// model name (which workers choose) with a quote would otherwise break the
+/// whole exposition.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct LabelText<S>(pub(super) S);
+
+impl<S: AsRef<str>> EncodeLabelValue for LabelText<S> {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> fmt::Result {
+        use std::fmt::Write as _;
+        for c in self.0.as_ref().chars() {
+            match c {
+                '\\' => encoder.write_str("\\\\")?,
+                '"' => encoder.write_str("\\\"")?,
+                '\n' => encoder.write_str("\\n")?,
+                c => encoder.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
+}
 
 /// Writes one counter family: its `# HELP` and `# TYPE` lines, then one
 /// `name_total{labels} value` line per series. `help` is written as given

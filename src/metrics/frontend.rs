@@ -8,7 +8,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
-use super::exposition::{counter_family, gauge_family, render};
+use super::exposition::{counter_family, gauge_family, render, LabelText};
 use super::labels::{Endpoint, Reason};
 use super::rejections::{ModelCounts, RejectionMetrics};
 use crate::monitor::{WorkerInfo, WorkerMonitor};
@@ -137,9 +137,9 @@ impl Collector for FrontendFigures {
             "dynamo_frontend_model_rejection",
             "Requests rejected because every eligible worker was busy or at capacity.",
             self.models.iter().flat_map(|m| {
-                Endpoint::ALL
-                    .into_iter()
-                    .map(move |e| ([("model", &*m.model), ("endpoint", e.label())], m.by_endpoint[e.index()]))
+                Endpoint::ALL.into_iter().map(move |e| {
+                    ([("model", LabelText(&*m.model)), ("endpoint", LabelText(e.label()))], m.by_endpoint[e.index()])
+                })
             }),
         )?;
         counter_family(
@@ -149,7 +149,9 @@ impl Collector for FrontendFigures {
             self.models.iter().flat_map(|m| {
                 Reason::ALL
                     .into_iter()
-                    .map(move |r| ([("model", &*m.model), ("reason", r.label())], m.by_reason[r.index()]))
+                    .map(move |r| {
+                        ([("model", LabelText(&*m.model)), ("reason", LabelText(r.label()))], m.by_reason[r.index()])
+                    })
                     .filter(|&(_, n)| n > 0)
             }),
         )?;
@@ -181,9 +183,9 @@ impl Collector for FrontendFigures {
             &mut encoder,
             "loadgate_frontend_worker_busy",
             "1 when the worker is in its model's busy set.",
-            self.workers
-                .iter()
-                .map(|w| ([("worker_id", w.id.to_string()), ("model", w.model.clone())], i64::from(w.busy))),
+            self.workers.iter().map(|w| {
+                ([("worker_id", LabelText(w.id.to_string())), ("model", LabelText(w.model.clone()))], i64::from(w.busy))
+            }),
         )
     }
 }

@@ -8,7 +8,7 @@ use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
 use super::error::AddGateError;
-use super::exposition::{counter_family, gauge_family, gauge_value, render};
+use super::exposition::{counter_family, gauge_family, gauge_value, render, LabelText};
 use super::source::{AdmissionLimits, AdmissionSource, WorkerAdmissionStats};
 use crate::sync::{lock, Arc, Mutex, Swap};
 
@@ -22,12 +22,12 @@ struct Gate {
 
 impl Gate {
     /// `worker_id` (when there is one), then `model`.
-    fn labels(&self) -> Vec<(&'static str, &str)> {
+    fn labels(&self) -> Vec<(&'static str, LabelText<&str>)> {
         let mut labels = Vec::with_capacity(2);
         if let Some(id) = &self.worker_id {
-            labels.push(("worker_id", id.as_str()));
+            labels.push(("worker_id", LabelText(id.as_str())));
         }
-        labels.push(("model", self.model.as_str()));
+        labels.push(("model", LabelText(self.model.as_str())));
         labels
     }
 }
@@ -177,7 +177,7 @@ struct AdmissionCollector(Arc<AdmissionMetrics>);
 
 /// One gate's figures as one scrape read them.
 struct GateFigures<'g> {
-    labels: Vec<(&'static str, &'g str)>,
+    labels: Vec<(&'static str, LabelText<&'g str>)>,
     stats: WorkerAdmissionStats,
     limits: Option<AdmissionLimits>,
 }
