@@ -241,7 +241,7 @@ async fn metrics_count_statuses_and_time_requests_with_bounded_labels() {
     // and the final chunk; events that arrive in one frame count no gap).
     assert!(text.contains("# TYPE dynamo_frontend_inter_token_latency_seconds histogram"));
     assert!(histogram("inter_token_latency_seconds", MODEL).unwrap_or(0) <= 6, "{text}");
-    let bucket = format!("dynamo_frontend_time_to_first_token_seconds_bucket{{model=\"{MODEL}\",le=\"+Inf\"}}");
+    let bucket = format!("dynamo_frontend_time_to_first_token_seconds_bucket{{le=\"+Inf\",model=\"{MODEL}\"}}");
     assert_eq!(value(&text, &bucket), Some(4));
 
     // Every request ended: no LLM request in flight.

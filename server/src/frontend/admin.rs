@@ -8,6 +8,9 @@ use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
 
 use crate::frontend::observe::RequestMetrics;
@@ -77,7 +80,9 @@ pub async fn metrics(
     if let Some(at) = text.rfind("# EOF") {
         text.truncate(at);
     }
+    let mut registry = Registry::default();
     let totals = frontend.inflight.totals();
+    // `Registry::register` appends the full stop to each help.
     let extra = [
         (
             "loadgate_frontend_inflight_requests",
@@ -97,13 +102,15 @@ pub async fn metrics(
         ("loadgate_frontend_workers", "Registered workers", frontend.monitor.workers().len() as u64),
     ];
     for (name, help, value) in extra {
-        text.push_str(&format!("# HELP {name} {help}.\n# TYPE {name} gauge\n{name} {value}\n"));
+        registry.register(name, help, ConstGauge::new(value));
     }
     if let Some(Extension(requests)) = requests {
         requests.retain_known(|model| frontend.monitor.has_model(model));
-        requests.render(&mut text);
+        requests.register(&mut registry);
     }
+    // Writing to a String cannot fail.
+    let _ = encode_registry(&mut text, &registry);
     text.push_str(&frontend.upstream_metrics());
-    text.push_str("# EOF\n");
+    let _ = encode_eof(&mut text);
     (StatusCode::OK, [(header::CONTENT_TYPE, OPENMETRICS)], text).into_response()
 }

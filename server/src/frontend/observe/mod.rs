@@ -24,10 +24,10 @@
 //! | `request_id.rs` | [`RequestId`], the `x-request-id` header |
 //! | `route.rs` | the `endpoint` label and how a response ended |
 //! | `tracked.rs` | the body wrapper that records a request at its end |
-//! | `metrics.rs` | [`RequestMetrics`] and its exposition |
-//! | `histogram.rs` | the lock-free histogram and Dynamo's buckets |
+//! | `metrics.rs` | [`RequestMetrics`]: its prometheus-client families |
+//! | `buckets.rs` | Dynamo's histogram buckets |
 
-mod histogram;
+mod buckets;
 mod metrics;
 mod request_id;
 mod route;

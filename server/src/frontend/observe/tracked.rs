@@ -3,7 +3,6 @@
 //! a request whose response never came (the client went away first).
 
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -13,7 +12,7 @@ use axum::http::{header, Method, StatusCode};
 use axum::response::Response;
 use http_body::{Body as _, Frame, SizeHint};
 
-use super::metrics::{ModelKey, ModelRow, Series};
+use super::metrics::{ModelKey, ModelRow, Series, Timing};
 use super::route::{code_of, End, Route};
 use super::{ModelLabel, Observer, RequestId, ACCESS_TARGET};
 
@@ -55,8 +54,7 @@ pub(super) struct Pending {
 impl Pending {
     pub(super) fn new(observer: Arc<Observer>, head: Head) -> Self {
         if head.route.is_inference() {
-            // Relaxed: a gauge; nothing else is published with it.
-            observer.metrics.awaiting.fetch_add(1, Ordering::Relaxed);
+            observer.metrics.awaiting.inc();
         }
         Pending { observer, head: Some(head) }
     }
@@ -64,8 +62,7 @@ impl Pending {
     /// The request no longer awaits its response.
     fn answered(&self, head: &Head) {
         if head.route.is_inference() {
-            // Relaxed: as in `new`.
-            self.observer.metrics.awaiting.fetch_sub(1, Ordering::Relaxed);
+            self.observer.metrics.awaiting.dec();
         }
     }
 
@@ -134,8 +131,7 @@ impl Tracker {
             .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
         let inflight = head.route.is_inference();
         if inflight {
-            // Relaxed: a gauge; nothing else is published with it.
-            row.inflight.fetch_add(1, Ordering::Relaxed);
+            row.inflight.inc();
         }
         let status = Some(response.status());
         Tracker { head, status, model, row, stream, first: None, last_event: None, bytes: 0, inflight }
@@ -153,7 +149,7 @@ impl Tracker {
             let ttft = self.head.started.elapsed();
             self.first = Some(ttft);
             if self.timed() {
-                self.row.ttft.observe(ttft);
+                self.row.observe(Timing::Ttft, ttft, 1);
                 if self.stream {
                     self.last_event = Some(Instant::now());
                 }
@@ -165,7 +161,7 @@ impl Tracker {
             if events > 0 {
                 let now = Instant::now();
                 let gap = now.saturating_duration_since(last);
-                self.row.itl.observe_n(gap / events, u64::from(events));
+                self.row.observe(Timing::Itl, gap / events, events);
                 self.last_event = Some(now);
             }
         }
@@ -174,12 +170,11 @@ impl Tracker {
     fn finish(self, end: End) {
         let elapsed = self.head.started.elapsed();
         if self.inflight {
-            // Relaxed: as in `start`.
-            self.row.inflight.fetch_sub(1, Ordering::Relaxed);
+            self.row.inflight.dec();
         }
         let code = code_of(self.status);
         if self.head.route.is_inference() {
-            self.row.duration.observe(elapsed);
+            self.row.observe(Timing::Duration, elapsed, 1);
         }
         self.row.count(Series { route: self.head.route, stream: self.stream, code, end });
         tracing::info!(
