@@ -108,9 +108,9 @@ pub async fn metrics(
         requests.retain_known(|model| frontend.monitor.has_model(model));
         requests.register(&mut registry);
     }
+    frontend.upstream_stats.register(&mut registry, &frontend.directory);
     // Writing to a String cannot fail.
     let _ = encode_registry(&mut text, &registry);
-    text.push_str(&frontend.upstream_metrics());
     let _ = encode_eof(&mut text);
     (StatusCode::OK, [(header::CONTENT_TYPE, OPENMETRICS)], text).into_response()
 }

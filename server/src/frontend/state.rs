@@ -150,12 +150,6 @@ impl Frontend {
         reply::unavailable(self.retry_after())
     }
 
-    /// The OpenMetrics lines of the upstream timeouts and the liveness
-    /// counters (without `# EOF`), for `/metrics`.
-    pub(crate) fn upstream_metrics(&self) -> String {
-        self.upstream_stats.render(&self.directory)
-    }
-
     /// How long a refused client should wait before it retries.
     pub(crate) fn retry_after(&self) -> Duration {
         self.retry_hint.refused(self.inflight.totals().requests)

@@ -12,9 +12,13 @@
 //!
 //! `/metrics` shows each as `loadgate_frontend_upstream_failures_total{kind}`.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
 
 use crate::directory::WorkerDirectory;
 use crate::frontend::args::Args;
@@ -110,16 +114,18 @@ impl UpstreamStats {
         self.failures[failure.index()].load(Ordering::Relaxed)
     }
 
-    /// OpenMetrics lines of the failures and of the directory's liveness
-    /// counters (without `# EOF`).
-    pub fn render(&self, directory: &WorkerDirectory) -> String {
-        let mut text = String::new();
-        let name = "loadgate_frontend_upstream_failures";
-        let _ = writeln!(text, "# HELP {name} Requests to workers that failed, by kind (connect, timeouts, broken).");
-        let _ = writeln!(text, "# TYPE {name} counter");
+    /// Registers the failure counts and the directory's liveness counters
+    /// and gauge (their values now) into `registry`, for `/metrics`.
+    pub fn register(&self, registry: &mut Registry, directory: &WorkerDirectory) {
+        let failures = Family::<[(&'static str, &'static str); 1], Counter>::default();
         for failure in Failure::ALL {
-            let _ = writeln!(text, "{name}_total{{kind=\"{}\"}} {}", failure.label(), self.count(failure));
+            failures.get_or_create(&[("kind", failure.label())]).inc_by(self.count(failure));
         }
+        registry.register(
+            "loadgate_frontend_upstream_failures",
+            "Requests to workers that failed, by kind (connect, timeouts, broken)",
+            failures,
+        );
         let (silenced, quarantined) = directory.liveness_totals();
         for (name, help, value) in [
             (
@@ -133,13 +139,16 @@ impl UpstreamStats {
                 quarantined,
             ),
         ] {
-            let _ = writeln!(text, "# HELP {name} {help}.\n# TYPE {name} counter\n{name}_total {value}");
+            let counter = Counter::<u64>::default();
+            counter.inc_by(value);
+            registry.register(name, help, counter);
         }
-        let out = directory.out_of_routing().len();
-        let name = "loadgate_frontend_workers_out_of_routing";
-        let _ = writeln!(text, "# HELP {name} Registered workers out of routing now (silent or quarantined).");
-        let _ = writeln!(text, "# TYPE {name} gauge\n{name} {out}");
-        text
+        let out = i64::try_from(directory.out_of_routing().len()).unwrap_or(i64::MAX);
+        registry.register(
+            "loadgate_frontend_workers_out_of_routing",
+            "Registered workers out of routing now (silent or quarantined)",
+            ConstGauge::new(out),
+        );
     }
 }
 
@@ -153,7 +162,10 @@ mod tests {
         stats.record(Failure::FirstByte);
         stats.record(Failure::FirstByte);
         stats.record(Failure::Connect);
-        let text = stats.render(&WorkerDirectory::default());
+        let mut registry = Registry::default();
+        stats.register(&mut registry, &WorkerDirectory::default());
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         assert!(text.contains("loadgate_frontend_upstream_failures_total{kind=\"first_byte_timeout\"} 2"), "{text}");
         assert!(text.contains("loadgate_frontend_upstream_failures_total{kind=\"connect\"} 1"), "{text}");
         assert!(text.contains("loadgate_frontend_upstream_failures_total{kind=\"between_chunks_timeout\"} 0"));
