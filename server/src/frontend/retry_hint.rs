@@ -19,9 +19,13 @@
 //!   burst is told to wait 50 ms and about k slots: retries arrive at about
 //!   the rate requests finish. Slots in the past are forgotten, so the queue
 //!   drains by itself as time passes.
-//! - The hint is `clamp((next - now) · U(0.75, 1.25), 50 ms, 30 s)`: jitter of
-//!   ±25 % so neighbouring clients do not land together, bounded so no client
-//!   waits less than 50 ms (no busy retry) or more than 30 s.
+//! - The queue never reaches past `now + 30 s`: a client that ignores its
+//!   hint cannot push everyone else's out for minutes.
+//! - The hint is a point drawn uniformly within the slot taken,
+//!   `[next - slot, next)`, less `now`: jittered, yet no two clients share a
+//!   slot, so retries never bunch (stratified jitter). It is never under
+//!   50 ms (no busy retry). At the cap the slots coincide, and the hint is
+//!   `30 s · U(0.75, 1)`.
 //!
 //! A refusal costs two atomic loads and one compare-and-swap loop, no lock.
 //! `--retry-after-mode constant` always answers 1 s (the behaviour before,
@@ -45,8 +49,8 @@ const INITIAL_MEAN: Duration = Duration::from_secs(1);
 /// The EWMA's window: α = 1/16 once 16 requests were answered.
 const WINDOW: u64 = 16;
 
-/// Jitter: the hint is multiplied by a uniform factor in this range.
-const JITTER: (f64, f64) = (0.75, 1.25);
+/// Hints at the cap are the cap times a uniform factor in this range.
+const CAP_JITTER: (f64, f64) = (0.75, 1.0);
 
 /// Computes retry hints from the frontend's recent drain rate.
 #[derive(Debug)]
@@ -106,17 +110,28 @@ impl RetryHint {
         // Relaxed: the slot counter orders nothing else; the CAS makes each
         // refusal take a distinct slot.
         let earliest = now.saturating_add(nanos(MIN_RETRY_AFTER));
+        // The queue never reaches past the longest hint: a client that
+        // ignores its hint and hammers cannot push everyone else's out for
+        // minutes (they would all get the cap, in step).
+        let latest = now.saturating_add(nanos(MAX_RETRY_AFTER));
         let mut current = self.next_slot_ns.load(Ordering::Relaxed);
-        let taken = loop {
-            let next = current.max(earliest).saturating_add(slot);
+        let (taken, capped) = loop {
+            let wanted = current.max(earliest).saturating_add(slot);
+            let next = wanted.min(latest);
             match self.next_slot_ns.compare_exchange_weak(current, next, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => break next,
+                Ok(_) => break (next, wanted > latest),
                 Err(seen) => current = seen,
             }
         };
-        let wait = Duration::from_nanos(taken - now);
-        let jittered = wait.mul_f64(JITTER.0 + fastrand::f64() * (JITTER.1 - JITTER.0));
-        jittered.clamp(MIN_RETRY_AFTER, MAX_RETRY_AFTER)
+        // A point drawn uniformly within its own slot: jittered, yet no two
+        // clients share a slot, so retries never bunch (stratified jitter).
+        if !capped {
+            let start = taken.saturating_sub(slot).max(earliest);
+            let wait = Duration::from_nanos(start - now + fastrand::u64(..=taken - start));
+            return wait.clamp(MIN_RETRY_AFTER, MAX_RETRY_AFTER);
+        }
+        // At the cap, the slots coincide: spread those hints below it.
+        MAX_RETRY_AFTER.mul_f64(CAP_JITTER.0 + fastrand::f64() * (CAP_JITTER.1 - CAP_JITTER.0)).max(MIN_RETRY_AFTER)
     }
 }
 
@@ -162,13 +177,28 @@ mod tests {
     }
 
     #[test]
+    fn a_hammer_does_not_push_the_queue_past_the_cap_and_capped_hints_are_spread() {
+        let hint = RetryHint::new(true);
+        hint.finished(Duration::from_secs(2));
+        // One client ignoring its hints: 5000 refusals at once.
+        for _ in 0..5000 {
+            assert!(hint.refused(20) <= MAX_RETRY_AFTER);
+        }
+        let burst: Vec<Duration> = (0..100).map(|_| hint.refused(20)).collect();
+        assert!(burst.iter().all(|h| *h <= MAX_RETRY_AFTER && *h >= MAX_RETRY_AFTER.mul_f64(0.74)), "{burst:?}");
+        let distinct: std::collections::BTreeSet<u128> = burst.iter().map(|h| h.as_millis() / 10).collect();
+        assert!(distinct.len() > 50, "capped hints are jittered: {} distinct 10 ms windows of 100", distinct.len());
+    }
+
+    #[test]
     fn hints_are_bounded_and_slots_in_the_past_are_forgotten() {
         let hint = RetryHint::new(true);
         // Slow requests and nothing in flight: a slot is the whole mean, 1 s.
         for _ in 0..100 {
             assert!(hint.refused(0) <= MAX_RETRY_AFTER);
         }
-        assert_eq!(hint.refused(0), MAX_RETRY_AFTER, "a long queue is capped at 30 s");
+        let capped = hint.refused(0);
+        assert!(capped >= MAX_RETRY_AFTER.mul_f64(0.74) && capped <= MAX_RETRY_AFTER, "{capped:?}");
         let fresh = RetryHint::new(true);
         for _ in 0..64 {
             fresh.finished(Duration::from_micros(100));
