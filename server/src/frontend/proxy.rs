@@ -177,6 +177,12 @@ async fn route_and_send(frontend: &Arc<Frontend>, model: &str, request: &Outgoin
             }
             Attempt::Failed(failure) => {
                 frontend.upstream_stats.record(failure);
+                match failure {
+                    // The worker took the request: it is not run again elsewhere.
+                    Failure::FirstByte => return failed_answer(failure),
+                    Failure::OutOfDescriptors => return frontend.unavailable(),
+                    _ => {}
+                }
                 frontend.directory.quarantine(worker);
                 excluded.unreachable.push(worker);
                 excluded.last_failure = Some(failure);
@@ -262,11 +268,32 @@ enum Attempt {
 
 /// How a failed `send` is classified.
 fn send_failure(error: &reqwest::Error) -> Failure {
+    if out_of_descriptors(error) {
+        return Failure::OutOfDescriptors;
+    }
     match (error.is_connect(), error.is_timeout()) {
         (true, true) => Failure::ConnectTimeout,
         (true, false) => Failure::Connect,
         _ => Failure::Broken,
     }
+}
+
+/// The error comes from the frontend running out of file descriptors
+/// (EMFILE, ENFILE somewhere in its chain of sources).
+fn out_of_descriptors(error: &(dyn std::error::Error + 'static)) -> bool {
+    const EMFILE: i32 = 24;
+    const ENFILE: i32 = 23;
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if e.downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::raw_os_error)
+            .is_some_and(|c| c == EMFILE || c == ENFILE)
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
 }
 
 async fn dispatch(frontend: &Arc<Frontend>, worker: WorkerId, outgoing: &Outgoing<'_>, digest: &BodyDigest) -> Attempt {
@@ -293,7 +320,7 @@ async fn dispatch(frontend: &Arc<Frontend>, worker: WorkerId, outgoing: &Outgoin
             return Attempt::Failed(failure);
         }
         Err(_) => {
-            tracing::warn!(worker, timeout = ?timeouts.first_byte, "no answer from the worker in time; migrating");
+            tracing::warn!(worker, timeout = ?timeouts.first_byte, "no answer from the worker in time");
             return Attempt::Failed(Failure::FirstByte);
         }
     };
@@ -307,6 +334,11 @@ async fn dispatch(frontend: &Arc<Frontend>, worker: WorkerId, outgoing: &Outgoin
     }
     let status = StatusCode::from_u16(upstream.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let content_type = upstream.headers().get(header::CONTENT_TYPE).cloned();
+    // A worker's own retry hint on an error it answers (a 429, a 503).
+    let retry_hints: Vec<_> = [header::RETRY_AFTER, header::HeaderName::from_static(reply::RETRY_AFTER_MS)]
+        .into_iter()
+        .filter_map(|name| upstream.headers().get(&name).cloned().map(|value| (name, value)))
+        .collect();
     let mut response = if status.is_success() {
         // The first bytes are awaited here, so that a worker that sends its
         // head but no token can still be migrated away from.
@@ -319,7 +351,7 @@ async fn dispatch(frontend: &Arc<Frontend>, worker: WorkerId, outgoing: &Outgoin
                 return Attempt::Failed(Failure::Broken);
             }
             Err(_) => {
-                tracing::warn!(worker, timeout = ?timeouts.first_byte, "no first byte from the worker in time; migrating");
+                tracing::warn!(worker, timeout = ?timeouts.first_byte, "no first byte from the worker in time");
                 return Attempt::Failed(Failure::FirstByte);
             }
         };
@@ -347,7 +379,9 @@ async fn dispatch(frontend: &Arc<Frontend>, worker: WorkerId, outgoing: &Outgoin
         };
         held.answered();
         drop(held);
-        Response::new(Body::from(error_body))
+        let mut response = Response::new(Body::from(error_body));
+        response.headers_mut().extend(retry_hints);
+        response
     };
     *response.status_mut() = status;
     if let Some(content_type) = content_type {

@@ -5,8 +5,10 @@
 //!   a second) and the request migrates;
 //! - first byte (`--upstream-first-byte-timeout-secs`, 120 s): the response
 //!   head and its first body bytes (the first token of a stream; the whole
-//!   answer of a non-streaming request) must come within it, else the
-//!   request migrates, or gets 504 when no other worker can take it;
+//!   answer of a non-streaming request) must come within it, else the client
+//!   gets 504. The request does not migrate: the worker took it, and a long
+//!   generation must not run again on every other worker (nor is a slow
+//!   worker quarantined);
 //! - between chunks (`--upstream-chunk-timeout-secs`, 60 s): a response
 //!   already relayed is cut when its worker sends nothing for this long.
 //!
@@ -59,17 +61,21 @@ pub enum Failure {
     Broken,
     /// The worker left the directory between routing and dispatch.
     Gone,
+    /// The frontend itself is out of file descriptors: not the worker's
+    /// fault (no quarantine, no migration; the client gets 503).
+    OutOfDescriptors,
     /// A response already relayed got no chunk within the timeout.
     BetweenChunks,
 }
 
 impl Failure {
-    const ALL: [Failure; 6] = [
+    const ALL: [Failure; 7] = [
         Failure::Connect,
         Failure::ConnectTimeout,
         Failure::FirstByte,
         Failure::Broken,
         Failure::Gone,
+        Failure::OutOfDescriptors,
         Failure::BetweenChunks,
     ];
 
@@ -81,6 +87,7 @@ impl Failure {
             Failure::FirstByte => "first_byte_timeout",
             Failure::Broken => "broken",
             Failure::Gone => "gone",
+            Failure::OutOfDescriptors => "frontend_out_of_descriptors",
             Failure::BetweenChunks => "between_chunks_timeout",
         }
     }
@@ -98,7 +105,7 @@ impl Failure {
 /// Counts of upstream failures by kind.
 #[derive(Debug, Default)]
 pub struct UpstreamStats {
-    failures: [AtomicU64; 6],
+    failures: [AtomicU64; 7],
 }
 
 impl UpstreamStats {
