@@ -34,6 +34,11 @@ use super::{ServeConfig, Tls};
 /// may take to do so gracefully before it is dropped.
 pub const CLOSE_GRACE: Duration = Duration::from_millis(250);
 
+/// How long a connection that had sent bytes when it was accepted is kept
+/// from eviction while its first request arrives; past it, it is evictable
+/// like an idle one until that request starts.
+pub const SENT_GRACE: Duration = Duration::from_secs(1);
+
 /// What a connection ended with.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -82,6 +87,9 @@ where
     tokio::pin!(idle_check);
     let cut = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(cut);
+    let sent_grace = tokio::time::sleep(SENT_GRACE);
+    tokio::pin!(sent_grace);
+    let mut sent_grace_over = false;
     // Graceful shutdown was asked of hyper.
     let mut shutting = false;
     // It must be closed by `cut` at the latest.
@@ -91,7 +99,13 @@ where
             result = conn.as_mut() => return result,
             () = slot.woken() => {
                 let status = slot.status();
-                if status.evicted && !cut_armed {
+                if status.evicted && status.busy {
+                    // Picked just as a request arrived: finish it, then close.
+                    if !shutting {
+                        conn.as_mut().graceful_shutdown();
+                        shutting = true;
+                    }
+                } else if status.evicted && !cut_armed {
                     if !shutting {
                         conn.as_mut().graceful_shutdown();
                         shutting = true;
@@ -122,6 +136,10 @@ where
                     // Busy: it cannot be due before a full timeout from now.
                     None => idle_check.as_mut().reset(tokio::time::Instant::now() + idle_timeout),
                 }
+            }
+            () = &mut sent_grace, if !sent_grace_over => {
+                sent_grace_over = true;
+                slot.evictable_if_unused();
             }
             () = &mut cut, if cut_armed => {
                 return Err(io::Error::new(io::ErrorKind::TimedOut, "did not close gracefully in time").into());

@@ -504,6 +504,30 @@ mod tests {
         server.abort();
     }
 
+    /// One byte on every connection (a request that never comes) holds the
+    /// slots only for the sent-bytes grace: then a new `GET` is served.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn connections_that_send_one_byte_cannot_hold_the_limit() {
+        let config = ServeConfig { max_connections: 3, ..ServeConfig::plain() };
+        let (addr, server) = spawn_server(config).await;
+        let answer = tokio::task::spawn_blocking(move || {
+            let mut holders: Vec<_> = (0..3).map(|_| connect(addr)).collect();
+            for stream in &mut holders {
+                stream.write_all(b"G").unwrap();
+            }
+            std::thread::sleep(connection::SENT_GRACE + Duration::from_millis(300));
+            let mut probe = connect(addr);
+            probe.write_all(GET).unwrap();
+            let answer = read_ok(&mut probe);
+            drop(holders);
+            answer
+        })
+        .await
+        .unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "served past the one-byte holders: {answer:?}");
+        server.abort();
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn at_the_limit_with_every_connection_busy_a_new_one_is_closed_at_once() {
         let config = ServeConfig { max_connections: 2, ..ServeConfig::plain() };

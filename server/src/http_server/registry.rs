@@ -242,6 +242,23 @@ impl Slot {
         (entry.in_flight == 0).then(|| now.saturating_duration_since(entry.idle_since))
     }
 
+    /// A connection admitted with bytes already sent whose first request
+    /// has not started within [`SENT_GRACE`](super::connection::SENT_GRACE)
+    /// becomes evictable, as the idle connection unused longest (its
+    /// admission stamp is older than any later idle one): a client that
+    /// sends one byte on many connections cannot hold them all past the
+    /// limit. Does nothing for a connection that is busy, idle or closing.
+    pub(super) fn evictable_if_unused(&self) {
+        let mut inner = self.registry.lock();
+        let Inner { conns, idle, .. } = &mut *inner;
+        if let Some(entry) = conns.get_mut(&self.id) {
+            if entry.in_flight == 0 && entry.idle_stamp.is_none() && !entry.closing {
+                entry.idle_stamp = Some(self.id);
+                idle.insert(self.id, self.id);
+            }
+        }
+    }
+
     /// It is closing (its task called hyper's graceful shutdown): never
     /// evicted again, and a drain waits for it to close.
     pub(super) fn mark_closing(&self) {
@@ -376,6 +393,25 @@ mod tests {
         drop(busy);
         assert_eq!(registry.unsettled(), (0, 0));
         assert_eq!(registry.open(), 0);
+    }
+
+    #[test]
+    fn a_connection_that_sent_bytes_but_no_request_becomes_evictable_after_its_grace() {
+        let registry = Registry::new(2);
+        let a = registry.admit(true).unwrap();
+        let b = registry.admit(true).unwrap();
+        assert!(registry.admit(false).is_none(), "both protected: refused");
+        // Their grace passed without a request: evictable, the oldest first.
+        a.evictable_if_unused();
+        b.evictable_if_unused();
+        let c = registry.admit(false).unwrap();
+        assert!(a.status().evicted && !b.status().evicted && !c.status().evicted);
+        // A busy one is left alone.
+        let _busy = b.handle().busy();
+        b.evictable_if_unused();
+        drop(a);
+        let _d = registry.admit(false).unwrap();
+        assert!(c.status().evicted && !b.status().evicted);
     }
 
     #[test]

@@ -299,7 +299,7 @@ fn start_flood_client(target: SocketAddr) -> Child {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flood_of_20000_connections_keeps_health_within_1_s() {
     let _serial = common::exclusive().await;
-    // 2048 descriptors: the default connection limit is 2048 - 512 = 1536.
+    // 2048 descriptors: the default connection limit is (2048 - 512) / 2 = 768.
     let frontend = limited_frontend(Some(2048), &["--model", "m"], &[("LOADGATE_EVENT_SECRET", common::SECRET)]);
     let addr = frontend.http_addr();
     let events: SocketAddr = common::expect_field(&frontend.line, "events").parse().unwrap();
