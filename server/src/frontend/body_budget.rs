@@ -22,7 +22,7 @@
 //! waiting body is refused, so that the others can finish: as many are
 //! served as the budget holds. A body that has nothing reserved yet is
 //! refused at once. A refusal is 503 (the budget, `Unavailable`, with a
-//! retry hint of [`BUDGET_RETRY_AFTER`]) or 413 (the limit), in OpenAI's
+//! retry hint around [`BUDGET_RETRY_AFTER`], jittered) or 413 (the limit), in OpenAI's
 //! error shape, without buffering the rest, with `Connection: close` (the
 //! rest is discarded in the background, within bounds, so that a client
 //! still sending reads the answer, not a reset). The reservation is owned by
@@ -58,8 +58,10 @@ pub const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// (`--http-body-timeout-secs`).
 pub const BODY_READ_DEADLINE: Duration = Duration::from_secs(120);
 
-/// The retry hint (`Retry-After`, `retry-after-ms`) of a 503 for the budget:
-/// bodies give their bytes back as soon as they are forwarded.
+/// The mean retry hint (`Retry-After`, `retry-after-ms`) of a 503 for the
+/// budget: bodies give their bytes back as soon as they are forwarded. Each
+/// hint is this times a uniform factor in 0.5..1.5, so the clients refused
+/// together do not come back together.
 pub const BUDGET_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// How long the rest of a refused body is discarded, so that the client,
@@ -371,7 +373,7 @@ impl BodyBudget {
                     Rejection::Unavailable.error_type(),
                     "too many request bodies are buffered at once; retry later",
                 );
-                reply::set_retry_after(&mut response, BUDGET_RETRY_AFTER);
+                reply::set_retry_after(&mut response, BUDGET_RETRY_AFTER.mul_f64(0.5 + fastrand::f64()));
                 response
             }
             Refusal::Timeout => reply::client_error(StatusCode::REQUEST_TIMEOUT, "request body arrived too slowly"),
@@ -649,8 +651,10 @@ mod tests {
         );
         let held = budget.read(&headers(Some(MIB)), Body::from(vec![b'x'; MIB])).await.unwrap();
         let over = budget.read(&headers(Some(10)), Body::from(vec![b'x'; 10])).await.unwrap_err();
-        assert_eq!(over.headers()[header::RETRY_AFTER], "1");
-        assert_eq!(over.headers()[reply::RETRY_AFTER_MS], "1000");
+        let ms: u64 = over.headers()[reply::RETRY_AFTER_MS].to_str().unwrap().parse().unwrap();
+        assert!((500..=1500).contains(&ms), "a jittered hint around 1 s: {ms}");
+        let secs: u64 = over.headers()[header::RETRY_AFTER].to_str().unwrap().parse().unwrap();
+        assert_eq!(secs, ms.div_ceil(1000));
         let error = error_of(over).await;
         assert_eq!((&error["type"], &error["code"]), (&"Unavailable".into(), &503.into()));
         drop(held);
