@@ -65,6 +65,11 @@ async fn receive(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    // Shutting down: no new work (a kept-alive connection may still carry
+    // one request during the drain); the client retries elsewhere.
+    if frontend.draining() {
+        return frontend.unavailable();
+    }
     match frontend.bodies.read(&headers, body).await {
         Ok(body) => proxy(frontend, endpoint, id, body).await,
         Err(refusal) => refusal,
