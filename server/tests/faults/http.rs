@@ -497,3 +497,54 @@ async fn accept_recovers_after_running_out_of_file_descriptors() {
     assert_eq!(during.as_ref().map(|a| a.0), Ok(200), "served during the flood (an idle connection made room)");
     assert!(after.unwrap().1 < Duration::from_secs(1));
 }
+
+/// The event port recovers from EMFILE by itself: a worker connection that
+/// arrived while descriptors ran out (it waits in the listen backlog, and
+/// no new readiness is raised for it) is accepted and challenged once
+/// descriptors free up, without another connection arriving to wake the
+/// listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_port_accepts_again_after_running_out_of_file_descriptors() {
+    let _serial = common::exclusive().await;
+    let frontend = limited_frontend(
+        Some(128),
+        &["--http-max-connections", "10000"],
+        &[("LOADGATE_EVENT_SECRET", common::SECRET), ("RUST_LOG", "warn")],
+    );
+    let addr = frontend.http_addr();
+    let events: SocketAddr = common::expect_field(&frontend.line, "events").parse().unwrap();
+    let (challenged, held) = tokio::task::spawn_blocking(move || {
+        // HTTP requests whose bodies are still coming take every descriptor:
+        // busy, so the HTTP listener cannot close them to make room.
+        let head = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n{";
+        let mut flood = Vec::new();
+        for _ in 0..200 {
+            match connect(addr) {
+                Ok(mut stream) => {
+                    let _ = std::io::Write::write_all(&mut stream, head);
+                    flood.push(stream);
+                }
+                Err(_) => break,
+            }
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        // Now a worker connects to the event port: it waits in the backlog.
+        let mut worker = common::EventConn::connect(events).expect("the kernel takes the connection");
+        std::thread::sleep(Duration::from_millis(500));
+        let held = flood.len();
+        drop(flood);
+        let started = Instant::now();
+        let challenge = worker.read_challenge(Duration::from_secs(3));
+        (challenge.map(|c| c.map(|_| started.elapsed())), held)
+    })
+    .await
+    .unwrap();
+    let log = frontend.stderr();
+    let emfile = log.contains("event port accept failed");
+    eprintln!(
+        "event port under EMFILE: {held} HTTP connections held; challenge {challenged:?}; EMFILE logged: {emfile}"
+    );
+    assert!(emfile, "the event port's accept ran out of descriptors (the test's premise); log:\n{log}");
+    let took = challenged.expect("reading the challenge").expect("the queued worker connection is challenged");
+    assert!(took < Duration::from_secs(1), "challenged {took:?} after descriptors freed");
+}
