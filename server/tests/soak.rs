@@ -17,7 +17,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{expect_field, Frontend, Proc};
+use common::{Frontend, Proc};
 use serde_json::Value;
 
 const MODEL: &str = "soak-model";
@@ -41,27 +41,10 @@ fn soak_secs() -> u64 {
     std::env::var("SOAK_SECS").ok().and_then(|s| s.parse().ok()).filter(|&s| s > 0).unwrap_or(60)
 }
 
-fn worker(events: &str) -> (Proc, String) {
-    let args = [
-        "worker",
-        "--http-host",
-        "127.0.0.1",
-        "--http-port",
-        "0",
-        "--model",
-        MODEL,
-        "--frontend",
-        events,
-        "--kv-total-blocks",
-        "64",
-        "--decode-step-ms",
-        "10",
-        "--engine-request-limit",
-        "16",
-    ];
-    let (proc, line) = common::spawn("worker", &args, &[]);
-    let http = format!("http://{}", expect_field(&line, "http"));
-    (proc, http)
+fn worker(events: std::net::SocketAddr) -> (Proc, String) {
+    let flags = ["--kv-total-blocks", "64", "--decode-step-ms", "10", "--engine-request-limit", "16"];
+    let worker = common::worker(Some(events), MODEL, None, &flags);
+    (worker.proc, worker.http)
 }
 
 /// Every sample of a gauge family in an OpenMetrics text: (family, sample, value).
@@ -119,8 +102,7 @@ async fn soak_keeps_memory_and_gauges_in_check() {
     let _serial = common::exclusive().await;
     let secs = soak_secs();
     let frontend = Frontend::start(None, &["--router-mode", "kv", "--active-decode-blocks-threshold", "0.6"]);
-    let events = frontend.events.to_string();
-    let workers: Vec<(Proc, String)> = (0..2).map(|_| worker(&events)).collect();
+    let workers: Vec<(Proc, String)> = (0..2).map(|_| worker(frontend.events)).collect();
     frontend.wait_workers(2, Duration::from_secs(10)).await;
 
     let duration = secs.to_string();

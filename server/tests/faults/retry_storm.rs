@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::common::{self, expect_field, Frontend, Proc};
+use crate::common::{self, Frontend, Proc};
 
 const MODEL: &str = "storm-model";
 /// The workers' engine step, ms.
@@ -59,29 +59,8 @@ async fn pool(mode: &str) -> Pool {
         None,
         &["--retry-after-mode", mode, "--router-mode", "kv", "--active-decode-blocks-threshold", "0.5"],
     );
-    let events = frontend.events.to_string();
-    let workers = (0..2)
-        .map(|_| {
-            let args = [
-                "worker",
-                "--http-host",
-                "127.0.0.1",
-                "--http-port",
-                "0",
-                "--model",
-                MODEL,
-                "--frontend",
-                &events,
-                "--kv-total-blocks",
-                "256",
-                "--decode-step-ms",
-                STEP_MS,
-            ];
-            let (proc, line) = common::spawn("worker", &args, &[]);
-            expect_field(&line, "http");
-            proc
-        })
-        .collect();
+    let flags = ["--kv-total-blocks", "256", "--decode-step-ms", STEP_MS];
+    let workers = (0..2).map(|_| common::worker(Some(frontend.events), MODEL, None, &flags).proc).collect();
     frontend.wait_workers(2, Duration::from_secs(10)).await;
     warm_up(&frontend).await;
     Pool { frontend, _workers: workers }
