@@ -148,6 +148,25 @@ impl Proc {
         mem(self.pid())
     }
 
+    /// Sends it SIGTERM.
+    pub fn terminate(&self) {
+        signal(self.pid(), "TERM");
+    }
+
+    /// Waits (bounded) for it to exit: its status, or `None` if it still runs.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Kills it now (SIGKILL) and reaps it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -178,7 +197,29 @@ pub fn spawn(name: &str, args: &[&str], env: &[(&str, &str)]) -> (Proc, String) 
 pub fn spawn_within(name: &str, args: &[&str], env: &[(&str, &str)], within: Duration) -> (Proc, String) {
     let args: Vec<String> = if legacy() { legacy_args(args) } else { args.iter().map(|s| (*s).to_owned()).collect() };
     let mut command = Command::new(bin());
-    command.args(&args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    command.args(&args);
+    launch(name, command, &args, env, within)
+}
+
+/// As [`spawn`], under a soft file limit of `nofile` descriptors when given
+/// (`sh -c 'ulimit -n N && exec loadgate …'`: the shell becomes `loadgate`,
+/// so the pid and the exit status are its own).
+pub fn spawn_limited(name: &str, nofile: Option<u32>, args: &[&str], env: &[(&str, &str)]) -> (Proc, String) {
+    let script = match nofile {
+        Some(n) => format!("ulimit -n {n} && exec \"$0\" \"$@\""),
+        None => "exec \"$0\" \"$@\"".to_owned(),
+    };
+    let mut command = Command::new("sh");
+    command.arg("-c").arg(script).arg(bin()).args(args);
+    let args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+    launch(name, command, &args, env, STARTUP)
+}
+
+/// Starts `command` (with `RUST_LOG=warn`, no secret from the caller's
+/// environment, then `env`), keeps its stderr, and waits (bounded) for its
+/// first stdout line.
+fn launch(name: &str, mut command: Command, args: &[String], env: &[(&str, &str)], within: Duration) -> (Proc, String) {
+    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     command.env("RUST_LOG", "warn");
     // No secret leaks in from the developer's shell.
     for var in ["LOADGATE_EVENT_SECRET", "LOADGATE_EVENT_SECRET_PREVIOUS", "LOADGATE_ADMIN_TOKEN"] {

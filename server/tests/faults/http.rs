@@ -6,130 +6,57 @@
 //! descriptors (EMFILE) and recovering.
 //!
 //! The frontends here run under a lowered soft `RLIMIT_NOFILE`
-//! (`sh -c 'ulimit -n N; exec "$0" "$@"'`), so they are spawned by
-//! [`LocalProc`] rather than `common::spawn`; the flood's clients are this
+//! (`common::spawn_limited`, wrapped by [`LocalProc`]); the flood's clients are this
 //! test binary re-run as [`flood_client`] (ignored unless `FLOOD_TARGET` is
 //! set).
 
 use std::collections::VecDeque;
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common;
 
 // ---------------------------------------------------------------------------
-// A process spawned by hand (under `ulimit -n`, or to read its exit status).
+// A process spawned under `ulimit -n` (or to read its exit status).
 
-/// A `loadgate` child process started through `sh` (optionally under a
-/// lower soft file limit), killed on drop; its stderr is kept and printed
-/// when a test fails.
+/// A `loadgate` process from [`common::spawn_limited`] and its listening
+/// line; as a [`common::Proc`], killed on drop, its stderr printed when a
+/// test fails.
 pub struct LocalProc {
-    child: Child,
-    name: String,
-    stderr: Arc<Mutex<String>>,
+    proc: common::Proc,
     /// Its first stdout line (the listening line).
     pub line: String,
 }
 
 impl LocalProc {
-    /// Starts `loadgate <args>` with `env` (and `RUST_LOG=warn` unless
-    /// `env` sets it), under `ulimit -n nofile` when given, and waits
-    /// (bounded) for its first stdout line.
+    /// Starts `loadgate <args>` with `env`, under `ulimit -n nofile` when
+    /// given, and waits (bounded) for its listening line.
     pub fn spawn(name: &str, nofile: Option<u32>, args: &[&str], env: &[(&str, &str)]) -> LocalProc {
-        let script = match nofile {
-            Some(n) => format!("ulimit -n {n} && exec \"$0\" \"$@\""),
-            None => "exec \"$0\" \"$@\"".to_owned(),
-        };
-        let mut command = Command::new("sh");
-        command.arg("-c").arg(script).arg(common::bin()).args(args);
-        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        command.env("RUST_LOG", "warn");
-        for var in ["LOADGATE_EVENT_SECRET", "LOADGATE_EVENT_SECRET_PREVIOUS", "LOADGATE_ADMIN_TOKEN"] {
-            command.env_remove(var);
-        }
-        for (k, v) in env {
-            command.env(k, v);
-        }
-        let mut child = command.spawn().expect("spawn sh -c loadgate");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let stderr_pipe = child.stderr.take().expect("piped stderr");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let sink = stderr.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr_pipe).lines() {
-                let Ok(line) = line else { break };
-                let mut text = sink.lock().unwrap_or_else(|e| e.into_inner());
-                if text.len() < 4 << 20 {
-                    text.push_str(&line);
-                    text.push('\n');
-                }
-            }
-        });
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            if let Some(Ok(line)) = lines.next() {
-                let _ = tx.send(line);
-            }
-            for _ in lines {}
-        });
-        let mut proc = LocalProc { child, name: name.to_owned(), stderr, line: String::new() };
-        match rx.recv_timeout(common::STARTUP) {
-            Ok(line) => proc.line = line,
-            Err(_) => panic!("{name} printed no listening line; args {args:?}; stderr:\n{}", proc.stderr()),
-        }
-        proc
-    }
-
-    /// The process id (`sh` exec'd into `loadgate`: the same process).
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Its stderr so far.
-    pub fn stderr(&self) -> String {
-        self.stderr.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        let (proc, line) = common::spawn_limited(name, nofile, args, env);
+        LocalProc { proc, line }
     }
 
     /// `http=` of its listening line, as an address.
     pub fn http_addr(&self) -> SocketAddr {
         common::expect_field(&self.line, "http").parse().expect("http= is an address")
     }
+}
 
-    /// Sends it SIGTERM.
-    pub fn terminate(&self) {
-        let status = Command::new("kill").args(["-TERM", &self.pid().to_string()]).status().expect("run kill");
-        assert!(status.success(), "kill -TERM {}", self.pid());
-    }
+impl std::ops::Deref for LocalProc {
+    type Target = common::Proc;
 
-    /// Waits (bounded) for it to exit: its status, or `None` if it still runs.
-    pub fn wait_exit(&mut self, within: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+    fn deref(&self) -> &common::Proc {
+        &self.proc
     }
 }
 
-impl Drop for LocalProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            let text = self.stderr();
-            let tail = &text[text.len().saturating_sub(8192)..];
-            eprintln!("----- stderr of {} (last 8 KiB) -----\n{tail}\n----- end of {} -----", self.name, self.name);
-        }
+impl std::ops::DerefMut for LocalProc {
+    fn deref_mut(&mut self) -> &mut common::Proc {
+        &mut self.proc
     }
 }
 
