@@ -18,9 +18,25 @@ use prometheus_client::registry::Registry;
 /// A label value written escaped (`\`, `"`, newline), as the text format
 /// requires: prometheus-client 0.23 writes label values as given, and a
 /// model name (which workers choose) with a quote would otherwise break the
-/// whole exposition.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct LabelText<S>(pub(super) S);
+/// whole exposition. Use it for any label value that comes from outside
+/// (in an `EncodeLabelSet`, or from an `EncodeLabelValue` impl).
+///
+/// # Examples
+///
+/// ```
+/// use loadgate::metrics::LabelText;
+/// use prometheus_client::metrics::{counter::Counter, family::Family};
+///
+/// let family = Family::<[(&str, LabelText<String>); 1], Counter>::default();
+/// family.get_or_create(&[("model", LabelText("m\"x".to_owned()))]).inc();
+/// let mut registry = prometheus_client::registry::Registry::default();
+/// registry.register("requests", "Requests", family);
+/// let mut text = String::new();
+/// prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+/// assert!(text.contains(r#"requests_total{model="m\"x"} 1"#), "{text}");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LabelText<S>(pub S);
 
 impl<S: AsRef<str>> EncodeLabelValue for LabelText<S> {
     fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> fmt::Result {

@@ -93,6 +93,7 @@ mod source;
 mod tests;
 
 pub use error::AddGateError;
+pub use exposition::LabelText;
 pub use gates::{render_worker, AdmissionMetrics};
 pub use labels::{Endpoint, Reason};
 pub use rejections::RejectionMetrics;

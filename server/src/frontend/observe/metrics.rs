@@ -25,7 +25,7 @@
 //! histogram series appears with its first observation.
 
 use std::collections::HashMap;
-use std::fmt::{self, Write as _};
+use std::fmt;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -35,6 +35,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+
+use loadgate::metrics::LabelText;
 
 use super::buckets::{DURATION_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS};
 use super::route::{dynamo_outcome, End, Route};
@@ -67,18 +69,9 @@ impl ModelKey {
 }
 
 impl EncodeLabelValue for ModelKey {
-    /// The label value escaped (`\`, `"`, newline): prometheus-client 0.23
-    /// writes label values as given.
+    /// The label value, escaped ([`LabelText`]).
     fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> fmt::Result {
-        for c in self.label().chars() {
-            match c {
-                '\\' => encoder.write_str("\\\\")?,
-                '"' => encoder.write_str("\\\"")?,
-                '\n' => encoder.write_str("\\n")?,
-                c => encoder.write_char(c)?,
-            }
-        }
-        Ok(())
+        LabelText(self.label()).encode(encoder)
     }
 }
 
