@@ -224,8 +224,13 @@ fn no_worker_left(
     excluded: &Exclusions,
     out_of_routing: &[WorkerId],
 ) -> Response {
-    let ids = frontend.monitor.busy_set(model).map(|(ids, _)| ids).unwrap_or_default();
-    let alive = ids.iter().any(|id| !excluded.unreachable.contains(id) && !out_of_routing.contains(id));
+    // The router found instances, so with nothing failed or out of routing
+    // some are alive: the common shed path skips the lookup (and its copy
+    // of the instance list).
+    let alive = (excluded.unreachable.is_empty() && out_of_routing.is_empty()) || {
+        let ids = frontend.monitor.busy_set(model).map(|(ids, _)| ids).unwrap_or_default();
+        ids.iter().any(|id| !excluded.unreachable.contains(id) && !out_of_routing.contains(id))
+    };
     if !alive {
         return excluded.timed_out().map_or_else(|| frontend.unavailable(), failed_answer);
     }
