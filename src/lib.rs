@@ -31,6 +31,7 @@
 //! | the HTTP answer of a refusal | [`Rejection`]; with `tower`: `Refusal`, `RetryAfter`, `AdmissionLayer`, `PermitBody`; with `axum`: `IntoResponse` for all of them and the `Routed` extractor |
 //! | a client that backs off | [`RetryPolicy`] |
 //! | Prometheus metrics | `metrics` (feature `prometheus`): register into your `Registry` |
+//! | load from vLLM's, SGLang's or llama.cpp's own `/metrics` (and `/slots`) | `engines` (feature `engines`): `engines::snapshot` per scrape |
 //! | the event plane or `/busy_threshold` codecs | `wire` (feature `wire`), `patch` (feature `threshold-api`) |
 //!
 //! Everything else (registration outcomes, snapshots, error details, the
@@ -107,6 +108,9 @@ pub mod admission;
 pub mod backoff;
 mod busy;
 pub mod docs;
+#[cfg(feature = "engines")]
+#[cfg_attr(docsrs, doc(cfg(feature = "engines")))]
+pub mod engines;
 mod load;
 #[cfg(feature = "prometheus")]
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]

@@ -81,7 +81,7 @@ impl BusyThresholds {
 /// `f64::round`), in integers. `(value * 1e9).round()` would round twice,
 /// and the float product can land on a half that the exact value is below
 /// (744073.7095513705 would give ...371 instead of ...370; the fuzzer found it).
-fn to_ppb(value: f64) -> u64 {
+pub(crate) fn to_ppb(value: f64) -> u64 {
     let bits = value.to_bits();
     let biased = ((bits >> 52) & 0x7ff) as i32;
     let fraction = bits & ((1 << 52) - 1);
