@@ -1,12 +1,14 @@
 //! [`WorkerDirectory`]: where each registered worker's HTTP server listens,
-//! for the proxy, whether it came from `--worker URL` (static: no event
-//! connection owns it, so the event plane may not take its id), and whether
-//! it is out of routing for now:
+//! for the proxy, whether it came from `--worker URL` or `--engine` (static:
+//! no event connection owns it, so the event plane may not take its id; an
+//! engine is a real inference engine the frontend scrapes), and whether it
+//! is out of routing for now:
 //!
 //! - *silent*: its event connection sent nothing for `--event-silence-ms`
 //!   (the process is frozen, or its host vanished); set and cleared by the
 //!   event plane, which clears it with the worker's next frame (for a
-//!   `--worker URL` worker: by its active health checks);
+//!   `--worker URL` worker: by its active health checks; for an engine: by
+//!   its scrapes, K failures in a row set it, one success clears it);
 //! - *unreachable*: a connection to it just failed; the proxy quarantines it
 //!   for [`UNREACHABLE_QUARANTINE`] so other requests do not each pay for
 //!   the failure (a killed worker stays registered for the deregistration
@@ -29,6 +31,9 @@ pub struct WorkerAddress {
     pub base_url: Arc<str>,
     /// The worker's data-parallel size (ranks the router tracks load on).
     pub dp_size: u32,
+    /// A real inference engine (`--engine`), not a loadgate worker: it gets
+    /// no request proof and reports no KV in the router's block unit.
+    pub engine: bool,
 }
 
 /// How long a worker a connection failed to stays out of routing.
@@ -68,7 +73,7 @@ impl Default for WorkerDirectory {
 #[derive(Debug)]
 struct Entry {
     address: WorkerAddress,
-    /// Registered by `--worker URL`, not by an event connection.
+    /// Registered by `--worker URL` or `--engine`, not by an event connection.
     is_static: bool,
     /// Its event connection went silent.
     silent: AtomicBool,
@@ -98,7 +103,7 @@ impl WorkerDirectory {
         if workers.get(&worker).is_some_and(|e| e.is_static) {
             return false;
         }
-        let old = workers.insert(worker, Entry::new(address(http_addr, dp_size), false));
+        let old = workers.insert(worker, Entry::new(address(http_addr, dp_size, false), false));
         self.forget_flags(old);
         true
     }
@@ -106,7 +111,16 @@ impl WorkerDirectory {
     /// Records (or replaces) the endpoint of a worker registered by
     /// `--worker URL`: static, so the event plane refuses its id.
     pub fn insert_static(&self, worker: WorkerId, http_addr: &str, dp_size: u32) {
-        let entry = Entry::new(address(http_addr, dp_size), true);
+        let entry = Entry::new(address(http_addr, dp_size, false), true);
+        let old = self.workers.write().unwrap_or_else(|e| e.into_inner()).insert(worker, entry);
+        self.forget_flags(old);
+    }
+
+    /// Records (or replaces) the endpoint of an engine named by `--engine`:
+    /// static (the event plane refuses its id), and flagged as an engine
+    /// (its scrapes are its health check, not `GET /health`).
+    pub fn insert_engine(&self, worker: WorkerId, base_url: &str, dp_size: u32) {
+        let entry = Entry::new(address(base_url, dp_size, true), true);
         let old = self.workers.write().unwrap_or_else(|e| e.into_inner()).insert(worker, entry);
         self.forget_flags(old);
     }
@@ -187,13 +201,18 @@ impl WorkerDirectory {
         self.workers.read().unwrap_or_else(|e| e.into_inner()).get(&worker).map(|e| e.address.clone())
     }
 
-    /// The workers registered by `--worker URL`, with their base URLs.
+    /// The workers registered by `--worker URL` (engines left out), with
+    /// their base URLs.
     pub fn static_workers(&self) -> Vec<(WorkerId, Arc<str>)> {
         let workers = self.workers.read().unwrap_or_else(|e| e.into_inner());
-        workers.iter().filter(|(_, e)| e.is_static).map(|(id, e)| (*id, e.address.base_url.clone())).collect()
+        workers
+            .iter()
+            .filter(|(_, e)| e.is_static && !e.address.engine)
+            .map(|(id, e)| (*id, e.address.base_url.clone()))
+            .collect()
     }
 
-    /// Whether `worker` was registered by `--worker URL`.
+    /// Whether `worker` was registered by `--worker URL` or `--engine`.
     pub fn is_static(&self, worker: WorkerId) -> bool {
         self.workers.read().unwrap_or_else(|e| e.into_inner()).get(&worker).is_some_and(|e| e.is_static)
     }
@@ -229,10 +248,10 @@ impl WorkerDirectory {
 }
 
 /// `http_addr` (`HOST:PORT` or a URL) as a base URL without a trailing slash.
-fn address(http_addr: &str, dp_size: u32) -> WorkerAddress {
+fn address(http_addr: &str, dp_size: u32, engine: bool) -> WorkerAddress {
     let base = http_addr.trim_end_matches('/');
     let base_url = if base.contains("://") { base.to_owned() } else { format!("http://{base}") };
-    WorkerAddress { base_url: Arc::from(base_url), dp_size }
+    WorkerAddress { base_url: Arc::from(base_url), dp_size, engine }
 }
 
 #[cfg(test)]
@@ -263,6 +282,21 @@ mod tests {
         assert!(!d.is_static(4));
         assert!(d.contains(4));
         assert_eq!(d.len(), 2);
+    }
+
+    #[test]
+    fn engines_are_static_but_not_health_checked() {
+        let d = WorkerDirectory::default();
+        d.insert_static(1, "127.0.0.1:80", 1);
+        d.insert_engine(2, "http://127.0.0.1:8080", 2);
+        assert!(d.is_static(2), "the event plane may not take an engine's id");
+        assert!(!d.insert(2, "127.0.0.1:99", 1));
+        assert!(d.get(2).unwrap().engine);
+        assert!(!d.get(1).unwrap().engine);
+        let checked: Vec<WorkerId> = d.static_workers().into_iter().map(|(id, _)| id).collect();
+        assert_eq!(checked, [1], "the --worker health check skips engines");
+        assert!(d.set_silent(2, true));
+        assert_eq!(d.out_of_routing(), vec![2]);
     }
 
     #[test]

@@ -9,6 +9,7 @@
 
 mod demo;
 mod directory;
+mod engines;
 mod events;
 mod frontend;
 mod http_server;
@@ -39,7 +40,8 @@ enum Command {
     Worker(worker::Args),
     /// Generate open-loop load (or, with --retry-storm N, a retry storm) against a frontend or worker.
     Bench(loadgen::Args),
-    /// Frontend + 4 workers + load at 0.5x..3x capacity, shedding off and on.
+    /// A frontend, simulated workers (or, with --engines llamacpp, real llama.cpp servers) and load at
+    /// 0.5x..3x capacity, shedding off and on.
     Demo(demo::Args),
 }
 

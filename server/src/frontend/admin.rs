@@ -2,6 +2,7 @@
 //! `GET /v1/models`, `/v1/models/{id}`, `/live`, `/health` and `/metrics`
 //! (`/busy_threshold` is on the admin listener, `threshold_api.rs`).
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
@@ -9,6 +10,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use prometheus_client::encoding::text::{encode_eof, encode_registry};
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
@@ -69,8 +71,9 @@ pub async fn health(State(frontend): State<Arc<Frontend>>) -> Response {
 /// `GET /metrics`: the rejection counters and per-rank load
 /// (`RejectionMetrics::render_frontend`), what in-flight requests hold, the
 /// request counters and histograms of the observe layer
-/// (`observe::RequestMetrics`, none when called without the layer) and
-/// the upstream and liveness counters, ending with the one `# EOF`.
+/// (`observe::RequestMetrics`, none when called without the layer), the
+/// upstream and liveness counters and the engines' failed scrapes, ending
+/// with the one `# EOF`.
 pub async fn metrics(
     State(frontend): State<Arc<Frontend>>,
     requests: Option<Extension<Arc<RequestMetrics>>>,
@@ -96,7 +99,7 @@ pub async fn metrics(
         ),
         (
             "loadgate_frontend_tracked_prefill_tokens",
-            "Prefill tokens the router tracks for in-flight requests (kv mode)",
+            "Prefill tokens the router tracks for in-flight requests (kv mode, and requests to engines)",
             totals.tracked_prefill_tokens,
         ),
         ("loadgate_frontend_workers", "Registered workers", frontend.monitor.workers().len() as u64),
@@ -109,6 +112,14 @@ pub async fn metrics(
         requests.register(&mut registry);
     }
     frontend.upstream_stats.register(&mut registry, &frontend.directory);
+    let scrape_failures = Counter::<u64>::default();
+    // Relaxed: a counter read on its own.
+    scrape_failures.inc_by(frontend.engine_scrape_failures.load(Ordering::Relaxed));
+    registry.register(
+        "loadgate_frontend_engine_scrape_failures",
+        "Failed scrapes of --engine engines (errors, timeouts, unreadable documents)",
+        scrape_failures,
+    );
     // Writing to a String cannot fail.
     let _ = encode_registry(&mut text, &registry);
     let _ = encode_eof(&mut text);

@@ -1,17 +1,23 @@
 //! Command-line arguments of `loadgate frontend`: listeners, TLS, workers,
-//! router mode, the default busy thresholds, migration and staleness, the
-//! admin API, the event plane's secret and limits, and HTTP body limits.
+//! engines and their scraping, router mode, the default busy thresholds,
+//! migration and staleness, the admin API, the event plane's secret and
+//! limits, and HTTP body limits.
 //!
 //! Every flag also reads an environment variable (a flag beats its
 //! variable): Dynamo's `DYN_*` name where Dynamo has the flag, else
-//! `LOADGATE_FRONTEND_<FLAG>`. Repeatable flags take a comma-separated
-//! variable; booleans accept 1/true/yes/on and 0/false/no/off.
+//! `LOADGATE_FRONTEND_<FLAG>` (the scrape flags, shared with the worker:
+//! `LOADGATE_ENGINE_SCRAPE_*`). Repeatable flags take a comma-separated
+//! variable, except `--engine`, whose values hold commas
+//! (`KIND=URL,model=NAME`): `LOADGATE_FRONTEND_ENGINE` separates them with
+//! `;`. Booleans accept 1/true/yes/on and 0/false/no/off.
 
 use std::path::PathBuf;
 
 use clap::builder::BoolishValueParser;
 use loadgate::{migration::DEFAULT_MIGRATION_LIMIT, BusyThresholds, Policy};
 
+use crate::engines::scrape::ScrapeArgs;
+use crate::engines::spec::EngineSpec;
 use crate::http_server::HttpArgs;
 
 /// How the router picks among eligible workers.
@@ -104,6 +110,19 @@ pub struct Args {
     /// A worker to register from `URL/info` (repeatable); for workers not on the event plane.
     #[arg(long = "worker", env = "LOADGATE_FRONTEND_WORKER", value_name = "URL", value_delimiter = ',')]
     pub workers: Vec<String>,
+    /// A real inference engine to route to, scraped for its load (repeatable): KIND=URL[,model=NAME],
+    /// KIND one of vllm, sglang, llamacpp. Without model=, every id of its /v1/models.
+    /// In LOADGATE_FRONTEND_ENGINE, separate engines with `;`.
+    #[arg(
+        long = "engine",
+        env = "LOADGATE_FRONTEND_ENGINE",
+        value_name = "KIND=URL[,model=NAME]",
+        value_delimiter = ';'
+    )]
+    pub engines: Vec<EngineSpec>,
+    /// How `--engine` engines are scraped.
+    #[command(flatten)]
+    pub scrape: ScrapeArgs,
     /// A model to keep (repeatable): known before any worker serves it, never forgotten.
     #[arg(long = "model", env = "LOADGATE_FRONTEND_MODEL", value_name = "NAME", value_delimiter = ',')]
     pub models: Vec<String>,
@@ -256,5 +275,24 @@ mod tests {
             assert!(error.contains("not supported") && error.contains(mode), "{error}");
         }
         assert!(parse_router_mode("fastest").unwrap_err().contains("unknown router mode"));
+    }
+
+    #[test]
+    fn engines_repeat_and_scrape_flags_default() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        let cli = Cli::parse_from(["x", "--engine", "llamacpp=127.0.0.1:1,model=a", "--engine", "vllm=h:2"]);
+        let engines: Vec<String> = cli.args.engines.iter().map(ToString::to_string).collect();
+        assert_eq!(engines, ["llamacpp=http://127.0.0.1:1,model=a", "vllm=http://h:2"]);
+        let config = cli.args.scrape.config();
+        assert_eq!(config.interval, std::time::Duration::from_millis(50));
+        assert_eq!(config.timeout, std::time::Duration::from_millis(500));
+        assert_eq!(config.failures_to_leave, 3);
+        assert!(Cli::try_parse_from(["x", "--engine", "tgi=h:1"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--engine-scrape-failures", "0"]).is_err());
     }
 }

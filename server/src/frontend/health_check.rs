@@ -1,5 +1,6 @@
 //! Active health checks of the workers registered by `--worker URL` (they
-//! have no event connection whose silence would tell): every
+//! have no event connection whose silence would tell; `--engine` engines
+//! are left out, their scrapes are their health check): every
 //! `--worker-health-check-ms`, `GET URL/health`, bounded by the same
 //! interval (at most 2 s). Two failures in a row (no answer in time, or not
 //! 2xx) take the worker out of routing; one success brings it back.

@@ -1,6 +1,17 @@
 //! What in-flight requests hold: [`InFlight`] counts them (and, in `kv`
 //! mode, the load the router tracked for them); a [`Held`] guard per request
 //! gives it all back when dropped, whatever ended the response.
+//!
+//! Requests to an engine (`--engine`) always have their prompt tokens
+//! tracked as prefill until the first response bytes arrive, since no
+//! engine reports the prefill it has not yet done; but no blocks: an engine
+//! reports its own KV use, in its own unit (tokens for llama.cpp, vLLM's
+//! blocks, or a fraction), which the router's 16-token blocks do not match.
+//! Prompt tokens are counted as in `kv` mode (`crate::tokens`): a token-id
+//! prompt by its length, text by its whitespace-separated words; no
+//! engine's `/tokenize` is asked (a round trip before every request). A
+//! non-streamed answer's first bytes are the whole answer, so its prompt
+//! counts as prefill until the answer is ready.
 
 use std::fmt;
 
@@ -11,6 +22,7 @@ use std::time::Instant;
 
 use loadgate::{WorkerId, WorkerMonitor};
 
+use crate::directory::WorkerAddress;
 use crate::frontend::retry_hint::RetryHint;
 use crate::tokens::{blocks_for, SseEvents};
 
@@ -20,6 +32,8 @@ pub struct InFlight {
     monitor: Arc<WorkerMonitor>,
     /// `Some` in `kv` mode: track load per worker, and also output blocks.
     tracking: Option<Tracking>,
+    /// Engines are configured: track the prefill of requests sent to them.
+    engines: bool,
     requests: AtomicU64,
     tracked_blocks: AtomicU64,
     tracked_prefill_tokens: AtomicU64,
@@ -49,13 +63,15 @@ pub struct InFlightTotals {
 }
 
 impl InFlight {
-    /// A ledger over `monitor`; `tracking` enables the router's own load;
-    /// each finished request's duration goes to `hint`.
-    pub fn new(monitor: Arc<WorkerMonitor>, tracking: Option<Tracking>, hint: Arc<RetryHint>) -> Self {
+    /// A ledger over `monitor`; `tracking` enables the router's own load,
+    /// `engines` its prefill tracking for requests to engines; each finished
+    /// request's duration goes to `hint`.
+    pub fn new(monitor: Arc<WorkerMonitor>, tracking: Option<Tracking>, engines: bool, hint: Arc<RetryHint>) -> Self {
         InFlight {
             hint,
             monitor,
             tracking,
+            engines,
             requests: AtomicU64::new(0),
             tracked_blocks: AtomicU64::new(0),
             tracked_prefill_tokens: AtomicU64::new(0),
@@ -63,36 +79,41 @@ impl InFlight {
         }
     }
 
-    /// Whether the router tracks its own load.
+    /// Whether the router tracks its own load (so requests' prompt tokens
+    /// must be counted): in `kv` mode, or with engines configured.
     pub fn tracking(&self) -> bool {
-        self.tracking.is_some()
+        self.tracking.is_some() || self.engines
     }
 
-    /// Counts a request dispatched to `worker` (with `dp_size` ranks) and, in
-    /// `kv` mode, adds its prompt to the router-tracked load of one rank.
-    pub fn hold(self: &Arc<Self>, worker: WorkerId, dp_size: u32, prompt_tokens: u64) -> Held {
+    /// Counts a request dispatched to `worker` (at `address`) and adds its
+    /// prompt to the router-tracked load of one rank: blocks and prefill in
+    /// `kv` mode, prefill alone for an engine.
+    pub fn hold(self: &Arc<Self>, worker: WorkerId, address: &WorkerAddress, prompt_tokens: u64) -> Held {
         // Relaxed: a gauge; no other memory depends on it.
         self.requests.fetch_add(1, Ordering::Relaxed);
+        let track_blocks = self.tracking.is_some() && !address.engine;
+        let track_prefill = self.tracking.is_some() || (self.engines && address.engine);
         let mut held = Held {
             ledger: self.clone(),
             worker,
             // The tracked load belongs to this life of the worker: after a
             // restart, what this request gives back must not come off the
             // new one's load. (A worker not registered tracks nothing.)
-            incarnation: if self.tracking.is_some() { self.monitor.incarnation(worker).unwrap_or(0) } else { 0 },
+            incarnation: if track_prefill { self.monitor.incarnation(worker).unwrap_or(0) } else { 0 },
             rank: 0,
             prompt_tokens,
             blocks: 0,
             prefill_tokens: 0,
-            events: self.tracking.filter(|t| t.output_blocks).map(|_| SseEvents::default()),
+            events: self.tracking.filter(|t| t.output_blocks && track_blocks).map(|_| SseEvents::default()),
             started: false,
             since: Instant::now(),
             answered: false,
         };
-        if self.tracking.is_some() {
+        if track_prefill {
             // Relaxed: only spreads load; any interleaving is fine.
-            held.rank = (self.next_rank.fetch_add(1, Ordering::Relaxed) % dp_size.max(1) as usize) as u32;
-            held.add(blocks_for(prompt_tokens), prompt_tokens);
+            held.rank = (self.next_rank.fetch_add(1, Ordering::Relaxed) % address.dp_size.max(1) as usize) as u32;
+            let blocks = if track_blocks { blocks_for(prompt_tokens) } else { 0 };
+            held.add(blocks, prompt_tokens);
         }
         held
     }
@@ -225,6 +246,10 @@ mod tests {
 
     use super::*;
 
+    fn address(dp_size: u32, engine: bool) -> WorkerAddress {
+        WorkerAddress { base_url: "http://127.0.0.1:1".into(), dp_size, engine }
+    }
+
     fn tracked(monitor: &WorkerMonitor, worker: WorkerId) -> RankLoad {
         monitor.rank_snapshots().into_iter().find(|s| s.worker == worker).and_then(|s| s.tracked).unwrap_or_default()
     }
@@ -236,9 +261,10 @@ mod tests {
         let ledger = Arc::new(InFlight::new(
             monitor.clone(),
             Some(Tracking { output_blocks: true }),
+            false,
             Arc::new(RetryHint::new(true)),
         ));
-        let mut held = ledger.hold(1, 1, 20);
+        let mut held = ledger.hold(1, &address(1, false), 20);
         assert_eq!(ledger.totals(), InFlightTotals { requests: 1, tracked_blocks: 2, tracked_prefill_tokens: 20 });
         assert_eq!(tracked(&monitor, 1).active_decode_blocks, 2);
         assert_eq!(tracked(&monitor, 1).active_prefill_tokens, 20);
@@ -257,11 +283,39 @@ mod tests {
     fn without_tracking_only_requests_are_counted() {
         let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
         monitor.register(1, "m", 1, 0).unwrap();
-        let ledger = Arc::new(InFlight::new(monitor.clone(), None, Arc::new(RetryHint::new(true))));
-        let held = ledger.hold(1, 1, 100);
+        let ledger = Arc::new(InFlight::new(monitor.clone(), None, false, Arc::new(RetryHint::new(true))));
+        let held = ledger.hold(1, &address(1, false), 100);
         assert_eq!(ledger.totals(), InFlightTotals { requests: 1, ..Default::default() });
         assert!(monitor.rank_snapshots()[0].tracked.is_none());
         drop(held);
         assert_eq!(ledger.totals().requests, 0);
+    }
+
+    /// With engines configured and no `kv` mode: a request to an engine has
+    /// its prompt tracked as prefill (no blocks) until its first bytes, on
+    /// the engine's ranks in turn; one to a worker tracks nothing.
+    #[test]
+    fn requests_to_engines_track_prefill_alone() {
+        let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
+        monitor.register(1, "m", 2, 0).unwrap();
+        monitor.register(2, "m", 1, 0).unwrap();
+        let ledger = Arc::new(InFlight::new(monitor.clone(), None, true, Arc::new(RetryHint::new(true))));
+        assert!(ledger.tracking(), "prompt tokens must be counted");
+        let mut first = ledger.hold(1, &address(2, true), 40);
+        let second = ledger.hold(1, &address(2, true), 7);
+        let to_worker = ledger.hold(2, &address(1, false), 100);
+        assert_eq!(ledger.totals(), InFlightTotals { requests: 3, tracked_blocks: 0, tracked_prefill_tokens: 47 });
+        let ranks: Vec<u32> = monitor
+            .rank_snapshots()
+            .into_iter()
+            .filter(|s| s.worker == 1)
+            .map(|s| s.tracked.unwrap_or_default().active_prefill_tokens)
+            .collect();
+        assert_eq!(ranks, [40, 7], "spread over the engine's ranks");
+        assert_eq!(tracked(&monitor, 2), RankLoad::default());
+        first.on_chunk(b"{\"choices\":[]}");
+        assert_eq!(ledger.totals().tracked_prefill_tokens, 7);
+        drop((first, second, to_worker));
+        assert_eq!(ledger.totals(), InFlightTotals::default());
     }
 }

@@ -17,7 +17,8 @@
 //! admin listener uses the defaults with `http_server::ADMIN_MAX_CONNECTIONS`.
 //!
 //! Workers join over the event plane ([`EventPlane`]) or with `--worker URL`
-//! (registered from `URL/info`). This file wires the routes and serves them;
+//! (registered from `URL/info`); real inference engines join with
+//! `--engine KIND=URL[,model=NAME]`, scraped for their load (`engines.rs`). This file wires the routes and serves them;
 //! the shared state is [`Frontend`] (`state.rs`), and each route group has
 //! its own file: `proxy.rs` (the OpenAI routes), `threshold_api.rs`
 //! (`/busy_threshold`), `admin.rs` (`/v1/models`, `/health`, `/metrics`),
@@ -27,6 +28,7 @@ mod admin;
 mod admin_auth;
 mod args;
 mod body_budget;
+mod engines;
 mod health_check;
 mod inflight;
 mod observe;
@@ -107,6 +109,8 @@ pub struct RunningFrontend {
     admin_server: Option<tokio::task::JoinHandle<()>>,
     expiry: Option<tokio::task::JoinHandle<()>>,
     pruning: tokio::task::JoinHandle<()>,
+    /// One per `--engine`.
+    scrapers: Vec<tokio::task::JoinHandle<()>>,
     _plane: EventPlane,
 }
 
@@ -157,18 +161,24 @@ impl Drop for RunningFrontend {
             expiry.abort();
         }
         self.pruning.abort();
+        for scraper in &self.scrapers {
+            scraper.abort();
+        }
     }
 }
 
-/// Binds the event listener, registers the `--worker` workers, starts the
-/// event plane, binds the other two listeners and serves HTTP on the
-/// current tokio runtime.
+/// Binds the event listener, registers the `--worker` workers and the
+/// `--engine` engines, starts the event plane, binds the other two
+/// listeners, serves HTTP on the current tokio runtime and scrapes the
+/// engines.
 ///
 /// # Errors
 ///
 /// Invalid thresholds, an invalid TLS certificate or key, an invalid admin
-/// token, a port that cannot be bound, or a `--worker` whose `/info` never
-/// answered or names what the event-plane limits refuse.
+/// token, a port that cannot be bound, a `--worker` whose `/info` never
+/// answered or names what the event-plane limits refuse, or an `--engine`
+/// that never answered (`engines::ENGINE_START_DEADLINE`) or that the
+/// limits refuse.
 pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
     let config = MonitorConfig {
         staleness: args.load_staleness_ms.map(Duration::from_millis),
@@ -208,6 +218,8 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
     for url in &args.workers {
         register::register_http_worker(&frontend, url, &limits).await?;
     }
+    let scrape = args.scrape.config();
+    let engines = engines::register_engines(&frontend, &args.engines, scrape, &limits).await?;
     // A worker leaves routing when its connection is silent for
     // --event-silence-ms, or as soon as its load would go stale.
     let silence = [Some(args.event_silence_ms), args.load_staleness_ms, Some(args.event_idle_timeout_ms)]
@@ -261,6 +273,7 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
     let pruning = tokio::spawn(prune_forgotten_models(frontend.clone()));
     let checks = (args.worker_health_check_ms > 0).then(|| Duration::from_millis(args.worker_health_check_ms));
     health_check::spawn(&frontend, checks);
+    let scrapers = engines::spawn_scrapers(&frontend, engines, scrape);
     Ok(RunningFrontend {
         http,
         events: plane.local_addr(),
@@ -272,6 +285,7 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
         admin_server,
         expiry,
         pruning,
+        scrapers,
         _plane: plane,
     })
 }

@@ -313,7 +313,7 @@ async fn dispatch(frontend: &Arc<Frontend>, worker: WorkerId, outgoing: &Outgoin
     };
     let timeouts = frontend.upstream;
     let first_byte_by = Instant::now() + timeouts.first_byte;
-    let mut held = frontend.inflight.hold(worker, address.dp_size, outgoing.prompt);
+    let mut held = frontend.inflight.hold(worker, &address, outgoing.prompt);
     let url = format!("{}{}", address.base_url, path(endpoint));
     let mut request =
         frontend.client.post(url).header(header::CONTENT_TYPE, "application/json").body(outgoing.body.clone());
@@ -321,7 +321,12 @@ async fn dispatch(frontend: &Arc<Frontend>, worker: WorkerId, outgoing: &Outgoin
         // Not covered by the request proof (method, path, body): harmless.
         request = request.header(REQUEST_ID_HEADER, id.header_value().clone());
     }
-    let sent = tokio::time::timeout_at(first_byte_by, frontend.signed(request, "POST", path(endpoint), digest).send());
+    // An engine gets no request proof: it would not check it, and a proof
+    // must not travel to a peer that is not a loadgate worker.
+    if !address.engine {
+        request = frontend.signed(request, "POST", path(endpoint), digest);
+    }
+    let sent = tokio::time::timeout_at(first_byte_by, request.send());
     let upstream = match sent.await {
         Ok(Ok(upstream)) => upstream,
         Ok(Err(error)) => {
@@ -336,8 +341,8 @@ async fn dispatch(frontend: &Arc<Frontend>, worker: WorkerId, outgoing: &Outgoin
     };
     // A refusal is recognised by the worker's explicit signal alone, whatever
     // its status (an overload status of 200 included) and its body. Workers
-    // are the only peers the frontend sends to, so the signal comes from a
-    // registered one; the frontend builds its own response headers, so it
+    // and `--engine` engines are the only peers the frontend sends to, so
+    // the signal comes from a registered one; the frontend builds its own response headers, so it
     // never reaches the client.
     if upstream.headers().get(REFUSAL_HEADER).is_some_and(|v| v.as_bytes() == REFUSAL_AT_CAPACITY.as_bytes()) {
         return Attempt::AtCapacity;

@@ -1,6 +1,6 @@
 //! [`Frontend`]: the state every route of the frontend shares.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +41,8 @@ pub struct Frontend {
     pub(crate) upstream: UpstreamTimeouts,
     /// Counts of upstream failures by kind.
     pub(crate) upstream_stats: UpstreamStats,
+    /// Failed scrapes of `--engine` engines since start.
+    pub(crate) engine_scrape_failures: AtomicU64,
     /// `Retry-After` of refusals (`--retry-after-mode`).
     pub(crate) retry_hint: Arc<RetryHint>,
     /// Set on SIGTERM: `/health` answers 503 while in-flight responses drain.
@@ -67,10 +69,11 @@ impl Frontend {
         let retry_hint = Arc::new(RetryHint::new(args.retry_after_mode == RetryAfterMode::Computed));
         Ok(Frontend {
             router: WorkerRouter::new(monitor.clone(), args.policy()),
-            inflight: Arc::new(InFlight::new(monitor.clone(), tracking, retry_hint.clone())),
+            inflight: Arc::new(InFlight::new(monitor.clone(), tracking, !args.engines.is_empty(), retry_hint.clone())),
             retry_hint,
             upstream,
             upstream_stats: UpstreamStats::default(),
+            engine_scrape_failures: AtomicU64::new(0),
             monitor,
             directory,
             metrics: RejectionMetrics::default(),

@@ -1,0 +1,255 @@
+//! Scraping an engine's load: [`scrape_once`] fetches `/metrics` (and, for
+//! llama.cpp, `/slots`) and maps it with `loadgate::engines`;
+//! [`spawn_scraper`] does it every interval and hands each outcome, with
+//! the count of failures in a row, to its caller. What a failure means (out
+//! of routing after K, an unhealthy worker) is the caller's business.
+
+use std::ops::ControlFlow;
+use std::time::Duration;
+
+use loadgate::engines::{self, EngineKind, EngineSnapshot, MAX_DOCUMENT_BYTES};
+use reqwest::StatusCode;
+
+use crate::engines::fetch::get_text;
+
+/// Documents above this are mapped on tokio's blocking pool (a large vLLM
+/// exposition takes long enough to hold up the runtime thread).
+const INLINE_MAP_LIMIT: usize = 1 << 20;
+
+/// How often, how patiently and how forgivingly engines are scraped.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ScrapeArgs {
+    /// Milliseconds between two scrapes of an engine (a slow scrape delays the next; never two at once).
+    #[arg(long, env = "LOADGATE_ENGINE_SCRAPE_INTERVAL_MS", value_name = "MS", default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..))]
+    pub engine_scrape_interval_ms: u64,
+    /// Milliseconds one scrape (all its requests) may take; past it, it counts as failed.
+    #[arg(long, env = "LOADGATE_ENGINE_SCRAPE_TIMEOUT_MS", value_name = "MS", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..))]
+    pub engine_scrape_timeout_ms: u64,
+    /// Failed scrapes in a row that take an engine out of routing (the next success brings it back).
+    #[arg(long, env = "LOADGATE_ENGINE_SCRAPE_FAILURES", value_name = "K", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub engine_scrape_failures: u32,
+}
+
+/// [`ScrapeArgs`] as durations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScrapeConfig {
+    /// Between two scrapes.
+    pub interval: Duration,
+    /// For one whole scrape.
+    pub timeout: Duration,
+    /// Failures in a row that take the engine out of routing.
+    pub failures_to_leave: u32,
+}
+
+impl ScrapeArgs {
+    /// The durations and count these flags name.
+    pub fn config(&self) -> ScrapeConfig {
+        ScrapeConfig {
+            interval: Duration::from_millis(self.engine_scrape_interval_ms),
+            timeout: Duration::from_millis(self.engine_scrape_timeout_ms),
+            failures_to_leave: self.engine_scrape_failures,
+        }
+    }
+}
+
+/// The outcome of one scrape, as [`spawn_scraper`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ScrapeEvent {
+    /// The engine's load now (one entry per data-parallel rank).
+    Loaded(EngineSnapshot),
+    /// This scrape failed; `consecutive` counts the failures in a row, this one included.
+    Failed {
+        /// Failures since the last success (at least 1).
+        consecutive: u32,
+        /// What failed, one line.
+        error: String,
+    },
+}
+
+/// One scrape: GET /metrics (and /slots for llamacpp) within `timeout` in all, bodies capped
+/// at MAX_DOCUMENT_BYTES (read incrementally; refuse larger), mapped by loadgate::engines.
+///
+/// # Errors
+///
+/// One line: the timeout, a failed request or status, a body too large or
+/// not UTF-8, or what the mapper refused.
+pub async fn scrape_once(
+    client: &reqwest::Client,
+    kind: EngineKind,
+    base_url: &str,
+    timeout: Duration,
+) -> Result<EngineSnapshot, String> {
+    let metrics_url = format!("{base_url}/metrics");
+    let slots_url = format!("{base_url}/slots");
+    let documents = async {
+        let metrics = get_text(client, &metrics_url, MAX_DOCUMENT_BYTES);
+        if kind.needs_slots() {
+            let slots = get_text(client, &slots_url, MAX_DOCUMENT_BYTES);
+            let (metrics, slots) = futures_util::future::join(metrics, slots).await;
+            let metrics = metrics.map_err(|e| e.to_string())?;
+            // llama-server answers 501 on /slots when started with --no-slots.
+            let slots = slots.map_err(|e| match e.status {
+                Some(StatusCode::NOT_IMPLEMENTED | StatusCode::NOT_FOUND) => {
+                    format!("{e} (the engine needs /slots: start llama-server without --no-slots)")
+                }
+                _ => e.to_string(),
+            })?;
+            Ok::<_, String>((metrics, Some(slots)))
+        } else {
+            Ok((metrics.await.map_err(|e| e.to_string())?, None))
+        }
+    };
+    let (metrics, slots) = tokio::time::timeout(timeout, documents)
+        .await
+        .map_err(|_| format!("scrape of {base_url} took over {timeout:?} (--engine-scrape-timeout-ms)"))??;
+    let size = metrics.len() + slots.as_ref().map_or(0, String::len);
+    let mapped = if size <= INLINE_MAP_LIMIT {
+        engines::snapshot(kind, &metrics, slots.as_deref())
+    } else {
+        tokio::task::spawn_blocking(move || engines::snapshot(kind, &metrics, slots.as_deref()))
+            .await
+            .map_err(|e| format!("mapping the load of {base_url}: {e}"))?
+    };
+    mapped.map_err(|e| format!("{kind} load of {base_url}: {e}"))
+}
+
+/// Scrapes every `interval` (missed ticks delayed, never two at once) and hands each result
+/// to `on_event` until it returns `ControlFlow::Break(())` or the task is aborted.
+pub fn spawn_scraper(
+    client: reqwest::Client,
+    kind: EngineKind,
+    base_url: String,
+    config: ScrapeConfig,
+    mut on_event: impl FnMut(ScrapeEvent) -> ControlFlow<()> + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(config.interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut consecutive: u32 = 0;
+        loop {
+            ticks.tick().await;
+            let event = match scrape_once(&client, kind, &base_url, config.timeout).await {
+                Ok(snapshot) => {
+                    consecutive = 0;
+                    ScrapeEvent::Loaded(snapshot)
+                }
+                Err(error) => {
+                    consecutive = consecutive.saturating_add(1);
+                    ScrapeEvent::Failed { consecutive, error }
+                }
+            };
+            if on_event(event).is_break() {
+                return;
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    use axum::routing::get;
+
+    use super::*;
+
+    const LLAMA_METRICS: &str = "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 2\n\
+        # TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 5\n";
+    const LLAMA_SLOTS: &str = r#"[{"id":0,"n_ctx":512,"is_processing":true,"n_prompt_tokens":30},
+        {"id":1,"n_ctx":512,"is_processing":false}]"#;
+
+    /// A llama.cpp-like engine: `/metrics` after `metrics_delay`, 500 while
+    /// `broken` is set; `/slots` only when `slots` is set.
+    async fn engine_with(
+        slots: bool,
+        metrics_delay: Duration,
+        broken: Arc<AtomicBool>,
+    ) -> (String, tokio::task::JoinHandle<()>) {
+        let mut app = axum::Router::new().route(
+            "/metrics",
+            get(move || async move {
+                tokio::time::sleep(metrics_delay).await;
+                // Relaxed: a flag the test flips; any scrape after it sees it.
+                if broken.load(Ordering::Relaxed) {
+                    Err(axum::http::StatusCode::INTERNAL_SERVER_ERROR)
+                } else {
+                    Ok(LLAMA_METRICS)
+                }
+            }),
+        );
+        if slots {
+            app = app.route("/slots", get(|| async { LLAMA_SLOTS }));
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        (format!("http://{addr}"), tokio::spawn(async move { axum::serve(listener, app).await.unwrap() }))
+    }
+
+    async fn engine(slots: bool, metrics_delay: Duration) -> (String, tokio::task::JoinHandle<()>) {
+        engine_with(slots, metrics_delay, Arc::default()).await
+    }
+
+    #[tokio::test]
+    async fn one_scrape_reads_metrics_and_slots() {
+        let (base, _server) = engine(true, Duration::ZERO).await;
+        let client = reqwest::Client::new();
+        let snapshot = scrape_once(&client, EngineKind::LlamaCpp, &base, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(snapshot.ranks.len(), 1);
+        let rank = snapshot.ranks[0];
+        assert_eq!(rank.running_requests, 2);
+        assert_eq!(rank.load.waiting_requests, 5);
+        assert_eq!((rank.load.active_decode_blocks, rank.load.kv_total_blocks), (30, 1024));
+        // The wrong kind: no vLLM metric in the document.
+        let error = scrape_once(&client, EngineKind::Vllm, &base, Duration::from_secs(5)).await.unwrap_err();
+        assert!(error.starts_with(&format!("vllm load of {base}: ")), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_missing_slots_or_a_slow_engine_fails_the_scrape() {
+        let client = reqwest::Client::new();
+        let (base, _a) = engine(false, Duration::ZERO).await;
+        let error = scrape_once(&client, EngineKind::LlamaCpp, &base, Duration::from_secs(5)).await.unwrap_err();
+        assert!(error.contains("/slots: status 404") && error.contains("--no-slots"), "{error}");
+        let (base, _b) = engine(true, Duration::from_secs(3)).await;
+        let started = tokio::time::Instant::now();
+        let error = scrape_once(&client, EngineKind::LlamaCpp, &base, Duration::from_millis(100)).await.unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(2), "the timeout bounds the whole scrape");
+        assert!(error.contains("took over 100ms"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn the_scraper_counts_failures_in_a_row_and_stops_on_break() {
+        let broken = Arc::new(AtomicBool::new(false));
+        let (base, _server) = engine_with(true, Duration::ZERO, broken.clone()).await;
+        let config = ScrapeConfig {
+            interval: Duration::from_millis(10),
+            timeout: Duration::from_millis(500),
+            failures_to_leave: 3,
+        };
+        let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = events.clone();
+        let calls = Arc::new(AtomicU32::new(0));
+        let counted = calls.clone();
+        let handle = spawn_scraper(reqwest::Client::new(), EngineKind::LlamaCpp, base, config, move |event| {
+            // Relaxed: a counter, read after the task ended.
+            let n = counted.fetch_add(1, Ordering::Relaxed) + 1;
+            seen.lock().unwrap().push(match event {
+                ScrapeEvent::Loaded(_) => 0,
+                ScrapeEvent::Failed { consecutive, .. } => consecutive,
+            });
+            // Two good scrapes, three failed ones, a good one.
+            // Relaxed: see `engine_with`.
+            broken.store((2..5).contains(&n), Ordering::Relaxed);
+            if n == 7 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(10), handle).await.unwrap().unwrap();
+        // Relaxed: the task has ended.
+        assert_eq!(calls.load(Ordering::Relaxed), 7, "no event after Break");
+        assert_eq!(*events.lock().unwrap(), [0, 0, 1, 2, 3, 0, 0]);
+    }
+}

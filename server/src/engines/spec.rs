@@ -1,0 +1,122 @@
+//! [`EngineSpec`]: one real inference engine named on the command line,
+//! `KIND=URL[,model=NAME]` (`llamacpp=127.0.0.1:8080,model=tiny`).
+
+use std::fmt;
+use std::str::FromStr;
+
+use loadgate::engines::EngineKind;
+
+/// An engine to scrape and route to: its kind, where it listens, and the
+/// model it serves when given (else the ids of its `/v1/models`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineSpec {
+    /// Which engine it is (decides the metric names and `/slots`).
+    pub kind: EngineKind,
+    /// Its base URL, without a trailing `/` (`http://` added when no scheme was given).
+    pub base_url: String,
+    /// The model it serves (`model=NAME`), when given.
+    pub model: Option<String>,
+}
+
+impl fmt::Display for EngineSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}", self.kind, self.base_url)?;
+        match &self.model {
+            Some(model) => write!(f, ",model={model}"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl FromStr for EngineSpec {
+    type Err = String;
+
+    /// `KIND=URL[,model=NAME]`. The URL is `HOST:PORT` or `http(s)://HOST:PORT[/PREFIX]`;
+    /// options are comma-separated (so a model name cannot hold a comma).
+    fn from_str(spec: &str) -> Result<Self, Self::Err> {
+        let spec = spec.trim();
+        let Some((kind, rest)) = spec.split_once('=') else {
+            return Err(format!("engine `{spec}`: expected KIND=URL[,model=NAME] (e.g. llamacpp=127.0.0.1:8080)"));
+        };
+        let kind: EngineKind = kind.trim().parse().map_err(|e| format!("engine `{spec}`: {e}"))?;
+        let mut parts = rest.split(',');
+        let url = parts.next().unwrap_or_default().trim();
+        let base_url = base_url(url).map_err(|e| format!("engine `{spec}`: {e}"))?;
+        let mut model = None;
+        for option in parts {
+            let (key, value) = option.split_once('=').unwrap_or((option, ""));
+            match key.trim() {
+                "model" if model.is_some() => return Err(format!("engine `{spec}`: model= given twice")),
+                "model" if value.trim().is_empty() => return Err(format!("engine `{spec}`: empty model name")),
+                "model" => model = Some(value.trim().to_owned()),
+                other => return Err(format!("engine `{spec}`: unknown option `{other}` (the only one is model=NAME)")),
+            }
+        }
+        Ok(EngineSpec { kind, base_url, model })
+    }
+}
+
+/// `url` as a base URL: `http://` added without a scheme, no trailing `/`;
+/// only http and https, with a host, no query or fragment.
+fn base_url(url: &str) -> Result<String, String> {
+    if url.trim_end_matches('/').is_empty() {
+        return Err("empty URL".to_owned());
+    }
+    let with_scheme = if url.contains("://") { url.to_owned() } else { format!("http://{url}") };
+    let base = with_scheme.trim_end_matches('/').to_owned();
+    let parsed = reqwest::Url::parse(&with_scheme).map_err(|e| format!("invalid URL `{url}`: {e}"))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(format!("URL `{url}`: only http and https are supported"));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(format!("URL `{url}` has no host"));
+    }
+    if parsed.query().is_some() || parsed.fragment().is_some() {
+        return Err(format!("URL `{url}`: a base URL has no query or fragment"));
+    }
+    Ok(base)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(spec: &str) -> Result<EngineSpec, String> {
+        spec.parse()
+    }
+
+    #[test]
+    fn kind_url_and_model_are_read() {
+        let spec = parse("llamacpp=127.0.0.1:8080").unwrap();
+        assert_eq!(
+            spec,
+            EngineSpec { kind: EngineKind::LlamaCpp, base_url: "http://127.0.0.1:8080".into(), model: None }
+        );
+        let spec = parse(" vLLM=https://gpu-1:8000/prefix/,model=meta/llama-3 ").unwrap();
+        assert_eq!(spec.kind, EngineKind::Vllm);
+        assert_eq!(spec.base_url, "https://gpu-1:8000/prefix");
+        assert_eq!(spec.model.as_deref(), Some("meta/llama-3"));
+        assert_eq!(spec.to_string(), "vllm=https://gpu-1:8000/prefix,model=meta/llama-3");
+        assert_eq!(parse("sglang=localhost:30000").unwrap().kind, EngineKind::Sglang);
+        assert_eq!(parse("llama.cpp=h:1,model=models/tiny.gguf").unwrap().model.as_deref(), Some("models/tiny.gguf"));
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        for (spec, says) in [
+            ("127.0.0.1:8080", "expected KIND=URL"),
+            ("tgi=127.0.0.1:8080", "tgi=127.0.0.1:8080"),
+            ("vllm=", "empty URL"),
+            ("vllm=,model=m", "empty URL"),
+            ("vllm=h:1,model=", "empty model name"),
+            ("vllm=h:1,model=a,model=b", "given twice"),
+            ("vllm=h:1,dp=2", "unknown option `dp`"),
+            ("vllm=ftp://h:1", "only http and https"),
+            ("vllm=h:1/?x=1", "no query"),
+            ("vllm=http://", "invalid URL"),
+        ] {
+            let error = parse(spec).unwrap_err();
+            assert!(error.contains(says), "{spec}: {error}");
+        }
+    }
+}

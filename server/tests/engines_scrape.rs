@@ -1,0 +1,647 @@
+//! `loadgate frontend --engine` end to end against fake engines: small axum
+//! servers in this test process (each on its own thread and runtime, on a
+//! free 127.0.0.1 port) that serve canned llama.cpp or vLLM `/metrics`,
+//! llama.cpp `/slots`, `/v1/models` and completions, driven by the test;
+//! the frontend is a real `loadgate` process. Every wait is bounded.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use common::{expect_field, Proc, PROOF_HEADER, SECRET};
+use serde_json::{json, Value};
+use sha2::{Digest as _, Sha256};
+
+const MODEL: &str = "fake-model";
+/// Generous: the machine is small and shared.
+const STARTUP: Duration = Duration::from_secs(30);
+const SETTLE: Duration = Duration::from_secs(15);
+
+// ---------------------------------------------------------------------------
+// A fake engine.
+
+/// Which engine's documents the fake serves.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    LlamaCpp,
+    Vllm,
+}
+
+/// What the test sets and the fake reports.
+#[derive(Default)]
+struct Load {
+    /// llama.cpp: `requests_processing`; the first this many slots are processing.
+    running: u32,
+    /// llama.cpp: `requests_deferred`.
+    waiting: u32,
+    /// llama.cpp: `n_prompt_tokens` of each processing slot.
+    slot_tokens: u32,
+    /// vLLM: per `engine` rank, (waiting, KV fraction).
+    vllm_ranks: Vec<(u32, f64)>,
+    /// `/metrics` answers 500.
+    fail: bool,
+    /// `/metrics` answers only after 2 s (past any scrape timeout here).
+    stall: bool,
+    /// Completions answer after this long.
+    answer_after: Duration,
+}
+
+/// What one completion request brought.
+#[derive(Clone, Debug)]
+struct Received {
+    path: String,
+    body: Vec<u8>,
+    had_proof: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    load: Mutex<Load>,
+    models: Mutex<Vec<String>>,
+    scrapes: AtomicUsize,
+    failed_scrapes: AtomicUsize,
+    model_lists: AtomicUsize,
+    received: Mutex<Vec<Received>>,
+}
+
+/// A fake engine serving on its own thread; stops on drop.
+struct FakeEngine {
+    addr: SocketAddr,
+    kind: Kind,
+    shared: Arc<Shared>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FakeEngine {
+    fn start(kind: Kind, models: &[&str]) -> FakeEngine {
+        let shared = Arc::new(Shared::default());
+        *shared.models.lock().unwrap() = models.iter().map(|m| (*m).to_owned()).collect();
+        if kind == Kind::Vllm {
+            shared.load.lock().unwrap().vllm_ranks = vec![(0, 0.0)];
+        }
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a fake engine");
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let state = Fake { kind, port: addr.port(), shared: shared.clone() };
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                let app = axum::Router::new()
+                    .route("/metrics", get(metrics))
+                    .route("/slots", get(slots))
+                    .route("/v1/models", get(models_list))
+                    .route("/v1/completions", post(complete))
+                    .route("/v1/chat/completions", post(complete))
+                    .with_state(state);
+                let _ = axum::serve(listener, app)
+                    .with_graceful_shutdown(async {
+                        let _ = stopped.await;
+                    })
+                    .await;
+            });
+        });
+        FakeEngine { addr, kind, shared, stop: Some(stop), thread: Some(thread) }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// `KIND=URL[,model=NAME]` for `--engine`.
+    fn spec(&self, model: Option<&str>) -> String {
+        let kind = match self.kind {
+            Kind::LlamaCpp => "llamacpp",
+            Kind::Vllm => "vllm",
+        };
+        match model {
+            Some(model) => format!("{kind}={},model={model}", self.addr),
+            None => format!("{kind}={}", self.addr),
+        }
+    }
+
+    fn set(&self, change: impl FnOnce(&mut Load)) {
+        change(&mut self.shared.load.lock().unwrap());
+    }
+
+    fn received(&self) -> Vec<Received> {
+        self.shared.received.lock().unwrap().clone()
+    }
+
+    fn count(counter: &AtomicUsize) -> usize {
+        // Relaxed: a counter read on its own.
+        counter.load(Ordering::Relaxed)
+    }
+
+    fn scrapes(&self) -> usize {
+        Self::count(&self.shared.scrapes)
+    }
+
+    /// Waits (bounded) for `n` more scrapes of `/metrics` than now.
+    async fn wait_scrapes(&self, n: usize) {
+        let target = self.scrapes() + n;
+        let deadline = Instant::now() + SETTLE;
+        while self.scrapes() < target {
+            assert!(Instant::now() < deadline, "the engine was not scraped {n} more times");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+impl Drop for FakeEngine {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// What every handler of a fake engine gets.
+#[derive(Clone)]
+struct Fake {
+    kind: Kind,
+    port: u16,
+    shared: Arc<Shared>,
+}
+
+type FakeState = State<Fake>;
+
+async fn metrics(State(Fake { kind, shared, .. }): FakeState) -> Response {
+    // Relaxed: counters the test reads on their own.
+    shared.scrapes.fetch_add(1, Ordering::Relaxed);
+    let (fail, stall) = {
+        let load = shared.load.lock().unwrap();
+        (load.fail, load.stall)
+    };
+    if fail || stall {
+        // Counted first: a stalled scrape's handler is dropped when the scraper gives up.
+        shared.failed_scrapes.fetch_add(1, Ordering::Relaxed);
+    }
+    if stall {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    if fail {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "metrics broke").into_response();
+    }
+    let load = shared.load.lock().unwrap();
+    let text = match kind {
+        Kind::LlamaCpp => format!(
+            "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed, excluding cached tokens\n\
+             # TYPE llamacpp:prompt_tokens_total counter\n\
+             llamacpp:prompt_tokens_total 1234\n\
+             # HELP llamacpp:requests_processing Number of requests processing\n\
+             # TYPE llamacpp:requests_processing gauge\n\
+             llamacpp:requests_processing {}\n\
+             # HELP llamacpp:requests_deferred Number of requests deferred\n\
+             # TYPE llamacpp:requests_deferred gauge\n\
+             llamacpp:requests_deferred {}\n",
+            load.running, load.waiting
+        ),
+        Kind::Vllm => vllm_metrics(&load.vllm_ranks),
+    };
+    ([("content-type", "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// A vLLM exposition with one `engine` label value per rank, as vLLM 0.10
+/// writes it (`model_name` label, `cache_config_info` with `num_gpu_blocks`).
+fn vllm_metrics(ranks: &[(u32, f64)]) -> String {
+    let mut text = String::new();
+    let family = |text: &mut String, name: &str, kind: &str, value: &dyn Fn(u32, &(u32, f64)) -> String| {
+        text.push_str(&format!("# HELP {name} A vLLM metric.\n# TYPE {name} {kind}\n"));
+        for (rank, load) in (0u32..).zip(ranks) {
+            text.push_str(&format!("{name}{{engine=\"{rank}\",model_name=\"{MODEL}\"}} {}\n", value(rank, load)));
+        }
+    };
+    family(&mut text, "vllm:num_requests_running", "gauge", &|_, _| "1.0".to_owned());
+    family(&mut text, "vllm:num_requests_waiting", "gauge", &|_, (waiting, _)| format!("{waiting:.1}"));
+    family(&mut text, "vllm:kv_cache_usage_perc", "gauge", &|_, (_, kv)| format!("{kv}"));
+    text.push_str("# HELP vllm:cache_config_info Information of the LLMCache\n# TYPE vllm:cache_config_info gauge\n");
+    for rank in 0..ranks.len() {
+        text.push_str(&format!(
+            "vllm:cache_config_info{{block_size=\"16\",engine=\"{rank}\",num_gpu_blocks=\"1000\"}} 1.0\n"
+        ));
+    }
+    text
+}
+
+/// Four slots of 512 tokens; the first `running` are processing.
+async fn slots(State(Fake { shared, .. }): FakeState) -> Response {
+    let load = shared.load.lock().unwrap();
+    let slots: Vec<Value> = (0..4)
+        .map(|id| {
+            if id < load.running {
+                json!({"id": id, "n_ctx": 512, "is_processing": true, "n_prompt_tokens": load.slot_tokens})
+            } else {
+                json!({"id": id, "n_ctx": 512, "is_processing": false})
+            }
+        })
+        .collect();
+    axum::Json(Value::Array(slots)).into_response()
+}
+
+async fn models_list(State(Fake { shared, .. }): FakeState) -> Response {
+    // Relaxed: a counter.
+    shared.model_lists.fetch_add(1, Ordering::Relaxed);
+    let data: Vec<Value> = shared
+        .models
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|id| json!({"id": id, "object": "model", "owned_by": "llamacpp"}))
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// A completion (non-streamed) or an SSE stream of three chunks, naming
+/// this engine's port so the test can tell engines apart.
+async fn complete(
+    State(Fake { port, shared, .. }): FakeState,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let had_proof = headers.contains_key(PROOF_HEADER);
+    shared.received.lock().unwrap().push(Received { path: uri.path().to_owned(), body: body.to_vec(), had_proof });
+    let wait = shared.load.lock().unwrap().answer_after;
+    tokio::time::sleep(wait).await;
+    let stream = serde_json::from_slice::<Value>(&body).ok().and_then(|v| v["stream"].as_bool()).unwrap_or(false);
+    if stream {
+        let chunk =
+            |text: &str| format!("data: {}\n\n", json!({"choices": [{"index": 0, "delta": {"content": text}}]}));
+        let sse = format!("{}{}data: [DONE]\n\n", chunk(&format!("engine-{port}")), chunk(" more"));
+        ([("content-type", "text/event-stream")], sse).into_response()
+    } else {
+        let answer = json!({
+            "id": "cmpl-fake", "object": "text_completion", "model": MODEL,
+            "choices": [{"index": 0, "text": format!("engine-{port}"), "finish_reason": "stop"}],
+        });
+        axum::Json(answer).into_response()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The frontend.
+
+struct Frontend {
+    proc: Proc,
+    http: String,
+    client: reqwest::Client,
+}
+
+/// A frontend on free ports with `--engine` for each of `engines`, then `extra`.
+fn frontend(engines: &[String], extra: &[&str], env: &[(&str, &str)]) -> Frontend {
+    let mut args: Vec<&str> =
+        vec!["frontend", "--http-host", "127.0.0.1", "--http-port", "0", "--event-port", "0", "--admin-port", "0"];
+    for engine in engines {
+        args.extend(["--engine", engine.as_str()]);
+    }
+    args.extend_from_slice(extra);
+    let (proc, line) = common::spawn_within("frontend", &args, env, STARTUP);
+    Frontend { proc, http: format!("http://{}", expect_field(&line, "http")), client: common::client() }
+}
+
+/// The sum of every sample of `name` whose line contains each of `filters`.
+fn sum_metric(text: &str, name: &str, filters: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b'{' | b' ')))
+        .filter(|l| filters.iter().all(|f| l.contains(f)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The worker id the frontend gives `model` on the engine at `url`: the
+/// first 8 bytes of SHA-256 over "loadgate-engine\0", the URL, "\0", the model.
+fn engine_worker_id(url: &str, model: &str) -> u64 {
+    let digest = Sha256::new()
+        .chain_update(b"loadgate-engine\0")
+        .chain_update(url.as_bytes())
+        .chain_update([0])
+        .chain_update(model.as_bytes())
+        .finalize();
+    u64::from_be_bytes(digest[..8].try_into().unwrap())
+}
+
+impl Frontend {
+    async fn metrics(&self) -> String {
+        common::metrics_text(&self.client, &self.http).await
+    }
+
+    /// Waits (bounded) until `check(metrics text)` holds.
+    async fn wait_metrics(&self, what: &str, check: impl Fn(&str) -> bool) {
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            let text = self.metrics().await;
+            if check(&text) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {what}; metrics:\n{text}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn health(&self) -> Value {
+        let response = self.client.get(format!("{}/health", self.http)).send().await.unwrap();
+        response.json().await.unwrap()
+    }
+
+    async fn model_ids(&self) -> Vec<String> {
+        let list: Value =
+            self.client.get(format!("{}/v1/models", self.http)).send().await.unwrap().json().await.unwrap();
+        let mut ids: Vec<String> =
+            list["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_owned()).collect();
+        ids.sort();
+        ids
+    }
+
+    /// A small completion of `model`: its status and body.
+    async fn complete(&self, model: &str) -> (u16, String) {
+        let body = json!({"model": model, "prompt": "one two three", "max_tokens": 4});
+        let response = self.client.post(format!("{}/v1/completions", self.http)).json(&body).send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.text().await.unwrap_or_default())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Tests.
+
+/// Without `model=` every id of the engine's `/v1/models` becomes a worker
+/// (the id is the documented hash); with `model=` that one, and
+/// `/v1/models` is never asked. The `--worker` health check leaves engines
+/// alone (the fakes serve no `/health`). The variable takes `;`-separated
+/// engines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_register_from_v1_models_or_model_option() {
+    let _box = common::shared().await;
+    let listing = FakeEngine::start(Kind::LlamaCpp, &["models/a.gguf", "b"]);
+    let named = FakeEngine::start(Kind::LlamaCpp, &["never-listed"]);
+    let engines = [listing.spec(None), named.spec(Some("named"))];
+    let fe = frontend(&engines, &["--worker-health-check-ms", "50"], &[]);
+    assert_eq!(fe.model_ids().await, ["b", "models/a.gguf", "named"]);
+    // Two failed health checks would take a worker out: 50 ms apart.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let health = fe.health().await;
+    assert_eq!(health["workers"], 3, "{health}");
+    assert_eq!(health["live_workers"], 3, "{health}");
+    assert_eq!(FakeEngine::count(&named.shared.model_lists), 0, "model= needs no /v1/models");
+    let text = fe.metrics().await;
+    for (url, model) in [(listing.url(), "models/a.gguf"), (listing.url(), "b"), (named.url(), "named")] {
+        let id = format!("worker_id=\"{}\"", engine_worker_id(&url, model));
+        assert!(text.contains(&id), "no {id} for {model}:\n{text}");
+    }
+    // A served request names the engine that answered.
+    let (status, body) = fe.complete("named").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(&format!("engine-{}", named.addr.port())), "{body}");
+    drop(fe);
+
+    let joined = engines.join(";");
+    let fe = frontend(&[], &[], &[("LOADGATE_FRONTEND_ENGINE", &joined)]);
+    assert_eq!(fe.model_ids().await, ["b", "models/a.gguf", "named"]);
+}
+
+/// An engine whose scrapes fail at start is waited for (retried, logged):
+/// the frontend starts serving once the engine answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_starts_late_is_waited_for() {
+    let _box = common::shared().await;
+    let engine = FakeEngine::start(Kind::LlamaCpp, &[MODEL]);
+    engine.set(|l| l.fail = true);
+    let spec = engine.spec(None);
+    let opened = tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        (frontend(&[spec], &[], &[("RUST_LOG", "info")]), started)
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    engine.set(|l| l.fail = false);
+    let (fe, started) = opened.await.unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(1400), "the frontend did not wait for the engine");
+    assert!(fe.proc.wait_log("engine not ready; retrying", SETTLE), "{}", fe.proc.stderr());
+    assert_eq!(fe.health().await["live_workers"], 1);
+}
+
+/// Each rank's scraped load reaches the router: vLLM's two `engine` ranks
+/// become dp ranks 0 and 1 with their waiting requests and KV blocks
+/// (`num_gpu_blocks` 1000), and a change shows at the next scrapes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scraped_load_reaches_the_router_per_rank() {
+    let _box = common::shared().await;
+    let engine = FakeEngine::start(Kind::Vllm, &[MODEL]);
+    engine.set(|l| l.vllm_ranks = vec![(3, 0.25), (5, 0.5)]);
+    let fe = frontend(&[engine.spec(None)], &["--engine-scrape-interval-ms", "20"], &[]);
+    let id = format!("worker_id=\"{}\"", engine_worker_id(&engine.url(), MODEL));
+    let text = fe.metrics().await;
+    let rank = |r: u32| format!("dp_rank=\"{r}\"");
+    for (name, r0, r1) in [
+        ("loadgate_frontend_worker_waiting_requests", 3.0, 5.0),
+        ("loadgate_frontend_worker_kv_total_blocks", 1000.0, 1000.0),
+        ("dynamo_frontend_worker_active_decode_blocks", 250.0, 500.0),
+    ] {
+        assert_eq!(sum_metric(&text, name, &[&id, &rank(0)]), r0, "{name} rank 0:\n{text}");
+        assert_eq!(sum_metric(&text, name, &[&id, &rank(1)]), r1, "{name} rank 1:\n{text}");
+    }
+    engine.set(|l| l.vllm_ranks = vec![(0, 0.0), (9, 0.75)]);
+    fe.wait_metrics("the new load", |m| {
+        sum_metric(m, "loadgate_frontend_worker_waiting_requests", &[&id, &rank(1)]) == 9.0
+            && sum_metric(m, "loadgate_frontend_worker_waiting_requests", &[&id, &rank(0)]) == 0.0
+            && sum_metric(m, "dynamo_frontend_worker_active_decode_blocks", &[&id, &rank(1)]) == 750.0
+    })
+    .await;
+}
+
+/// An engine that comes back with another number of ranks (restarted with
+/// another data-parallel size) is registered again with that many, its
+/// load reset and then scraped per rank.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_with_a_new_rank_count_is_registered_again() {
+    let _box = common::shared().await;
+    let engine = FakeEngine::start(Kind::Vllm, &[MODEL]);
+    engine.set(|l| l.vllm_ranks = vec![(4, 0.5)]);
+    let fe = frontend(&[engine.spec(None)], &["--engine-scrape-interval-ms", "20"], &[]);
+    let id = format!("worker_id=\"{}\"", engine_worker_id(&engine.url(), MODEL));
+    let waiting = |m: &str, rank: u32| {
+        sum_metric(m, "loadgate_frontend_worker_waiting_requests", &[&id, &format!("dp_rank=\"{rank}\"")])
+    };
+    assert_eq!(waiting(&fe.metrics().await, 0), 4.0);
+    engine.set(|l| l.vllm_ranks = vec![(1, 0.5), (2, 0.5), (3, 0.5)]);
+    fe.wait_metrics("three ranks", |m| waiting(m, 0) == 1.0 && waiting(m, 1) == 2.0 && waiting(m, 2) == 3.0).await;
+    // The log line may trail the metrics by a moment (stderr is read by a thread).
+    assert!(fe.proc.wait_log("registered again", SETTLE), "{}", fe.proc.stderr());
+    assert_eq!(fe.health().await["live_workers"], 1);
+    assert_eq!(fe.complete(MODEL).await.0, 200);
+}
+
+/// K failed scrapes in a row (500s, then timeouts) take an engine out of
+/// routing, its requests go to the other engine, and the next successful
+/// scrape brings it back. Fewer than K leave it in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k_failed_scrapes_take_an_engine_out_and_a_success_brings_it_back() {
+    let _box = common::shared().await;
+    let flaky = FakeEngine::start(Kind::LlamaCpp, &[MODEL]);
+    let steady = FakeEngine::start(Kind::LlamaCpp, &[MODEL]);
+    let fe = frontend(
+        &[flaky.spec(None), steady.spec(None)],
+        &[
+            "--engine-scrape-interval-ms",
+            "30",
+            "--engine-scrape-timeout-ms",
+            "200",
+            "--engine-scrape-failures",
+            "3",
+            "--router-mode",
+            "round-robin",
+        ],
+        &[],
+    );
+    let out = |m: &str| sum_metric(m, "loadgate_frontend_workers_out_of_routing", &[]);
+    for failure in ["500", "timeout"] {
+        let before = FakeEngine::count(&flaky.shared.failed_scrapes);
+        flaky.set(|l| if failure == "500" { l.fail = true } else { l.stall = true });
+        fe.wait_metrics(&format!("the engine out of routing ({failure})"), |m| out(m) == 1.0).await;
+        let failed = FakeEngine::count(&flaky.shared.failed_scrapes) - before;
+        assert!(failed >= 3, "out of routing after {failed} failed scrapes ({failure}); K is 3");
+        assert_eq!(fe.health().await["live_workers"], 1);
+        let flaky_before = flaky.received().len();
+        for _ in 0..6 {
+            let (status, body) = fe.complete(MODEL).await;
+            assert_eq!(status, 200, "{body}");
+            assert!(body.contains(&format!("engine-{}", steady.addr.port())), "routed to the engine out: {body}");
+        }
+        assert_eq!(flaky.received().len(), flaky_before);
+        flaky.set(|l| (l.fail, l.stall) = (false, false));
+        fe.wait_metrics(&format!("the engine back ({failure})"), |m| out(m) == 0.0).await;
+        let mut served_by = std::collections::HashSet::new();
+        for _ in 0..6 {
+            let (status, body) = fe.complete(MODEL).await;
+            assert_eq!(status, 200, "{body}");
+            served_by.insert(body.contains(&format!("engine-{}", flaky.addr.port())));
+        }
+        assert_eq!(served_by.len(), 2, "round robin over both engines again");
+    }
+    let failures = sum_metric(&fe.metrics().await, "loadgate_frontend_engine_scrape_failures_total", &[]);
+    assert!(failures >= 6.0, "{failures} failed scrapes counted");
+    assert!(fe.proc.wait_log("engine scrapes failing: out of routing", SETTLE), "{}", fe.proc.stderr());
+    let log = fe.proc.stderr();
+    assert!(log.contains("failures=3"), "{log}");
+
+    // One or two failures in a row (fewer than K) leave the engine in.
+    flaky.set(|l| l.fail = true);
+    flaky.wait_scrapes(1).await;
+    flaky.set(|l| l.fail = false);
+    flaky.wait_scrapes(3).await;
+    assert_eq!(out(&fe.metrics().await), 0.0);
+}
+
+/// Shedding on the engines' own queues: with both engines' waiting requests
+/// past `--active-waiting-requests-threshold`, the frontend answers 529 with
+/// a retry hint and counts it; when one drains, requests are served by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sheds_529_when_every_engine_waits_past_the_threshold() {
+    let _box = common::shared().await;
+    let a = FakeEngine::start(Kind::LlamaCpp, &[MODEL]);
+    let b = FakeEngine::start(Kind::LlamaCpp, &[MODEL]);
+    let fe = frontend(
+        &[a.spec(None), b.spec(None)],
+        &["--engine-scrape-interval-ms", "20", "--active-waiting-requests-threshold", "2"],
+        &[],
+    );
+    assert_eq!(fe.complete(MODEL).await.0, 200);
+    for engine in [&a, &b] {
+        engine.set(|l| (l.running, l.waiting, l.slot_tokens) = (4, 5, 100));
+    }
+    let busy = |m: &str| sum_metric(m, "loadgate_frontend_worker_busy", &[]);
+    fe.wait_metrics("both engines busy", |m| busy(m) == 2.0).await;
+    let text = fe.metrics().await;
+    assert_eq!(sum_metric(&text, "loadgate_frontend_worker_waiting_requests", &[]), 10.0, "{text}");
+    // llama.cpp: KV total = Σ n_ctx, active = Σ n_prompt_tokens of processing slots.
+    assert_eq!(sum_metric(&text, "loadgate_frontend_worker_kv_total_blocks", &[]), 2.0 * 4.0 * 512.0, "{text}");
+    assert_eq!(sum_metric(&text, "dynamo_frontend_worker_active_decode_blocks", &[]), 2.0 * 4.0 * 100.0, "{text}");
+    let served_before = a.received().len() + b.received().len();
+    let response = fe
+        .client
+        .post(format!("{}/v1/completions", fe.http))
+        .json(&json!({"model": MODEL, "prompt": "hello", "max_tokens": 4}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 529);
+    assert!(response.headers().contains_key("retry-after"));
+    assert_eq!(a.received().len() + b.received().len(), served_before, "a shed request reaches no engine");
+    let text = fe.metrics().await;
+    assert_eq!(sum_metric(&text, "dynamo_frontend_model_rejection_total", &[MODEL]), 1.0, "{text}");
+
+    b.set(|l| (l.running, l.waiting) = (1, 0));
+    fe.wait_metrics("engine b free", |m| busy(m) == 1.0).await;
+    for _ in 0..3 {
+        let (status, body) = fe.complete(MODEL).await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains(&format!("engine-{}", b.addr.port())), "{body}");
+    }
+}
+
+/// Completions and streamed chats go to the engine's same path with the
+/// body as sent and no request proof (even with an event secret), and come
+/// back whole; while a request is in flight the router tracks its prompt
+/// words as prefill on the engine (engines do not report prefill), released
+/// when the answer comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxies_to_the_engine_and_tracks_prefill_meanwhile() {
+    let _box = common::shared().await;
+    let engine = FakeEngine::start(Kind::LlamaCpp, &[MODEL]);
+    let fe = frontend(&[engine.spec(None)], &[], &[("LOADGATE_EVENT_SECRET", SECRET)]);
+    let body = json!({"model": MODEL, "prompt": "one two three", "max_tokens": 4}).to_string();
+    let response = fe
+        .client
+        .post(format!("{}/v1/completions", fe.http))
+        .header("content-type", "application/json")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(answer["choices"][0]["text"], format!("engine-{}", engine.addr.port()));
+    let chat = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": true});
+    let response = fe.client.post(format!("{}/v1/chat/completions", fe.http)).json(&chat).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let sse = response.text().await.unwrap();
+    assert!(sse.contains(&format!("engine-{}", engine.addr.port())) && sse.ends_with("data: [DONE]\n\n"), "{sse}");
+    let received = engine.received();
+    assert_eq!(received.len(), 2);
+    assert_eq!(received[0].path, "/v1/completions");
+    assert_eq!(received[0].body, body.as_bytes(), "the body as the client sent it");
+    assert_eq!(received[1].path, "/v1/chat/completions");
+    assert!(received.iter().all(|r| !r.had_proof), "no request proof to an engine");
+
+    engine.set(|l| l.answer_after = Duration::from_millis(1500));
+    let id = format!("worker_id=\"{}\"", engine_worker_id(&engine.url(), MODEL));
+    let words = vec!["word"; 37].join(" ");
+    let client = fe.client.clone();
+    let url = format!("{}/v1/completions", fe.http);
+    let pending = tokio::spawn(async move {
+        client.post(url).json(&json!({"model": MODEL, "prompt": words, "max_tokens": 4})).send().await.unwrap().status()
+    });
+    fe.wait_metrics("the prompt tracked as prefill", |m| {
+        sum_metric(m, "dynamo_frontend_worker_active_prefill_tokens", &[&id]) == 37.0
+            && sum_metric(m, "loadgate_frontend_tracked_prefill_tokens", &[]) == 37.0
+    })
+    .await;
+    assert_eq!(pending.await.unwrap(), 200);
+    let text = fe.metrics().await;
+    assert_eq!(sum_metric(&text, "loadgate_frontend_tracked_prefill_tokens", &[]), 0.0, "{text}");
+    assert_eq!(sum_metric(&text, "dynamo_frontend_worker_active_prefill_tokens", &[&id]), 0.0, "{text}");
+}
