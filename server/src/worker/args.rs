@@ -1,6 +1,7 @@
 //! Command-line arguments of `loadgate worker`: the model, listener and
-//! advertised address, frontends, the event secret, the engine physics and
-//! the hard cap.
+//! advertised address, frontends, the event secret, the engine physics, the
+//! hard cap, and the real engine a sidecar fronts (`--engine`, its timeouts
+//! and scraping).
 //!
 //! Every flag also reads `LOADGATE_WORKER_<FLAG>` (a flag beats its
 //! variable; `--frontend` takes a comma-separated variable), except
@@ -10,15 +11,38 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::engines::scrape::ScrapeArgs;
+use crate::engines::spec::EngineSpec;
 use crate::http_server::HttpArgs;
 use crate::worker::engine::EngineConfig;
+use crate::worker::engine_proxy::EngineTimeouts;
 
 /// Command-line arguments of `loadgate worker`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct Args {
-    /// The model this worker serves.
-    #[arg(long, env = "LOADGATE_WORKER_MODEL")]
-    pub model: String,
+    /// The model this worker serves. With --engine: a name the engine accepts (default: the
+    /// first id of its /v1/models, or its model=NAME); required without --engine.
+    #[arg(long, env = "LOADGATE_WORKER_MODEL", required_unless_present = "engine")]
+    pub model: Option<String>,
+    /// Front a real engine instead of running the simulator: KIND=URL[,model=NAME], KIND one of
+    /// vllm, sglang, llamacpp (`llamacpp=127.0.0.1:8080`). Requests pass the hard cap, then go
+    /// to the engine's same path; its scraped load (plus the cap's queue) is reported.
+    #[arg(long, env = "LOADGATE_WORKER_ENGINE", value_name = "KIND=URL")]
+    pub engine: Option<EngineSpec>,
+    /// Milliseconds a connection to the engine may take to open (--engine).
+    #[arg(long, env = "LOADGATE_WORKER_ENGINE_CONNECT_TIMEOUT_MS", value_name = "MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub engine_connect_timeout_ms: u64,
+    /// Seconds the engine may take to send the response head and first byte (the time to first
+    /// token; a whole answer when not streamed); past it: 504 (--engine).
+    #[arg(long, env = "LOADGATE_WORKER_ENGINE_FIRST_BYTE_TIMEOUT_SECS", value_name = "SECS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+    pub engine_first_byte_timeout_secs: u64,
+    /// Seconds a relayed engine response may go without a byte; past it the response is cut
+    /// (--engine).
+    #[arg(long, env = "LOADGATE_WORKER_ENGINE_CHUNK_TIMEOUT_SECS", value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub engine_chunk_timeout_secs: u64,
+    /// How the engine is scraped (--engine).
+    #[command(flatten)]
+    pub scrape: ScrapeArgs,
     /// Address the HTTP listener binds.
     #[arg(long, env = "LOADGATE_WORKER_HTTP_HOST", default_value = "127.0.0.1")]
     pub http_host: String,
@@ -39,7 +63,7 @@ pub struct Args {
     /// Largest request body, in MiB (larger: 413).
     #[arg(long, env = "DYN_HTTP_BODY_LIMIT_MB", value_name = "MB", default_value_t = 192)]
     pub http_body_limit_mb: usize,
-    /// Data-parallel ranks.
+    /// Data-parallel ranks of the simulator (with --engine: as many as the engine reports).
     #[arg(long, env = "LOADGATE_WORKER_DP_SIZE", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub dp_size: u32,
     /// KV-cache blocks per rank.
@@ -73,6 +97,15 @@ pub struct Args {
 }
 
 impl Args {
+    /// The bounds on every wait for the engine (--engine).
+    pub fn engine_timeouts(&self) -> EngineTimeouts {
+        EngineTimeouts {
+            connect: Duration::from_millis(self.engine_connect_timeout_ms),
+            first_byte: Duration::from_secs(self.engine_first_byte_timeout_secs),
+            between_chunks: Duration::from_secs(self.engine_chunk_timeout_secs),
+        }
+    }
+
     /// The engine physics these arguments describe.
     pub fn engine_config(&self) -> EngineConfig {
         EngineConfig {

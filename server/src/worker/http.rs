@@ -1,6 +1,7 @@
 //! The worker's HTTP API: the OpenAI routes (admitted through the hard cap,
-//! then run on the engine, streamed as SSE or answered whole), `/v1/models`,
-//! `/health`, `/info` and `/metrics`. Every error is in OpenAI's shape
+//! then run on the simulated engine, streamed as SSE or answered whole, or,
+//! in a sidecar, proxied to the real engine by `engine_proxy.rs`),
+//! `/v1/models`, `/health`, `/info` and `/metrics`. Every error is in OpenAI's shape
 //! (`openai::error_body`): `invalid_request_error` for a 4xx (with the field
 //! at fault in `param`), DESIGN's `Overloaded` / `Unavailable` for refusals.
 
@@ -27,6 +28,8 @@ use crate::openai::{
 };
 use crate::secret::Secrets;
 use crate::worker::engine::{Engine, EngineError, TokenStream};
+use crate::worker::engine_proxy::{self, EngineProxy};
+use crate::worker::engine_reports::EngineHealth;
 
 /// A response's engine slot.
 type WorkerPermit = Permit<()>;
@@ -37,7 +40,8 @@ pub(crate) struct Worker {
     pub(crate) incarnation: u64,
     pub(crate) model: String,
     pub(crate) dp_size: u32,
-    pub(crate) engine: Engine,
+    /// What runs the admitted requests.
+    pub(crate) backend: Backend,
     pub(crate) admission: Option<Arc<Admission<()>>>,
     /// Responses not yet ended (the engine-request gauge without a cap).
     pub(crate) in_flight: Arc<AtomicUsize>,
@@ -47,17 +51,44 @@ pub(crate) struct Worker {
     pub(crate) body_limit: usize,
 }
 
+/// What runs a worker's admitted requests.
+pub(crate) enum Backend {
+    /// loadgate's simulated engine.
+    Simulated(Engine),
+    /// A real engine this worker is the sidecar of.
+    Proxied {
+        /// The request path to it.
+        proxy: EngineProxy,
+        /// Whether its scrapes succeed (`/health`).
+        health: Arc<EngineHealth>,
+    },
+}
+
 pub(crate) async fn completions(State(worker): State<Arc<Worker>>, headers: HeaderMap, body: Body) -> Response {
-    match read_body(worker.body_limit, &headers, body).await {
-        Ok(body) => generate(worker, Api::Completions, body).await,
-        Err(refusal) => refusal,
-    }
+    serve(worker, Api::Completions, headers, body).await
 }
 
 pub(crate) async fn chat_completions(State(worker): State<Arc<Worker>>, headers: HeaderMap, body: Body) -> Response {
-    match read_body(worker.body_limit, &headers, body).await {
-        Ok(body) => generate(worker, Api::ChatCompletions, body).await,
-        Err(refusal) => refusal,
+    serve(worker, Api::ChatCompletions, headers, body).await
+}
+
+/// Reads the body (bounded), then runs the request on the backend.
+async fn serve(worker: Arc<Worker>, api: Api, headers: HeaderMap, body: Body) -> Response {
+    let body = match read_body(worker.body_limit, &headers, body).await {
+        Ok(body) => body,
+        Err(refusal) => return refusal,
+    };
+    match &worker.backend {
+        Backend::Simulated(engine) => generate(&worker, engine, api, body).await,
+        Backend::Proxied { proxy, .. } => engine_proxy::forward(&worker, proxy, api_path(api), &headers, body).await,
+    }
+}
+
+/// The path of `api`'s route (the same on the engine).
+fn api_path(api: Api) -> &'static str {
+    match api {
+        Api::Completions => "/v1/completions",
+        Api::ChatCompletions => "/v1/chat/completions",
     }
 }
 
@@ -136,7 +167,7 @@ fn json_response(status: StatusCode, body: String) -> Response {
 }
 
 /// `{"error":{"message","type","param","code"}}` with `status`.
-fn error_response(status: StatusCode, kind: &str, param: Option<&str>, message: &str) -> Response {
+pub(crate) fn error_response(status: StatusCode, kind: &str, param: Option<&str>, message: &str) -> Response {
     json_response(status, error_body(message, kind, param, status.as_u16()))
 }
 
@@ -173,7 +204,7 @@ fn at_capacity() -> Response {
 
 /// Takes an engine slot: at once, after waiting in the overflow queue, or
 /// not at all (`Err`: the refusal to send).
-async fn admit(worker: &Worker) -> Result<Option<WorkerPermit>, Response> {
+pub(crate) async fn admit(worker: &Worker) -> Result<Option<WorkerPermit>, Response> {
     let Some(admission) = &worker.admission else { return Ok(None) };
     // If this handler is dropped while waiting, the future gives up its
     // place (and a slot already handed to it passes to the next waiter).
@@ -184,13 +215,14 @@ async fn admit(worker: &Worker) -> Result<Option<WorkerPermit>, Response> {
 }
 
 /// What a response body holds until it is dropped (fully sent or abandoned).
-struct Held {
+pub(crate) struct Held {
     _permit: Option<WorkerPermit>,
     in_flight: Arc<AtomicUsize>,
 }
 
 impl Held {
-    fn new(permit: Option<WorkerPermit>, in_flight: Arc<AtomicUsize>) -> Self {
+    /// Holds `permit` and counts the response in `in_flight` until dropped.
+    pub(crate) fn new(permit: Option<WorkerPermit>, in_flight: Arc<AtomicUsize>) -> Self {
         // Relaxed: a gauge.
         in_flight.fetch_add(1, Ordering::Relaxed);
         Held { _permit: permit, in_flight }
@@ -204,18 +236,21 @@ impl Drop for Held {
     }
 }
 
-fn held_body<S>(inner: S, held: Held) -> Body
+/// A response whose body `inner` holds `held` until it ends, fails or is
+/// dropped.
+pub(crate) fn held_body<S, E>(inner: S, held: Held) -> Response
 where
-    S: Stream<Item = Result<Bytes, Infallible>> + Unpin + Send + 'static,
+    S: Stream<Item = Result<Bytes, E>> + Unpin + Send + 'static,
+    E: Into<Box<dyn std::error::Error + Send + Sync>> + 'static,
 {
-    Body::from_stream(PermitStream::new(inner, held))
+    Body::from_stream(PermitStream::new(inner, held)).into_response()
 }
 
 /// Bodies above this are parsed on tokio's blocking pool, so a large prompt
 /// does not stall the runtime thread that serves other requests.
 const INLINE_PARSE_LIMIT: usize = 1024 * 1024;
 
-async fn generate(worker: Arc<Worker>, api: Api, body: Bytes) -> Response {
+async fn generate(worker: &Worker, engine: &Engine, api: Api, body: Bytes) -> Response {
     let parsed = if body.len() <= INLINE_PARSE_LIMIT {
         parse_request(api, &body)
     } else {
@@ -227,12 +262,12 @@ async fn generate(worker: Arc<Worker>, api: Api, body: Bytes) -> Response {
         Ok(r) => r,
         Err(error) => return invalid(&error),
     };
-    let permit = match admit(&worker).await {
+    let permit = match admit(worker).await {
         Ok(p) => p,
         Err(refusal) => return refusal,
     };
     let held = Held::new(permit, worker.in_flight.clone());
-    let tokens = match worker.engine.submit(request.prompt_tokens, request.max_tokens) {
+    let tokens = match engine.submit(request.prompt_tokens, request.max_tokens) {
         Ok(t) => t,
         Err(e @ EngineError::ContextTooLong { .. }) => {
             return error_response(StatusCode::BAD_REQUEST, INVALID_REQUEST_ERROR, None, &e.to_string())
@@ -246,7 +281,7 @@ async fn generate(worker: Arc<Worker>, api: Api, body: Bytes) -> Response {
     let prompt_tokens = request.prompt_tokens;
     if request.stream {
         let events = sse_stream(id, prompt_tokens, tokens);
-        let mut response = held_body(events, held).into_response();
+        let mut response = held_body(events, held);
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
@@ -255,7 +290,7 @@ async fn generate(worker: Arc<Worker>, api: Api, body: Bytes) -> Response {
         let (text, generated) = collect(tokens).await;
         let usage = Usage { prompt_tokens, completion_tokens: generated };
         let full = Bytes::from(id.full(&text, usage));
-        let mut response = held_body(futures_util::stream::iter([Ok(full)]), held).into_response();
+        let mut response = held_body(futures_util::stream::iter([Ok::<_, Infallible>(full)]), held);
         response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         response
     }
@@ -314,8 +349,20 @@ pub(crate) async fn models(State(worker): State<Arc<Worker>>) -> Response {
     json_response(StatusCode::OK, body.to_string())
 }
 
-pub(crate) async fn health() -> Response {
-    json_response(StatusCode::OK, r#"{"status":"healthy"}"#.to_owned())
+/// 200 `{"status":"healthy"}`; a sidecar whose engine fails its scrapes:
+/// 503 `{"status":"unhealthy","reason":...}`.
+pub(crate) async fn health(State(worker): State<Arc<Worker>>) -> Response {
+    let problem = match &worker.backend {
+        Backend::Proxied { health, .. } => health.problem(),
+        Backend::Simulated(_) => None,
+    };
+    match problem {
+        None => json_response(StatusCode::OK, r#"{"status":"healthy"}"#.to_owned()),
+        Some(reason) => {
+            let body = serde_json::json!({"status": "unhealthy", "reason": reason});
+            json_response(StatusCode::SERVICE_UNAVAILABLE, body.to_string())
+        }
+    }
 }
 
 pub(crate) async fn info(State(worker): State<Arc<Worker>>) -> Response {

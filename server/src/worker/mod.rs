@@ -1,11 +1,14 @@
-//! `loadgate worker`: a simulated inference worker behind an OpenAI HTTP API.
+//! `loadgate worker`: a simulated inference worker behind an OpenAI HTTP API,
+//! or, with `--engine KIND=URL`, a sidecar in front of a real engine.
 //!
 //! Requests pass the worker's hard cap ([`Admission`], `N + Q`) when
 //! `--engine-request-limit N` is given, then run on the simulated
-//! continuous-batching [`Engine`]. The permit is held by the response body,
-//! so it is released when the response has fully ended: stream finished,
-//! error, or client gone. The worker registers itself and pushes its per-rank
-//! load to every `--frontend` event port through an [`EventPublisher`].
+//! continuous-batching [`Engine`] (or are proxied to the real engine). The
+//! permit is held by the response body, so it is released when the response
+//! has fully ended: stream finished, error, or client gone. The worker
+//! registers itself and pushes its per-rank load (the simulator's, or the
+//! engine's scraped load plus the cap's queue) to every `--frontend` event
+//! port through an [`EventPublisher`].
 //!
 //! On SIGTERM (or ctrl-c) it shuts down gracefully: it leaves routing
 //! first (a Deregister to every frontend, waited for at most
@@ -16,12 +19,17 @@
 //!
 //! This file starts the worker and wires its routes; the arguments are in
 //! `args.rs`, the HTTP handlers and their shared state in `http.rs`, the
-//! simulated engine in `engine.rs`.
+//! simulated engine in `engine.rs`, the sidecar's start in `sidecar.rs`, its
+//! request path in `engine_proxy.rs` and its load reports in
+//! `engine_reports.rs`.
 
 mod args;
 mod engine;
+mod engine_proxy;
+mod engine_reports;
 mod http;
 mod proof;
+mod sidecar;
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -37,7 +45,8 @@ use loadgate::Admission;
 
 pub use self::args::Args;
 use self::engine::{Engine, LoadSink};
-use self::http::Worker;
+use self::http::{Backend, Worker};
+use self::sidecar::{Identity, Sidecar};
 use crate::events::{EventPublisher, Registration};
 use crate::http_server::{self, ServeConfig};
 
@@ -61,8 +70,9 @@ fn app(worker: Arc<Worker>) -> Router {
 /// # Errors
 ///
 /// An invalid admission configuration (`--engine-request-limit 0`, an invalid
-/// `DYN_DYNAMO_REQUEST_QUEUE_LIMIT`), a port that cannot be bound, or an
-/// unspecified bind address without `--advertise-addr`.
+/// `DYN_DYNAMO_REQUEST_QUEUE_LIMIT`), a port that cannot be bound, an
+/// unspecified bind address without `--advertise-addr`, or (`--engine`) an
+/// engine that does not answer within [`sidecar::ENGINE_START_WAIT`].
 pub fn run(args: Args) -> anyhow::Result<()> {
     crate::logging::init_logging();
     let admission = match args.engine_request_limit {
@@ -89,13 +99,6 @@ async fn serve(args: Args, admission: Option<Arc<Admission<()>>>) -> anyhow::Res
     let advertised = advertise_addr(args.advertise_addr.as_deref(), addr)?;
     let id = args.worker_id.unwrap_or_else(|| fastrand::u64(1..));
     let incarnation = Registration::new_incarnation();
-    let registration = Registration {
-        worker: id,
-        incarnation,
-        model: args.model.clone(),
-        dp_size: args.dp_size,
-        http_addr: advertised.clone(),
-    };
     // One secret for the event plane and the proof on every request.
     let secrets = crate::secret::Secrets::load(args.event_secret_file.as_deref())?.map(Arc::new);
     if secrets.is_none() {
@@ -111,14 +114,33 @@ async fn serve(args: Args, admission: Option<Arc<Admission<()>>>) -> anyhow::Res
             );
         }
     }
-    let (sink, publisher) = publish(&args, registration, secrets.clone())?;
-    let engine = Engine::start(args.engine_config(), sink);
+    let (backend, model, dp_size, reporting) = match &args.engine {
+        None => {
+            let Some(model) = args.model.clone() else { anyhow::bail!("--model is required without --engine") };
+            let registration = Registration {
+                worker: id,
+                incarnation,
+                model: model.clone(),
+                dp_size: args.dp_size,
+                http_addr: advertised.clone(),
+            };
+            let (sink, publisher) = publish(&args, registration, secrets.clone())?;
+            let engine = Engine::start(args.engine_config(), sink);
+            (Backend::Simulated(engine), model, args.dp_size, Reporting::Simulated(publisher))
+        }
+        Some(spec) => {
+            let identity = Identity { worker: id, incarnation, http_addr: advertised.clone() };
+            let (backend, model, dp_size, sidecar) =
+                Sidecar::start(&args, spec, identity, admission.clone(), secrets.clone()).await?;
+            (backend, model, dp_size, Reporting::Sidecar(sidecar))
+        }
+    };
     let worker = Arc::new(Worker {
         id,
         incarnation,
-        model: args.model.clone(),
-        dp_size: args.dp_size,
-        engine,
+        model: model.clone(),
+        dp_size,
+        backend,
         admission,
         in_flight: Arc::new(AtomicUsize::new(0)),
         secrets,
@@ -127,7 +149,12 @@ async fn serve(args: Args, admission: Option<Arc<Admission<()>>>) -> anyhow::Res
     let app = app(worker);
     println!("listening http={addr}");
     std::io::stdout().flush()?;
-    tracing::info!(worker_id = id, model = %args.model, %addr, %advertised, "worker started");
+    match &args.engine {
+        None => tracing::info!(worker_id = id, %model, %addr, %advertised, "worker started"),
+        Some(spec) => {
+            tracing::info!(worker_id = id, %model, dp_size, engine = %spec, %addr, %advertised, "sidecar started")
+        }
+    }
     let drain = args.http.graceful_shutdown_timeout();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let mut server = tokio::spawn(http_server::serve_until(
@@ -149,6 +176,10 @@ async fn serve(args: Args, admission: Option<Arc<Admission<()>>>) -> anyhow::Res
         "shutdown signal received: leaving routing (Deregister to every frontend)"
     );
     let started = Instant::now();
+    let publisher = match reporting {
+        Reporting::Simulated(publisher) => publisher,
+        Reporting::Sidecar(sidecar) => sidecar.stop().await.map(Arc::new),
+    };
     let deregistered = deregister(publisher).await;
     tracing::info!(
         deregistered,
@@ -170,6 +201,15 @@ async fn serve(args: Args, admission: Option<Arc<Admission<()>>>) -> anyhow::Res
     }
     tracing::info!("worker stopped");
     Ok(())
+}
+
+/// Where the worker's load reports come from, kept until the shutdown's
+/// Deregister.
+enum Reporting {
+    /// The simulated engine's sink feeds this publisher (none: standalone).
+    Simulated(Option<Arc<EventPublisher>>),
+    /// The sidecar's scraper feeds its own publisher.
+    Sidecar(Sidecar),
 }
 
 /// How long a shutting-down worker waits for its Deregister frames to go

@@ -1,0 +1,242 @@
+//! [`EngineProxy`]: the sidecar's request path to a real engine. A request
+//! that passed the hard cap is sent to the engine's same path (the body as
+//! received, its `Content-Type` and `x-request-id`), and the engine's
+//! status, `Content-Type` and body come back: chunk by chunk as the engine
+//! sends them, so a stream is relayed token by token and a whole answer
+//! whole. The permit stays with the relayed body until it ends.
+//!
+//! Every engine call is bounded: the connection must open within the
+//! connect timeout, the response head and its first body bytes must come
+//! within the first-byte timeout (else 504; no head was relayed yet), and a
+//! relayed body that stalls past the between-chunks timeout is cut.
+//!
+//! # A client that leaves
+//!
+//! Dropping the engine request closes its connection (hyper's client
+//! closes a connection whose response, or whose body, nobody waits for
+//! any more), and the engine frees the slot. The request is dropped when:
+//!
+//! - **streamed**: the client stops reading and closes; the server drops
+//!   the response body, and with it the [`Relay`] and the engine's body;
+//! - **not streamed** (the head comes only with the whole answer): the
+//!   handler is still awaiting the engine when the client closes its
+//!   connection. The request body has been read whole, so hyper's server
+//!   keeps reading the client's connection for its end (it allows no half
+//!   close), sees the EOF, and drops the handler's future, and with it the
+//!   pending engine request. The same holds for a frontend in between: its
+//!   client leaving closes its connection to this sidecar.
+//!
+//! A client that vanishes without closing (no FIN, no RST) is not seen
+//! until the connection's own timeouts end it.
+
+use std::future::Future as _;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::Response;
+use futures_util::{Stream, StreamExt as _};
+use tokio::time::Instant;
+
+use super::http::{admit, error_response, held_body, Held, Worker};
+use crate::openai::SERVER_ERROR;
+use crate::throttle::LogThrottle;
+
+/// The request-id header passed on to the engine.
+const REQUEST_ID: &str = "x-request-id";
+
+/// Warn lines about failing engine calls: a broken engine under load must
+/// not flood the log.
+static ENGINE_FAILURES: LogThrottle = LogThrottle::per_second(5);
+
+/// The bounds on every wait for the engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct EngineTimeouts {
+    /// Opening a connection to the engine.
+    pub(crate) connect: Duration,
+    /// From sending a request to the first bytes of its response body.
+    pub(crate) first_byte: Duration,
+    /// Between two chunks of a relayed body.
+    pub(crate) between_chunks: Duration,
+}
+
+/// The HTTP client to one engine and where it is.
+#[derive(Debug)]
+pub(crate) struct EngineProxy {
+    client: reqwest::Client,
+    /// `http://HOST:PORT`, no trailing `/`.
+    base_url: String,
+    timeouts: EngineTimeouts,
+}
+
+impl EngineProxy {
+    /// A proxy to the engine at `base_url` (no trailing `/`) over `client`.
+    pub(crate) fn new(client: reqwest::Client, base_url: String, timeouts: EngineTimeouts) -> Self {
+        EngineProxy { client, base_url, timeouts }
+    }
+
+    /// The HTTP client to engines: the connect timeout, no redirects (the
+    /// body is never re-sent elsewhere), idle connections kept for reuse.
+    ///
+    /// # Errors
+    ///
+    /// The TLS backend or resolver cannot be set up.
+    pub(crate) fn client(connect_timeout: Duration) -> reqwest::Result<reqwest::Client> {
+        reqwest::Client::builder()
+            .connect_timeout(connect_timeout)
+            .pool_idle_timeout(Duration::from_secs(30))
+            .tcp_nodelay(true)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+    }
+}
+
+/// Takes an engine slot for the request (or answers the refusal), then
+/// proxies it to the engine's `path`; the permit is held by the relayed
+/// body (see the module docs).
+pub(crate) async fn forward(
+    worker: &Worker,
+    proxy: &EngineProxy,
+    path: &'static str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Response {
+    let permit = match admit(worker).await {
+        Ok(p) => p,
+        Err(refusal) => return refusal,
+    };
+    let held = Held::new(permit, worker.in_flight.clone());
+    let timeouts = proxy.timeouts;
+    let first_byte_by = Instant::now() + timeouts.first_byte;
+    let content_type =
+        headers.get(header::CONTENT_TYPE).cloned().unwrap_or_else(|| HeaderValue::from_static("application/json"));
+    let mut request =
+        proxy.client.post(format!("{}{path}", proxy.base_url)).header(header::CONTENT_TYPE, content_type).body(body);
+    if let Some(id) = headers.get(REQUEST_ID) {
+        request = request.header(REQUEST_ID, id.clone());
+    }
+    let upstream = match tokio::time::timeout_at(first_byte_by, request.send()).await {
+        Ok(Ok(upstream)) => upstream,
+        Ok(Err(error)) => {
+            let what = if error.is_connect() { "cannot connect to the engine" } else { "the engine request failed" };
+            let message = format!("{what}: {}", error_chain(&error));
+            warn_failure(path, &message);
+            return error_response(StatusCode::BAD_GATEWAY, SERVER_ERROR, None, &message);
+        }
+        Err(_) => return no_first_byte(path, timeouts.first_byte),
+    };
+    let status = StatusCode::from_u16(upstream.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let relayed: Vec<_> = [header::CONTENT_TYPE, header::CACHE_CONTROL]
+        .into_iter()
+        .filter_map(|name| upstream.headers().get(&name).cloned().map(|value| (name, value)))
+        .collect();
+    let mut stream: EngineBody = Box::pin(upstream.bytes_stream());
+    // The first bytes are awaited here so that an engine that sends its head
+    // and then nothing still gets a 504 (nothing was relayed yet).
+    let first = match tokio::time::timeout_at(first_byte_by, stream.next()).await {
+        Ok(Some(Ok(chunk))) => Some(chunk),
+        Ok(None) => None,
+        Ok(Some(Err(error))) => {
+            warn_failure(path, &format!("the engine's response broke before its first byte: {error}"));
+            let message = format!("the engine's response broke: {}", error_chain(&error));
+            return error_response(StatusCode::BAD_GATEWAY, SERVER_ERROR, None, &message);
+        }
+        Err(_) => return no_first_byte(path, timeouts.first_byte),
+    };
+    let relay = Relay {
+        first,
+        engine: Some(stream),
+        idle: Box::pin(tokio::time::sleep(timeouts.between_chunks)),
+        between_chunks: timeouts.between_chunks,
+        path,
+    };
+    let mut response = held_body(relay, held);
+    *response.status_mut() = status;
+    response.headers_mut().extend(relayed);
+    response
+}
+
+/// 504: the engine sent no head, or no first byte, in time.
+fn no_first_byte(path: &str, timeout: Duration) -> Response {
+    warn_failure(path, &format!("no first byte from the engine within {timeout:?}"));
+    let message = format!("the engine sent no answer within {timeout:?}");
+    error_response(StatusCode::GATEWAY_TIMEOUT, SERVER_ERROR, None, &message)
+}
+
+fn warn_failure(path: &str, what: &str) {
+    if let Some(suppressed) = ENGINE_FAILURES.admit() {
+        tracing::warn!(path, suppressed, "{what}");
+    }
+}
+
+/// An error and its sources, on one line.
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut next = error.source();
+    while let Some(e) = next {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        next = e.source();
+    }
+    text
+}
+
+type EngineBody = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+
+/// The engine's response body on its way to the client, its first chunk
+/// already read. Dropping it (client gone) drops the engine's body, which
+/// closes that engine connection.
+struct Relay {
+    first: Option<Bytes>,
+    /// `None` once it ended, failed or was cut.
+    engine: Option<EngineBody>,
+    /// Fires when the engine sent nothing for `between_chunks`.
+    idle: Pin<Box<tokio::time::Sleep>>,
+    between_chunks: Duration,
+    path: &'static str,
+}
+
+impl Stream for Relay {
+    type Item = Result<Bytes, std::io::Error>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if let Some(first) = this.first.take() {
+            return Poll::Ready(Some(Ok(first)));
+        }
+        let Some(engine) = this.engine.as_mut() else { return Poll::Ready(None) };
+        match engine.as_mut().poll_next(cx) {
+            Poll::Ready(Some(Ok(chunk))) => {
+                let next = Instant::now() + this.between_chunks;
+                this.idle.as_mut().reset(next);
+                Poll::Ready(Some(Ok(chunk)))
+            }
+            Poll::Ready(Some(Err(error))) => {
+                this.engine = None;
+                warn_failure(this.path, &format!("the engine's response broke: {error}"));
+                Poll::Ready(Some(Err(std::io::Error::other(error))))
+            }
+            Poll::Ready(None) => {
+                this.engine = None;
+                Poll::Ready(None)
+            }
+            Poll::Pending => match this.idle.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    // Dropped now: the engine connection closes with it.
+                    this.engine = None;
+                    warn_failure(
+                        this.path,
+                        &format!("the engine sent nothing for {:?}; response cut", this.between_chunks),
+                    );
+                    Poll::Ready(Some(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the engine stopped sending",
+                    ))))
+                }
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! [`EngineReports`]: the sidecar's load reports. Every scrape of the engine
+//! (`crate::engines::scrape::spawn_scraper`) becomes one report per rank
+//! through the worker's [`EventPublisher`]: the engine's own load, with
+//! `waiting_requests` = the engine's waiting requests + the requests queued
+//! in the sidecar's hard cap (they wait for whichever rank frees first, so
+//! every rank carries them; a worker is busy only when all its ranks are).
+//! The queue is read at each scrape, so the frontend sees it at most one
+//! scrape interval late.
+//!
+//! # An engine that stops answering
+//!
+//! After `--engine-scrape-failures` (K) failed scrapes in a row the worker
+//! is unhealthy (`/health` 503) and leaves routing: its publisher is
+//! dropped, which sends a Deregister to every frontend and closes its event
+//! connections. Only stopping the reports would not do: the publisher
+//! re-sends the last load as a heartbeat, so the frontends' silence
+//! detection would never fire; a Deregister takes the worker out at once,
+//! instead of after `--event-silence-ms`, and no stale load stays behind.
+//! The next successful scrape makes it healthy again and starts a new
+//! publisher (the same id and incarnation), which registers anew with the
+//! fresh load. A new publisher is only started once the old one has sent
+//! its Deregisters and closed, so a frontend never sees the two overlap.
+//! Requests already admitted keep being proxied meanwhile.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use loadgate::engines::EngineSnapshot;
+use loadgate::{Admission, RankLoad};
+
+use crate::engines::scrape::ScrapeEvent;
+use crate::events::{EventPublisher, Registration};
+use crate::secret::Secrets;
+
+/// Whether the engine answers its scrapes, for `/health`.
+#[derive(Debug)]
+pub(crate) struct EngineHealth {
+    healthy: AtomicBool,
+    /// Why it is unhealthy (the last scrape error).
+    reason: Mutex<String>,
+}
+
+impl EngineHealth {
+    /// Healthy (the sidecar starts after a successful scrape).
+    pub(crate) fn new() -> Self {
+        EngineHealth { healthy: AtomicBool::new(true), reason: Mutex::new(String::new()) }
+    }
+
+    /// `None` when healthy, else why not.
+    pub(crate) fn problem(&self) -> Option<String> {
+        // Relaxed: a flag read on its own; the reason is read under its lock.
+        if self.healthy.load(Ordering::Relaxed) {
+            return None;
+        }
+        Some(self.reason.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    fn set(&self, healthy: bool, reason: &str) {
+        if !healthy {
+            reason.clone_into(&mut self.reason.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+        // Relaxed: `problem` reads the reason under the lock, not through this flag.
+        self.healthy.store(healthy, Ordering::Relaxed);
+    }
+}
+
+/// How to start the worker's publisher (again).
+#[derive(Debug)]
+pub(crate) struct PublisherConfig {
+    /// The frontends' event ports (none: a standalone sidecar, nothing published).
+    pub(crate) frontends: Vec<String>,
+    /// What the worker registers as.
+    pub(crate) registration: Registration,
+    /// `--heartbeat-ms`.
+    pub(crate) heartbeat: Duration,
+    /// The event secret.
+    pub(crate) secrets: Option<Arc<Secrets>>,
+}
+
+/// The load path of the sidecar (see the module docs).
+#[derive(Debug)]
+pub(crate) struct EngineReports {
+    config: PublisherConfig,
+    /// `None` while out of routing (or standalone).
+    publisher: Option<EventPublisher>,
+    /// The previous publisher being dropped (its Deregisters going out).
+    retiring: Option<tokio::task::JoinHandle<()>>,
+    admission: Option<Arc<Admission<()>>>,
+    health: Arc<EngineHealth>,
+    failures_to_leave: u32,
+    /// Ranks the engine reported over the registered dp size were logged.
+    warned_ranks: bool,
+}
+
+impl EngineReports {
+    /// Starts publishing (unless standalone) and reports `first`, the
+    /// scrape the sidecar started with.
+    ///
+    /// # Errors
+    ///
+    /// The publisher cannot start (an oversized registration, no thread).
+    pub(crate) fn start(
+        config: PublisherConfig,
+        admission: Option<Arc<Admission<()>>>,
+        health: Arc<EngineHealth>,
+        failures_to_leave: u32,
+        first: &EngineSnapshot,
+    ) -> std::io::Result<EngineReports> {
+        let mut reports = EngineReports {
+            config,
+            publisher: None,
+            retiring: None,
+            admission,
+            health,
+            failures_to_leave: failures_to_leave.max(1),
+            warned_ranks: false,
+        };
+        reports.publisher = reports.new_publisher()?;
+        reports.report(first);
+        Ok(reports)
+    }
+
+    fn new_publisher(&self) -> std::io::Result<Option<EventPublisher>> {
+        if self.config.frontends.is_empty() {
+            return Ok(None);
+        }
+        let config = &self.config;
+        EventPublisher::start(
+            config.frontends.clone(),
+            config.registration.clone(),
+            config.heartbeat,
+            config.secrets.clone(),
+        )
+        .map(Some)
+    }
+
+    /// One scrape's outcome: report it, or count it towards leaving routing.
+    pub(crate) fn on_scrape(&mut self, event: ScrapeEvent) {
+        match event {
+            ScrapeEvent::Loaded(snapshot) => {
+                if self.health.problem().is_some() && !self.rejoin() {
+                    return;
+                }
+                self.report(&snapshot);
+            }
+            ScrapeEvent::Failed { consecutive, error } => {
+                if consecutive == 1 {
+                    tracing::debug!(%error, "engine scrape failed");
+                }
+                if consecutive >= self.failures_to_leave && self.health.problem().is_none() {
+                    let reason = format!("{consecutive} engine scrapes failed in a row; the last: {error}");
+                    tracing::warn!("{reason}: unhealthy, leaving routing (Deregister to every frontend)");
+                    self.health.set(false, &reason);
+                    if let Some(publisher) = self.publisher.take() {
+                        // Its drop sends the Deregisters (blocking writes, 1 s timeout each).
+                        self.retiring = Some(tokio::task::spawn_blocking(move || drop(publisher)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Healthy again: a new publisher once the old one is gone. False when
+    /// it must wait for the old one (the next success tries again).
+    fn rejoin(&mut self) -> bool {
+        if self.retiring.as_ref().is_some_and(|old| !old.is_finished()) {
+            return false;
+        }
+        self.retiring = None;
+        match self.new_publisher() {
+            Ok(publisher) => self.publisher = publisher,
+            Err(error) => {
+                tracing::warn!(%error, "cannot start the event publisher; retrying at the next scrape");
+                return false;
+            }
+        }
+        self.health.set(true, "");
+        tracing::info!("the engine answers its scrapes again: healthy, rejoining routing");
+        true
+    }
+
+    /// Reports every rank of `snapshot`, each with the sidecar's queue added.
+    fn report(&mut self, snapshot: &EngineSnapshot) {
+        let queued = self.admission.as_ref().map_or(0, |a| u32::try_from(a.queued()).unwrap_or(u32::MAX));
+        let dp_size = self.config.registration.dp_size as usize;
+        if snapshot.ranks.len() > dp_size && !self.warned_ranks {
+            self.warned_ranks = true;
+            tracing::warn!(
+                ranks = snapshot.ranks.len(),
+                dp_size,
+                "the engine reports more ranks than it had at start; the extra ones are not reported"
+            );
+        }
+        let Some(publisher) = &self.publisher else { return };
+        for (rank, sample) in snapshot.ranks.iter().enumerate().take(dp_size) {
+            publisher.report(rank as u32, with_queue(sample.load, queued));
+        }
+    }
+
+    /// Stops reporting and hands over the publisher (for the shutdown's
+    /// Deregister).
+    pub(crate) fn take_publisher(&mut self) -> Option<EventPublisher> {
+        self.publisher.take()
+    }
+}
+
+/// `load` with the sidecar's `queued` requests added to its waiting ones.
+pub(crate) fn with_queue(load: RankLoad, queued: u32) -> RankLoad {
+    RankLoad { waiting_requests: load.waiting_requests.saturating_add(queued), ..load }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_queue_adds_to_the_engines_waiting_requests() {
+        let load = RankLoad { waiting_requests: 3, active_decode_blocks: 7, kv_total_blocks: 9, ..RankLoad::default() };
+        assert_eq!(with_queue(load, 2), RankLoad { waiting_requests: 5, ..load });
+        assert_eq!(with_queue(RankLoad { waiting_requests: u32::MAX, ..load }, 2).waiting_requests, u32::MAX);
+    }
+}

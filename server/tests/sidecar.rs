@@ -1,0 +1,651 @@
+//! Integration tests of `loadgate worker --engine KIND=URL` (the sidecar) on
+//! 127.0.0.1, in front of a fake engine: a small axum server in this test
+//! process on a real socket, speaking vLLM's `/metrics` and `/v1/models`,
+//! whose completions answer after a delay or stream slowly, and which counts
+//! its concurrent requests and records when each connection closed.
+//!
+//! What they show: the exact `N + Q` cap in front of the engine, the relay
+//! of streamed and whole responses, a client that leaves (streamed or not)
+//! closing the engine connection within a second, the engine's load plus
+//! the sidecar's queue reaching a frontend, failed scrapes taking the
+//! worker out of routing and back, and the timeouts on engine calls.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Router};
+use common::{expect_field, long_client, metric, metrics_text, request_proof, unix_ms, Frontend, Proc, SECRET};
+use futures_util::StreamExt as _;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+/// The model the fake engine lists.
+const MODEL: &str = "fake/model-7b";
+
+/// How soon the engine connection must close after its client left.
+const CLOSE_WITHIN: Duration = Duration::from_secs(1);
+
+// ---------------------------------------------------------------------------
+// The fake engine.
+
+/// One request the fake engine received.
+#[derive(Clone, Debug)]
+struct Seen {
+    /// The connection it came on.
+    conn: usize,
+    path: String,
+    body: Bytes,
+    headers: HeaderMap,
+}
+
+/// What the fake engine shares between its handlers and the test.
+struct EngineState {
+    /// Completions in progress now.
+    running: AtomicUsize,
+    /// The most ever in progress at once.
+    max_running: AtomicUsize,
+    /// Every completion received, in order.
+    seen: Mutex<Vec<Seen>>,
+    /// When each connection closed, by connection number.
+    closed: Mutex<HashMap<usize, Instant>>,
+    next_conn: AtomicUsize,
+    /// `vllm:num_requests_waiting` of each rank.
+    waiting: Vec<AtomicU32>,
+    /// `/metrics` answers (else 500: a failing scrape).
+    metrics_up: AtomicBool,
+}
+
+/// Counts a completion as running until dropped.
+struct Running(Arc<EngineState>);
+
+impl Running {
+    fn new(state: &Arc<EngineState>) -> Running {
+        // Relaxed: test counters, read after the fact.
+        let now = state.running.fetch_add(1, Ordering::Relaxed) + 1;
+        state.max_running.fetch_max(now, Ordering::Relaxed);
+        Running(state.clone())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        // Relaxed: as in `new`.
+        self.0.running.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The connection a request came on.
+#[derive(Clone, Copy)]
+struct ConnId(usize);
+
+/// A fake engine on a free 127.0.0.1 port; its tasks end with the test's runtime.
+struct FakeEngine {
+    /// `HOST:PORT`.
+    addr: String,
+    state: Arc<EngineState>,
+}
+
+impl FakeEngine {
+    /// A fake vLLM with `ranks` data-parallel ranks (an `engine` label each).
+    async fn start(ranks: usize) -> FakeEngine {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the fake engine");
+        let addr = listener.local_addr().expect("its address").to_string();
+        let state = Arc::new(EngineState {
+            running: AtomicUsize::new(0),
+            max_running: AtomicUsize::new(0),
+            seen: Mutex::new(Vec::new()),
+            closed: Mutex::new(HashMap::new()),
+            next_conn: AtomicUsize::new(0),
+            waiting: (0..ranks).map(|_| AtomicU32::new(0)).collect(),
+            metrics_up: AtomicBool::new(true),
+        });
+        let shared = state.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else { continue };
+                // Relaxed: a unique number per connection.
+                let conn = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+                let app = Router::new()
+                    .route("/v1/completions", post(completion))
+                    .route("/v1/chat/completions", post(completion))
+                    .route("/v1/models", get(models))
+                    .route("/metrics", get(metrics))
+                    .with_state(shared.clone())
+                    .layer(Extension(ConnId(conn)));
+                let state = shared.clone();
+                tokio::spawn(async move {
+                    let service = hyper_util::service::TowerToHyperService::new(app);
+                    let builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+                    let _ = builder.serve_connection(hyper_util::rt::TokioIo::new(tcp), service).await;
+                    state.closed.lock().unwrap().insert(conn, Instant::now());
+                });
+            }
+        });
+        FakeEngine { addr, state }
+    }
+
+    /// `--engine vllm=HOST:PORT`.
+    fn spec(&self) -> String {
+        format!("vllm={}", self.addr)
+    }
+
+    fn set_waiting(&self, waiting: &[u32]) {
+        for (rank, n) in waiting.iter().enumerate() {
+            // Relaxed: read by the next /metrics answer.
+            self.state.waiting[rank].store(*n, Ordering::Relaxed);
+        }
+    }
+
+    fn set_metrics_up(&self, up: bool) {
+        // Relaxed: read by the next /metrics answer.
+        self.state.metrics_up.store(up, Ordering::Relaxed);
+    }
+
+    fn running(&self) -> usize {
+        // Relaxed: a counter read on its own.
+        self.state.running.load(Ordering::Relaxed)
+    }
+
+    fn max_running(&self) -> usize {
+        // Relaxed: a counter read on its own.
+        self.state.max_running.load(Ordering::Relaxed)
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.state.seen.lock().unwrap().clone()
+    }
+
+    /// Waits (bounded) until exactly `n` completions run on the engine.
+    async fn wait_running(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.running() != n {
+            assert!(Instant::now() < deadline, "{} completions run on the engine, not {n}", self.running());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Waits (bounded) until the engine has received `n` completions.
+    async fn wait_seen(&self, n: usize) -> Vec<Seen> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let seen = self.seen();
+            if seen.len() >= n {
+                return seen;
+            }
+            assert!(Instant::now() < deadline, "the engine received {} completions, not {n}", seen.len());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// When connection `conn` closed, waiting for it at most `within`.
+    async fn closed_at(&self, conn: usize, within: Duration) -> Option<Instant> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(at) = self.state.closed.lock().unwrap().get(&conn) {
+                return Some(*at);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// A completion. Knobs in the body (an engine ignores fields it does not
+/// know; the sidecar passes the body as received): `max_tokens` chunks,
+/// `token_ms` between them, `stream`, and `status` for an error answer.
+/// Not streamed: the whole answer after `max_tokens * token_ms`. Streamed:
+/// the first chunk at once, then one per `token_ms`, then `[DONE]`.
+async fn completion(
+    State(state): State<Arc<EngineState>>,
+    Extension(ConnId(conn)): Extension<ConnId>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    state.seen.lock().unwrap().push(Seen { conn, path: uri.path().to_owned(), body, headers });
+    if let Some(status) = request["status"].as_u64() {
+        let status = StatusCode::from_u16(status as u16).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        return (status, [(header::CONTENT_TYPE, "application/json")], r#"{"error":"fake engine error"}"#)
+            .into_response();
+    }
+    let running = Running::new(&state);
+    let tokens = request["max_tokens"].as_u64().unwrap_or(1);
+    let pause = Duration::from_millis(request["token_ms"].as_u64().unwrap_or(0));
+    if request["stream"].as_bool() == Some(true) {
+        let chunks = futures_util::stream::unfold((0, Some(running)), move |(i, running)| async move {
+            let running = running?;
+            if i > 0 {
+                tokio::time::sleep(pause).await;
+            }
+            if i == tokens {
+                return Some((Ok::<_, std::convert::Infallible>(Bytes::from_static(b"data: [DONE]\n\n")), (i, None)));
+            }
+            Some((Ok(Bytes::from(sse_chunk(i))), (i + 1, Some(running))))
+        });
+        return ([(header::CONTENT_TYPE, "text/event-stream")], Body::from_stream(chunks)).into_response();
+    }
+    tokio::time::sleep(pause * tokens as u32).await;
+    drop(running);
+    ([(header::CONTENT_TYPE, "application/json")], whole_answer(tokens)).into_response()
+}
+
+/// Chunk `i` of a fake stream.
+fn sse_chunk(i: u64) -> String {
+    format!("data: {{\"choices\":[{{\"index\":0,\"text\":\"t{i}\"}}]}}\n\n")
+}
+
+/// The whole fake stream of `tokens` chunks.
+fn whole_stream(tokens: u64) -> String {
+    (0..tokens).map(sse_chunk).collect::<String>() + "data: [DONE]\n\n"
+}
+
+/// The fake engine's non-streamed answer.
+fn whole_answer(tokens: u64) -> String {
+    format!(
+        r#"{{"id":"fake","object":"text_completion","choices":[{{"index":0,"text":"x","finish_reason":"length"}}],"usage":{{"prompt_tokens":1,"completion_tokens":{tokens},"total_tokens":{}}}}}"#,
+        tokens + 1
+    )
+}
+
+async fn models() -> Response {
+    let body = json!({"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "vllm"}]});
+    ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+/// vLLM's load gauges, one series per rank (`engine` label).
+async fn metrics(State(state): State<Arc<EngineState>>) -> Response {
+    // Relaxed: flags and counters read on their own.
+    if !state.metrics_up.load(Ordering::Relaxed) {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "down").into_response();
+    }
+    let mut text = String::new();
+    for (family, help) in [
+        ("vllm:num_requests_running", "Number of requests in model execution batches."),
+        ("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
+        ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
+    ] {
+        text.push_str(&format!("# HELP {family} {help}\n# TYPE {family} gauge\n"));
+        for (rank, waiting) in state.waiting.iter().enumerate() {
+            let value = match family {
+                "vllm:num_requests_running" => (state.running.load(Ordering::Relaxed) as f64).to_string(),
+                "vllm:num_requests_waiting" => (waiting.load(Ordering::Relaxed) as f64).to_string(),
+                _ => "0.25".to_owned(),
+            };
+            text.push_str(&format!("{family}{{engine=\"{rank}\",model_name=\"{MODEL}\"}} {value}\n"));
+        }
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+// ---------------------------------------------------------------------------
+// The sidecar.
+
+/// A `loadgate worker --engine` process.
+struct Sidecar {
+    proc: Proc,
+    /// `http://HOST:PORT`.
+    base: String,
+}
+
+/// A sidecar in front of `engine` with `extra` flags and `env`.
+fn sidecar(engine: &FakeEngine, extra: &[&str], env: &[(&str, &str)]) -> Sidecar {
+    let spec = engine.spec();
+    let mut args = vec!["worker", "--engine", spec.as_str(), "--http-host", "127.0.0.1", "--http-port", "0"];
+    args.extend_from_slice(extra);
+    let (proc, line) = common::spawn("sidecar", &args, env);
+    assert!(line.starts_with("listening http="), "unexpected first line {line:?}");
+    Sidecar { proc, base: format!("http://{}", expect_field(&line, "http")) }
+}
+
+/// The request body of a fake completion.
+fn request(tokens: u64, token_ms: u64, stream: bool) -> Value {
+    json!({"model": MODEL, "prompt": "hello", "max_tokens": tokens, "token_ms": token_ms, "stream": stream})
+}
+
+/// POSTs `body` to `base`'s completions, with a proof when `secret` is given.
+async fn send(client: &reqwest::Client, base: &str, body: &Value, secret: Option<&str>) -> reqwest::Response {
+    let bytes = serde_json::to_vec(body).unwrap();
+    let mut request = client.post(format!("{base}/v1/completions")).header(header::CONTENT_TYPE, "application/json");
+    if let Some(secret) = secret {
+        request = request
+            .header("x-loadgate-proof", request_proof(secret.as_bytes(), "POST", "/v1/completions", &bytes, unix_ms()));
+    }
+    request.body(bytes).send().await.expect("the request is answered")
+}
+
+/// The status and body of a completion.
+async fn complete(client: reqwest::Client, base: String, body: Value, secret: Option<&'static str>) -> (u16, String) {
+    let response = send(&client, &base, &body, secret).await;
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap_or_default())
+}
+
+/// Waits (bounded) until the sidecar's `/metrics` shows `running` engine
+/// requests and `queued` queued ones.
+async fn wait_admission(client: &reqwest::Client, base: &str, running: f64, queued: f64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = metrics_text(client, base).await;
+        let seen = (metric(&text, "dynamo_engine_request"), metric(&text, "dynamo_request_queue"));
+        if seen == (Some(running), Some(queued)) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "admission never reached {running} + {queued}: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Opens a raw client connection to `base` and sends `body` as a completion.
+async fn raw_request(base: &str, body: &Value) -> tokio::net::TcpStream {
+    let addr = base.strip_prefix("http://").unwrap();
+    let mut tcp = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr))
+        .await
+        .expect("connect in time")
+        .expect("connect");
+    let body = body.to_string();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp.write_all(body.as_bytes()).await.unwrap();
+    tcp
+}
+
+// ---------------------------------------------------------------------------
+// The tests.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caps_the_engine_at_exactly_n_plus_q_and_refuses_the_rest() {
+    let engine = FakeEngine::start(1).await;
+    let worker = sidecar(&engine, &["--engine-request-limit", "2"], &[("DYN_DYNAMO_REQUEST_QUEUE_LIMIT", "2")]);
+    let client = long_client();
+    // N + Q = 4 long requests: two on the engine, two queued in the sidecar.
+    let long: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(complete(client.clone(), worker.base.clone(), request(20, 100, false), None)))
+        .collect();
+    wait_admission(&client, &worker.base, 2.0, 2.0).await;
+    engine.wait_running(2).await;
+    // Given time, no third one reaches it.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(engine.running(), 2, "the engine runs exactly N");
+    // Every further request is refused with the refusal signal.
+    for _ in 0..3 {
+        let response = send(&client, &worker.base, &request(1, 0, false), None).await;
+        assert_eq!(response.status().as_u16(), 529);
+        assert_eq!(response.headers()["x-loadgate-refusal"], "worker-at-capacity");
+        assert_eq!(response.headers()["retry-after"], "1");
+        assert_eq!(
+            response.text().await.unwrap(),
+            r#"{"error":{"message":"Server overloaded: worker at capacity","type":"Overloaded","param":null,"code":529}}"#
+        );
+    }
+    for handle in long {
+        let (status, body) = handle.await.unwrap();
+        assert_eq!((status, body.as_str()), (200, whole_answer(20).as_str()));
+    }
+    assert_eq!(engine.max_running(), 2, "never more than N on the engine");
+    assert_eq!(engine.seen().len(), 4, "exactly N + Q reached the engine");
+    let text = metrics_text(&client, &worker.base).await;
+    assert_eq!(metric(&text, "dynamo_rejection_request_total"), Some(3.0), "{text}");
+    assert_eq!(metric(&text, "dynamo_engine_request"), Some(0.0), "{text}");
+    assert_eq!(metric(&text, "dynamo_request_queue"), Some(0.0), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_streams_chunk_by_chunk_and_whole_answers_as_they_are() {
+    let engine = FakeEngine::start(2).await;
+    let worker = sidecar(&engine, &["--engine-request-limit", "4"], &[]);
+    let client = long_client();
+    // Without --model: the engine's first id, and its two ranks.
+    let models: Value = client.get(format!("{}/v1/models", worker.base)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(models["data"][0]["id"], MODEL);
+    let info: Value = client.get(format!("{}/info", worker.base)).send().await.unwrap().json().await.unwrap();
+    assert_eq!((info["model"].as_str(), info["dp_size"].as_u64()), (Some(MODEL), Some(2)), "{info}");
+
+    // The body reaches the engine byte for byte, on the same path.
+    let odd = br#"{ "model" : "fake/model-7b", "prompt":"hi",  "max_tokens": 2, "unknown_field": [1, {"x": null}] }"#;
+    let response = client
+        .post(format!("{}/v1/completions", worker.base))
+        .header(header::CONTENT_TYPE, "application/json")
+        .header("x-request-id", "req-42")
+        .body(&odd[..])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+    assert_eq!(response.text().await.unwrap(), whole_answer(2), "a whole answer is relayed as it is");
+    let seen = engine.seen().pop().unwrap();
+    assert_eq!((seen.path.as_str(), &seen.body[..]), ("/v1/completions", &odd[..]));
+    assert_eq!(seen.headers["x-request-id"], "req-42");
+
+    // A stream arrives chunk by chunk, as the engine sends it.
+    let started = Instant::now();
+    let response = send(&client, &worker.base, &request(5, 200, true), None).await;
+    assert_eq!(response.status().as_u16(), 200);
+    assert_eq!(response.headers()[header::CONTENT_TYPE], "text/event-stream");
+    let mut arrivals = Vec::new();
+    let mut text = Vec::new();
+    let mut body = response.bytes_stream();
+    while let Some(chunk) = body.next().await {
+        arrivals.push(started.elapsed());
+        text.extend_from_slice(&chunk.unwrap());
+    }
+    assert_eq!(String::from_utf8(text).unwrap(), whole_stream(5));
+    assert!(arrivals[0] < Duration::from_millis(600), "the first chunk is relayed at once: {arrivals:?}");
+    assert!(*arrivals.last().unwrap() >= Duration::from_millis(1000), "five pauses of 200 ms: {arrivals:?}");
+    assert!(arrivals.len() >= 4, "relayed in pieces, not gathered: {arrivals:?}");
+
+    // Chat goes to the engine's chat path; an engine's error is relayed with its status.
+    let chat = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "status": 400});
+    let response = client.post(format!("{}/v1/chat/completions", worker.base)).json(&chat).send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 400);
+    assert_eq!(response.text().await.unwrap(), r#"{"error":"fake engine error"}"#);
+    assert_eq!(engine.seen().pop().unwrap().path, "/v1/chat/completions");
+    let text = metrics_text(&client, &worker.base).await;
+    assert_eq!(metric(&text, "dynamo_engine_request"), Some(0.0), "every permit came back: {text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_a_stream_closes_the_engine_connection() {
+    let engine = FakeEngine::start(1).await;
+    let worker = sidecar(&engine, &["--engine-request-limit", "1"], &[]);
+    let client = long_client();
+    let mut tcp = raw_request(&worker.base, &request(10_000, 50, true)).await;
+    let mut buf = vec![0u8; 4096];
+    let read = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf)).await.expect("a first chunk in time");
+    assert!(read.unwrap() > 0);
+    let seen = engine.wait_seen(1).await;
+    assert_eq!(engine.running(), 1);
+    drop(tcp);
+    let left = Instant::now();
+    let closed = engine.closed_at(seen[0].conn, Duration::from_secs(5)).await.expect("the engine connection closes");
+    let after = closed.saturating_duration_since(left);
+    eprintln!("stream: engine connection closed {after:?} after the client left");
+    assert!(after < CLOSE_WITHIN, "closed {after:?} after the client left");
+    assert_eq!(engine.running(), 0);
+    wait_admission(&client, &worker.base, 0.0, 0.0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_a_whole_answer_closes_the_engine_connection() {
+    let engine = FakeEngine::start(1).await;
+    let worker = sidecar(&engine, &["--engine-request-limit", "1"], &[]);
+    let client = long_client();
+    // 60 s before the engine would answer: only the client leaving ends it.
+    let tcp = raw_request(&worker.base, &request(600, 100, false)).await;
+    let seen = engine.wait_seen(1).await;
+    wait_admission(&client, &worker.base, 1.0, 0.0).await;
+    drop(tcp);
+    let left = Instant::now();
+    let closed = engine.closed_at(seen[0].conn, Duration::from_secs(5)).await.expect("the engine connection closes");
+    let after = closed.saturating_duration_since(left);
+    eprintln!("whole answer: engine connection closed {after:?} after the client left");
+    assert!(after < CLOSE_WITHIN, "closed {after:?} after the client left");
+    assert_eq!(engine.running(), 0);
+    wait_admission(&client, &worker.base, 0.0, 0.0).await;
+    // The slot is free again.
+    let (status, body) = complete(client.clone(), worker.base.clone(), request(1, 0, false), None).await;
+    assert_eq!((status, body.as_str()), (200, whole_answer(1).as_str()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_load_plus_the_queue_reaches_the_frontend_which_sheds_on_it() {
+    let frontend = Frontend::secured(&["--active-waiting-requests-threshold", "4"]);
+    let engine = FakeEngine::start(2).await;
+    engine.set_waiting(&[3, 5]);
+    let events = frontend.events.to_string();
+    let worker = sidecar(
+        &engine,
+        &["--engine-request-limit", "1", "--worker-id", "77", "--frontend", &events],
+        &[("DYN_DYNAMO_REQUEST_QUEUE_LIMIT", "4"), ("LOADGATE_EVENT_SECRET", SECRET)],
+    );
+    frontend.wait_workers(1, Duration::from_secs(10)).await;
+    let client = long_client();
+    let waiting = |text: &str, rank: u32| {
+        let series = format!("loadgate_frontend_worker_waiting_requests{{worker_id=\"77\",dp_rank=\"{rank}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(&series)).and_then(|v| v.parse::<f64>().ok())
+    };
+    let wait_waiting = |expected: [f64; 2]| {
+        let frontend = &frontend;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let text = metrics_text(&frontend.client, &frontend.http).await;
+                let seen = [waiting(&text, 0), waiting(&text, 1)];
+                if seen == expected.map(Some) {
+                    return;
+                }
+                assert!(Instant::now() < deadline, "the frontend never saw waiting {expected:?}: {seen:?}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    // Through the frontend (signed), proxied to the engine.
+    let (status, body) = complete(client.clone(), frontend.http.clone(), request(1, 0, false), None).await;
+    assert_eq!((status, body.as_str()), (200, whole_answer(1).as_str()));
+    assert!(engine.seen()[0].headers.get("x-loadgate-proof").is_none(), "the proof stays with the sidecar");
+    wait_waiting([3.0, 5.0]).await;
+    // One running, two queued in the sidecar: every rank carries the queue.
+    let long: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(complete(client.clone(), worker.base.clone(), request(15, 100, false), Some(SECRET))))
+        .collect();
+    wait_admission(&client, &worker.base, 1.0, 2.0).await;
+    wait_waiting([5.0, 7.0]).await;
+    // Both ranks over the threshold: the frontend sheds by itself (the sidecar still has room).
+    let (status, body) = complete(client.clone(), frontend.http.clone(), request(1, 0, false), None).await;
+    assert_eq!(status, 529, "{body}");
+    let text = metrics_text(&client, &worker.base).await;
+    assert_eq!(metric(&text, "dynamo_rejection_request_total"), Some(0.0), "not the sidecar's refusal: {text}");
+    for handle in long {
+        assert_eq!(handle.await.unwrap().0, 200);
+    }
+    wait_waiting([3.0, 5.0]).await;
+    let (status, body) = complete(client.clone(), frontend.http.clone(), request(1, 0, false), None).await;
+    assert_eq!((status, body.as_str()), (200, whole_answer(1).as_str()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_scrapes_take_the_sidecar_out_of_routing_and_a_success_brings_it_back_and_sigterm_deregisters() {
+    let frontend = Frontend::start(None, &[]);
+    let engine = FakeEngine::start(1).await;
+    let events = frontend.events.to_string();
+    let worker = sidecar(
+        &engine,
+        &["--frontend", &events, "--engine-scrape-interval-ms", "50", "--engine-scrape-failures", "3"],
+        &[],
+    );
+    frontend.wait_workers(1, Duration::from_secs(10)).await;
+    let client = long_client();
+    let health = |base: String| {
+        let client = client.clone();
+        async move { client.get(format!("{base}/health")).send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(health(worker.base.clone()).await, 200);
+    engine.set_metrics_up(false);
+    let down = Instant::now();
+    // Three failures 50 ms apart, then a Deregister: out of the frontend at once.
+    frontend.wait_workers(0, Duration::from_secs(5)).await;
+    eprintln!("out of routing {:?} after the engine's metrics failed", down.elapsed());
+    assert_eq!(health(worker.base.clone()).await, 503);
+    let (status, _) = complete(client.clone(), frontend.http.clone(), request(1, 0, false), None).await;
+    assert!(matches!(status, 404 | 503), "no worker left: {status}");
+    engine.set_metrics_up(true);
+    frontend.wait_workers(1, Duration::from_secs(5)).await;
+    assert_eq!(health(worker.base.clone()).await, 200);
+    let (status, body) = complete(client.clone(), frontend.http.clone(), request(1, 0, false), None).await;
+    assert_eq!((status, body.as_str()), (200, whole_answer(1).as_str()));
+    // SIGTERM: a Deregister, then a clean exit.
+    let mut worker = worker;
+    worker.proc.terminate();
+    frontend.wait_workers(0, Duration::from_secs(3)).await;
+    let status = worker.proc.wait_exit(Duration::from_secs(10)).expect("the sidecar exits");
+    assert!(status.success(), "{status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_is_too_slow_gets_a_504_or_a_cut_and_its_connection_closed() {
+    let engine = FakeEngine::start(1).await;
+    let worker = sidecar(
+        &engine,
+        &["--engine-first-byte-timeout-secs", "1", "--engine-chunk-timeout-secs", "1", "--engine-request-limit", "2"],
+        &[],
+    );
+    let client = long_client();
+    // No first byte within 1 s (the answer would take 30 s).
+    let started = Instant::now();
+    let response = send(&client, &worker.base, &request(300, 100, false), None).await;
+    let took = started.elapsed();
+    assert_eq!(response.status().as_u16(), 504);
+    let error: Value = response.json().await.unwrap();
+    assert_eq!(error["error"]["type"], "server_error");
+    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(3), "{took:?}");
+    let conn = engine.seen()[0].conn;
+    assert!(engine.closed_at(conn, CLOSE_WITHIN).await.is_some(), "the engine connection is closed");
+    // A stream that stalls for 5 s after its first chunk is cut after 1 s.
+    let started = Instant::now();
+    let response = send(&client, &worker.base, &request(3, 5000, true), None).await;
+    assert_eq!(response.status().as_u16(), 200);
+    let mut body = response.bytes_stream();
+    let first = body.next().await.unwrap().unwrap();
+    assert_eq!(String::from_utf8_lossy(&first), sse_chunk(0));
+    let mut broke = false;
+    while let Some(chunk) = body.next().await {
+        if chunk.is_err() {
+            broke = true;
+            break;
+        }
+    }
+    let took = started.elapsed();
+    assert!(broke, "the client sees the response cut, not a clean end");
+    assert!(took < Duration::from_secs(3), "cut after the 1 s between-chunks timeout: {took:?}");
+    let conn = engine.seen()[1].conn;
+    assert!(engine.closed_at(conn, CLOSE_WITHIN).await.is_some(), "the engine connection is closed");
+    wait_admission(&client, &worker.base, 0.0, 0.0).await;
+}
+
+#[test]
+fn the_model_is_required_without_an_engine() {
+    let out = std::process::Command::new(common::bin())
+        .args(["worker", "--http-host", "127.0.0.1", "--http-port", "0"])
+        .env_remove("LOADGATE_WORKER_MODEL")
+        .env_remove("LOADGATE_WORKER_ENGINE")
+        .output()
+        .expect("run loadgate");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--model"), "{stderr}");
+}
