@@ -1,55 +1,161 @@
 //! Command-line arguments of `loadgate demo`, and the fixed parts of every
-//! run: the model name and the load levels.
+//! run: the model names and the load levels. Some defaults depend on the
+//! setup (simulated workers or `--engines llamacpp`); the accessors resolve
+//! them.
 
 use std::path::PathBuf;
 
-/// The model name the demo's workers serve.
+/// The model name the demo's simulated workers serve.
 pub(crate) const MODEL: &str = "demo-model";
+
+/// The model name the demo's llama-servers serve (their `--alias`).
+pub(crate) const LLAMA_MODEL: &str = "small-random-llama";
+
+/// Real engines the demo can run on instead of simulated workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Engines {
+    /// Two llama.cpp `llama-server`s with the small random-weight model.
+    #[value(name = "llamacpp", alias = "llama.cpp", alias = "llama-cpp")]
+    LlamaCpp,
+}
 
 /// Command-line arguments of `loadgate demo`. Every flag also reads
 /// `LOADGATE_DEMO_<FLAG>` (a flag beats its variable).
 #[derive(Clone, Debug, clap::Args)]
 pub struct Args {
-    /// Workers behind the frontend.
-    #[arg(long, env = "LOADGATE_DEMO_WORKERS", default_value_t = 4)]
+    /// Run on real engines instead of simulated workers: `llamacpp` runs two llama-servers that
+    /// `bash scripts/prepare-llama-server` prepared (small model, 4 slots each).
+    #[arg(long, env = "LOADGATE_DEMO_ENGINES", value_enum)]
+    pub engines: Option<Engines>,
+    /// Simulated workers behind the frontend.
+    #[arg(long, env = "LOADGATE_DEMO_WORKERS", default_value_t = 4, conflicts_with = "engines")]
     pub workers: usize,
-    /// Seconds of arrivals per run.
-    #[arg(long, env = "LOADGATE_DEMO_DURATION", default_value_t = 8.0)]
-    pub duration: f64,
-    /// Seconds each run waits for in-flight requests after its arrivals end.
-    #[arg(long, env = "LOADGATE_DEMO_DRAIN_TIMEOUT", default_value_t = 3.0)]
-    pub drain_timeout: f64,
-    /// The shedding run's decode-blocks threshold.
-    #[arg(long, env = "LOADGATE_DEMO_THRESHOLD", default_value_t = 0.85)]
+    /// Seconds of arrivals per run [default: 8; 20 with --engines].
+    #[arg(long, env = "LOADGATE_DEMO_DURATION")]
+    pub duration: Option<f64>,
+    /// Seconds each run waits for in-flight requests after its arrivals end [default: 3; 8 with --engines].
+    #[arg(long, env = "LOADGATE_DEMO_DRAIN_TIMEOUT")]
+    pub drain_timeout: Option<f64>,
+    /// The shedding run's decode-blocks threshold (simulated workers).
+    #[arg(long, env = "LOADGATE_DEMO_THRESHOLD", default_value_t = 0.85, conflicts_with = "engines")]
     pub threshold: f64,
+    /// The shedding run's `--active-waiting-requests-threshold` (with --engines): an engine is busy
+    /// when more requests than this wait for a slot.
+    #[arg(long, env = "LOADGATE_DEMO_WAITING_THRESHOLD", default_value_t = 0, requires = "engines")]
+    pub waiting_threshold: u64,
+    /// Milliseconds between the frontend's scrapes of each engine (with --engines).
+    #[arg(long, env = "LOADGATE_DEMO_SCRAPE_INTERVAL_MS", default_value_t = 50, requires = "engines",
+          value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub scrape_interval_ms: u64,
     /// Skip the saturation run and use this capacity (req/s).
     #[arg(long, env = "LOADGATE_DEMO_CAPACITY")]
     pub capacity: Option<f64>,
-    /// KV-cache blocks per worker.
-    #[arg(long, env = "LOADGATE_DEMO_KV_TOTAL_BLOCKS", default_value_t = 64)]
+    /// KV-cache blocks per simulated worker.
+    #[arg(long, env = "LOADGATE_DEMO_KV_TOTAL_BLOCKS", default_value_t = 64, conflicts_with = "engines")]
     pub kv_total_blocks: u32,
-    /// Engine step time, ms.
-    #[arg(long, env = "LOADGATE_DEMO_DECODE_STEP_MS", default_value_t = 25)]
+    /// Engine step time of the simulated workers, ms.
+    #[arg(long, env = "LOADGATE_DEMO_DECODE_STEP_MS", default_value_t = 25, conflicts_with = "engines")]
     pub decode_step_ms: u64,
-    /// Token budget of one engine step.
-    #[arg(long, env = "LOADGATE_DEMO_MAX_NUM_BATCHED_TOKENS", default_value_t = 512)]
+    /// Token budget of one simulated engine step.
+    #[arg(long, env = "LOADGATE_DEMO_MAX_NUM_BATCHED_TOKENS", default_value_t = 512, conflicts_with = "engines")]
     pub max_num_batched_tokens: u32,
-    /// Prompt tokens per request.
-    #[arg(long, env = "LOADGATE_DEMO_PROMPT_TOKENS", default_value_t = 112)]
-    pub prompt_tokens: u32,
-    /// Output tokens per request (at least 1: `max_tokens` 0 is a 400).
-    #[arg(long, env = "LOADGATE_DEMO_OUTPUT_TOKENS", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
-    pub output_tokens: u32,
-    /// Router mode of the frontend (both runs).
-    #[arg(long, env = "LOADGATE_DEMO_ROUTER_MODE", default_value = "kv")]
-    pub router_mode: String,
-    /// Where to write the plot.
-    #[arg(long, env = "LOADGATE_DEMO_PLOT", default_value = "loadgate-demo.svg")]
-    pub plot: PathBuf,
+    /// Prompt tokens (words) per request [default: 112; 32 with --engines].
+    #[arg(long, env = "LOADGATE_DEMO_PROMPT_TOKENS")]
+    pub prompt_tokens: Option<u32>,
+    /// Output tokens per request (at least 1: `max_tokens` 0 is a 400) [default: 32; 64 with --engines].
+    #[arg(long, env = "LOADGATE_DEMO_OUTPUT_TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub output_tokens: Option<u32>,
+    /// Router mode of the frontend (both runs) [default: kv; round-robin with --engines].
+    #[arg(long, env = "LOADGATE_DEMO_ROUTER_MODE")]
+    pub router_mode: Option<String>,
+    /// Where to write the plot [default: loadgate-demo.svg; loadgate-demo-llamacpp.svg with --engines].
+    #[arg(long, env = "LOADGATE_DEMO_PLOT")]
+    pub plot: Option<PathBuf>,
     /// Seed of the arrival processes.
     #[arg(long, env = "LOADGATE_DEMO_SEED", default_value_t = 7)]
     pub seed: u64,
 }
 
+impl Args {
+    /// Picks the simulated or the real-engine value.
+    fn either<T>(&self, simulated: T, engines: T) -> T {
+        if self.engines.is_some() {
+            engines
+        } else {
+            simulated
+        }
+    }
+
+    /// Seconds of arrivals per run.
+    pub(crate) fn duration(&self) -> f64 {
+        self.duration.unwrap_or(self.either(8.0, 20.0))
+    }
+
+    /// Seconds each run waits for in-flight requests after its arrivals.
+    pub(crate) fn drain_timeout(&self) -> f64 {
+        self.drain_timeout.unwrap_or(self.either(3.0, 8.0))
+    }
+
+    /// Prompt tokens per request.
+    pub(crate) fn prompt_tokens(&self) -> u32 {
+        self.prompt_tokens.unwrap_or(self.either(112, 32))
+    }
+
+    /// Output tokens per request.
+    pub(crate) fn output_tokens(&self) -> u32 {
+        self.output_tokens.unwrap_or(self.either(32, 64))
+    }
+
+    /// The frontend's `--router-mode`. With engines, `kv` (least loaded) compares a llama-server's
+    /// slot tokens before its waiting requests, so the server whose slots hold the youngest
+    /// sequences looks least loaded however long its queue, and gets nearly every request;
+    /// round-robin splits the load evenly between the two identical servers.
+    pub(crate) fn router_mode(&self) -> String {
+        self.router_mode.clone().unwrap_or_else(|| self.either("kv", "round-robin").to_owned())
+    }
+
+    /// Where the plot goes.
+    pub(crate) fn plot(&self) -> PathBuf {
+        self.plot.clone().unwrap_or_else(|| self.either("loadgate-demo.svg", "loadgate-demo-llamacpp.svg").into())
+    }
+}
+
 /// Offered load levels, as multiples of the measured capacity.
 pub(crate) const LEVELS: [f64; 4] = [0.5, 1.0, 2.0, 3.0];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        Cli::try_parse_from(std::iter::once("demo").chain(args.iter().copied())).map(|c| c.args)
+    }
+
+    #[test]
+    fn the_simulated_defaults_are_unchanged() {
+        let args = parse(&[]).unwrap();
+        assert_eq!(args.engines, None);
+        assert_eq!((args.duration(), args.drain_timeout()), (8.0, 3.0));
+        assert_eq!((args.prompt_tokens(), args.output_tokens()), (112, 32));
+        assert_eq!(args.plot(), PathBuf::from("loadgate-demo.svg"));
+    }
+
+    #[test]
+    fn engines_have_their_own_defaults_and_flags() {
+        let args = parse(&["--engines", "llama.cpp", "--waiting-threshold", "3"]).unwrap();
+        assert_eq!(args.engines, Some(Engines::LlamaCpp));
+        assert_eq!(args.waiting_threshold, 3);
+        assert_eq!((args.prompt_tokens(), args.output_tokens()), (32, 64));
+        assert_eq!(parse(&["--engines", "llamacpp", "--duration", "5"]).unwrap().duration(), 5.0);
+        assert!(parse(&["--engines", "vllm"]).is_err(), "only llama.cpp runs on this machine");
+        assert!(parse(&["--engines", "llamacpp", "--workers", "2"]).is_err(), "simulated-only flag");
+        assert!(parse(&["--waiting-threshold", "2"]).is_err(), "engine-only flag");
+        assert!(parse(&["--engines", "llamacpp", "--scrape-interval-ms", "500"]).is_err(), "at most 100 ms");
+    }
+}

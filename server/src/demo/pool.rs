@@ -1,86 +1,23 @@
-//! A frontend and its workers as child processes of this binary, over real
-//! sockets on 127.0.0.1; stopped when dropped. They share a random event
-//! secret (handed over in `LOADGATE_EVENT_SECRET`, never on a command line),
-//! so the demo runs with an authenticated event plane.
+//! A frontend and its simulated workers as child processes of this binary,
+//! over real sockets on 127.0.0.1; stopped when dropped. They share a random
+//! event secret, so the demo runs with an authenticated event plane.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
-
 use crate::demo::args::{Args, MODEL};
-
-/// How long a child may take to print its `listening ...` line.
-const STARTUP: Duration = Duration::from_secs(30);
-
-/// A child process of this binary, killed when dropped.
-struct Process {
-    child: Child,
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A fresh random event secret: 32 bytes from the OS, hex-encoded.
-fn random_secret() -> anyhow::Result<String> {
-    let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("cannot get random bytes: {e}"))?;
-    Ok(crate::secret::to_hex(&bytes))
-}
-
-/// Starts `loadgate <args>` with the event secret `secret` and returns it
-/// with its `listening ...` line.
-fn spawn(args: &[String], secret: &str) -> anyhow::Result<(Process, String)> {
-    let exe = std::env::current_exe().context("cannot find the loadgate binary")?;
-    let mut child = Command::new(exe)
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .env("LOADGATE_EVENT_SECRET", secret)
-        .env_remove("LOADGATE_EVENT_SECRET_PREVIOUS")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .with_context(|| format!("cannot start loadgate {}", args.join(" ")))?;
-    let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-    let process = Process { child };
-    // Read on a thread, so a child that prints nothing cannot hang the demo;
-    // it keeps draining the pipe so the child's writes never fail or block.
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = stdout.lines();
-        let _ = tx.send(lines.next().and_then(Result::ok).unwrap_or_default());
-        for _ in lines {}
-    });
-    let line = rx
-        .recv_timeout(STARTUP)
-        .map_err(|_| anyhow::anyhow!("loadgate {} printed no listening line within {STARTUP:?}", args.join(" ")))?;
-    anyhow::ensure!(line.starts_with("listening "), "loadgate {} did not start: {line:?}", args.join(" "));
-    Ok((process, line.trim().to_owned()))
-}
-
-/// The value of `key=` in a `listening ...` line.
-fn field(line: &str, key: &str) -> anyhow::Result<String> {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
-        .map(str::to_owned)
-        .with_context(|| format!("no {key}= in {line:?}"))
-}
+use crate::demo::child::{field, random_secret, spawn_loadgate, Process};
 
 /// A frontend and its workers, stopped when dropped.
 pub(crate) struct Pool {
+    /// The frontend's inference address, `127.0.0.1:PORT`.
     pub(crate) http: String,
     _frontend: Process,
     _workers: Vec<Process>,
 }
 
 impl Pool {
+    /// Starts a frontend (shedding at `--active-decode-blocks-threshold threshold` when given) and
+    /// `args.workers` workers, and waits until every worker has registered.
     pub(crate) fn start(args: &Args, threshold: Option<f64>) -> anyhow::Result<Pool> {
         let secret = random_secret()?;
         let mut frontend_args: Vec<String> = [
@@ -95,14 +32,14 @@ impl Pool {
             "0",
             "--disable-admin-api",
             "--router-mode",
-            &args.router_mode,
+            &args.router_mode(),
         ]
         .map(String::from)
         .into();
         if let Some(t) = threshold {
             frontend_args.extend(["--active-decode-blocks-threshold".to_owned(), t.to_string()]);
         }
-        let (frontend, line) = spawn(&frontend_args, &secret)?;
+        let (frontend, line) = spawn_loadgate(&frontend_args, &secret)?;
         let http = field(&line, "http")?;
         let events = field(&line, "events")?;
         let workers = (0..args.workers)
@@ -126,7 +63,7 @@ impl Pool {
                     "--decode-step-ms".to_owned(),
                     args.decode_step_ms.to_string(),
                 ];
-                spawn(&worker_args, &secret).map(|(p, _)| p)
+                spawn_loadgate(&worker_args, &secret).map(|(p, _)| p)
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         let pool = Pool { http, _frontend: frontend, _workers: workers };

@@ -22,8 +22,8 @@ impl Run {
     }
 }
 
-/// The side-by-side table.
-pub(crate) fn table(capacity: f64, threshold: f64, off: &[Run], on: &[Run]) -> String {
+/// The side-by-side table; `shedding` is the flag of the shedding runs.
+pub(crate) fn table(capacity: f64, shedding: &str, off: &[Run], on: &[Run]) -> String {
     let mut out = String::new();
     out.push_str(&format!("\ncapacity {capacity:.1} req/s; accepted requests only for TTFT and latency (ms)\n"));
     out.push_str(&format!(
@@ -31,7 +31,7 @@ pub(crate) fn table(capacity: f64, threshold: f64, off: &[Run], on: &[Run]) -> S
         "load",
         "req/s",
         "shedding off",
-        format!("shedding on (--active-decode-blocks-threshold {threshold})")
+        format!("shedding on ({shedding})")
     ));
     let head =
         format!("{:>8}{:>7}{:>9}{:>9}{:>9}{:>10}", "goodput", "rej %", "TTFT p50", "TTFT p99", "lat p50", "lat p99");
@@ -60,11 +60,18 @@ pub(crate) fn table(capacity: f64, threshold: f64, off: &[Run], on: &[Run]) -> S
     out
 }
 
+/// The report of the run at `multiple` x capacity.
+fn at(runs: &[Run], multiple: f64) -> Option<&BenchReport> {
+    runs.iter().zip(LEVELS).find(|(_, l)| *l == multiple).map(|(r, _)| &r.report)
+}
+
+/// What shedding costs at 1x: the share it refuses of a load the pool could serve.
+pub(crate) fn rejected_at_capacity(on: &[Run]) -> String {
+    at(on, 1.0).map_or_else(String::new, |r| format!("at 1x: rejected with shedding {:.1} %\n", r.rejected_pct()))
+}
+
 /// Checks the effect the demo exists to show, at 2x capacity.
 pub(crate) fn verdict(off: &[Run], on: &[Run]) -> String {
-    fn at(runs: &[Run], m: f64) -> Option<&BenchReport> {
-        runs.iter().zip(LEVELS).find(|(_, l)| *l == m).map(|(r, _)| &r.report)
-    }
     let (Some(off2), Some(on2), Some(off1)) = (at(off, 2.0), at(on, 2.0), at(off, 1.0)) else {
         return String::new();
     };

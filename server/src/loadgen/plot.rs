@@ -87,17 +87,19 @@ pub struct LoadPoint {
 }
 
 /// Draws the demo's comparison: p99 TTFT, goodput and rejection rate against
-/// offered load, shedding off versus on.
+/// offered load, shedding off versus on (`rule`: what makes a worker busy,
+/// shown in the legend).
 ///
 /// # Errors
 ///
 /// The file cannot be written.
-pub fn comparison(path: &Path, off: &[LoadPoint], on: &[LoadPoint]) -> anyhow::Result<()> {
+pub fn comparison(path: &Path, off: &[LoadPoint], on: &[LoadPoint], rule: &str) -> anyhow::Result<()> {
     let root = SVGBackend::new(path, (1200, 420)).into_drawing_area();
     root.fill(&WHITE)?;
     let panels = root.split_evenly((1, 3));
     let x_max = off.iter().chain(on).map(|p| p.multiple).fold(1.0, f64::max) + 0.25;
-    let runs = [("shedding off", OFF, off), ("shedding on (0.85)", ON, on)];
+    let on_label = format!("shedding on ({rule})");
+    let runs = [("shedding off", OFF, off), (on_label.as_str(), ON, on)];
 
     let ttft_max = off.iter().chain(on).map(|p| p.p99_ttft_ms).fold(1.0, f64::max) * 2.0;
     let mut chart = ChartBuilder::on(&panels[0])

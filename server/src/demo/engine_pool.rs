@@ -1,0 +1,96 @@
+//! Two real `llama-server`s behind a frontend that scrapes them directly
+//! (`frontend --engine llamacpp=URL,model=NAME`, no sidecar), all on
+//! 127.0.0.1; stopped when dropped.
+
+use std::time::{Duration, Instant};
+
+use crate::demo::args::{Args, LLAMA_MODEL};
+use crate::demo::child::{field, random_secret, spawn_loadgate, Process};
+use crate::demo::install::LlamaInstall;
+use crate::demo::llama_server::LlamaServer;
+
+/// Engines in the pool.
+pub(crate) const SERVERS: usize = 2;
+
+/// How long the frontend may take to have every engine in routing (it
+/// retries an engine's first scrape for up to 60 s itself).
+const REGISTRATION_WAIT: Duration = Duration::from_secs(70);
+
+/// A frontend and its engines, stopped when dropped (the frontend first).
+#[derive(Debug)]
+pub(crate) struct EnginePool {
+    /// The frontend's inference address, `127.0.0.1:PORT`.
+    pub(crate) http: String,
+    _frontend: Process,
+    _servers: Vec<LlamaServer>,
+}
+
+impl EnginePool {
+    /// Starts [`SERVERS`] servers (at once) and a frontend in front of
+    /// them; with `threshold`, the frontend sheds at
+    /// `--active-waiting-requests-threshold threshold`.
+    ///
+    /// # Errors
+    ///
+    /// A server or the frontend does not start, or the engines are not in
+    /// routing within [`REGISTRATION_WAIT`].
+    pub(crate) fn start(install: &LlamaInstall, args: &Args, threshold: Option<u64>) -> anyhow::Result<Self> {
+        let servers = std::thread::scope(|s| {
+            let starting: Vec<_> = (0..SERVERS).map(|_| s.spawn(|| LlamaServer::start(install, LLAMA_MODEL))).collect();
+            starting
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a llama-server start panicked"))))
+                .collect::<anyhow::Result<Vec<_>>>()
+        })?;
+        let mut frontend_args: Vec<String> = [
+            "frontend",
+            "--http-host",
+            "127.0.0.1",
+            "--http-port",
+            "0",
+            "--event-host",
+            "127.0.0.1",
+            "--event-port",
+            "0",
+            "--disable-admin-api",
+            "--router-mode",
+            &args.router_mode(),
+            "--engine-scrape-interval-ms",
+            &args.scrape_interval_ms.to_string(),
+        ]
+        .map(String::from)
+        .into();
+        for server in &servers {
+            frontend_args.extend(["--engine".to_owned(), format!("llamacpp={},model={LLAMA_MODEL}", server.url)]);
+        }
+        if let Some(t) = threshold {
+            frontend_args.extend(["--active-waiting-requests-threshold".to_owned(), t.to_string()]);
+        }
+        let (frontend, line) = spawn_loadgate(&frontend_args, &random_secret()?)?;
+        let pool = EnginePool { http: field(&line, "http")?, _frontend: frontend, _servers: servers };
+        pool.wait_for_engines()?;
+        Ok(pool)
+    }
+
+    /// Polls the frontend's `/health` until every engine is in routing.
+    fn wait_for_engines(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + REGISTRATION_WAIT;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        runtime.block_on(async {
+            let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
+            loop {
+                if let Ok(resp) = client.get(format!("http://{}/health", self.http)).send().await {
+                    let v: serde_json::Value = resp.json().await.unwrap_or_default();
+                    if v["live_workers"].as_u64() == Some(SERVERS as u64) {
+                        return Ok(());
+                    }
+                }
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "the frontend did not have both llama-servers in routing within {REGISTRATION_WAIT:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    }
+}

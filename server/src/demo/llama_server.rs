@@ -1,0 +1,163 @@
+//! One llama.cpp `llama-server` on a free 127.0.0.1 port, killed when
+//! dropped: `--parallel 4 --ctx-size 2048 --threads 1 --metrics --no-webui`
+//! (4 slots of 512 tokens, one core), the prompt cache capped at 256 MiB.
+//! Ready once `GET /health` answers 200; the last lines of its log are kept
+//! (bounded) to explain a server that does not come up.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read as _};
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+
+use crate::demo::child::Process;
+use crate::demo::install::LlamaInstall;
+
+/// Slots (concurrent sequences) per server.
+pub(crate) const SLOTS: u32 = 4;
+
+/// How long a server may take to load the model and answer `/health`.
+const START_WAIT: Duration = Duration::from_secs(60);
+
+/// Attempts at a free port (another process may take the one picked first).
+const PORT_ATTEMPTS: usize = 3;
+
+/// Log lines kept, and bytes kept of each.
+const LOG_LINES: usize = 12;
+const LOG_LINE_BYTES: usize = 300;
+
+/// A running `llama-server`.
+#[derive(Debug)]
+pub(crate) struct LlamaServer {
+    /// Its base URL, `http://127.0.0.1:PORT`.
+    pub(crate) url: String,
+    _process: Process,
+}
+
+impl LlamaServer {
+    /// Starts a server of `install`'s model under the name `alias` and waits
+    /// until it is healthy.
+    ///
+    /// # Errors
+    ///
+    /// It cannot be started, exits, or is not healthy within [`START_WAIT`]
+    /// (the message quotes the end of its log).
+    pub(crate) fn start(install: &LlamaInstall, alias: &str) -> anyhow::Result<Self> {
+        let mut last_error = None;
+        for _ in 0..PORT_ATTEMPTS {
+            match Self::start_once(install, alias) {
+                Ok(server) => return Ok(server),
+                Err(e) => last_error = Some(e),
+            }
+        }
+        Err(last_error.expect("at least one attempt"))
+    }
+
+    fn start_once(install: &LlamaInstall, alias: &str) -> anyhow::Result<Self> {
+        let port = free_port()?;
+        let mut child = Command::new(&install.server)
+            .arg("-m")
+            .arg(&install.model)
+            .args(["--alias", alias, "--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--parallel", &SLOTS.to_string(), "--ctx-size", "2048", "--threads", "1"])
+            .args(["--metrics", "--no-webui", "--cache-ram", "256"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot start {}", install.server.display()))?;
+        let log = Arc::new(Mutex::new(VecDeque::with_capacity(LOG_LINES)));
+        let stderr = child.stderr.take().expect("piped stderr");
+        let mut process = Process::new(child);
+        let tail = Arc::clone(&log);
+        // Drains the log for the server's whole life, so its writes never block.
+        std::thread::spawn(move || keep_tail(BufReader::new(stderr), &tail));
+        let url = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + START_WAIT;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let why = runtime.block_on(async {
+            let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
+            loop {
+                let health = client.get(format!("{url}/health")).send().await;
+                if health.is_ok_and(|r| r.status().is_success()) {
+                    return anyhow::Ok(None);
+                }
+                if let Some(status) = process.exited() {
+                    return Ok(Some(format!("exited ({status})")));
+                }
+                if Instant::now() >= deadline {
+                    return Ok(Some(format!("was not healthy within {START_WAIT:?}")));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })?;
+        let Some(why) = why else { return Ok(LlamaServer { url, _process: process }) };
+        let tail = log.lock().map(|l| Vec::from(l.clone()).join("\n")).unwrap_or_default();
+        anyhow::bail!("llama-server on port {port} {why}; the end of its log:\n{tail}")
+    }
+}
+
+/// A port nobody listens on right now (the kernel's pick, released at once).
+fn free_port() -> anyhow::Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("cannot find a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Reads `log` to its end, keeping its last [`LOG_LINES`] lines (each cut
+/// at [`LOG_LINE_BYTES`]) in `tail`.
+fn keep_tail(mut log: impl BufRead, tail: &Mutex<VecDeque<String>>) {
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        // A line longer than the cap is read in pieces; only the first piece is kept.
+        match (&mut log).take(LOG_LINE_BYTES as u64).read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let complete = line.ends_with(b"\n");
+        let text = String::from_utf8_lossy(&line).trim_end().to_owned();
+        if let Ok(mut tail) = tail.lock() {
+            if tail.len() == LOG_LINES {
+                tail.pop_front();
+            }
+            tail.push_back(text);
+        }
+        if !complete {
+            // Skip the rest of an over-long line.
+            let mut rest = Vec::new();
+            loop {
+                rest.clear();
+                match (&mut log).take(LOG_LINE_BYTES as u64).read_until(b'\n', &mut rest) {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) if rest.ends_with(b"\n") => break,
+                    Ok(_) => {}
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_tail_is_bounded() {
+        let long = "x".repeat(10 * LOG_LINE_BYTES);
+        let text = format!("{long}\n{}", (0..30).map(|i| format!("line {i}\n")).collect::<String>());
+        let tail = Mutex::new(VecDeque::new());
+        keep_tail(text.as_bytes(), &tail);
+        let tail = tail.into_inner().unwrap();
+        assert_eq!(tail.len(), LOG_LINES);
+        assert_eq!(tail.back().map(String::as_str), Some("line 29"));
+
+        let one = Mutex::new(VecDeque::new());
+        keep_tail(format!("{long}\nend\n").as_bytes(), &one);
+        let one = one.into_inner().unwrap();
+        assert_eq!(one.len(), 2, "the over-long line is one entry: {one:?}");
+        assert_eq!((one[0].len(), one[1].as_str()), (LOG_LINE_BYTES, "end"));
+    }
+}
