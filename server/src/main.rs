@@ -19,6 +19,7 @@ mod openai;
 mod secret;
 mod throttle;
 mod tokens;
+mod upstream_client;
 mod worker;
 
 use clap::{Parser, Subcommand};

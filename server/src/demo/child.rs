@@ -48,6 +48,15 @@ pub(crate) fn random_secret() -> anyhow::Result<String> {
 
 /// Starts `loadgate <args>` with the event secret `secret` and returns it
 /// with its `listening ...` line.
+/// The arguments every demo frontend starts with: loopback listeners on
+/// free ports, no admin API, and `router_mode`.
+pub(crate) fn frontend_args(router_mode: &str) -> Vec<String> {
+    let args = ["frontend", "--http-host", "127.0.0.1", "--http-port", "0", "--event-host", "127.0.0.1"];
+    let mut args: Vec<String> = args.map(String::from).into();
+    args.extend(["--event-port", "0", "--disable-admin-api", "--router-mode", router_mode].map(String::from));
+    args
+}
+
 pub(crate) fn spawn_loadgate(args: &[String], secret: &str) -> anyhow::Result<(Process, String)> {
     let exe = std::env::current_exe().context("cannot find the loadgate binary")?;
     let mut child = Command::new(exe)

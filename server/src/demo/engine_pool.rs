@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use crate::demo::args::{Args, LLAMA_MODEL};
-use crate::demo::child::{field, random_secret, spawn_loadgate, Process};
+use crate::demo::child::{field, frontend_args, random_secret, spawn_loadgate, Process};
 use crate::demo::install::LlamaInstall;
 use crate::demo::llama_server::LlamaServer;
 
@@ -42,24 +42,8 @@ impl EnginePool {
                 .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a llama-server start panicked"))))
                 .collect::<anyhow::Result<Vec<_>>>()
         })?;
-        let mut frontend_args: Vec<String> = [
-            "frontend",
-            "--http-host",
-            "127.0.0.1",
-            "--http-port",
-            "0",
-            "--event-host",
-            "127.0.0.1",
-            "--event-port",
-            "0",
-            "--disable-admin-api",
-            "--router-mode",
-            &args.router_mode(),
-            "--engine-scrape-interval-ms",
-            &args.scrape_interval_ms.to_string(),
-        ]
-        .map(String::from)
-        .into();
+        let mut frontend_args = frontend_args(&args.router_mode());
+        frontend_args.extend(["--engine-scrape-interval-ms".to_owned(), args.scrape_interval_ms.to_string()]);
         for server in &servers {
             frontend_args.extend(["--engine".to_owned(), format!("llamacpp={},model={LLAMA_MODEL}", server.url)]);
         }

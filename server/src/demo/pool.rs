@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use crate::demo::args::{Args, MODEL};
-use crate::demo::child::{field, random_secret, spawn_loadgate, Process};
+use crate::demo::child::{field, frontend_args, random_secret, spawn_loadgate, Process};
 
 /// A frontend and its workers, stopped when dropped.
 pub(crate) struct Pool {
@@ -20,22 +20,7 @@ impl Pool {
     /// `args.workers` workers, and waits until every worker has registered.
     pub(crate) fn start(args: &Args, threshold: Option<f64>) -> anyhow::Result<Pool> {
         let secret = random_secret()?;
-        let mut frontend_args: Vec<String> = [
-            "frontend",
-            "--http-host",
-            "127.0.0.1",
-            "--http-port",
-            "0",
-            "--event-host",
-            "127.0.0.1",
-            "--event-port",
-            "0",
-            "--disable-admin-api",
-            "--router-mode",
-            &args.router_mode(),
-        ]
-        .map(String::from)
-        .into();
+        let mut frontend_args = frontend_args(&args.router_mode());
         if let Some(t) = threshold {
             frontend_args.extend(["--active-decode-blocks-threshold".to_owned(), t.to_string()]);
         }

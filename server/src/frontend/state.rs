@@ -65,7 +65,7 @@ impl Frontend {
         let tracking =
             (args.router_mode == RouterMode::Kv).then_some(Tracking { output_blocks: args.router_track_output_blocks });
         let upstream = UpstreamTimeouts::from_args(args);
-        let client = worker_client(upstream.connect)?;
+        let client = crate::upstream_client::client(upstream.connect)?;
         let retry_hint = Arc::new(RetryHint::new(args.retry_after_mode == RetryAfterMode::Computed));
         Ok(Frontend {
             router: WorkerRouter::new(monitor.clone(), args.policy()),
@@ -105,18 +105,6 @@ impl Frontend {
             None => request,
         }
     }
-}
-
-/// The HTTP client to workers. It follows no redirect: a worker that
-/// answers 3xx gets that answer relayed, and the body and the request proof
-/// are never re-sent to wherever it points.
-fn worker_client(connect_timeout: Duration) -> reqwest::Result<reqwest::Client> {
-    reqwest::Client::builder()
-        .connect_timeout(connect_timeout)
-        .pool_idle_timeout(Duration::from_secs(30))
-        .tcp_nodelay(true)
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
 }
 
 impl Frontend {
@@ -189,7 +177,7 @@ mod tests {
             let location = format!("{target}/v1/completions");
             let worker = Router::new().fallback(any(move || async move { (status, [(header::LOCATION, location)]) }));
             let (worker, _worker) = serve(worker).await;
-            let answer = worker_client(Duration::from_secs(2))
+            let answer = crate::upstream_client::client(Duration::from_secs(2))
                 .unwrap()
                 .post(format!("{worker}/v1/completions"))
                 .header(REQUEST_PROOF_HEADER, "v1.1.00")

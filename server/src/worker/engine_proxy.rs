@@ -76,21 +76,6 @@ impl EngineProxy {
     pub(crate) fn new(client: reqwest::Client, base_url: String, timeouts: EngineTimeouts) -> Self {
         EngineProxy { client, base_url, timeouts }
     }
-
-    /// The HTTP client to engines: the connect timeout, no redirects (the
-    /// body is never re-sent elsewhere), idle connections kept for reuse.
-    ///
-    /// # Errors
-    ///
-    /// The TLS backend or resolver cannot be set up.
-    pub(crate) fn client(connect_timeout: Duration) -> reqwest::Result<reqwest::Client> {
-        reqwest::Client::builder()
-            .connect_timeout(connect_timeout)
-            .pool_idle_timeout(Duration::from_secs(30))
-            .tcp_nodelay(true)
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-    }
 }
 
 /// Takes an engine slot for the request (or answers the refusal), then

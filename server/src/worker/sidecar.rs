@@ -78,7 +78,8 @@ impl Sidecar {
             (None, None) => None,
         };
         let timeouts = args.engine_timeouts();
-        let client = EngineProxy::client(timeouts.connect).context("cannot build the HTTP client to the engine")?;
+        let client =
+            crate::upstream_client::client(timeouts.connect).context("cannot build the HTTP client to the engine")?;
         let scrape = args.scrape.config();
         let engine = wait_for_engine(&client, spec, named, scrape.timeout).await?;
         let dp_size = u32::try_from(engine.first.ranks.len()).unwrap_or(u32::MAX).max(1);
