@@ -54,11 +54,13 @@ pub(crate) async fn register_http_worker(frontend: &Frontend, url: &str, limits:
     limits
         .check_register(&frontend.monitor, &frontend.directory, worker, model, None, dp_size)
         .map_err(|refusal| anyhow::anyhow!("--worker {base} refused: {refusal}"))?;
-    frontend
-        .monitor
-        .register(worker, model, dp_size, incarnation)
-        .map_err(|e| anyhow::anyhow!("--worker {base} refused: {e}"))?;
+    // The address first: the router may pick the worker as soon as the
+    // monitor has it.
     frontend.directory.insert_static(worker, &base, dp_size);
+    if let Err(e) = frontend.monitor.register(worker, model, dp_size, incarnation) {
+        frontend.directory.remove(worker);
+        anyhow::bail!("--worker {base} refused: {e}");
+    }
     tracing::info!(worker, model, dp_size, %base, "worker registered from --worker");
     Ok(())
 }
