@@ -32,6 +32,16 @@ impl EngineKind {
     pub fn needs_slots(self) -> bool {
         self == EngineKind::LlamaCpp
     }
+
+    /// True when a router should send this engine's non-streamed requests
+    /// streamed and assemble the answer ([`StreamAssembler`]): llama.cpp,
+    /// which otherwise notices a client that left only after a second in
+    /// which none of its tasks gave a result (never, while it is scraped).
+    ///
+    /// [`StreamAssembler`]: super::StreamAssembler
+    pub fn assembles(self) -> bool {
+        self == EngineKind::LlamaCpp
+    }
 }
 
 impl fmt::Display for EngineKind {

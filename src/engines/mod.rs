@@ -11,6 +11,10 @@
 //! | [`sglang`] | `/metrics`: `sglang:token_usage`, `sglang:num_running_reqs`, `sglang:num_queue_reqs` | the `dp_rank` label |
 //! | [`llamacpp`] | `/metrics`: `llamacpp:requests_processing`, `llamacpp:requests_deferred`; `/slots`: `n_ctx`, `n_prompt_tokens`, `is_processing` | one rank |
 //!
+//! Besides load, llama.cpp needs its non-streamed requests sent streamed, so
+//! that a client that leaves frees its slot: [`streamed_request`] and
+//! [`StreamAssembler`] (see [`EngineKind::assembles`]).
+//!
 //! # The mapping
 //!
 //! - Ranks come in ascending numeric order of their label; a series without
@@ -67,6 +71,7 @@
 //! assert_eq!((rank0.load.active_decode_blocks, rank0.load.kv_total_blocks), (250_000_000, FRACTION_BLOCKS));
 //! ```
 
+mod assemble;
 mod error;
 mod exposition;
 mod kind;
@@ -77,6 +82,9 @@ mod snapshot;
 mod value;
 mod vllm;
 
+pub use self::assemble::{
+    streamed_request, AssembleError, Assembled, CompletionRoute, StreamAssembler, MAX_ASSEMBLED_BYTES,
+};
 pub use self::error::EngineError;
 pub use self::kind::{EngineKind, UnknownEngineKind};
 pub use self::llamacpp::llamacpp;

@@ -1,0 +1,681 @@
+//! A non-streamed request served by streaming it from the engine, and the
+//! engine's stream assembled into the whole answer the client asked for
+//! (feature `engines`).
+//!
+//! Why: llama.cpp checks whether the client of a *non-streamed* request is
+//! still there only after a whole second in which no task of the server
+//! produced a result (`server_response_reader::next` in its
+//! `tools/server/server-queue.cpp`: it waits on the results' condition
+//! variable, and any result wakes it and starts the second again). Every
+//! `/metrics` or `/slots` answer is such a result, so an engine scraped
+//! every 50 ms never notices that a client left, and keeps computing into
+//! a slot nobody waits for. A streamed request is different: its next
+//! token's write fails on the closed connection and the slot is freed at
+//! once. So a router sends llama.cpp the request as a stream
+//! ([`streamed_request`]: `"stream": true`, usage included), answers its
+//! own client whole, and drops the stream when that client leaves
+//! ([`EngineKind::assembles`] says which engines need it).
+//!
+//! [`StreamAssembler`] reads the stream (at most [`MAX_ASSEMBLED_BYTES`],
+//! in chunks split anywhere) into the answer, as llama.cpp would have sent
+//! it unstreamed:
+//!
+//! - chat: `delta`s are merged into one `message` (`content`,
+//!   `reasoning_content`, `refusal` concatenated; `tool_calls` merged by
+//!   their `index`, their `arguments` concatenated), `object` is
+//!   `chat.completion`, and a message without content has `content: ""`;
+//! - completions: each choice's `text` is concatenated;
+//! - both: `finish_reason` is the last one given, `logprobs.content`
+//!   arrays are concatenated, `usage` and `timings` come from the chunk
+//!   that carries them, and choices are ordered by `index`.
+//!
+//! An `error` the engine sends mid-stream becomes the answer
+//! ([`Assembled::EngineError`], with the status its `code` names, 500 when
+//! it names none). A stream that ends without `data: [DONE]` (nor an
+//! error) is [`AssembleError::Incomplete`].
+//!
+//! ```
+//! use loadgate::engines::{streamed_request, Assembled, CompletionRoute, StreamAssembler};
+//!
+//! let sent = streamed_request(br#"{"model":"m","prompt":"Hi"}"#).unwrap();
+//! assert!(String::from_utf8(sent).unwrap().contains(r#""stream":true"#));
+//!
+//! let mut stream = StreamAssembler::new(CompletionCompletionRoute::Completions);
+//! stream.push(b"data: {\"choices\":[{\"index\":0,\"text\":\"Hel\"}]}\n\ndata: {\"choices\":[{\"in").unwrap();
+//! stream.push(b"dex\":0,\"text\":\"lo\",\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n").unwrap();
+//! let Assembled::Answer(answer) = stream.finish().unwrap() else { unreachable!() };
+//! let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+//! assert_eq!(answer["choices"][0]["text"], "Hello");
+//! assert_eq!(answer["object"], "text_completion");
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+/// The largest engine stream assembled (the bytes received, events and
+/// all); more is [`AssembleError::TooLarge`].
+pub const MAX_ASSEMBLED_BYTES: usize = 32 * 1024 * 1024;
+
+/// Which OpenAI route a request is on: it decides the answer's shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CompletionRoute {
+    /// `/v1/completions`: choices carry `text`.
+    Completions,
+    /// `/v1/chat/completions`: chunks carry a `delta`, the answer a `message`.
+    ChatCompletions,
+}
+
+/// The request body to send an engine instead of `body`: the same JSON
+/// object with `"stream": true` and `"stream_options": {"include_usage":
+/// true}`. `None` leaves the request as it is: it streams already, or it is
+/// not one this module can assemble (not a JSON object, a `stream` that is
+/// not a boolean, or `n` other than 1, whose choices llama.cpp reports with
+/// a usage each).
+pub fn streamed_request(body: &[u8]) -> Option<Vec<u8>> {
+    // Only the top level is parsed; every member's value is kept verbatim.
+    let mut members: BTreeMap<String, &RawValue> = serde_json::from_slice(body).ok()?;
+    match members.get("stream").map(|v| v.get()) {
+        None | Some("false" | "null") => {}
+        Some(_) => return None,
+    }
+    if let Some(n) = members.get("n") {
+        if !matches!(n.get(), "1" | "null") {
+            return None;
+        }
+    }
+    const TRUE: &str = "true";
+    const USAGE: &str = r#"{"include_usage":true}"#;
+    let streamed: Box<RawValue> = RawValue::from_string(TRUE.to_owned()).ok()?;
+    let usage: Box<RawValue> = RawValue::from_string(USAGE.to_owned()).ok()?;
+    members.insert("stream".to_owned(), &streamed);
+    members.insert("stream_options".to_owned(), &usage);
+    serde_json::to_vec(&members).ok()
+}
+
+/// What an engine's stream came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Assembled {
+    /// The assembled answer (a JSON object), for a 200.
+    Answer(Vec<u8>),
+    /// The engine reported an error mid-stream: the status it names and the
+    /// `{"error": ...}` body it sent.
+    EngineError {
+        /// 400 to 599: the error's `code`, or 500.
+        status: u16,
+        /// `{"error": ...}`.
+        body: Vec<u8>,
+    },
+}
+
+/// Why no whole answer came out of an engine's stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AssembleError {
+    /// Over [`MAX_ASSEMBLED_BYTES`].
+    TooLarge,
+    /// An event that is not the JSON it should be.
+    Malformed(String),
+    /// The stream ended before `data: [DONE]`.
+    Incomplete,
+}
+
+impl fmt::Display for AssembleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AssembleError::TooLarge => write!(f, "the engine's answer is over {} MiB", MAX_ASSEMBLED_BYTES >> 20),
+            AssembleError::Malformed(what) => write!(f, "the engine's stream is malformed: {what}"),
+            AssembleError::Incomplete => f.write_str("the engine's stream ended before [DONE]"),
+        }
+    }
+}
+
+impl std::error::Error for AssembleError {}
+
+/// Keys whose string values are pieces of one text, concatenated.
+const TEXT_KEYS: [&str; 5] = ["content", "text", "reasoning_content", "refusal", "arguments"];
+
+/// One answer being assembled from an engine's server-sent events.
+#[derive(Debug)]
+pub struct StreamAssembler {
+    route: CompletionRoute,
+    /// Bytes received so far.
+    received: usize,
+    /// The unfinished line at the end of the last chunk.
+    line: Vec<u8>,
+    /// The data lines of the event being read.
+    data: Vec<u8>,
+    /// The event's `event:` name, if any.
+    event: Option<String>,
+    /// Top-level members other than `choices` and `object` (the last given
+    /// wins: `usage` and `timings` come with the last chunks).
+    top: Map<String, Value>,
+    /// By `index`.
+    choices: BTreeMap<u64, Choice>,
+    /// `data: [DONE]` was read.
+    done: bool,
+    /// The engine's error, once it sent one: `(status, body)`.
+    error: Option<(u16, Vec<u8>)>,
+}
+
+/// One choice being assembled.
+#[derive(Debug, Default)]
+struct Choice {
+    /// Every member but `delta` (chat) merged.
+    fields: Map<String, Value>,
+    /// Chat: the merged `delta`s, `tool_calls` aside.
+    message: Map<String, Value>,
+    /// Chat: tool calls by their `index`.
+    tool_calls: BTreeMap<u64, Map<String, Value>>,
+}
+
+impl StreamAssembler {
+    /// Nothing read yet, for a request on `route`.
+    pub fn new(route: CompletionRoute) -> Self {
+        StreamAssembler {
+            route,
+            received: 0,
+            line: Vec::new(),
+            data: Vec::new(),
+            event: None,
+            top: Map::new(),
+            choices: BTreeMap::new(),
+            done: false,
+            error: None,
+        }
+    }
+
+    /// Whether nothing more is needed: `[DONE]` or an error came.
+    pub fn ended(&self) -> bool {
+        self.done || self.error.is_some()
+    }
+
+    /// Takes the next bytes of the stream, split anywhere.
+    ///
+    /// # Errors
+    ///
+    /// [`AssembleError::TooLarge`] past [`MAX_ASSEMBLED_BYTES`], or
+    /// [`AssembleError::Malformed`] for an event that is not a chunk.
+    pub fn push(&mut self, chunk: &[u8]) -> Result<(), AssembleError> {
+        self.received = self.received.saturating_add(chunk.len());
+        if self.received > MAX_ASSEMBLED_BYTES {
+            return Err(AssembleError::TooLarge);
+        }
+        let mut rest = chunk;
+        while let Some(end) = rest.iter().position(|&b| b == b'\n') {
+            self.line.extend_from_slice(&rest[..end]);
+            rest = &rest[end + 1..];
+            let line = std::mem::take(&mut self.line);
+            self.on_line(&line)?;
+            if self.ended() {
+                return Ok(());
+            }
+        }
+        self.line.extend_from_slice(rest);
+        Ok(())
+    }
+
+    /// The answer, once the stream ended (a last event without its blank
+    /// line counts).
+    ///
+    /// # Errors
+    ///
+    /// [`AssembleError::Incomplete`] without `[DONE]` (nor an error), or
+    /// what [`push`](Self::push) returns for the last event.
+    pub fn finish(mut self) -> Result<Assembled, AssembleError> {
+        if !self.ended() {
+            // A last event not closed by a blank line still counts.
+            let line = std::mem::take(&mut self.line);
+            if !line.is_empty() {
+                self.on_line(&line)?;
+            }
+            self.on_line(b"")?;
+        }
+        if let Some((status, body)) = self.error {
+            return Ok(Assembled::EngineError { status, body });
+        }
+        if !self.done {
+            return Err(AssembleError::Incomplete);
+        }
+        Ok(Assembled::Answer(self.answer()))
+    }
+
+    /// One line of the event stream (without its `\n`).
+    fn on_line(&mut self, line: &[u8]) -> Result<(), AssembleError> {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() {
+            return self.on_event();
+        }
+        // `:` starts a comment (llama.cpp's pings).
+        let (field, value) = match line.iter().position(|&b| b == b':') {
+            Some(0) => return Ok(()),
+            Some(at) => (&line[..at], &line[at + 1..]),
+            None => (line, &[][..]),
+        };
+        let value = value.strip_prefix(b" ").unwrap_or(value);
+        match field {
+            b"data" => {
+                if !self.data.is_empty() {
+                    self.data.push(b'\n');
+                }
+                self.data.extend_from_slice(value);
+            }
+            b"event" => self.event = Some(String::from_utf8_lossy(value).into_owned()),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The event read so far is complete.
+    fn on_event(&mut self) -> Result<(), AssembleError> {
+        let data = std::mem::take(&mut self.data);
+        let event = self.event.take();
+        if data.is_empty() {
+            return Ok(());
+        }
+        if data == b"[DONE]" {
+            self.done = true;
+            return Ok(());
+        }
+        let value: Value = serde_json::from_slice(&data)
+            .map_err(|e| AssembleError::Malformed(format!("an event is not JSON ({e})")))?;
+        let Value::Object(mut chunk) = value else {
+            return Err(AssembleError::Malformed("an event is not a JSON object".to_owned()));
+        };
+        if event.as_deref() == Some("error") || chunk.contains_key("error") {
+            let error = chunk.remove("error").unwrap_or(Value::Object(chunk));
+            self.error = Some((error_status(&error), error_body(error)));
+            return Ok(());
+        }
+        match chunk.remove("choices") {
+            Some(Value::Array(choices)) => {
+                for choice in choices {
+                    self.merge_choice(choice)?;
+                }
+            }
+            None | Some(Value::Null) => {}
+            Some(_) => return Err(AssembleError::Malformed("`choices` is not an array".to_owned())),
+        }
+        chunk.remove("object");
+        for (key, value) in chunk {
+            if !value.is_null() || !self.top.contains_key(&key) {
+                self.top.insert(key, value);
+            }
+        }
+        Ok(())
+    }
+
+    fn merge_choice(&mut self, choice: Value) -> Result<(), AssembleError> {
+        let Value::Object(mut choice) = choice else {
+            return Err(AssembleError::Malformed("a choice is not an object".to_owned()));
+        };
+        let index = match choice.get("index") {
+            None | Some(Value::Null) => 0,
+            Some(index) => index
+                .as_u64()
+                .ok_or_else(|| AssembleError::Malformed("a choice's `index` is not a count".to_owned()))?,
+        };
+        let slot = self.choices.entry(index).or_default();
+        if self.route == CompletionRoute::ChatCompletions {
+            match choice.remove("delta") {
+                Some(Value::Object(mut delta)) => {
+                    if let Some(calls) = delta.remove("tool_calls") {
+                        merge_tool_calls(&mut slot.tool_calls, calls)?;
+                    }
+                    merge_members(&mut slot.message, delta);
+                }
+                None | Some(Value::Null) => {}
+                Some(_) => return Err(AssembleError::Malformed("a `delta` is not an object".to_owned())),
+            }
+        }
+        merge_members(&mut slot.fields, choice);
+        Ok(())
+    }
+
+    /// The whole answer, as the engine sends it unstreamed.
+    fn answer(self) -> Vec<u8> {
+        let route = self.route;
+        let choices: Vec<Value> = self
+            .choices
+            .into_iter()
+            .map(|(index, mut choice)| {
+                choice.fields.insert("index".to_owned(), Value::from(index));
+                if route == CompletionRoute::ChatCompletions {
+                    let mut message = choice.message;
+                    message.entry("role").or_insert_with(|| Value::from("assistant"));
+                    if !message.get("content").is_some_and(Value::is_string) {
+                        message.insert("content".to_owned(), Value::from(""));
+                    }
+                    if !choice.tool_calls.is_empty() {
+                        let calls = choice.tool_calls.into_values().map(Value::Object).collect();
+                        message.insert("tool_calls".to_owned(), Value::Array(calls));
+                    }
+                    choice.fields.insert("message".to_owned(), Value::Object(message));
+                }
+                Value::Object(choice.fields)
+            })
+            .collect();
+        let mut answer = self.top;
+        let object = match route {
+            CompletionRoute::Completions => "text_completion",
+            CompletionRoute::ChatCompletions => "chat.completion",
+        };
+        answer.insert("object".to_owned(), Value::from(object));
+        answer.insert("choices".to_owned(), Value::Array(choices));
+        // Serializing a `Value` fails only on non-string map keys: none here.
+        serde_json::to_vec(&answer).unwrap_or_default()
+    }
+}
+
+/// Merges `delta`'s tool calls (an array of objects with an `index`).
+fn merge_tool_calls(calls: &mut BTreeMap<u64, Map<String, Value>>, delta: Value) -> Result<(), AssembleError> {
+    let Value::Array(delta) = delta else {
+        return Err(AssembleError::Malformed("`tool_calls` is not an array".to_owned()));
+    };
+    for call in delta {
+        let Value::Object(mut call) = call else {
+            return Err(AssembleError::Malformed("a tool call is not an object".to_owned()));
+        };
+        let index = match call.remove("index") {
+            None | Some(Value::Null) => 0,
+            Some(index) => index
+                .as_u64()
+                .ok_or_else(|| AssembleError::Malformed("a tool call's `index` is not a count".to_owned()))?,
+        };
+        merge_members(calls.entry(index).or_default(), call);
+    }
+    Ok(())
+}
+
+/// Merges `from` into `into`, member by member ([`merge_value`]).
+fn merge_members(into: &mut Map<String, Value>, from: Map<String, Value>) {
+    for (key, value) in from {
+        match into.get_mut(&key) {
+            Some(existing) => merge_value(&key, existing, value),
+            None => {
+                into.insert(key, value);
+            }
+        }
+    }
+}
+
+/// One member's next piece: `null` keeps what is there, the pieces of a
+/// text ([`TEXT_KEYS`]) and arrays are concatenated, objects merged, and
+/// anything else replaced.
+fn merge_value(key: &str, into: &mut Value, from: Value) {
+    match (into, from) {
+        (_, Value::Null) => {}
+        (Value::String(text), Value::String(piece)) if TEXT_KEYS.contains(&key) => text.push_str(&piece),
+        (Value::Array(items), Value::Array(more)) => items.extend(more),
+        (Value::Object(members), Value::Object(more)) => merge_members(members, more),
+        (into, from) => *into = from,
+    }
+}
+
+/// The status an engine's error names in its `code` (400 to 599), else 500.
+fn error_status(error: &Value) -> u16 {
+    error
+        .get("code")
+        .and_then(Value::as_u64)
+        .and_then(|code| u16::try_from(code).ok())
+        .filter(|code| (400..=599).contains(code))
+        .unwrap_or(500)
+}
+
+fn error_body(error: Value) -> Vec<u8> {
+    let mut body = Map::new();
+    body.insert("error".to_owned(), error);
+    serde_json::to_vec(&Value::Object(body)).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assemble(route: CompletionRoute, stream: &[u8], piece: usize) -> Result<Assembled, AssembleError> {
+        let mut assembler = StreamAssembler::new(route);
+        for chunk in stream.chunks(piece.max(1)) {
+            assembler.push(chunk)?;
+        }
+        assembler.finish()
+    }
+
+    fn answer(route: CompletionRoute, stream: &[u8]) -> Value {
+        match assemble(route, stream, usize::MAX).unwrap() {
+            Assembled::Answer(body) => serde_json::from_slice(&body).unwrap(),
+            other => panic!("not an answer: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_non_streamed_request_is_sent_streamed_with_usage() {
+        let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"stream":false}"#;
+        let sent: Value = serde_json::from_slice(&streamed_request(body).unwrap()).unwrap();
+        assert_eq!(sent["stream"], true);
+        assert_eq!(sent["stream_options"]["include_usage"], true);
+        assert_eq!(sent["messages"][0]["content"], "hi");
+        assert_eq!(sent["max_tokens"], 5);
+        assert!(streamed_request(br#"{"model":"m","prompt":"a"}"#).is_some(), "no stream field");
+        assert!(streamed_request(br#"{"model":"m","prompt":"a","n":1}"#).is_some());
+    }
+
+    #[test]
+    fn requests_it_cannot_assemble_are_left_alone() {
+        for body in [
+            &br#"{"model":"m","prompt":"a","stream":true}"#[..],
+            br#"{"model":"m","prompt":"a","stream":"yes"}"#,
+            br#"{"model":"m","prompt":"a","n":2}"#,
+            br#"[1,2]"#,
+            b"not json",
+            br#"{"model":"m""#,
+        ] {
+            assert_eq!(streamed_request(body), None, "{}", String::from_utf8_lossy(body));
+        }
+    }
+
+    #[test]
+    fn a_chat_stream_becomes_one_message() {
+        let stream = concat!(
+            "data: {\"choices\":[{\"finish_reason\":null,\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":null}}],",
+            "\"created\":7,\"id\":\"chatcmpl-1\",\"model\":\"m\",\"object\":\"chat.completion.chunk\"}\n\n",
+            ": ping\n\n",
+            "data: {\"choices\":[{\"finish_reason\":null,\"index\":0,\"delta\":{\"content\":\"Hel\"}}],\"id\":\"chatcmpl-1\"}\r\n\r\n",
+            "data: {\"choices\":[{\"finish_reason\":null,\"index\":0,\"delta\":{\"content\":\"lo\"}}],\"id\":\"chatcmpl-1\"}\n\n",
+            "data: {\"choices\":[{\"finish_reason\":\"length\",\"index\":0,\"delta\":{}}],\"id\":\"chatcmpl-1\"}\n\n",
+            "data: {\"choices\":[],\"id\":\"chatcmpl-1\",\"usage\":{\"completion_tokens\":2,\"prompt_tokens\":3,",
+            "\"total_tokens\":5},\"timings\":{\"predicted_n\":2}}\n\n",
+            "data: [DONE]\n\n",
+        );
+        for piece in [1, 3, 7, 64, usize::MAX] {
+            let Assembled::Answer(body) = assemble(CompletionRoute::ChatCompletions, stream.as_bytes(), piece).unwrap()
+            else {
+                panic!("no answer")
+            };
+            let answer: Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(answer["object"], "chat.completion", "piece {piece}");
+            assert_eq!(answer["id"], "chatcmpl-1");
+            assert_eq!(answer["created"], 7);
+            assert_eq!(answer["model"], "m");
+            assert_eq!(answer["usage"]["total_tokens"], 5);
+            assert_eq!(answer["timings"]["predicted_n"], 2);
+            let choices = answer["choices"].as_array().unwrap();
+            assert_eq!(choices.len(), 1);
+            assert_eq!(choices[0]["index"], 0);
+            assert_eq!(choices[0]["finish_reason"], "length");
+            assert_eq!(choices[0]["message"], serde_json::json!({"role": "assistant", "content": "Hello"}));
+            assert!(choices[0].get("delta").is_none());
+        }
+    }
+
+    #[test]
+    fn tool_calls_and_reasoning_are_merged() {
+        let chunk = |delta: &str| format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{delta}}}]}}\n\n");
+        let mut stream = String::new();
+        stream += &chunk(r#"{"reasoning_content":"think"}"#);
+        stream += &chunk(r#"{"reasoning_content":"ing"}"#);
+        stream += &chunk(r#"{"tool_calls":[{"index":0,"id":"c0","type":"function","function":{"name":"f"}}]}"#);
+        stream += &chunk(r#"{"tool_calls":[{"index":0,"function":{"arguments":"{\"a\":"}}]}"#);
+        stream += &chunk(r#"{"tool_calls":[{"index":1,"id":"c1","type":"function","function":{"name":"g"}}]}"#);
+        stream += &chunk(r#"{"tool_calls":[{"index":0,"function":{"arguments":"1}"}}]}"#);
+        stream +=
+            "data: {\"choices\":[{\"index\":0,\"finish_reason\":\"tool_calls\",\"delta\":{}}]}\n\ndata: [DONE]\n\n";
+        let answer = answer(CompletionRoute::ChatCompletions, stream.as_bytes());
+        let message = &answer["choices"][0]["message"];
+        assert_eq!(message["reasoning_content"], "thinking");
+        assert_eq!(message["content"], "");
+        assert_eq!(
+            message["tool_calls"],
+            serde_json::json!([
+                {"id": "c0", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}},
+                {"id": "c1", "type": "function", "function": {"name": "g"}},
+            ])
+        );
+        assert_eq!(answer["choices"][0]["finish_reason"], "tool_calls");
+    }
+
+    #[test]
+    fn a_completions_stream_concatenates_text_and_logprobs() {
+        let stream = concat!(
+            "data: {\"choices\":[{\"text\":\" the\",\"index\":0,\"logprobs\":{\"content\":[{\"token\":\" the\"}]},",
+            "\"finish_reason\":null}],\"object\":\"text_completion\",\"id\":\"c\"}\n\n",
+            "data: {\"choices\":[{\"text\":\" end\",\"index\":0,\"logprobs\":{\"content\":[{\"token\":\" end\"}]},",
+            "\"finish_reason\":null}],\"object\":\"text_completion\",\"id\":\"c\"}\n\n",
+            "data: {\"choices\":[{\"text\":\"\",\"index\":0,\"logprobs\":null,\"finish_reason\":\"length\"}],",
+            "\"usage\":{\"completion_tokens\":2}}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let answer = answer(CompletionRoute::Completions, stream.as_bytes());
+        assert_eq!(answer["object"], "text_completion");
+        assert_eq!(answer["choices"][0]["text"], " the end");
+        assert_eq!(answer["choices"][0]["finish_reason"], "length");
+        assert_eq!(answer["choices"][0]["logprobs"]["content"].as_array().unwrap().len(), 2);
+        assert_eq!(answer["usage"]["completion_tokens"], 2);
+    }
+
+    #[test]
+    fn an_error_mid_stream_is_the_answer() {
+        let stream = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n\
+            data: {\"error\":{\"code\":400,\"message\":\"context full\",\"type\":\"exceed_context_size_error\"}}\n\n";
+        let Assembled::EngineError { status, body } =
+            assemble(CompletionRoute::ChatCompletions, stream, usize::MAX).unwrap()
+        else {
+            panic!("not an error")
+        };
+        assert_eq!(status, 400);
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["error"]["message"], "context full");
+        let named = b"event: error\ndata: {\"message\":\"boom\"}\n\n";
+        let Assembled::EngineError { status, body } =
+            assemble(CompletionRoute::Completions, named, usize::MAX).unwrap()
+        else {
+            panic!("not an error")
+        };
+        assert_eq!(status, 500, "no code: 500");
+        assert_eq!(serde_json::from_slice::<Value>(&body).unwrap()["error"]["message"], "boom");
+    }
+
+    #[test]
+    fn broken_streams_are_refused() {
+        let cut = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n";
+        assert!(matches!(assemble(CompletionRoute::ChatCompletions, cut, usize::MAX), Err(AssembleError::Incomplete)));
+        assert!(matches!(assemble(CompletionRoute::ChatCompletions, b"", 1), Err(AssembleError::Incomplete)));
+        for bad in [&b"data: {not json\n\n"[..], b"data: [1]\n\n", b"data: {\"choices\":3}\n\n"] {
+            assert!(
+                matches!(assemble(CompletionRoute::Completions, bad, usize::MAX), Err(AssembleError::Malformed(_))),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let bad_index = b"data: {\"choices\":[{\"index\":-1,\"text\":\"a\"}]}\n\n";
+        assert!(matches!(assemble(CompletionRoute::Completions, bad_index, 4), Err(AssembleError::Malformed(_))));
+    }
+
+    #[test]
+    fn a_stream_over_the_cap_is_refused_without_holding_it() {
+        let mut assembler = StreamAssembler::new(CompletionRoute::Completions);
+        let line = vec![b'x'; 1 << 20];
+        let mut outcome = Ok(());
+        for _ in 0..=MAX_ASSEMBLED_BYTES >> 20 {
+            outcome = assembler.push(&line);
+            if outcome.is_err() {
+                break;
+            }
+        }
+        assert!(matches!(outcome, Err(AssembleError::TooLarge)));
+    }
+
+    #[test]
+    fn a_last_event_without_a_blank_line_counts() {
+        let stream = b"data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\ndata: [DONE]";
+        assert_eq!(answer(CompletionRoute::Completions, stream)["choices"][0]["text"], "a");
+    }
+
+    /// A fixture's JSON, its `//` source lines stripped.
+    fn fixture_json(text: &str) -> Value {
+        let json: String = text.lines().filter(|l| !l.starts_with("//")).collect();
+        serde_json::from_str(&json).unwrap()
+    }
+
+    /// The member names of an object, sorted.
+    fn keys(value: &Value) -> Vec<&str> {
+        let mut keys: Vec<&str> = value.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        keys
+    }
+
+    /// The text pieces of a captured stream, in order, read line by line.
+    fn pieces(stream: &str, route: CompletionRoute) -> String {
+        stream
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str::<Value>(d).unwrap())
+            .flat_map(|chunk| chunk["choices"].as_array().unwrap().clone())
+            .filter_map(|choice| match route {
+                CompletionRoute::ChatCompletions => choice["delta"]["content"].as_str().map(str::to_owned),
+                CompletionRoute::Completions => choice["text"].as_str().map(str::to_owned),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn captured_llama_cpp_streams_assemble_into_its_unstreamed_shape() {
+        let cases = [
+            (
+                CompletionRoute::ChatCompletions,
+                include_str!("../../tests/fixtures/engines/llamacpp-tiny-chat-stream.sse"),
+                include_str!("../../tests/fixtures/engines/llamacpp-tiny-chat-nonstream.json"),
+                8,
+            ),
+            (
+                CompletionRoute::Completions,
+                include_str!("../../tests/fixtures/engines/llamacpp-tiny-completion-stream.sse"),
+                include_str!("../../tests/fixtures/engines/llamacpp-tiny-completion-nonstream.json"),
+                6,
+            ),
+        ];
+        for (route, stream, unstreamed, completion_tokens) in cases {
+            let assembled = answer(route, stream.as_bytes());
+            let unstreamed = fixture_json(unstreamed);
+            // The same members as llama.cpp's own unstreamed answer, at
+            // every level (the texts differ: other requests, random weights).
+            assert_eq!(keys(&assembled), keys(&unstreamed), "{route:?}");
+            let (choice, expected) = (&assembled["choices"][0], &unstreamed["choices"][0]);
+            assert_eq!(keys(choice), keys(expected), "{route:?}");
+            assert_eq!(keys(&assembled["usage"]), keys(&unstreamed["usage"]));
+            assert_eq!(assembled["object"], unstreamed["object"]);
+            assert_eq!(assembled["usage"]["completion_tokens"], completion_tokens);
+            assert_eq!(choice["finish_reason"], "length");
+            let text = match route {
+                CompletionRoute::ChatCompletions => {
+                    assert_eq!(keys(&choice["message"]), keys(&expected["message"]));
+                    &choice["message"]["content"]
+                }
+                CompletionRoute::Completions => &choice["text"],
+            };
+            assert_eq!(text.as_str().unwrap(), pieces(stream, route), "{route:?}");
+        }
+    }
+}
