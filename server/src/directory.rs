@@ -34,6 +34,9 @@ pub struct WorkerAddress {
     /// A real inference engine (`--engine`), not a loadgate worker: it gets
     /// no request proof and reports no KV in the router's block unit.
     pub engine: bool,
+    /// An engine whose non-streamed requests are sent streamed and answered
+    /// whole (llama.cpp: `engines/assemble.rs`).
+    pub assembles: bool,
 }
 
 /// How long a worker a connection failed to stays out of routing.
@@ -118,9 +121,10 @@ impl WorkerDirectory {
 
     /// Records (or replaces) the endpoint of an engine named by `--engine`:
     /// static (the event plane refuses its id), and flagged as an engine
-    /// (its scrapes are its health check, not `GET /health`).
-    pub fn insert_engine(&self, worker: WorkerId, base_url: &str, dp_size: u32) {
-        let entry = Entry::new(address(base_url, dp_size, true), true);
+    /// (its scrapes are its health check, not `GET /health`);
+    /// `assembles`: see [`WorkerAddress::assembles`].
+    pub fn insert_engine(&self, worker: WorkerId, base_url: &str, dp_size: u32, assembles: bool) {
+        let entry = Entry::new(WorkerAddress { assembles, ..address(base_url, dp_size, true) }, true);
         let old = self.workers.write().unwrap_or_else(|e| e.into_inner()).insert(worker, entry);
         self.forget_flags(old);
     }
@@ -251,7 +255,7 @@ impl WorkerDirectory {
 fn address(http_addr: &str, dp_size: u32, engine: bool) -> WorkerAddress {
     let base = http_addr.trim_end_matches('/');
     let base_url = if base.contains("://") { base.to_owned() } else { format!("http://{base}") };
-    WorkerAddress { base_url: Arc::from(base_url), dp_size, engine }
+    WorkerAddress { base_url: Arc::from(base_url), dp_size, engine, assembles: false }
 }
 
 #[cfg(test)]
@@ -288,11 +292,13 @@ mod tests {
     fn engines_are_static_but_not_health_checked() {
         let d = WorkerDirectory::default();
         d.insert_static(1, "127.0.0.1:80", 1);
-        d.insert_engine(2, "http://127.0.0.1:8080", 2);
+        d.insert_engine(2, "http://127.0.0.1:8080", 2, true);
         assert!(d.is_static(2), "the event plane may not take an engine's id");
         assert!(!d.insert(2, "127.0.0.1:99", 1));
         assert!(d.get(2).unwrap().engine);
         assert!(!d.get(1).unwrap().engine);
+        assert!(d.get(2).unwrap().assembles);
+        assert!(!d.get(1).unwrap().assembles);
         let checked: Vec<WorkerId> = d.static_workers().into_iter().map(|(id, _)| id).collect();
         assert_eq!(checked, [1], "the --worker health check skips engines");
         assert!(d.set_silent(2, true));

@@ -278,8 +278,12 @@ async fn complete(
     tokio::time::sleep(wait).await;
     let stream = serde_json::from_slice::<Value>(&body).ok().and_then(|v| v["stream"].as_bool()).unwrap_or(false);
     if stream {
-        let chunk =
-            |text: &str| format!("data: {}\n\n", json!({"choices": [{"index": 0, "delta": {"content": text}}]}));
+        let chat = uri.path().ends_with("/chat/completions");
+        let chunk = |text: &str| {
+            let choice =
+                if chat { json!({"index": 0, "delta": {"content": text}}) } else { json!({"index": 0, "text": text}) };
+            format!("data: {}\n\n", json!({"choices": [choice]}))
+        };
         let sse = format!("{}{}data: [DONE]\n\n", chunk(&format!("engine-{port}")), chunk(" more"));
         ([("content-type", "text/event-stream")], sse).into_response()
     } else {
@@ -593,8 +597,8 @@ async fn sheds_529_when_every_engine_waits_past_the_threshold() {
 }
 
 /// Completions and streamed chats go to the engine's same path with the
-/// body as sent and no request proof (even with an event secret), and come
-/// back whole; while a request is in flight the router tracks its prompt
+/// body as sent (a non-streamed one streamed: llama.cpp) and no request
+/// proof (even with an event secret), and come back whole; while a request is in flight the router tracks its prompt
 /// words as prefill on the engine (engines do not report prefill), released
 /// when the answer comes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -613,7 +617,7 @@ async fn proxies_to_the_engine_and_tracks_prefill_meanwhile() {
         .unwrap();
     assert_eq!(response.status(), 200);
     let answer: Value = response.json().await.unwrap();
-    assert_eq!(answer["choices"][0]["text"], format!("engine-{}", engine.addr.port()));
+    assert_eq!(answer["choices"][0]["text"], format!("engine-{} more", engine.addr.port()));
     let chat = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": true});
     let response = fe.client.post(format!("{}/v1/chat/completions", fe.http)).json(&chat).send().await.unwrap();
     assert_eq!(response.status(), 200);
@@ -623,7 +627,14 @@ async fn proxies_to_the_engine_and_tracks_prefill_meanwhile() {
     let received = engine.received();
     assert_eq!(received.len(), 2);
     assert_eq!(received[0].path, "/v1/completions");
-    assert_eq!(received[0].body, body.as_bytes(), "the body as the client sent it");
+    // llama.cpp gets a non-streamed request streamed (so that a client that
+    // leaves frees its slot), and the answer above came back whole.
+    let mut streamed: Value = serde_json::from_str(&body).unwrap();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let sent: Value = serde_json::from_slice(&received[0].body).unwrap();
+    assert_eq!(sent, streamed, "the client's body, streamed");
+    assert_eq!(answer["object"], "text_completion", "{answer}");
     assert_eq!(received[1].path, "/v1/chat/completions");
     assert!(received.iter().all(|r| !r.had_proof), "no request proof to an engine");
 

@@ -446,28 +446,59 @@ async fn abandon(base: &str, engine: &Engine, body: Value) -> Duration {
     left.elapsed()
 }
 
-// Streamed requests only: llama.cpp notices that the client of a whole
+// Streamed and not: llama.cpp notices that the client of a whole
 // (non-streamed) request left only after a full second without any other
-// task result, and every scrape of `/metrics` or `/slots` (and every token of
-// another stream) is one; scraped every 50 ms, it computes the abandoned
-// request to its end although loadgate closed the connection at once
-// (docs/engines.md, "Known limits").
+// task result, and every scrape of `/metrics` or `/slots` is one, so
+// loadgate sends it non-streamed requests streamed and answers them whole
+// (`loadgate::engines::StreamAssembler`); scraped every 50 ms here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs llama-server: bash scripts/prepare-llama-server, then cargo test --test real_engines -- --ignored"]
-async fn a_client_that_leaves_mid_stream_frees_the_engine_slot() {
+async fn a_client_that_leaves_frees_the_engine_slot_streamed_or_not() {
     let engine = Engine::start();
     // Through a sidecar and a frontend, then through a frontend alone.
     let frontend = Frontend::secured(&[]);
     let sidecar = sidecar(&engine, &frontend, 4, 2);
     frontend.wait_workers(1, Duration::from_secs(20)).await;
-    let freed = abandon(&frontend.http, &engine, long_request(2000, true)).await;
-    eprintln!("through a sidecar: slot free {} ms after the client left", freed.as_millis());
+    whole_answers_are_assembled(&frontend.http).await;
+    for stream in [true, false] {
+        let freed = abandon(&frontend.http, &engine, long_request(2000, stream)).await;
+        eprintln!("through a sidecar, stream {stream}: slot free {} ms after the client left", freed.as_millis());
+    }
     drop(sidecar);
     drop(frontend);
 
     let spec = engine.spec();
     let direct = Frontend::start(None, &["--engine", &spec, "--engine-scrape-interval-ms", "50"]);
     direct.wait_workers(1, Duration::from_secs(60)).await;
-    let freed = abandon(&direct.http, &engine, long_request(2000, true)).await;
-    eprintln!("frontend --engine: slot free {} ms after the client left", freed.as_millis());
+    whole_answers_are_assembled(&direct.http).await;
+    for stream in [true, false] {
+        let freed = abandon(&direct.http, &engine, long_request(2000, stream)).await;
+        eprintln!("frontend --engine, stream {stream}: slot free {} ms after the client left", freed.as_millis());
+    }
+}
+
+/// A non-streamed completion and chat completion through `base` come back
+/// whole, in the unstreamed shape, with every token generated.
+async fn whole_answers_are_assembled(base: &str) {
+    let client = client_within(Duration::from_secs(60));
+    let (status, body) = post(&client, base, &long_request(24, false)).await;
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).expect("a JSON answer");
+    assert_eq!(answer["object"], "text_completion", "{body}");
+    assert_eq!(answer["usage"]["completion_tokens"], 24, "{body}");
+    assert!(answer["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()), "{body}");
+    assert_eq!(answer["choices"][0]["finish_reason"], "length", "{body}");
+    let chat = json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "say something"}],
+        "max_tokens": 12,
+        "ignore_eos": true,
+    });
+    let response = client.post(format!("{base}/v1/chat/completions")).json(&chat).send().await.expect("chat");
+    assert_eq!(response.status(), 200);
+    let answer: Value = response.json().await.expect("a JSON chat answer");
+    assert_eq!(answer["object"], "chat.completion", "{answer}");
+    assert_eq!(answer["choices"][0]["message"]["role"], "assistant", "{answer}");
+    assert!(answer["choices"][0]["message"]["content"].is_string(), "{answer}");
+    assert_eq!(answer["usage"]["completion_tokens"], 12, "{answer}");
 }

@@ -113,11 +113,13 @@ pub(crate) async fn register_engines(
             limits
                 .check_register(&frontend.monitor, &frontend.directory, worker, &model, Some(&spec.base_url), dp_size)
                 .map_err(|refusal| anyhow::anyhow!("--engine {spec} refused: {refusal}"))?;
-            frontend
-                .monitor
-                .register(worker, &model, dp_size, incarnation)
-                .map_err(|e| anyhow::anyhow!("--engine {spec} refused: {e}"))?;
-            frontend.directory.insert_engine(worker, &spec.base_url, dp_size);
+            // The address first: the router may pick the worker as soon as
+            // the monitor has it.
+            frontend.directory.insert_engine(worker, &spec.base_url, dp_size, spec.kind.assembles());
+            if let Err(e) = frontend.monitor.register(worker, &model, dp_size, incarnation) {
+                frontend.directory.remove(worker);
+                anyhow::bail!("--engine {spec} refused: {e}");
+            }
             tracing::info!(worker, %model, dp_size, kind = %spec.kind, url = %spec.base_url, "engine registered");
             engine.workers.push((worker, model));
         }
@@ -274,7 +276,7 @@ impl Engine {
         self.dp_size = ranks;
         for (worker, _) in &self.workers {
             // A replaced entry starts in routing; `loaded` logs the return.
-            frontend.directory.insert_engine(*worker, &self.spec.base_url, ranks);
+            frontend.directory.insert_engine(*worker, &self.spec.base_url, ranks, self.spec.kind.assembles());
         }
         true
     }

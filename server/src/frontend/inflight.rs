@@ -247,7 +247,7 @@ mod tests {
     use super::*;
 
     fn address(dp_size: u32, engine: bool) -> WorkerAddress {
-        WorkerAddress { base_url: "http://127.0.0.1:1".into(), dp_size, engine }
+        WorkerAddress { base_url: "http://127.0.0.1:1".into(), dp_size, engine, assembles: false }
     }
 
     fn tracked(monitor: &WorkerMonitor, worker: WorkerId) -> RankLoad {

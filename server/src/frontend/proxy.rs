@@ -23,6 +23,8 @@ use loadgate::{
     Migration, RouteError, WorkerId,
 };
 
+use crate::directory::WorkerAddress;
+use crate::engines::assemble::{self, ReadError};
 use crate::frontend::inflight::Held;
 use crate::frontend::observe::{ModelLabel, RequestId, REQUEST_ID_HEADER};
 use crate::frontend::reply;
@@ -31,6 +33,7 @@ use crate::frontend::state::Frontend;
 use crate::frontend::upstream::Failure;
 use crate::openai::InvalidRequest;
 use crate::secret::{body_digest, BodyDigest};
+use loadgate::engines::{Assembled, CompletionRoute};
 
 /// Largest worker error body the frontend reads to relay.
 const MAX_ERROR_BODY: usize = 64 * 1024;
@@ -132,7 +135,7 @@ async fn proxy(frontend: Arc<Frontend>, endpoint: Endpoint, id: Option<RequestId
         Ok(head) => (head.model, head.prompt_tokens),
         Err(message) => return reply::bad_request(&message),
     };
-    let request = Outgoing { endpoint, prompt, body: &body, id: id.as_ref() };
+    let request = Outgoing { endpoint, prompt, body: &body, id: id.as_ref(), streamed: Default::default() };
     let mut response = route_and_send(&frontend, &model, &request).await;
     response.extensions_mut().insert(ModelLabel(Arc::from(model.as_str())));
     response
@@ -147,6 +150,26 @@ struct Outgoing<'a> {
     prompt: u64,
     body: &'a Bytes,
     id: Option<&'a RequestId>,
+    /// The body as a streamed request, for engines that assemble
+    /// (`engines/assemble.rs`): rewritten at the first such attempt.
+    streamed: tokio::sync::OnceCell<Option<Bytes>>,
+}
+
+impl Outgoing<'_> {
+    /// The body to send `address`, and the route to assemble its answer on
+    /// when it is sent streamed.
+    async fn body_for(&self, address: &WorkerAddress) -> (Bytes, Option<CompletionRoute>) {
+        if address.assembles {
+            if let Some(streamed) = self.streamed.get_or_init(|| assemble::streamed_body(self.body)).await {
+                let route = match self.endpoint {
+                    Endpoint::Completions => CompletionRoute::Completions,
+                    Endpoint::ChatCompletions => CompletionRoute::ChatCompletions,
+                };
+                return (streamed.clone(), Some(route));
+            }
+        }
+        (self.body.clone(), None)
+    }
 }
 
 async fn route_and_send(frontend: &Arc<Frontend>, model: &str, request: &Outgoing<'_>) -> Response {
@@ -315,8 +338,8 @@ async fn dispatch(frontend: &Arc<Frontend>, worker: WorkerId, outgoing: &Outgoin
     let first_byte_by = Instant::now() + timeouts.first_byte;
     let mut held = frontend.inflight.hold(worker, &address, outgoing.prompt);
     let url = format!("{}{}", address.base_url, path(endpoint));
-    let mut request =
-        frontend.client.post(url).header(header::CONTENT_TYPE, "application/json").body(outgoing.body.clone());
+    let (body, whole) = outgoing.body_for(&address).await;
+    let mut request = frontend.client.post(url).header(header::CONTENT_TYPE, "application/json").body(body);
     if let Some(id) = outgoing.id {
         // Not covered by the request proof (method, path, body): harmless.
         request = request.header(REQUEST_ID_HEADER, id.header_value().clone());
@@ -374,6 +397,13 @@ async fn dispatch(frontend: &Arc<Frontend>, worker: WorkerId, outgoing: &Outgoin
             held.on_chunk(chunk);
         }
         held.answered();
+        let event_stream = content_type.as_ref().is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        if let Some(route) = whole.filter(|_| event_stream) {
+            let between_chunks = timeouts.between_chunks;
+            let answer = assemble::read_whole(route, first, stream, between_chunks, |c| held.on_chunk(c)).await;
+            drop(held);
+            return Attempt::Answer(whole_answer(frontend, worker, answer));
+        }
         let relay = Relay {
             first,
             upstream: stream,
@@ -403,6 +433,31 @@ async fn dispatch(frontend: &Arc<Frontend>, worker: WorkerId, outgoing: &Outgoin
         response.headers_mut().insert(header::CONTENT_TYPE, content_type);
     }
     Attempt::Answer(response)
+}
+
+/// The client's answer from an engine stream assembled whole: the answer,
+/// the engine's own error, or (the engine took the request: not migrated)
+/// 504 when it stalled, else 502.
+fn whole_answer(frontend: &Frontend, worker: WorkerId, answer: Result<Assembled, ReadError>) -> Response {
+    let (status, body) = match answer {
+        Ok(Assembled::Answer(body)) => (StatusCode::OK, body),
+        Ok(Assembled::EngineError { status, body }) => {
+            (StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), body)
+        }
+        Err(error) => {
+            tracing::warn!(worker, %error, "the engine's stream could not be assembled");
+            if let ReadError::Stalled(_) = error {
+                frontend.upstream_stats.record(Failure::BetweenChunks);
+                return reply::gateway_timeout("the worker stopped sending");
+            }
+            frontend.upstream_stats.record(Failure::Broken);
+            return reply::bad_gateway(&error.to_string());
+        }
+    };
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+    response
 }
 
 async fn read_bounded(mut upstream: reqwest::Response) -> reqwest::Result<Bytes> {

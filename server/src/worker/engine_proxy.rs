@@ -28,6 +28,11 @@
 //!
 //! A client that vanishes without closing (no FIN, no RST) is not seen
 //! until the connection's own timeouts end it.
+//!
+//! llama.cpp does not notice the closed connection of a non-streamed
+//! request while it is scraped often, so those are sent to it streamed and
+//! answered whole (`engines/assemble.rs`): the permit is held while the
+//! stream is read, and a client that leaves drops it.
 
 use std::future::Future as _;
 use std::pin::Pin;
@@ -40,9 +45,11 @@ use axum::response::Response;
 use futures_util::{Stream, StreamExt as _};
 use tokio::time::Instant;
 
-use super::http::{admit, error_response, held_body, Held, Worker};
+use super::http::{admit, error_response, held_body, json_response, Held, Worker};
+use crate::engines::assemble::{self, ReadError};
 use crate::openai::SERVER_ERROR;
 use crate::throttle::LogThrottle;
+use loadgate::engines::{Assembled, CompletionRoute};
 
 /// The request-id header passed on to the engine.
 const REQUEST_ID: &str = "x-request-id";
@@ -69,12 +76,15 @@ pub(crate) struct EngineProxy {
     /// `http://HOST:PORT`, no trailing `/`.
     base_url: String,
     timeouts: EngineTimeouts,
+    /// Non-streamed requests are sent streamed and assembled (llama.cpp).
+    assembles: bool,
 }
 
 impl EngineProxy {
-    /// A proxy to the engine at `base_url` (no trailing `/`) over `client`.
-    pub(crate) fn new(client: reqwest::Client, base_url: String, timeouts: EngineTimeouts) -> Self {
-        EngineProxy { client, base_url, timeouts }
+    /// A proxy to the engine at `base_url` (no trailing `/`) over `client`;
+    /// `assembles`: see [`loadgate::engines::EngineKind::assembles`].
+    pub(crate) fn new(client: reqwest::Client, base_url: String, timeouts: EngineTimeouts, assembles: bool) -> Self {
+        EngineProxy { client, base_url, timeouts, assembles }
     }
 }
 
@@ -95,6 +105,11 @@ pub(crate) async fn forward(
     let held = Held::new(permit, worker.in_flight.clone());
     let timeouts = proxy.timeouts;
     let first_byte_by = Instant::now() + timeouts.first_byte;
+    let streamed = if proxy.assembles { assemble::streamed_body(&body).await } else { None };
+    let (body, whole) = match streamed {
+        Some(streamed) => (streamed, Some(route(path))),
+        None => (body, None),
+    };
     let content_type =
         headers.get(header::CONTENT_TYPE).cloned().unwrap_or_else(|| HeaderValue::from_static("application/json"));
     let mut request =
@@ -130,6 +145,12 @@ pub(crate) async fn forward(
         }
         Err(_) => return no_first_byte(path, timeouts.first_byte),
     };
+    if let Some(route) = whole.filter(|_| status == StatusCode::OK && is_event_stream(&relayed)) {
+        // Held until the stream is read: the engine works on it until then.
+        let answer = assemble::read_whole(route, first, stream, timeouts.between_chunks, |_| {}).await;
+        drop(held);
+        return whole_response(path, answer);
+    }
     let relay = Relay {
         first,
         engine: Some(stream),
@@ -141,6 +162,42 @@ pub(crate) async fn forward(
     *response.status_mut() = status;
     response.headers_mut().extend(relayed);
     response
+}
+
+/// The route of `path` (one of the two the sidecar proxies).
+fn route(path: &str) -> CompletionRoute {
+    if path.ends_with("/chat/completions") {
+        CompletionRoute::ChatCompletions
+    } else {
+        CompletionRoute::Completions
+    }
+}
+
+/// Whether the engine's `Content-Type` (among the `relayed` headers) is an
+/// event stream.
+fn is_event_stream(relayed: &[(header::HeaderName, HeaderValue)]) -> bool {
+    relayed
+        .iter()
+        .any(|(name, value)| name == header::CONTENT_TYPE && value.as_bytes().starts_with(b"text/event-stream"))
+}
+
+/// The client's answer from an assembled stream: the whole answer, the
+/// engine's own error, or 504 (stalled) / 502 (any other failure).
+fn whole_response(path: &str, answer: Result<Assembled, ReadError>) -> Response {
+    match answer {
+        Ok(Assembled::Answer(body)) => json_response(StatusCode::OK, body),
+        Ok(Assembled::EngineError { status, body }) => {
+            json_response(StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), body)
+        }
+        Err(error) => {
+            warn_failure(path, &error.to_string());
+            let status = match error {
+                ReadError::Stalled(_) => StatusCode::GATEWAY_TIMEOUT,
+                _ => StatusCode::BAD_GATEWAY,
+            };
+            error_response(status, SERVER_ERROR, None, &error.to_string())
+        }
+    }
 }
 
 /// 504: the engine sent no head, or no first byte, in time.

@@ -162,7 +162,8 @@ async fn read_body_within(
     }
 }
 
-fn json_response(status: StatusCode, body: String) -> Response {
+pub(crate) fn json_response(status: StatusCode, body: impl Into<Body>) -> Response {
+    let body: Body = body.into();
     (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response()
 }
 

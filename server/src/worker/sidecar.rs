@@ -107,7 +107,7 @@ impl Sidecar {
             fed.lock().unwrap_or_else(|e| e.into_inner()).on_scrape(event);
             ControlFlow::Continue(())
         });
-        let proxy = EngineProxy::new(client, spec.base_url.clone(), timeouts);
+        let proxy = EngineProxy::new(client, spec.base_url.clone(), timeouts, spec.kind.assembles());
         Ok((Backend::Proxied { proxy, health }, engine.model, dp_size, Sidecar { scraper, reports }))
     }
 

@@ -1,0 +1,82 @@
+//! Reading an engine's stream whole for a non-streamed request
+//! ([`loadgate::engines::StreamAssembler`]: why and how), bounded by the
+//! between-chunks timeout, and the request rewritten off the runtime for a
+//! large body.
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use futures_util::{Stream, StreamExt as _};
+use loadgate::engines::{streamed_request, AssembleError, Assembled, CompletionRoute, StreamAssembler};
+
+/// Bodies above this are rewritten on tokio's blocking pool.
+const INLINE_REWRITE_LIMIT: usize = 1024 * 1024;
+
+/// [`streamed_request`], on tokio's blocking pool for a large body (the
+/// parse would stall the runtime thread it runs on).
+pub(crate) async fn streamed_body(body: &Bytes) -> Option<Bytes> {
+    if body.len() <= INLINE_REWRITE_LIMIT {
+        return streamed_request(body).map(Bytes::from);
+    }
+    let shared = body.clone();
+    tokio::task::spawn_blocking(move || streamed_request(&shared)).await.ok().flatten().map(Bytes::from)
+}
+
+/// Why an engine's stream gave no whole answer.
+#[derive(Debug)]
+pub(crate) enum ReadError {
+    /// The engine's body broke.
+    Broken(reqwest::Error),
+    /// The engine sent nothing within the between-chunks timeout.
+    Stalled(Duration),
+    /// What it sent does not assemble.
+    Assemble(AssembleError),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::Broken(error) => write!(f, "the engine's stream broke: {error}"),
+            ReadError::Stalled(after) => write!(f, "the engine sent nothing for {after:?}"),
+            ReadError::Assemble(error) => error.fmt(f),
+        }
+    }
+}
+
+impl From<AssembleError> for ReadError {
+    fn from(error: AssembleError) -> Self {
+        ReadError::Assemble(error)
+    }
+}
+
+/// Reads the engine's stream (its `first` chunk already read, the rest
+/// from `body`, each within `between_chunks`) and assembles it;
+/// `on_chunk` sees each chunk read here (`first` aside) as it comes.
+/// Dropping the future drops `body`, which closes the engine connection.
+pub(crate) async fn read_whole<S>(
+    route: CompletionRoute,
+    first: Option<Bytes>,
+    mut body: S,
+    between_chunks: Duration,
+    mut on_chunk: impl FnMut(&[u8]),
+) -> Result<Assembled, ReadError>
+where
+    S: Stream<Item = reqwest::Result<Bytes>> + Unpin,
+{
+    let mut assembler = StreamAssembler::new(route);
+    if let Some(chunk) = first {
+        assembler.push(&chunk)?;
+    }
+    while !assembler.ended() {
+        match tokio::time::timeout(between_chunks, body.next()).await {
+            Ok(Some(Ok(chunk))) => {
+                on_chunk(&chunk);
+                assembler.push(&chunk)?;
+            }
+            Ok(Some(Err(error))) => return Err(ReadError::Broken(error)),
+            Ok(None) => break,
+            Err(_) => return Err(ReadError::Stalled(between_chunks)),
+        }
+    }
+    Ok(assembler.finish()?)
+}
