@@ -1,7 +1,11 @@
 //! `loadgate::engines::StreamAssembler` against a reference model: streams
-//! of chat or completions chunks (text pieces for several choices,
-//! reasoning, tool calls built up piece by piece, finish reasons, usage,
-//! comments, CRLF line ends), rendered to server-sent events, cut into
+//! of chat or completions chunks (llama.cpp's opening role delta, text
+//! pieces for several choices, two choices in one event, an index left out
+//! for choice 0, reasoning, tool calls built up piece by piece with or
+//! without arguments, finish reasons, usage, timings, comments, events
+//! whose JSON spans several `data:` lines, LF, CRLF or CR line ends, a
+//! byte-order mark, errors as data or as `event: error`), rendered to
+//! server-sent events, cut into
 //! arbitrary pieces and assembled, must give what the reference computes
 //! from the structure: each choice's text and reasoning concatenated, its
 //! last finish reason, its tool calls merged by index, the last usage; an
@@ -19,17 +23,50 @@ use serde_json::{json, Value};
 
 #[derive(Arbitrary, Debug)]
 enum Input {
-    Model { chat: bool, chunks: Vec<Chunk>, ending: Ending, crlf: bool, cuts: Vec<u16> },
+    Model { chat: bool, chunks: Vec<Chunk>, ending: Ending, style: Style, cuts: Vec<u16> },
     Raw { chat: bool, bytes: Vec<u8>, cuts: Vec<u16> },
+}
+
+/// How the events are written.
+#[derive(Arbitrary, Debug)]
+struct Style {
+    /// 0: LF, 1: CRLF, 2: CR.
+    eol: u8,
+    bom: bool,
+    /// Opens with llama.cpp's `{"role":"assistant","content":null}` delta.
+    role_first: bool,
+    /// Each event's JSON pretty-printed over several `data:` lines.
+    multiline: bool,
+    /// Leaves `index` out of choice 0.
+    no_index: bool,
 }
 
 #[derive(Arbitrary, Debug)]
 enum Chunk {
-    Text { choice: u8, text: String, reasoning: bool },
-    Finish { choice: u8, reason: u8 },
+    Text {
+        choice: u8,
+        text: String,
+        reasoning: bool,
+    },
+    /// Two choices' pieces in one event.
+    Pair {
+        first: String,
+        second: String,
+    },
+    Timings(u32),
+    Finish {
+        choice: u8,
+        reason: u8,
+    },
     Usage(u32),
     Comment(String),
-    ToolCall { choice: u8, call: u8, id: Option<String>, name: Option<String>, arguments: String },
+    ToolCall {
+        choice: u8,
+        call: u8,
+        id: Option<String>,
+        name: Option<String>,
+        arguments: Option<String>,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -37,6 +74,8 @@ enum Ending {
     Done,
     Cut,
     Error(u16),
+    /// `event: error` with the error object as its data.
+    NamedError(u16),
 }
 
 const REASONS: [&str; 3] = ["stop", "length", "tool_calls"];
@@ -81,40 +120,80 @@ fn assemble(route: CompletionRoute, bytes: &[u8], cuts: &[u16]) -> Result<Assemb
     assembler.finish()
 }
 
-fn model(chat: bool, chunks: &[Chunk], ending: &Ending, crlf: bool, cuts: &[u16]) {
-    let eol = if crlf { "\r\n" } else { "\n" };
-    let mut stream = String::new();
+/// A choice object for `index`, without the index for choice 0 when the
+/// style says so.
+fn choice_json(style: &Style, index: u8, mut members: Value) -> Value {
+    if !(style.no_index && index == 0) {
+        members["index"] = json!(index);
+    }
+    members
+}
+
+fn model(chat: bool, chunks: &[Chunk], ending: &Ending, style: &Style, cuts: &[u16]) {
+    let eol = ["\n", "\r\n", "\r"][usize::from(style.eol % 3)];
+    let mut stream = String::from(if style.bom { "\u{feff}" } else { "" });
     let event = |data: &Value, stream: &mut String| {
-        stream.push_str(&format!("data: {data}{eol}{eol}"));
+        if style.multiline {
+            let pretty = serde_json::to_string_pretty(data).unwrap();
+            for line in pretty.lines() {
+                stream.push_str(&format!("data: {line}{eol}"));
+            }
+            stream.push_str(eol);
+        } else {
+            stream.push_str(&format!("data: {data}{eol}{eol}"));
+        }
     };
     let mut expected: BTreeMap<u8, Expected> = BTreeMap::new();
     let mut usage = None;
+    let mut timings = None;
+    if chat && style.role_first {
+        expected.entry(0).or_default();
+        let role =
+            choice_json(style, 0, json!({"delta": {"role": "assistant", "content": null}, "finish_reason": null}));
+        event(&json!({"choices": [role], "id": "x", "created": 7}), &mut stream);
+    }
     for chunk in chunks {
         match chunk {
+            Chunk::Pair { first, second } => {
+                let key = if chat { "content" } else { "text" };
+                let mut choices = Vec::new();
+                for (index, text) in [(0u8, first), (1, second)] {
+                    expected.entry(index).or_default().text.push_str(text);
+                    let members = if chat { json!({"delta": {key: text}}) } else { json!({key: text}) };
+                    choices.push(choice_json(style, index, members));
+                }
+                event(&json!({"choices": choices}), &mut stream);
+            }
+            Chunk::Timings(n) => {
+                timings = Some(*n);
+                event(&json!({"choices": [], "timings": {"predicted_n": n}}), &mut stream);
+            }
             Chunk::Text { choice, text, reasoning } => {
                 let index = choice % 3;
                 let slot = expected.entry(index).or_default();
-                let choice = if !chat {
+                let members = if !chat {
                     slot.text.push_str(text);
-                    json!({"index": index, "text": text, "finish_reason": null})
+                    json!({"text": text, "finish_reason": null})
                 } else if *reasoning {
                     slot.reasoning.get_or_insert_with(String::new).push_str(text);
-                    json!({"index": index, "delta": {"reasoning_content": text}, "finish_reason": null})
+                    json!({"delta": {"reasoning_content": text}, "finish_reason": null})
                 } else {
                     slot.text.push_str(text);
-                    json!({"index": index, "delta": {"content": text}, "finish_reason": null})
+                    json!({"delta": {"content": text}, "finish_reason": null})
                 };
+                let choice = choice_json(style, index, members);
                 event(&json!({"choices": [choice], "id": "x"}), &mut stream);
             }
             Chunk::Finish { choice, reason } => {
                 let index = choice % 3;
                 let reason = REASONS[usize::from(reason % 3)];
                 expected.entry(index).or_default().finish = Some(reason);
-                let choice = if chat {
-                    json!({"index": index, "delta": {}, "finish_reason": reason})
+                let members = if chat {
+                    json!({"delta": {}, "finish_reason": reason})
                 } else {
-                    json!({"index": index, "text": "", "finish_reason": reason})
+                    json!({"text": "", "finish_reason": reason})
                 };
+                let choice = choice_json(style, index, members);
                 event(&json!({"choices": [choice]}), &mut stream);
             }
             Chunk::Usage(tokens) => {
@@ -134,14 +213,17 @@ fn model(chat: bool, chunks: &[Chunk], ending: &Ending, crlf: bool, cuts: &[u16]
                     seen.0 = Some(id.clone());
                     delta["id"] = json!(id);
                 }
-                let mut function = json!({"arguments": arguments});
-                seen.2.get_or_insert_with(String::new).push_str(arguments);
+                let mut function = json!({});
+                if let Some(arguments) = arguments {
+                    function["arguments"] = json!(arguments);
+                    seen.2.get_or_insert_with(String::new).push_str(arguments);
+                }
                 if let Some(name) = name {
                     seen.1 = Some(name.clone());
                     function["name"] = json!(name);
                 }
                 delta["function"] = function;
-                let choice = json!({"index": index, "delta": {"tool_calls": [delta]}});
+                let choice = choice_json(style, index, json!({"delta": {"tool_calls": [delta]}}));
                 event(&json!({"choices": [choice]}), &mut stream);
             }
         }
@@ -150,11 +232,17 @@ fn model(chat: bool, chunks: &[Chunk], ending: &Ending, crlf: bool, cuts: &[u16]
         Ending::Done => stream.push_str(&format!("data: [DONE]{eol}{eol}")),
         Ending::Cut => {}
         Ending::Error(code) => event(&json!({"error": {"code": code, "message": "m"}}), &mut stream),
+        Ending::NamedError(code) => {
+            stream.push_str(&format!("event: error{eol}"));
+            event(&json!({"code": code, "message": "m"}), &mut stream);
+        }
     }
     let outcome = assemble(route(chat), stream.as_bytes(), cuts);
     let answer = match (ending, outcome) {
         (Ending::Cut, Err(AssembleError::Incomplete)) => return,
-        (Ending::Error(code), Ok(Assembled::EngineError { status, body })) => {
+        // `[DONE]` after no choice at all is malformed.
+        (Ending::Done, Err(AssembleError::Malformed(_))) if expected.is_empty() => return,
+        (Ending::Error(code) | Ending::NamedError(code), Ok(Assembled::EngineError { status, body })) => {
             let want = if (400..=599).contains(code) { *code } else { 500 };
             assert_eq!(status, want);
             let body: Value = serde_json::from_slice(&body).unwrap();
@@ -167,6 +255,10 @@ fn model(chat: bool, chunks: &[Chunk], ending: &Ending, crlf: bool, cuts: &[u16]
     let answer: Value = serde_json::from_slice(&answer).unwrap();
     assert_eq!(answer["object"], if chat { "chat.completion" } else { "text_completion" });
     assert_eq!(answer.get("usage").map(|u| u["completion_tokens"].clone()), usage.map(|u| json!(u)));
+    assert_eq!(answer.get("timings").map(|t| t["predicted_n"].clone()), timings.map(|n| json!(n)));
+    if chat && style.role_first {
+        assert_eq!((&answer["id"], &answer["created"]), (&json!("x"), &json!(7)));
+    }
     let choices = answer["choices"].as_array().unwrap();
     assert_eq!(choices.len(), expected.len());
     for (choice, (index, want)) in choices.iter().zip(&expected) {
@@ -184,9 +276,11 @@ fn model(chat: bool, chunks: &[Chunk], ending: &Ending, crlf: bool, cuts: &[u16]
         assert_eq!(calls.len(), want.calls.len());
         for (call, (_, (id, name, arguments))) in calls.iter().zip(&want.calls) {
             assert!(call.get("index").is_none());
+            assert_eq!(call["type"], "function");
             assert_eq!(call.get("id").and_then(Value::as_str), id.as_deref());
             assert_eq!(call["function"].get("name").and_then(Value::as_str), name.as_deref());
-            assert_eq!(call["function"].get("arguments").and_then(Value::as_str), arguments.as_deref());
+            // As llama.cpp's unstreamed calls: arguments, "" when none came.
+            assert_eq!(call["function"]["arguments"].as_str(), Some(arguments.as_deref().unwrap_or("")));
         }
     }
 }
@@ -210,6 +304,6 @@ fn raw(chat: bool, bytes: &[u8], cuts: &[u16]) {
 }
 
 fuzz_target!(|input: Input| match input {
-    Input::Model { chat, chunks, ending, crlf, cuts } => model(chat, &chunks, &ending, crlf, &cuts),
+    Input::Model { chat, chunks, ending, style, cuts } => model(chat, &chunks, &ending, &style, &cuts),
     Input::Raw { chat, bytes, cuts } => raw(chat, &bytes, &cuts),
 });

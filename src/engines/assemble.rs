@@ -40,7 +40,7 @@
 //! let sent = streamed_request(br#"{"model":"m","prompt":"Hi"}"#).unwrap();
 //! assert!(String::from_utf8(sent).unwrap().contains(r#""stream":true"#));
 //!
-//! let mut stream = StreamAssembler::new(CompletionCompletionRoute::Completions);
+//! let mut stream = StreamAssembler::new(CompletionRoute::Completions);
 //! stream.push(b"data: {\"choices\":[{\"index\":0,\"text\":\"Hel\"}]}\n\ndata: {\"choices\":[{\"in").unwrap();
 //! stream.push(b"dex\":0,\"text\":\"lo\",\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n").unwrap();
 //! let Assembled::Answer(answer) = stream.finish().unwrap() else { unreachable!() };
@@ -59,6 +59,18 @@ use serde_json::{Map, Value};
 /// all); more is [`AssembleError::TooLarge`].
 pub const MAX_ASSEMBLED_BYTES: usize = 32 * 1024 * 1024;
 
+/// The most memory the parsed events of one stream may take, by the
+/// estimate of [`parsed_size`] (a parsed array of small numbers takes
+/// several times its text); more is [`AssembleError::TooLarge`].
+pub const MAX_PARSED_BYTES: usize = 64 * 1024 * 1024;
+
+/// The most choices one answer may have (requests asking for several are
+/// not assembled, [`streamed_request`]); more is malformed.
+const MAX_CHOICES: usize = 16;
+
+/// The most tool calls one choice may have; more is malformed.
+const MAX_TOOL_CALLS: usize = 256;
+
 /// Which OpenAI route a request is on: it decides the answer's shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CompletionRoute {
@@ -70,21 +82,31 @@ pub enum CompletionRoute {
 
 /// The request body to send an engine instead of `body`: the same JSON
 /// object with `"stream": true` and `"stream_options": {"include_usage":
-/// true}`. `None` leaves the request as it is: it streams already, or it is
-/// not one this module can assemble (not a JSON object, a `stream` that is
-/// not a boolean, or `n` other than 1, whose choices llama.cpp reports with
-/// a usage each).
+/// true}`.
+///
+/// `None` leaves the request as it is: it streams already (`stream` is
+/// neither absent, `false` nor `null`), or it is one whose streamed answer
+/// is not its unstreamed one:
+///
+/// - not a JSON object;
+/// - several completions: `n` (or llama.cpp's `n_cmpl`) other than 1, or a
+///   `prompt` array of several prompts (anything but token ids); each task
+///   streams its own usage;
+/// - token probabilities asked for (`logprobs` other than `false`,
+///   `top_logprobs`, `n_probs`): llama.cpp streams no probability for a
+///   token that adds no text (a partial stop word, tool-call markup).
 pub fn streamed_request(body: &[u8]) -> Option<Vec<u8>> {
     // Only the top level is parsed; every member's value is kept verbatim.
     let mut members: BTreeMap<String, &RawValue> = serde_json::from_slice(body).ok()?;
-    match members.get("stream").map(|v| v.get()) {
-        None | Some("false" | "null") => {}
-        Some(_) => return None,
-    }
-    if let Some(n) = members.get("n") {
-        if !matches!(n.get(), "1" | "null") {
-            return None;
-        }
+    let is = |key: &str, allowed: &[&str]| members.get(key).is_none_or(|v| allowed.contains(&v.get()));
+    let single = is("stream", &["false", "null"])
+        && is("n", &["1", "null"])
+        && is("n_cmpl", &["1", "null"])
+        && is("logprobs", &["false", "null"])
+        && is("top_logprobs", &["null"])
+        && is("n_probs", &["0", "null"]);
+    if !single || members.get("prompt").is_some_and(|p| several_prompts(p)) {
+        return None;
     }
     const TRUE: &str = "true";
     const USAGE: &str = r#"{"include_usage":true}"#;
@@ -93,6 +115,16 @@ pub fn streamed_request(body: &[u8]) -> Option<Vec<u8>> {
     members.insert("stream".to_owned(), &streamed);
     members.insert("stream_options".to_owned(), &usage);
     serde_json::to_vec(&members).ok()
+}
+
+/// Whether a `prompt` holds several prompts: an array of more than one
+/// element that are not all token ids.
+fn several_prompts(prompt: &RawValue) -> bool {
+    if !prompt.get().starts_with('[') {
+        return false;
+    }
+    let Ok(items) = serde_json::from_str::<Vec<&RawValue>>(prompt.get()) else { return true };
+    items.len() > 1 && !items.iter().all(|item| item.get().bytes().all(|b| b.is_ascii_digit() || b == b'-'))
 }
 
 /// What an engine's stream came to.
@@ -125,7 +157,12 @@ pub enum AssembleError {
 impl fmt::Display for AssembleError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            AssembleError::TooLarge => write!(f, "the engine's answer is over {} MiB", MAX_ASSEMBLED_BYTES >> 20),
+            AssembleError::TooLarge => write!(
+                f,
+                "the engine's answer is over {} MiB (or over {} MiB parsed)",
+                MAX_ASSEMBLED_BYTES >> 20,
+                MAX_PARSED_BYTES >> 20
+            ),
             AssembleError::Malformed(what) => write!(f, "the engine's stream is malformed: {what}"),
             AssembleError::Incomplete => f.write_str("the engine's stream ended before [DONE]"),
         }
@@ -141,8 +178,17 @@ const TEXT_KEYS: [&str; 5] = ["content", "text", "reasoning_content", "refusal",
 #[derive(Debug)]
 pub struct StreamAssembler {
     route: CompletionRoute,
-    /// Bytes received so far.
+    /// Bytes taken so far (up to the last complete line).
     received: usize,
+    /// The estimated size of every event parsed so far ([`parsed_size`]).
+    parsed: usize,
+    /// Data events read so far.
+    events: u64,
+    /// No byte was read yet (a byte-order mark may come first).
+    at_start: bool,
+    /// The last chunk ended with `\r`: a `\n` that starts the next one
+    /// belongs to that line end.
+    after_cr: bool,
     /// The unfinished line at the end of the last chunk.
     line: Vec<u8>,
     /// The data lines of the event being read.
@@ -177,6 +223,10 @@ impl StreamAssembler {
         StreamAssembler {
             route,
             received: 0,
+            parsed: 0,
+            events: 0,
+            at_start: true,
+            after_cr: false,
             line: Vec::new(),
             data: Vec::new(),
             event: None,
@@ -192,6 +242,13 @@ impl StreamAssembler {
         self.done || self.error.is_some()
     }
 
+    /// How many data events were read so far (comments, such as
+    /// llama.cpp's keep-alive pings, are not events): a caller's
+    /// between-chunks timeout should wait for progress here, not for bytes.
+    pub fn events(&self) -> u64 {
+        self.events
+    }
+
     /// Takes the next bytes of the stream, split anywhere.
     ///
     /// # Errors
@@ -199,21 +256,60 @@ impl StreamAssembler {
     /// [`AssembleError::TooLarge`] past [`MAX_ASSEMBLED_BYTES`], or
     /// [`AssembleError::Malformed`] for an event that is not a chunk.
     pub fn push(&mut self, chunk: &[u8]) -> Result<(), AssembleError> {
-        self.received = self.received.saturating_add(chunk.len());
-        if self.received > MAX_ASSEMBLED_BYTES {
-            return Err(AssembleError::TooLarge);
-        }
         let mut rest = chunk;
-        while let Some(end) = rest.iter().position(|&b| b == b'\n') {
-            self.line.extend_from_slice(&rest[..end]);
-            rest = &rest[end + 1..];
+        if self.ended() || rest.is_empty() {
+            return Ok(());
+        }
+        if self.at_start {
+            // A UTF-8 byte-order mark may open the stream (split or not).
+            self.line.extend_from_slice(rest);
+            const BOM: &[u8] = b"\xEF\xBB\xBF";
+            if self.line.len() < BOM.len() && BOM.starts_with(&self.line) {
+                return Ok(());
+            }
+            self.at_start = false;
+            let taken = std::mem::take(&mut self.line);
+            let start = if taken.starts_with(BOM) { BOM.len() } else { 0 };
+            self.received = start;
+            return self.push(&taken[start..]);
+        }
+        if self.after_cr {
+            self.after_cr = false;
+            if let Some(after) = rest.strip_prefix(b"\n") {
+                self.received += 1;
+                rest = after;
+            }
+        }
+        // Lines end in `\n`, `\r\n` or `\r` (the SSE grammar).
+        while let Some(end) = rest.iter().position(|&b| b == b'\n' || b == b'\r') {
+            let mut next = end + 1;
+            if rest[end] == b'\r' {
+                match rest.get(next) {
+                    Some(b'\n') => next += 1,
+                    Some(_) => {}
+                    None => self.after_cr = true,
+                }
+            }
+            self.take(&rest[..end], next)?;
+            rest = &rest[next..];
             let line = std::mem::take(&mut self.line);
             self.on_line(&line)?;
             if self.ended() {
+                self.after_cr = false;
                 return Ok(());
             }
         }
-        self.line.extend_from_slice(rest);
+        self.take(rest, rest.len())
+    }
+
+    /// Adds `part` of a line to the line being read, `consumed` bytes of
+    /// the stream in all, within [`MAX_ASSEMBLED_BYTES`].
+    fn take(&mut self, part: &[u8], consumed: usize) -> Result<(), AssembleError> {
+        self.received = self.received.saturating_add(consumed);
+        if self.received > MAX_ASSEMBLED_BYTES {
+            return Err(AssembleError::TooLarge);
+        }
+        self.line.extend_from_slice(part);
         Ok(())
     }
 
@@ -242,9 +338,8 @@ impl StreamAssembler {
         Ok(Assembled::Answer(self.answer()))
     }
 
-    /// One line of the event stream (without its `\n`).
+    /// One line of the event stream (without its line end).
     fn on_line(&mut self, line: &[u8]) -> Result<(), AssembleError> {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
         if line.is_empty() {
             return self.on_event();
         }
@@ -275,12 +370,20 @@ impl StreamAssembler {
         if data.is_empty() {
             return Ok(());
         }
+        self.events += 1;
         if data == b"[DONE]" {
+            if self.choices.is_empty() {
+                return Err(AssembleError::Malformed("the stream ended without a choice".to_owned()));
+            }
             self.done = true;
             return Ok(());
         }
         let value: Value = serde_json::from_slice(&data)
             .map_err(|e| AssembleError::Malformed(format!("an event is not JSON ({e})")))?;
+        self.parsed = self.parsed.saturating_add(parsed_size(&value));
+        if self.parsed > MAX_PARSED_BYTES {
+            return Err(AssembleError::TooLarge);
+        }
         let Value::Object(mut chunk) = value else {
             return Err(AssembleError::Malformed("an event is not a JSON object".to_owned()));
         };
@@ -317,12 +420,16 @@ impl StreamAssembler {
                 .as_u64()
                 .ok_or_else(|| AssembleError::Malformed("a choice's `index` is not a count".to_owned()))?,
         };
+        if self.choices.len() >= MAX_CHOICES && !self.choices.contains_key(&index) {
+            return Err(AssembleError::Malformed(format!("over {MAX_CHOICES} choices")));
+        }
         let slot = self.choices.entry(index).or_default();
         if self.route == CompletionRoute::ChatCompletions {
             match choice.remove("delta") {
                 Some(Value::Object(mut delta)) => {
-                    if let Some(calls) = delta.remove("tool_calls") {
-                        merge_tool_calls(&mut slot.tool_calls, calls)?;
+                    match delta.remove("tool_calls") {
+                        None | Some(Value::Null) => {}
+                        Some(calls) => merge_tool_calls(&mut slot.tool_calls, calls)?,
                     }
                     merge_members(&mut slot.message, delta);
                 }
@@ -349,7 +456,19 @@ impl StreamAssembler {
                         message.insert("content".to_owned(), Value::from(""));
                     }
                     if !choice.tool_calls.is_empty() {
-                        let calls = choice.tool_calls.into_values().map(Value::Object).collect();
+                        // As llama.cpp's unstreamed calls: a type, and arguments.
+                        let calls = choice
+                            .tool_calls
+                            .into_values()
+                            .map(|mut call| {
+                                call.entry("type").or_insert_with(|| Value::from("function"));
+                                let function = call.entry("function").or_insert_with(|| Value::Object(Map::new()));
+                                if let Value::Object(function) = function {
+                                    function.entry("arguments").or_insert_with(|| Value::from(""));
+                                }
+                                Value::Object(call)
+                            })
+                            .collect();
                         message.insert("tool_calls".to_owned(), Value::Array(calls));
                     }
                     choice.fields.insert("message".to_owned(), Value::Object(message));
@@ -384,9 +503,25 @@ fn merge_tool_calls(calls: &mut BTreeMap<u64, Map<String, Value>>, delta: Value)
                 .as_u64()
                 .ok_or_else(|| AssembleError::Malformed("a tool call's `index` is not a count".to_owned()))?,
         };
+        if calls.len() >= MAX_TOOL_CALLS && !calls.contains_key(&index) {
+            return Err(AssembleError::Malformed(format!("over {MAX_TOOL_CALLS} tool calls")));
+        }
         merge_members(calls.entry(index).or_default(), call);
     }
     Ok(())
+}
+
+/// An estimate of the memory `value` takes once parsed: every value and
+/// member counted at the size of a `Value` plus a map node, and the bytes
+/// of its strings and keys.
+fn parsed_size(value: &Value) -> usize {
+    const NODE: usize = std::mem::size_of::<Value>() + 32;
+    NODE + match value {
+        Value::String(text) => text.len(),
+        Value::Array(items) => items.iter().map(parsed_size).sum(),
+        Value::Object(members) => members.iter().map(|(key, value)| key.len() + parsed_size(value)).sum(),
+        _ => 0,
+    }
 }
 
 /// Merges `from` into `into`, member by member ([`merge_value`]).
@@ -458,7 +593,14 @@ mod tests {
         assert_eq!(sent["messages"][0]["content"], "hi");
         assert_eq!(sent["max_tokens"], 5);
         assert!(streamed_request(br#"{"model":"m","prompt":"a"}"#).is_some(), "no stream field");
-        assert!(streamed_request(br#"{"model":"m","prompt":"a","n":1}"#).is_some());
+        for one in [
+            &br#"{"model":"m","prompt":"a","n":1,"stream":null}"#[..],
+            br#"{"model":"m","prompt":[1,2,3]}"#,
+            br#"{"model":"m","prompt":["just one"]}"#,
+            br#"{"model":"m","prompt":"a","logprobs":false,"n_probs":0}"#,
+        ] {
+            assert!(streamed_request(one).is_some(), "{}", String::from_utf8_lossy(one));
+        }
     }
 
     #[test]
@@ -467,6 +609,13 @@ mod tests {
             &br#"{"model":"m","prompt":"a","stream":true}"#[..],
             br#"{"model":"m","prompt":"a","stream":"yes"}"#,
             br#"{"model":"m","prompt":"a","n":2}"#,
+            br#"{"model":"m","prompt":"a","n_cmpl":3}"#,
+            br#"{"model":"m","prompt":["a","b"]}"#,
+            br#"{"model":"m","prompt":[[1,2],[3]]}"#,
+            br#"{"model":"m","prompt":"a","logprobs":true}"#,
+            br#"{"model":"m","prompt":"a","logprobs":2}"#,
+            br#"{"model":"m","messages":[],"top_logprobs":2}"#,
+            br#"{"model":"m","prompt":"a","n_probs":5}"#,
             br#"[1,2]"#,
             b"not json",
             br#"{"model":"m""#,
@@ -529,7 +678,7 @@ mod tests {
             message["tool_calls"],
             serde_json::json!([
                 {"id": "c0", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}},
-                {"id": "c1", "type": "function", "function": {"name": "g"}},
+                {"id": "c1", "type": "function", "function": {"name": "g", "arguments": ""}},
             ])
         );
         assert_eq!(answer["choices"][0]["finish_reason"], "tool_calls");
@@ -581,6 +730,11 @@ mod tests {
         let cut = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n";
         assert!(matches!(assemble(CompletionRoute::ChatCompletions, cut, usize::MAX), Err(AssembleError::Incomplete)));
         assert!(matches!(assemble(CompletionRoute::ChatCompletions, b"", 1), Err(AssembleError::Incomplete)));
+        let no_choice = b"data: {\"choices\":[]}\n\ndata: [DONE]\n\n";
+        assert!(matches!(assemble(CompletionRoute::Completions, no_choice, 5), Err(AssembleError::Malformed(_))));
+        let many: Vec<String> = (0..=16).map(|i| format!("{{\"index\":{i},\"text\":\"a\"}}")).collect();
+        let many = format!("data: {{\"choices\":[{}]}}\n\n", many.join(","));
+        assert!(matches!(assemble(CompletionRoute::Completions, many.as_bytes(), 9), Err(AssembleError::Malformed(_))));
         for bad in [&b"data: {not json\n\n"[..], b"data: [1]\n\n", b"data: {\"choices\":3}\n\n"] {
             assert!(
                 matches!(assemble(CompletionRoute::Completions, bad, usize::MAX), Err(AssembleError::Malformed(_))),
@@ -590,6 +744,15 @@ mod tests {
         }
         let bad_index = b"data: {\"choices\":[{\"index\":-1,\"text\":\"a\"}]}\n\n";
         assert!(matches!(assemble(CompletionRoute::Completions, bad_index, 4), Err(AssembleError::Malformed(_))));
+    }
+
+    #[test]
+    fn bytes_after_done_are_not_counted() {
+        let mut assembler = StreamAssembler::new(CompletionRoute::Completions);
+        let mut chunk = b"data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\ndata: [DONE]\n\n".to_vec();
+        chunk.resize(MAX_ASSEMBLED_BYTES + 10, b'x');
+        assert_eq!(assembler.push(&chunk), Ok(()));
+        assert!(matches!(assembler.finish(), Ok(Assembled::Answer(_))));
     }
 
     #[test]
@@ -604,6 +767,46 @@ mod tests {
             }
         }
         assert!(matches!(outcome, Err(AssembleError::TooLarge)));
+    }
+
+    #[test]
+    fn parsed_values_are_bounded_not_only_bytes() {
+        // Small numbers take many times their text once parsed.
+        let numbers = vec!["1"; 200_000].join(",");
+        let event = format!("data: {{\"choices\":[{{\"index\":0,\"x\":[{numbers}]}}]}}\n\n");
+        let mut assembler = StreamAssembler::new(CompletionRoute::Completions);
+        let mut outcome = Ok(());
+        let mut sent = 0;
+        while outcome.is_ok() && sent < MAX_ASSEMBLED_BYTES {
+            outcome = assembler.push(event.as_bytes());
+            sent += event.len();
+        }
+        assert_eq!(outcome, Err(AssembleError::TooLarge));
+        assert!(sent < MAX_ASSEMBLED_BYTES / 2, "refused after {sent} bytes only by the parsed bound");
+    }
+
+    #[test]
+    fn every_line_end_and_a_byte_order_mark_are_read() {
+        let events = ["data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}", "", ": ping", "", "data: [DONE]", ""];
+        for eol in ["\n", "\r\n", "\r"] {
+            for bom in ["", "\u{feff}"] {
+                let stream = format!("{bom}{}", events.join(eol) + eol);
+                for piece in [1, 2, 5, usize::MAX] {
+                    let outcome = assemble(CompletionRoute::Completions, stream.as_bytes(), piece);
+                    let Ok(Assembled::Answer(body)) = outcome else { panic!("{eol:?} {bom:?} {piece}: {outcome:?}") };
+                    assert_eq!(serde_json::from_slice::<Value>(&body).unwrap()["choices"][0]["text"], "a");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pings_are_not_events() {
+        let mut assembler = StreamAssembler::new(CompletionRoute::Completions);
+        assembler.push(b":\n\n:\n\n").unwrap();
+        assert_eq!(assembler.events(), 0);
+        assembler.push(b"data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n").unwrap();
+        assert_eq!(assembler.events(), 1);
     }
 
     #[test]

@@ -83,7 +83,7 @@ mod value;
 mod vllm;
 
 pub use self::assemble::{
-    streamed_request, AssembleError, Assembled, CompletionRoute, StreamAssembler, MAX_ASSEMBLED_BYTES,
+    streamed_request, AssembleError, Assembled, CompletionRoute, StreamAssembler, MAX_ASSEMBLED_BYTES, MAX_PARSED_BYTES,
 };
 pub use self::error::EngineError;
 pub use self::kind::{EngineKind, UnknownEngineKind};

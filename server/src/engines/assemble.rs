@@ -50,9 +50,11 @@ impl From<AssembleError> for ReadError {
 }
 
 /// Reads the engine's stream (its `first` chunk already read, the rest
-/// from `body`, each within `between_chunks`) and assembles it;
-/// `on_chunk` sees each chunk read here (`first` aside) as it comes.
-/// Dropping the future drops `body`, which closes the engine connection.
+/// from `body`) and assembles it; `on_chunk` sees each chunk read here
+/// (`first` aside) as it comes. The engine must send a data event within
+/// every `between_chunks` (its keep-alive comments do not count, so a hung
+/// engine that still pings is cut). Dropping the future drops `body`,
+/// which closes the engine connection.
 pub(crate) async fn read_whole<S>(
     route: CompletionRoute,
     first: Option<Bytes>,
@@ -67,11 +69,17 @@ where
     if let Some(chunk) = first {
         assembler.push(&chunk)?;
     }
+    let mut events = assembler.events();
+    let mut progress_by = tokio::time::Instant::now() + between_chunks;
     while !assembler.ended() {
-        match tokio::time::timeout(between_chunks, body.next()).await {
+        match tokio::time::timeout_at(progress_by, body.next()).await {
             Ok(Some(Ok(chunk))) => {
                 on_chunk(&chunk);
                 assembler.push(&chunk)?;
+                if assembler.events() != events {
+                    events = assembler.events();
+                    progress_by = tokio::time::Instant::now() + between_chunks;
+                }
             }
             Ok(Some(Err(error))) => return Err(ReadError::Broken(error)),
             Ok(None) => break,

@@ -602,27 +602,27 @@ impl PlaneServer {
             self.log.limit_hit(refusal.limit, &limits, &conn.peer, "Register refused");
             return Err(Close::Refused(format!("Register of {refusal}")));
         }
-        // The address first: the router may pick the worker as soon as the
-        // monitor has it, and the proxy then needs its address (a miss
-        // would quarantine a worker that just arrived).
-        let previous = self.directory.get(worker);
-        if !self.directory.insert(worker, http_addr, dp_size) {
+        // A new worker's address goes in first: the router may pick it as
+        // soon as the monitor has it, and the proxy then needs its address
+        // (a miss would quarantine a worker that just arrived). A known
+        // worker keeps its entry (and its flags) until the monitor took the
+        // Register.
+        let new = !self.directory.contains(worker);
+        if new && !self.directory.insert(worker, http_addr, dp_size) {
             return Err(Close::Refused(format!("worker id {worker} is registered by --worker")));
         }
         let outcome = match self.monitor.register(worker, model, dp_size, incarnation) {
             Ok(outcome) => outcome,
             Err(e) => {
-                match previous {
-                    Some(old) => {
-                        self.directory.insert(worker, &old.base_url, old.dp_size);
-                    }
-                    None => {
-                        self.directory.remove(worker);
-                    }
+                if new {
+                    self.directory.remove(worker);
                 }
                 return Err(Close::Refused(format!("Register of worker {worker}: {e}")));
             }
         };
+        if !new && !self.directory.insert(worker, http_addr, dp_size) {
+            return Err(Close::Refused(format!("worker id {worker} is registered by --worker")));
+        }
         // Checked above: no other live connection holds it.
         let _ = self.ownership.claim(worker, incarnation, token);
         conn.worker = Some((worker, incarnation));

@@ -451,7 +451,7 @@ fn whole_answer(frontend: &Frontend, worker: WorkerId, answer: Result<Assembled,
                 return reply::gateway_timeout("the worker stopped sending");
             }
             frontend.upstream_stats.record(Failure::Broken);
-            return reply::bad_gateway(&error.to_string());
+            return reply::bad_gateway("the engine's answer could not be read");
         }
     };
     let mut response = Response::new(Body::from(body));

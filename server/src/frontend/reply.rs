@@ -80,13 +80,11 @@ pub fn bad_request(error: impl Into<InvalidRequest>) -> Response {
 }
 
 /// No worker answered: 502 `server_error`.
-#[allow(dead_code, reason = "for the proxy's 502 (proxy.rs builds its own until it switches)")]
 pub fn bad_gateway(message: &str) -> Response {
     openai_error(StatusCode::BAD_GATEWAY, SERVER_ERROR, message)
 }
 
 /// A worker took too long (to connect, to the first byte): 504 `server_error`.
-#[allow(dead_code, reason = "for the proxy's 504 (proxy.rs builds its own until it switches)")]
 pub fn gateway_timeout(message: &str) -> Response {
     openai_error(StatusCode::GATEWAY_TIMEOUT, SERVER_ERROR, message)
 }

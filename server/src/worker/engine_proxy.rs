@@ -195,7 +195,7 @@ fn whole_response(path: &str, answer: Result<Assembled, ReadError>) -> Response 
                 ReadError::Stalled(_) => StatusCode::GATEWAY_TIMEOUT,
                 _ => StatusCode::BAD_GATEWAY,
             };
-            error_response(status, SERVER_ERROR, None, &error.to_string())
+            error_response(status, SERVER_ERROR, None, "the engine's answer could not be read")
         }
     }
 }
