@@ -59,9 +59,11 @@ use serde_json::{Map, Value};
 /// all); more is [`AssembleError::TooLarge`].
 pub const MAX_ASSEMBLED_BYTES: usize = 32 * 1024 * 1024;
 
-/// The most memory the parsed events of one stream may take, by the
-/// estimate of [`parsed_size`] (a parsed array of small numbers takes
-/// several times its text); more is [`AssembleError::TooLarge`].
+/// The most memory the parsed events of one stream may take, estimated
+/// per value (each value and member at the size of a parsed value plus a
+/// map node, with the bytes of its strings and keys: a parsed array of
+/// small numbers takes several times its text); more is
+/// [`AssembleError::TooLarge`].
 pub const MAX_PARSED_BYTES: usize = 64 * 1024 * 1024;
 
 /// The most choices one answer may have (requests asking for several are
