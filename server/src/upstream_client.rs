@@ -3,7 +3,14 @@
 
 use std::time::Duration;
 
-/// A client with `connect_timeout`, idle connections kept 30 s for reuse,
+/// How long an idle connection is kept for reuse: under the 5 s after which
+/// the engines' HTTP servers close an idle kept-alive connection (uvicorn's
+/// default for vLLM and SGLang, cpp-httplib's for llama.cpp). A connection
+/// kept longer may be reused just as the server closes it, and the request
+/// sent on it fails ("connection closed before message completed").
+pub const IDLE_REUSE: Duration = Duration::from_secs(3);
+
+/// A client with `connect_timeout`, idle connections kept [`IDLE_REUSE`],
 /// and no redirects followed: an upstream that answers 3xx gets that answer
 /// relayed, and the body (and the request proof) is never re-sent to
 /// wherever it points.
@@ -14,7 +21,7 @@ use std::time::Duration;
 pub fn client(connect_timeout: Duration) -> reqwest::Result<reqwest::Client> {
     reqwest::Client::builder()
         .connect_timeout(connect_timeout)
-        .pool_idle_timeout(Duration::from_secs(30))
+        .pool_idle_timeout(IDLE_REUSE)
         .tcp_nodelay(true)
         .redirect(reqwest::redirect::Policy::none())
         .build()

@@ -72,16 +72,26 @@ impl Engine {
 
     /// The same on `port` (to restart one where it was).
     fn on_port(port: u16) -> Engine {
+        Engine::with_args(port, &[])
+    }
+
+    /// The same with 32 HTTP threads: each kept-alive connection (the
+    /// scrapers', the tests') holds one of llama-server's HTTP threads (8
+    /// by default with 4 slots), and requests past them wait unseen, not
+    /// counted as deferred.
+    fn with_http_threads() -> Engine {
+        Engine::with_args(free_port(), &["--threads-http", "32"])
+    }
+
+    fn with_args(port: u16, extra: &[&str]) -> Engine {
         let (bin, model) = prepared();
         let child = Command::new(&bin)
             .arg("-m")
             .arg(&model)
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args(["--parallel", "4", "--ctx-size", "2048", "--threads", "1", "--metrics", "--no-webui"])
-            // Each kept-alive connection (the scrapers', the proxies', the
-            // tests') holds one of llama-server's HTTP threads (8 by default
-            // with 4 slots): requests past them wait unseen, not deferred.
-            .args(["--cache-ram", "0", "--threads-http", "32"])
+            .args(["--cache-ram", "0"])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -270,7 +280,7 @@ async fn sidecars_admit_exactly_n_plus_q_per_engine_and_the_rest_is_overloaded()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs llama-server: bash scripts/prepare-llama-server, then cargo test --test real_engines -- --ignored"]
 async fn the_frontend_sheds_when_both_engines_queue_past_the_threshold_and_serves_again_after() {
-    let engines = [Engine::start(), Engine::start()];
+    let engines = [Engine::with_http_threads(), Engine::with_http_threads()];
     let specs: Vec<String> = engines.iter().map(Engine::spec).collect();
     let frontend = Frontend::start(
         None,

@@ -346,6 +346,12 @@ async fn dispatch(frontend: &Arc<Frontend>, worker: WorkerId, outgoing: &Outgoin
     }
     // An engine gets no request proof: it would not check it, and a proof
     // must not travel to a peer that is not a loadgate worker.
+    if address.assembles {
+        // llama.cpp closes the connection of a finished stream without
+        // saying so (no `Connection: close`), and a request sent next on it
+        // fails: each of its completions gets a connection of its own.
+        request = request.header(header::CONNECTION, "close");
+    }
     if !address.engine {
         request = frontend.signed(request, "POST", path(endpoint), digest);
     }

@@ -114,6 +114,12 @@ pub(crate) async fn forward(
         headers.get(header::CONTENT_TYPE).cloned().unwrap_or_else(|| HeaderValue::from_static("application/json"));
     let mut request =
         proxy.client.post(format!("{}{path}", proxy.base_url)).header(header::CONTENT_TYPE, content_type).body(body);
+    if proxy.assembles {
+        // llama.cpp closes the connection of a finished stream without
+        // saying so (no `Connection: close`), and a request sent next on it
+        // fails: each of its completions gets a connection of its own.
+        request = request.header(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     if let Some(id) = headers.get(REQUEST_ID) {
         request = request.header(REQUEST_ID, id.clone());
     }
