@@ -416,12 +416,7 @@ impl StreamAssembler {
         let Value::Object(mut choice) = choice else {
             return Err(AssembleError::Malformed("a choice is not an object".to_owned()));
         };
-        let index = match choice.get("index") {
-            None | Some(Value::Null) => 0,
-            Some(index) => index
-                .as_u64()
-                .ok_or_else(|| AssembleError::Malformed("a choice's `index` is not a count".to_owned()))?,
-        };
+        let index = index_of(choice.get("index"), "a choice's")?;
         if self.choices.len() >= MAX_CHOICES && !self.choices.contains_key(&index) {
             return Err(AssembleError::Malformed(format!("over {MAX_CHOICES} choices")));
         }
@@ -499,12 +494,7 @@ fn merge_tool_calls(calls: &mut BTreeMap<u64, Map<String, Value>>, delta: Value)
         let Value::Object(mut call) = call else {
             return Err(AssembleError::Malformed("a tool call is not an object".to_owned()));
         };
-        let index = match call.remove("index") {
-            None | Some(Value::Null) => 0,
-            Some(index) => index
-                .as_u64()
-                .ok_or_else(|| AssembleError::Malformed("a tool call's `index` is not a count".to_owned()))?,
-        };
+        let index = index_of(call.remove("index").as_ref(), "a tool call's")?;
         if calls.len() >= MAX_TOOL_CALLS && !calls.contains_key(&index) {
             return Err(AssembleError::Malformed(format!("over {MAX_TOOL_CALLS} tool calls")));
         }
@@ -523,6 +513,17 @@ fn parsed_size(value: &Value) -> usize {
         Value::Array(items) => items.iter().map(parsed_size).sum(),
         Value::Object(members) => members.iter().map(|(key, value)| key.len() + parsed_size(value)).sum(),
         _ => 0,
+    }
+}
+
+/// An `index` member (`whose`: what it indexes, for the error): absent or
+/// `null` is 0.
+fn index_of(index: Option<&Value>, whose: &str) -> Result<u64, AssembleError> {
+    match index {
+        None | Some(Value::Null) => Ok(0),
+        Some(index) => {
+            index.as_u64().ok_or_else(|| AssembleError::Malformed(format!("{whose} `index` is not a count")))
+        }
     }
 }
 

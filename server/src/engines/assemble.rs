@@ -6,8 +6,15 @@
 use std::time::Duration;
 
 use axum::body::Bytes;
+use axum::http::HeaderValue;
 use futures_util::{Stream, StreamExt as _};
 use loadgate::engines::{streamed_request, AssembleError, Assembled, CompletionRoute, StreamAssembler};
+
+/// Whether an engine's `Content-Type` is an event stream (an answer to
+/// assemble; anything else is relayed as it is).
+pub(crate) fn is_event_stream(content_type: Option<&HeaderValue>) -> bool {
+    content_type.is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
+}
 
 /// Bodies above this are rewritten on tokio's blocking pool.
 const INLINE_REWRITE_LIMIT: usize = 1024 * 1024;

@@ -403,8 +403,7 @@ async fn dispatch(frontend: &Arc<Frontend>, worker: WorkerId, outgoing: &Outgoin
             held.on_chunk(chunk);
         }
         held.answered();
-        let event_stream = content_type.as_ref().is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-        if let Some(route) = whole.filter(|_| event_stream) {
+        if let Some(route) = whole.filter(|_| assemble::is_event_stream(content_type.as_ref())) {
             let between_chunks = timeouts.between_chunks;
             let answer = assemble::read_whole(route, first, stream, between_chunks, |c| held.on_chunk(c)).await;
             drop(held);

@@ -138,6 +138,7 @@ pub(crate) async fn forward(
         .into_iter()
         .filter_map(|name| upstream.headers().get(&name).cloned().map(|value| (name, value)))
         .collect();
+    let upstream_type = upstream.headers().get(header::CONTENT_TYPE).cloned();
     let mut stream: EngineBody = Box::pin(upstream.bytes_stream());
     // The first bytes are awaited here so that an engine that sends its head
     // and then nothing still gets a 504 (nothing was relayed yet).
@@ -151,7 +152,8 @@ pub(crate) async fn forward(
         }
         Err(_) => return no_first_byte(path, timeouts.first_byte),
     };
-    if let Some(route) = whole.filter(|_| status == StatusCode::OK && is_event_stream(&relayed)) {
+    if let Some(route) = whole.filter(|_| status == StatusCode::OK && assemble::is_event_stream(upstream_type.as_ref()))
+    {
         // Held until the stream is read: the engine works on it until then.
         let answer = assemble::read_whole(route, first, stream, timeouts.between_chunks, |_| {}).await;
         drop(held);
@@ -177,14 +179,6 @@ fn route(path: &str) -> CompletionRoute {
     } else {
         CompletionRoute::Completions
     }
-}
-
-/// Whether the engine's `Content-Type` (among the `relayed` headers) is an
-/// event stream.
-fn is_event_stream(relayed: &[(header::HeaderName, HeaderValue)]) -> bool {
-    relayed
-        .iter()
-        .any(|(name, value)| name == header::CONTENT_TYPE && value.as_bytes().starts_with(b"text/event-stream"))
 }
 
 /// The client's answer from an assembled stream: the whole answer, the
