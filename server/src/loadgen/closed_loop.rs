@@ -98,9 +98,8 @@ mod tests {
         let o = Instant::now();
         // 8 clients whose 2.5 s requests are sent together: 3.2 req/s. Counting whole
         // completions in an 8 s window gives 3 or 4 waves, 3.0 or 4.0 req/s, by where it starts.
-        let spans: Vec<_> = (0..7)
-            .flat_map(|w| std::iter::repeat((at(o, 2.5 * w as f64), at(o, 2.5 * w as f64 + 2.5))).take(8))
-            .collect();
+        let spans: Vec<_> =
+            (0..7).flat_map(|w| std::iter::repeat_n((at(o, 2.5 * w as f64), at(o, 2.5 * w as f64 + 2.5)), 8)).collect();
         for (from, until) in [(3.0, 11.0), (4.9, 12.9), (2.0, 10.0)] {
             let rate = window_rate(&spans, at(o, from), at(o, until));
             assert!((rate - 3.2).abs() < 1e-9, "[{from}, {until}): {rate}");
