@@ -33,7 +33,8 @@ pub struct Args {
     /// Seconds of arrivals per run [default: 8; 20 with --engines].
     #[arg(long, env = "LOADGATE_DEMO_DURATION")]
     pub duration: Option<f64>,
-    /// Seconds each run waits for in-flight requests after its arrivals end [default: 3; 8 with --engines].
+    /// Seconds each run waits for in-flight requests after its arrivals end [default: 3; 30 with --engines,
+    /// long enough for the queue of the 2x run without shedding to drain, so that its p99 is measured whole].
     #[arg(long, env = "LOADGATE_DEMO_DRAIN_TIMEOUT")]
     pub drain_timeout: Option<f64>,
     /// The shedding run's decode-blocks threshold (simulated workers).
@@ -93,7 +94,7 @@ impl Args {
 
     /// Seconds each run waits for in-flight requests after its arrivals.
     pub(crate) fn drain_timeout(&self) -> f64 {
-        self.drain_timeout.unwrap_or(self.either(3.0, 8.0))
+        self.drain_timeout.unwrap_or(self.either(3.0, 30.0))
     }
 
     /// Prompt tokens per request.
@@ -152,6 +153,7 @@ mod tests {
         assert_eq!(args.engines, Some(Engines::LlamaCpp));
         assert_eq!(args.waiting_threshold, 3);
         assert_eq!((args.prompt_tokens(), args.output_tokens()), (32, 64));
+        assert_eq!((args.duration(), args.drain_timeout()), (20.0, 30.0));
         assert_eq!(parse(&["--engines", "llamacpp", "--duration", "5"]).unwrap().duration(), 5.0);
         assert!(parse(&["--engines", "vllm"]).is_err(), "only llama.cpp runs on this machine");
         assert!(parse(&["--engines", "llamacpp", "--workers", "2"]).is_err(), "simulated-only flag");
