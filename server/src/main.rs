@@ -7,6 +7,7 @@
 //! the top are shared by several roles. Everything loadgate-specific comes
 //! from the `loadgate` library's public API.
 
+mod chunk_timeout;
 mod demo;
 mod directory;
 mod engines;

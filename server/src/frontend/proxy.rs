@@ -3,11 +3,9 @@
 //! refuses at its hard cap.
 
 use std::borrow::Cow;
-use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::Duration;
+use std::task::{ready, Context, Poll};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -23,6 +21,7 @@ use loadgate::{
     Migration, RouteError, WorkerId,
 };
 
+use crate::chunk_timeout::{self, Chunk, ChunkTimeout};
 use crate::directory::WorkerAddress;
 use crate::engines::assemble::{self, ReadError};
 use crate::frontend::inflight::Held;
@@ -411,10 +410,8 @@ async fn dispatch(frontend: &Arc<Frontend>, worker: WorkerId, outgoing: &Outgoin
         }
         let relay = Relay {
             first,
-            upstream: stream,
+            upstream: ChunkTimeout::new(stream, timeouts.between_chunks),
             held: Some(held),
-            idle: Box::pin(tokio::time::sleep(timeouts.between_chunks)),
-            between_chunks: timeouts.between_chunks,
             frontend: frontend.clone(),
         };
         Response::new(Body::from_stream(relay))
@@ -484,11 +481,8 @@ type Upstream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
 /// is cut for silence, or is dropped (client gone).
 struct Relay {
     first: Option<Bytes>,
-    upstream: Upstream,
+    upstream: ChunkTimeout<Upstream>,
     held: Option<Held>,
-    /// Fires when the worker sent nothing for `between_chunks`.
-    idle: Pin<Box<tokio::time::Sleep>>,
-    between_chunks: Duration,
     frontend: Arc<Frontend>,
 }
 
@@ -503,43 +497,35 @@ impl Stream for Relay {
         if this.held.is_none() {
             return Poll::Ready(None);
         }
-        match this.upstream.as_mut().poll_next(cx) {
-            Poll::Ready(Some(Ok(chunk))) => {
+        Poll::Ready(match ready!(this.upstream.poll_chunk(cx)) {
+            Chunk::Data(chunk) => {
                 if let Some(held) = this.held.as_mut() {
                     held.on_chunk(&chunk);
                 }
-                let next = tokio::time::Instant::now() + this.between_chunks;
-                this.idle.as_mut().reset(next);
-                Poll::Ready(Some(Ok(chunk)))
+                Some(Ok(chunk))
             }
-            Poll::Ready(Some(Err(error))) => {
+            Chunk::Failed(error) => {
                 if let Some(held) = this.held.take() {
                     tracing::warn!(worker = held.worker(), %error, "worker stream failed");
                 }
-                Poll::Ready(Some(Err(std::io::Error::other(error))))
+                Some(Err(std::io::Error::other(error)))
             }
-            Poll::Ready(None) => {
+            Chunk::Ended => {
                 this.held = None;
-                Poll::Ready(None)
+                None
             }
-            Poll::Pending => match this.idle.as_mut().poll(cx) {
-                Poll::Ready(()) => {
-                    this.frontend.upstream_stats.record(Failure::BetweenChunks);
-                    if let Some(held) = this.held.take() {
-                        tracing::warn!(
-                            worker = held.worker(),
-                            timeout = ?this.between_chunks,
-                            "worker sent nothing within the between-chunks timeout; response cut"
-                        );
-                    }
-                    Poll::Ready(Some(Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "the worker stopped sending",
-                    ))))
+            Chunk::Stalled => {
+                this.frontend.upstream_stats.record(Failure::BetweenChunks);
+                if let Some(held) = this.held.take() {
+                    tracing::warn!(
+                        worker = held.worker(),
+                        timeout = ?this.upstream.between(),
+                        "worker sent nothing within the between-chunks timeout; response cut"
+                    );
                 }
-                Poll::Pending => Poll::Pending,
-            },
-        }
+                Some(Err(chunk_timeout::stalled("worker")))
+            }
+        })
     }
 }
 

@@ -34,9 +34,8 @@
 //! answered whole (`engines/assemble.rs`): the permit is held while the
 //! stream is read, and a client that leaves drops it.
 
-use std::future::Future as _;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -46,6 +45,7 @@ use futures_util::{Stream, StreamExt as _};
 use tokio::time::Instant;
 
 use super::http::{admit, error_response, held_body, json_response, Held, Worker};
+use crate::chunk_timeout::{self, Chunk, ChunkTimeout};
 use crate::engines::assemble::{self, ReadError};
 use crate::openai::SERVER_ERROR;
 use crate::throttle::LogThrottle;
@@ -159,13 +159,7 @@ pub(crate) async fn forward(
         drop(held);
         return whole_response(path, answer);
     }
-    let relay = Relay {
-        first,
-        engine: Some(stream),
-        idle: Box::pin(tokio::time::sleep(timeouts.between_chunks)),
-        between_chunks: timeouts.between_chunks,
-        path,
-    };
+    let relay = Relay { first, engine: ChunkTimeout::new(stream, timeouts.between_chunks), path };
     let mut response = held_body(relay, held);
     *response.status_mut() = status;
     response.headers_mut().extend(relayed);
@@ -232,11 +226,7 @@ type EngineBody = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
 /// closes that engine connection.
 struct Relay {
     first: Option<Bytes>,
-    /// `None` once it ended, failed or was cut.
-    engine: Option<EngineBody>,
-    /// Fires when the engine sent nothing for `between_chunks`.
-    idle: Pin<Box<tokio::time::Sleep>>,
-    between_chunks: Duration,
+    engine: ChunkTimeout<EngineBody>,
     path: &'static str,
 }
 
@@ -248,37 +238,18 @@ impl Stream for Relay {
         if let Some(first) = this.first.take() {
             return Poll::Ready(Some(Ok(first)));
         }
-        let Some(engine) = this.engine.as_mut() else { return Poll::Ready(None) };
-        match engine.as_mut().poll_next(cx) {
-            Poll::Ready(Some(Ok(chunk))) => {
-                let next = Instant::now() + this.between_chunks;
-                this.idle.as_mut().reset(next);
-                Poll::Ready(Some(Ok(chunk)))
-            }
-            Poll::Ready(Some(Err(error))) => {
-                this.engine = None;
+        Poll::Ready(match ready!(this.engine.poll_chunk(cx)) {
+            Chunk::Data(chunk) => Some(Ok(chunk)),
+            Chunk::Failed(error) => {
                 warn_failure(this.path, &format!("the engine's response broke: {error}"));
-                Poll::Ready(Some(Err(std::io::Error::other(error))))
+                Some(Err(std::io::Error::other(error)))
             }
-            Poll::Ready(None) => {
-                this.engine = None;
-                Poll::Ready(None)
+            Chunk::Ended => None,
+            Chunk::Stalled => {
+                let between = this.engine.between();
+                warn_failure(this.path, &format!("the engine sent nothing for {between:?}; response cut"));
+                Some(Err(chunk_timeout::stalled("engine")))
             }
-            Poll::Pending => match this.idle.as_mut().poll(cx) {
-                Poll::Ready(()) => {
-                    // Dropped now: the engine connection closes with it.
-                    this.engine = None;
-                    warn_failure(
-                        this.path,
-                        &format!("the engine sent nothing for {:?}; response cut", this.between_chunks),
-                    );
-                    Poll::Ready(Some(Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "the engine stopped sending",
-                    ))))
-                }
-                Poll::Pending => Poll::Pending,
-            },
-        }
+        })
     }
 }
