@@ -59,6 +59,8 @@ struct Received {
     path: String,
     body: Vec<u8>,
     had_proof: bool,
+    /// Sent with `Connection: close`.
+    closes: bool,
 }
 
 #[derive(Default)]
@@ -273,7 +275,13 @@ async fn complete(
     body: axum::body::Bytes,
 ) -> Response {
     let had_proof = headers.contains_key(PROOF_HEADER);
-    shared.received.lock().unwrap().push(Received { path: uri.path().to_owned(), body: body.to_vec(), had_proof });
+    let closes = headers.get("connection").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
+    shared.received.lock().unwrap().push(Received {
+        path: uri.path().to_owned(),
+        body: body.to_vec(),
+        had_proof,
+        closes,
+    });
     let wait = shared.load.lock().unwrap().answer_after;
     tokio::time::sleep(wait).await;
     let stream = serde_json::from_slice::<Value>(&body).ok().and_then(|v| v["stream"].as_bool()).unwrap_or(false);
@@ -637,6 +645,8 @@ async fn proxies_to_the_engine_and_tracks_prefill_meanwhile() {
     assert_eq!(answer["object"], "text_completion", "{answer}");
     assert_eq!(received[1].path, "/v1/chat/completions");
     assert!(received.iter().all(|r| !r.had_proof), "no request proof to an engine");
+    // llama.cpp closes a finished stream's connection unannounced: none is reused.
+    assert!(received.iter().all(|r| r.closes), "every completion to llama.cpp on a connection of its own");
 
     engine.set(|l| l.answer_after = Duration::from_millis(1500));
     let id = format!("worker_id=\"{}\"", engine_worker_id(&engine.url(), MODEL));

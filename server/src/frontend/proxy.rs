@@ -32,6 +32,7 @@ use crate::frontend::state::Frontend;
 use crate::frontend::upstream::Failure;
 use crate::openai::InvalidRequest;
 use crate::secret::{body_digest, BodyDigest};
+use crate::upstream_client;
 use loadgate::engines::{Assembled, CompletionRoute};
 
 /// Largest worker error body the frontend reads to relay.
@@ -346,10 +347,8 @@ async fn dispatch(frontend: &Arc<Frontend>, worker: WorkerId, outgoing: &Outgoin
     // An engine gets no request proof: it would not check it, and a proof
     // must not travel to a peer that is not a loadgate worker.
     if address.assembles {
-        // llama.cpp closes the connection of a finished stream without
-        // saying so (no `Connection: close`), and a request sent next on it
-        // fails: each of its completions gets a connection of its own.
-        request = request.header(header::CONNECTION, "close");
+        // llama.cpp, the one engine whose answers are assembled.
+        request = upstream_client::on_own_connection(request);
     }
     if !address.engine {
         request = frontend.signed(request, "POST", path(endpoint), digest);

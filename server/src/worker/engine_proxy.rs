@@ -49,6 +49,7 @@ use crate::chunk_timeout::{self, Chunk, ChunkTimeout};
 use crate::engines::assemble::{self, ReadError};
 use crate::openai::SERVER_ERROR;
 use crate::throttle::LogThrottle;
+use crate::upstream_client;
 use loadgate::engines::{Assembled, CompletionRoute};
 
 /// The request-id header passed on to the engine.
@@ -115,10 +116,8 @@ pub(crate) async fn forward(
     let mut request =
         proxy.client.post(format!("{}{path}", proxy.base_url)).header(header::CONTENT_TYPE, content_type).body(body);
     if proxy.assembles {
-        // llama.cpp closes the connection of a finished stream without
-        // saying so (no `Connection: close`), and a request sent next on it
-        // fails: each of its completions gets a connection of its own.
-        request = request.header(header::CONNECTION, HeaderValue::from_static("close"));
+        // llama.cpp, the one engine whose answers are assembled.
+        request = upstream_client::on_own_connection(request);
     }
     if let Some(id) = headers.get(REQUEST_ID) {
         request = request.header(REQUEST_ID, id.clone());
