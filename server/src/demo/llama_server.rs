@@ -1,6 +1,7 @@
 //! One llama.cpp `llama-server` on a free 127.0.0.1 port, killed when
 //! dropped: `--parallel 4 --ctx-size 2048 --threads 1 --metrics --no-webui`
-//! (4 slots of 512 tokens, one core), the prompt cache capped at 256 MiB.
+//! (4 slots of 512 tokens, one core), the prompt cache capped at 256 MiB,
+//! and `HTTP_THREADS` connection threads.
 //! Ready once `GET /health` answers 200; the last lines of its log are kept
 //! (bounded) to explain a server that does not come up.
 
@@ -18,6 +19,12 @@ use crate::demo::install::LlamaInstall;
 
 /// Slots (concurrent sequences) per server.
 pub(crate) const SLOTS: u32 = 4;
+
+/// llama-server's `--threads-http`: one per open connection. Above what the
+/// runs without shedding keep open (3x for 20 s queues about 120 requests on
+/// each server), so that every request waits in the server's own queue,
+/// counted as deferred, and none in its accept backlog, unseen.
+const HTTP_THREADS: u32 = 160;
 
 /// How long a server may take to load the model and answer `/health`.
 const START_WAIT: Duration = Duration::from_secs(60);
@@ -63,7 +70,7 @@ impl LlamaServer {
             .arg(&install.model)
             .args(["--alias", alias, "--host", "127.0.0.1", "--port", &port.to_string()])
             .args(["--parallel", &SLOTS.to_string(), "--ctx-size", "2048", "--threads", "1"])
-            .args(["--metrics", "--no-webui", "--cache-ram", "256"])
+            .args(["--metrics", "--no-webui", "--cache-ram", "256", "--threads-http", &HTTP_THREADS.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
