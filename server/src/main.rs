@@ -12,6 +12,7 @@ mod demo;
 mod directory;
 mod engines;
 mod events;
+mod flag_limits;
 mod frontend;
 mod http_server;
 mod loadgen;

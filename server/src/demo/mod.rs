@@ -41,7 +41,7 @@ use self::llama_server::SLOTS;
 use self::pool::Pool;
 use self::table::{rejected_at_capacity, table, verdict, Run};
 use crate::loadgen::plot::comparison;
-use crate::loadgen::{completions_url, run_bench, saturate, BenchConfig, Percentiles};
+use crate::loadgen::{completions_url, run_bench, saturate, seconds, BenchConfig, Percentiles};
 
 /// Runs `loadgate demo`.
 ///
@@ -120,15 +120,17 @@ fn compare<P>(
     shedding: &str,
     start: impl Fn(bool) -> anyhow::Result<(String, P)>,
 ) -> anyhow::Result<(Vec<Run>, Vec<Run>)> {
+    let duration = seconds(args.duration(), "--duration", false)?;
+    let drain_timeout = seconds(args.drain_timeout(), "--drain-timeout", true)?;
     let bench = |http: &str, rate: f64, seed: u64| BenchConfig {
         url: completions_url(http),
         model: model.to_owned(),
         rate,
-        duration: Duration::from_secs_f64(args.duration()),
+        duration,
         prompt_tokens: args.prompt_tokens(),
         output_tokens: args.output_tokens(),
         stream: true,
-        drain_timeout: Duration::from_secs_f64(args.drain_timeout()),
+        drain_timeout,
         seed,
         progress: true,
     };
@@ -147,7 +149,8 @@ fn compare<P>(
             c
         }
     };
-    anyhow::ensure!(capacity > 0.0, "measured capacity is zero: the pool served nothing");
+    anyhow::ensure!(capacity.is_finite(), "--capacity must be a number of requests per second");
+    anyhow::ensure!(capacity > 0.0, "the capacity is not positive (measured: the pool served nothing)");
 
     let mut off = Vec::new();
     let mut on = Vec::new();

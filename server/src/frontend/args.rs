@@ -151,7 +151,7 @@ pub struct Args {
     #[arg(long, env = "DYN_MIGRATION_LIMIT", default_value_t = DEFAULT_MIGRATION_LIMIT)]
     pub migration_limit: usize,
     /// A worker rank whose last report is older than this counts as not reported.
-    #[arg(long, env = "LOADGATE_FRONTEND_LOAD_STALENESS_MS", value_name = "MS")]
+    #[arg(long, env = "LOADGATE_FRONTEND_LOAD_STALENESS_MS", value_name = "MS", value_parser = clap::value_parser!(u64).range(..=crate::flag_limits::MAX_MS))]
     pub load_staleness_ms: Option<u64>,
     /// Largest data-parallel size a worker may register with.
     #[arg(long, env = "LOADGATE_FRONTEND_MAX_DP_SIZE", default_value_t = 256)]
@@ -178,7 +178,7 @@ pub struct Args {
     pub max_pending_handshakes: u64,
     /// Close an established event connection that sends nothing for this long (ms); keep it at
     /// least 5x the workers' --heartbeat-ms.
-    #[arg(long, env = "LOADGATE_FRONTEND_EVENT_IDLE_TIMEOUT_MS", value_name = "MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "LOADGATE_FRONTEND_EVENT_IDLE_TIMEOUT_MS", value_name = "MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=crate::flag_limits::MAX_MS))]
     pub event_idle_timeout_ms: u64,
     /// Largest request body, in MiB (larger: 413).
     #[arg(long, env = "DYN_HTTP_BODY_LIMIT_MB", value_name = "MB", default_value_t = 192)]
@@ -187,34 +187,34 @@ pub struct Args {
     #[arg(long, env = "LOADGATE_FRONTEND_HTTP_BODY_BUDGET_MB", value_name = "MB", default_value_t = 1024)]
     pub http_body_budget_mb: usize,
     /// Seconds a request body may go without a byte arriving (past it: 408).
-    #[arg(long, env = "LOADGATE_FRONTEND_HTTP_BODY_IDLE_TIMEOUT_SECS", value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "LOADGATE_FRONTEND_HTTP_BODY_IDLE_TIMEOUT_SECS", value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=crate::flag_limits::MAX_SECS))]
     pub http_body_idle_timeout_secs: u64,
     /// Seconds a whole request body may take to arrive (past it: 408).
-    #[arg(long, env = "LOADGATE_FRONTEND_HTTP_BODY_TIMEOUT_SECS", value_name = "SECS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "LOADGATE_FRONTEND_HTTP_BODY_TIMEOUT_SECS", value_name = "SECS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=crate::flag_limits::MAX_SECS))]
     pub http_body_timeout_secs: u64,
     /// The inference listener's header, idle and connection limits and the shutdown drain.
     #[command(flatten)]
     pub http: HttpArgs,
     /// Milliseconds a connection to a worker may take to open; past it (or refused), the request
     /// migrates to another worker.
-    #[arg(long, env = "LOADGATE_FRONTEND_UPSTREAM_CONNECT_TIMEOUT_MS", value_name = "MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "LOADGATE_FRONTEND_UPSTREAM_CONNECT_TIMEOUT_MS", value_name = "MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=crate::flag_limits::MAX_MS))]
     pub upstream_connect_timeout_ms: u64,
     /// Seconds a worker may take to send the response head and first byte (the time to first
     /// token); past it: 504.
-    #[arg(long, env = "LOADGATE_FRONTEND_UPSTREAM_FIRST_BYTE_TIMEOUT_SECS", value_name = "SECS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "LOADGATE_FRONTEND_UPSTREAM_FIRST_BYTE_TIMEOUT_SECS", value_name = "SECS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=crate::flag_limits::MAX_SECS))]
     pub upstream_first_byte_timeout_secs: u64,
     /// Seconds a worker's response may go without a byte between two chunks; past it the
     /// response is cut.
-    #[arg(long, env = "LOADGATE_FRONTEND_UPSTREAM_CHUNK_TIMEOUT_SECS", value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "LOADGATE_FRONTEND_UPSTREAM_CHUNK_TIMEOUT_SECS", value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=crate::flag_limits::MAX_SECS))]
     pub upstream_chunk_timeout_secs: u64,
     /// Milliseconds an event connection may stay silent before its worker leaves routing (it
     /// rejoins with its next frame); at most --event-idle-timeout-ms, at least a few of the
     /// workers' --heartbeat-ms.
-    #[arg(long, env = "LOADGATE_FRONTEND_EVENT_SILENCE_MS", value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "LOADGATE_FRONTEND_EVENT_SILENCE_MS", value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=crate::flag_limits::MAX_MS))]
     pub event_silence_ms: u64,
     /// Milliseconds between active health checks (`GET URL/health`) of each --worker worker;
     /// two failures in a row take it out of routing, one success brings it back. 0: none.
-    #[arg(long, env = "LOADGATE_FRONTEND_WORKER_HEALTH_CHECK_MS", value_name = "MS", default_value_t = 1000)]
+    #[arg(long, env = "LOADGATE_FRONTEND_WORKER_HEALTH_CHECK_MS", value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(..=crate::flag_limits::MAX_MS))]
     pub worker_health_check_ms: u64,
     /// How refusals fill `Retry-After` and `retry-after-ms`: computed (spread), or constant (1 s).
     #[arg(long, env = "LOADGATE_FRONTEND_RETRY_AFTER_MODE", value_enum, default_value = "computed")]
@@ -294,5 +294,27 @@ mod tests {
         assert_eq!(config.failures_to_leave, 3);
         assert!(Cli::try_parse_from(["x", "--engine", "tgi=h:1"]).is_err());
         assert!(Cli::try_parse_from(["x", "--engine-scrape-failures", "0"]).is_err());
+    }
+
+    #[test]
+    fn duration_flags_stop_at_one_day() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        // A deadline is `now + timeout`: near u64::MAX seconds it would overflow the clock.
+        for flag in ["--upstream-chunk-timeout-secs", "--upstream-first-byte-timeout-secs", "--http-idle-timeout-secs"]
+        {
+            assert!(Cli::try_parse_from(["x", flag, "86400"]).is_ok(), "{flag} takes a day");
+            assert!(Cli::try_parse_from(["x", flag, "86401"]).is_err(), "{flag} refuses more");
+            assert!(Cli::try_parse_from(["x", flag, &u64::MAX.to_string()]).is_err(), "{flag}");
+        }
+        for flag in ["--upstream-connect-timeout-ms", "--engine-scrape-timeout-ms", "--load-staleness-ms"] {
+            assert!(Cli::try_parse_from(["x", flag, "86400000"]).is_ok(), "{flag} takes a day");
+            assert!(Cli::try_parse_from(["x", flag, "86400001"]).is_err(), "{flag} refuses more");
+        }
+        assert!(Cli::try_parse_from(["x", "--graceful-shutdown-timeout-secs", "0"]).is_ok(), "0 still means no wait");
     }
 }
