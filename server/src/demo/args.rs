@@ -34,7 +34,7 @@ pub struct Args {
     #[arg(long, env = "LOADGATE_DEMO_DURATION")]
     pub duration: Option<f64>,
     /// Seconds each run waits for in-flight requests after its arrivals end [default: 3; 30 with --engines,
-    /// long enough for the queue of the 2x run without shedding to drain, so that its p99 is measured whole].
+    /// where the queue of the 2x run without shedding often drains in that time].
     #[arg(long, env = "LOADGATE_DEMO_DRAIN_TIMEOUT")]
     pub drain_timeout: Option<f64>,
     /// The shedding run's decode-blocks threshold (simulated workers).

@@ -20,11 +20,12 @@ use crate::demo::install::LlamaInstall;
 /// Slots (concurrent sequences) per server.
 pub(crate) const SLOTS: u32 = 4;
 
-/// llama-server's `--threads-http`: one per open connection. Above what the
-/// runs without shedding keep open (3x for 20 s queues about 120 requests on
-/// each server), so that every request waits in the server's own queue,
-/// counted as deferred, and none in its accept backlog, unseen.
-const HTTP_THREADS: u32 = 160;
+/// llama-server's `--threads-http`: one per open connection; a connection
+/// past them waits, accepted but unread, in cpp-httplib's queue, where
+/// `requests_deferred` does not count it. Above what the runs without
+/// shedding keep open (at 3x about 250 requests per server at 11 req/s of
+/// capacity), so that every waiting request is counted.
+const HTTP_THREADS: u32 = 512;
 
 /// How long a server may take to load the model and answer `/health`.
 const START_WAIT: Duration = Duration::from_secs(60);
