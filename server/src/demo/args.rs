@@ -55,7 +55,7 @@ pub struct Args {
     #[arg(long, env = "LOADGATE_DEMO_KV_TOTAL_BLOCKS", default_value_t = 64, conflicts_with = "engines")]
     pub kv_total_blocks: u32,
     /// Engine step time of the simulated workers, ms.
-    #[arg(long, env = "LOADGATE_DEMO_DECODE_STEP_MS", default_value_t = 25, conflicts_with = "engines", value_parser = clap::value_parser!(u64).range(..=crate::flag_limits::MAX_MS))]
+    #[arg(long, env = "LOADGATE_DEMO_DECODE_STEP_MS", default_value_t = 25, conflicts_with = "engines", value_parser = crate::flag_limits::ms(0))]
     pub decode_step_ms: u64,
     /// Token budget of one simulated engine step.
     #[arg(long, env = "LOADGATE_DEMO_MAX_NUM_BATCHED_TOKENS", default_value_t = 512, conflicts_with = "engines")]

@@ -40,8 +40,9 @@ use self::install::LlamaInstall;
 use self::llama_server::SLOTS;
 use self::pool::Pool;
 use self::table::{rejected_at_capacity, table, verdict, Run};
+use crate::flag_limits::seconds;
 use crate::loadgen::plot::comparison;
-use crate::loadgen::{completions_url, run_bench, saturate, seconds, BenchConfig, Percentiles};
+use crate::loadgen::{completions_url, run_bench, saturate, BenchConfig, Percentiles};
 
 /// Runs `loadgate demo`.
 ///

@@ -20,10 +20,10 @@ const INLINE_MAP_LIMIT: usize = 1 << 20;
 #[derive(Clone, Debug, clap::Args)]
 pub struct ScrapeArgs {
     /// Milliseconds between two scrapes of an engine (a slow scrape delays the next; never two at once).
-    #[arg(long, env = "LOADGATE_ENGINE_SCRAPE_INTERVAL_MS", value_name = "MS", default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=crate::flag_limits::MAX_MS))]
+    #[arg(long, env = "LOADGATE_ENGINE_SCRAPE_INTERVAL_MS", value_name = "MS", default_value_t = 50, value_parser = crate::flag_limits::ms(1))]
     pub engine_scrape_interval_ms: u64,
     /// Milliseconds one scrape (all its requests) may take; past it, it counts as failed.
-    #[arg(long, env = "LOADGATE_ENGINE_SCRAPE_TIMEOUT_MS", value_name = "MS", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=crate::flag_limits::MAX_MS))]
+    #[arg(long, env = "LOADGATE_ENGINE_SCRAPE_TIMEOUT_MS", value_name = "MS", default_value_t = 500, value_parser = crate::flag_limits::ms(1))]
     pub engine_scrape_timeout_ms: u64,
     /// Failed scrapes in a row that take an engine out of routing (the next success brings it back).
     #[arg(long, env = "LOADGATE_ENGINE_SCRAPE_FAILURES", value_name = "K", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]

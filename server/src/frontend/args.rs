@@ -151,7 +151,7 @@ pub struct Args {
     #[arg(long, env = "DYN_MIGRATION_LIMIT", default_value_t = DEFAULT_MIGRATION_LIMIT)]
     pub migration_limit: usize,
     /// A worker rank whose last report is older than this counts as not reported.
-    #[arg(long, env = "LOADGATE_FRONTEND_LOAD_STALENESS_MS", value_name = "MS", value_parser = clap::value_parser!(u64).range(..=crate::flag_limits::MAX_MS))]
+    #[arg(long, env = "LOADGATE_FRONTEND_LOAD_STALENESS_MS", value_name = "MS", value_parser = crate::flag_limits::ms(0))]
     pub load_staleness_ms: Option<u64>,
     /// Largest data-parallel size a worker may register with.
     #[arg(long, env = "LOADGATE_FRONTEND_MAX_DP_SIZE", default_value_t = 256)]
@@ -178,7 +178,7 @@ pub struct Args {
     pub max_pending_handshakes: u64,
     /// Close an established event connection that sends nothing for this long (ms); keep it at
     /// least 5x the workers' --heartbeat-ms.
-    #[arg(long, env = "LOADGATE_FRONTEND_EVENT_IDLE_TIMEOUT_MS", value_name = "MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=crate::flag_limits::MAX_MS))]
+    #[arg(long, env = "LOADGATE_FRONTEND_EVENT_IDLE_TIMEOUT_MS", value_name = "MS", default_value_t = 2000, value_parser = crate::flag_limits::ms(1))]
     pub event_idle_timeout_ms: u64,
     /// Largest request body, in MiB (larger: 413).
     #[arg(long, env = "DYN_HTTP_BODY_LIMIT_MB", value_name = "MB", default_value_t = 192)]
@@ -187,34 +187,34 @@ pub struct Args {
     #[arg(long, env = "LOADGATE_FRONTEND_HTTP_BODY_BUDGET_MB", value_name = "MB", default_value_t = 1024)]
     pub http_body_budget_mb: usize,
     /// Seconds a request body may go without a byte arriving (past it: 408).
-    #[arg(long, env = "LOADGATE_FRONTEND_HTTP_BODY_IDLE_TIMEOUT_SECS", value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=crate::flag_limits::MAX_SECS))]
+    #[arg(long, env = "LOADGATE_FRONTEND_HTTP_BODY_IDLE_TIMEOUT_SECS", value_name = "SECS", default_value_t = 10, value_parser = crate::flag_limits::secs(1))]
     pub http_body_idle_timeout_secs: u64,
     /// Seconds a whole request body may take to arrive (past it: 408).
-    #[arg(long, env = "LOADGATE_FRONTEND_HTTP_BODY_TIMEOUT_SECS", value_name = "SECS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=crate::flag_limits::MAX_SECS))]
+    #[arg(long, env = "LOADGATE_FRONTEND_HTTP_BODY_TIMEOUT_SECS", value_name = "SECS", default_value_t = 120, value_parser = crate::flag_limits::secs(1))]
     pub http_body_timeout_secs: u64,
     /// The inference listener's header, idle and connection limits and the shutdown drain.
     #[command(flatten)]
     pub http: HttpArgs,
     /// Milliseconds a connection to a worker may take to open; past it (or refused), the request
     /// migrates to another worker.
-    #[arg(long, env = "LOADGATE_FRONTEND_UPSTREAM_CONNECT_TIMEOUT_MS", value_name = "MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=crate::flag_limits::MAX_MS))]
+    #[arg(long, env = "LOADGATE_FRONTEND_UPSTREAM_CONNECT_TIMEOUT_MS", value_name = "MS", default_value_t = 2000, value_parser = crate::flag_limits::ms(1))]
     pub upstream_connect_timeout_ms: u64,
     /// Seconds a worker may take to send the response head and first byte (the time to first
     /// token); past it: 504.
-    #[arg(long, env = "LOADGATE_FRONTEND_UPSTREAM_FIRST_BYTE_TIMEOUT_SECS", value_name = "SECS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=crate::flag_limits::MAX_SECS))]
+    #[arg(long, env = "LOADGATE_FRONTEND_UPSTREAM_FIRST_BYTE_TIMEOUT_SECS", value_name = "SECS", default_value_t = 120, value_parser = crate::flag_limits::secs(1))]
     pub upstream_first_byte_timeout_secs: u64,
     /// Seconds a worker's response may go without a byte between two chunks; past it the
     /// response is cut.
-    #[arg(long, env = "LOADGATE_FRONTEND_UPSTREAM_CHUNK_TIMEOUT_SECS", value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=crate::flag_limits::MAX_SECS))]
+    #[arg(long, env = "LOADGATE_FRONTEND_UPSTREAM_CHUNK_TIMEOUT_SECS", value_name = "SECS", default_value_t = 60, value_parser = crate::flag_limits::secs(1))]
     pub upstream_chunk_timeout_secs: u64,
     /// Milliseconds an event connection may stay silent before its worker leaves routing (it
     /// rejoins with its next frame); at most --event-idle-timeout-ms, at least a few of the
     /// workers' --heartbeat-ms.
-    #[arg(long, env = "LOADGATE_FRONTEND_EVENT_SILENCE_MS", value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=crate::flag_limits::MAX_MS))]
+    #[arg(long, env = "LOADGATE_FRONTEND_EVENT_SILENCE_MS", value_name = "MS", default_value_t = 1000, value_parser = crate::flag_limits::ms(1))]
     pub event_silence_ms: u64,
     /// Milliseconds between active health checks (`GET URL/health`) of each --worker worker;
     /// two failures in a row take it out of routing, one success brings it back. 0: none.
-    #[arg(long, env = "LOADGATE_FRONTEND_WORKER_HEALTH_CHECK_MS", value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(..=crate::flag_limits::MAX_MS))]
+    #[arg(long, env = "LOADGATE_FRONTEND_WORKER_HEALTH_CHECK_MS", value_name = "MS", default_value_t = 1000, value_parser = crate::flag_limits::ms(0))]
     pub worker_health_check_ms: u64,
     /// How refusals fill `Retry-After` and `retry-after-ms`: computed (spread), or constant (1 s).
     #[arg(long, env = "LOADGATE_FRONTEND_RETRY_AFTER_MODE", value_enum, default_value = "computed")]
@@ -250,19 +250,24 @@ impl Args {
 mod tests {
     use super::*;
 
-    #[test]
-    fn admission_control_none_clears_thresholds() {
+    /// The frontend's arguments from `args` (the program name left out).
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
         use clap::Parser;
         #[derive(Parser)]
         struct Cli {
             #[command(flatten)]
             args: Args,
         }
-        let cli = Cli::parse_from(["x", "--active-decode-blocks-threshold", "0.85", "--router-mode", "kv"]);
-        assert_eq!(cli.args.default_thresholds().active_decode_blocks_threshold, Some(0.85));
-        assert_eq!(cli.args.router_mode, RouterMode::Kv);
-        let cli = Cli::parse_from(["x", "--active-decode-blocks-threshold", "0.85", "--admission-control", "none"]);
-        assert!(cli.args.default_thresholds().is_empty());
+        Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied())).map(|c| c.args)
+    }
+
+    #[test]
+    fn admission_control_none_clears_thresholds() {
+        let args = parse(&["--active-decode-blocks-threshold", "0.85", "--router-mode", "kv"]).unwrap();
+        assert_eq!(args.default_thresholds().active_decode_blocks_threshold, Some(0.85));
+        assert_eq!(args.router_mode, RouterMode::Kv);
+        let args = parse(&["--active-decode-blocks-threshold", "0.85", "--admission-control", "none"]).unwrap();
+        assert!(args.default_thresholds().is_empty());
     }
 
     #[test]
@@ -279,42 +284,30 @@ mod tests {
 
     #[test]
     fn engines_repeat_and_scrape_flags_default() {
-        use clap::Parser;
-        #[derive(Parser)]
-        struct Cli {
-            #[command(flatten)]
-            args: Args,
-        }
-        let cli = Cli::parse_from(["x", "--engine", "llamacpp=127.0.0.1:1,model=a", "--engine", "vllm=h:2"]);
-        let engines: Vec<String> = cli.args.engines.iter().map(ToString::to_string).collect();
+        let args = parse(&["--engine", "llamacpp=127.0.0.1:1,model=a", "--engine", "vllm=h:2"]).unwrap();
+        let engines: Vec<String> = args.engines.iter().map(ToString::to_string).collect();
         assert_eq!(engines, ["llamacpp=http://127.0.0.1:1,model=a", "vllm=http://h:2"]);
-        let config = cli.args.scrape.config();
+        let config = args.scrape.config();
         assert_eq!(config.interval, std::time::Duration::from_millis(50));
         assert_eq!(config.timeout, std::time::Duration::from_millis(500));
         assert_eq!(config.failures_to_leave, 3);
-        assert!(Cli::try_parse_from(["x", "--engine", "tgi=h:1"]).is_err());
-        assert!(Cli::try_parse_from(["x", "--engine-scrape-failures", "0"]).is_err());
+        assert!(parse(&["--engine", "tgi=h:1"]).is_err());
+        assert!(parse(&["--engine-scrape-failures", "0"]).is_err());
     }
 
     #[test]
     fn duration_flags_stop_at_one_day() {
-        use clap::Parser;
-        #[derive(Parser)]
-        struct Cli {
-            #[command(flatten)]
-            args: Args,
-        }
         // A deadline is `now + timeout`: near u64::MAX seconds it would overflow the clock.
         for flag in ["--upstream-chunk-timeout-secs", "--upstream-first-byte-timeout-secs", "--http-idle-timeout-secs"]
         {
-            assert!(Cli::try_parse_from(["x", flag, "86400"]).is_ok(), "{flag} takes a day");
-            assert!(Cli::try_parse_from(["x", flag, "86401"]).is_err(), "{flag} refuses more");
-            assert!(Cli::try_parse_from(["x", flag, &u64::MAX.to_string()]).is_err(), "{flag}");
+            assert!(parse(&[flag, "86400"]).is_ok(), "{flag} takes a day");
+            assert!(parse(&[flag, "86401"]).is_err(), "{flag} refuses more");
+            assert!(parse(&[flag, &u64::MAX.to_string()]).is_err(), "{flag}");
         }
         for flag in ["--upstream-connect-timeout-ms", "--engine-scrape-timeout-ms", "--load-staleness-ms"] {
-            assert!(Cli::try_parse_from(["x", flag, "86400000"]).is_ok(), "{flag} takes a day");
-            assert!(Cli::try_parse_from(["x", flag, "86400001"]).is_err(), "{flag} refuses more");
+            assert!(parse(&[flag, "86400000"]).is_ok(), "{flag} takes a day");
+            assert!(parse(&[flag, "86400001"]).is_err(), "{flag} refuses more");
         }
-        assert!(Cli::try_parse_from(["x", "--graceful-shutdown-timeout-secs", "0"]).is_ok(), "0 still means no wait");
+        assert!(parse(&["--graceful-shutdown-timeout-secs", "0"]).is_ok(), "0 still means no wait");
     }
 }

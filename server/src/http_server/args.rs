@@ -12,11 +12,11 @@ use std::time::Duration;
 pub struct HttpArgs {
     /// Seconds an HTTP/1 request head (request line and headers) may take to arrive; past it
     /// the connection is closed (a slow-loris head trickled byte by byte). Default 30.
-    #[arg(long, env = "LOADGATE_HTTP_HEADER_TIMEOUT_SECS", value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=crate::flag_limits::MAX_SECS))]
+    #[arg(long, env = "LOADGATE_HTTP_HEADER_TIMEOUT_SECS", value_name = "SECS", default_value_t = 30, value_parser = crate::flag_limits::secs(1))]
     pub http_header_timeout_secs: u64,
     /// Seconds a connection with no request in service stays open (HTTP/1 keep-alive and
     /// HTTP/2 alike; a new connection that sends nothing is idle too). Default 60.
-    #[arg(long, env = "LOADGATE_HTTP_IDLE_TIMEOUT_SECS", value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=crate::flag_limits::MAX_SECS))]
+    #[arg(long, env = "LOADGATE_HTTP_IDLE_TIMEOUT_SECS", value_name = "SECS", default_value_t = 60, value_parser = crate::flag_limits::secs(1))]
     pub http_idle_timeout_secs: u64,
     /// Open HTTP connections at most. Default: half of the soft RLIMIT_NOFILE less a reserve of
     /// max(256, nofile/4) descriptors (each busy connection also holds one to a worker), at least
@@ -26,7 +26,7 @@ pub struct HttpArgs {
     pub http_max_connections: Option<u64>,
     /// On SIGTERM: seconds in-flight responses (SSE streams included) may take to finish
     /// before they are cut; new connections are refused meanwhile. Default 5.
-    #[arg(long, env = "DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS", value_name = "SECS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(..=crate::flag_limits::MAX_SECS))]
+    #[arg(long, env = "DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS", value_name = "SECS", default_value_t = 5, value_parser = crate::flag_limits::secs(0))]
     pub graceful_shutdown_timeout_secs: u64,
 }
 

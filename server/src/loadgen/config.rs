@@ -5,6 +5,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::flag_limits;
+
 /// Command-line arguments of `loadgate bench`. Every flag also reads
 /// `LOADGATE_BENCH_<FLAG>` (a flag beats its variable).
 #[derive(Clone, Debug, clap::Args)]
@@ -56,7 +58,7 @@ pub struct Args {
     pub max_attempts: u32,
     /// With --retry-storm: milliseconds to wait before a retry when a refusal carries no usable
     /// hint (none, unparsable, or above 60 s), and after a transport error or timeout.
-    #[arg(long, env = "LOADGATE_BENCH_RETRY_FALLBACK_MS", value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(..=crate::flag_limits::MAX_MS))]
+    #[arg(long, env = "LOADGATE_BENCH_RETRY_FALLBACK_MS", value_name = "MS", default_value_t = 1000, value_parser = crate::flag_limits::ms(0))]
     pub retry_fallback_ms: u64,
     /// With --retry-storm: seconds one attempt may take (connect to last byte); past it the
     /// attempt counts as a timeout and is retried.
@@ -108,11 +110,11 @@ impl BenchConfig {
             url: completions_url(&args.url),
             model: args.model.clone(),
             rate,
-            duration: seconds(args.duration.unwrap_or(0.0), "--duration", false)?,
+            duration: flag_limits::seconds(args.duration.unwrap_or(0.0), "--duration", false)?,
             prompt_tokens: args.prompt_tokens,
             output_tokens: args.output_tokens,
             stream: args.stream,
-            drain_timeout: seconds(args.drain_timeout, "--drain-timeout", true)?,
+            drain_timeout: flag_limits::seconds(args.drain_timeout, "--drain-timeout", true)?,
             seed: args.seed.unwrap_or_else(|| fastrand::u64(..)),
             progress: !args.json,
         })
@@ -146,11 +148,11 @@ impl StormConfig {
             url: completions_url(&args.url),
             model: args.model.clone(),
             rate: 0.0,
-            duration: seconds(args.duration.unwrap_or(DEFAULT_STORM_SECS), "--duration", false)?,
+            duration: flag_limits::seconds(args.duration.unwrap_or(DEFAULT_STORM_SECS), "--duration", false)?,
             prompt_tokens: args.prompt_tokens,
             output_tokens: args.output_tokens,
             stream: args.stream,
-            drain_timeout: seconds(args.drain_timeout, "--drain-timeout", true)?,
+            drain_timeout: flag_limits::seconds(args.drain_timeout, "--drain-timeout", true)?,
             seed: 0,
             progress: false,
         };
@@ -159,25 +161,9 @@ impl StormConfig {
             clients,
             max_attempts: args.max_attempts,
             fallback: Duration::from_millis(args.retry_fallback_ms),
-            request_timeout: seconds(args.request_timeout, "--request-timeout", false)?,
+            request_timeout: flag_limits::seconds(args.request_timeout, "--request-timeout", false)?,
         }))
     }
-}
-
-/// `value` seconds of the flag `flag`, at most [`MAX_SECS`](crate::flag_limits::MAX_SECS),
-/// positive (or, `zero_ok`, also 0).
-///
-/// # Errors
-///
-/// Not a number, negative, 0 when that is not allowed, or too long.
-pub(crate) fn seconds(value: f64, flag: &str, zero_ok: bool) -> anyhow::Result<Duration> {
-    let max = crate::flag_limits::MAX_SECS as f64;
-    let least = if zero_ok { "at least 0" } else { "more than 0" };
-    anyhow::ensure!(
-        value.is_finite() && (value > 0.0 || zero_ok && value == 0.0) && value <= max,
-        "{flag} must be {least} and at most {max} seconds, not {value}"
-    );
-    Ok(Duration::from_secs_f64(value))
 }
 
 /// `base` as a completions URL (kept as is when it already names an endpoint).
@@ -247,15 +233,5 @@ mod tests {
         assert_eq!(completions_url("http://a:1/"), "http://a:1/v1/completions");
         assert_eq!(completions_url("127.0.0.1:9"), "http://127.0.0.1:9/v1/completions");
         assert_eq!(completions_url("http://a/v1/chat/completions"), "http://a/v1/chat/completions");
-    }
-
-    #[test]
-    fn seconds_are_bounded_and_positive() {
-        assert_eq!(seconds(1.5, "--d", false).unwrap(), Duration::from_millis(1500));
-        assert_eq!(seconds(0.0, "--d", true).unwrap(), Duration::ZERO);
-        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e300, 86_400.5] {
-            let error = seconds(bad, "--d", false).unwrap_err().to_string();
-            assert!(error.contains("--d must be more than 0 and at most 86400 seconds"), "{bad}: {error}");
-        }
     }
 }

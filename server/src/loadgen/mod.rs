@@ -30,7 +30,6 @@ mod storm_report;
 use anyhow::Context as _;
 
 pub use self::closed_loop::saturate;
-pub(crate) use self::config::seconds;
 pub use self::config::{completions_url, Args, BenchConfig, StormConfig};
 pub use self::open_loop::run_bench;
 pub use self::report::{BenchReport, Percentiles};

@@ -30,15 +30,15 @@ pub struct Args {
     #[arg(long, env = "LOADGATE_WORKER_ENGINE", value_name = "KIND=URL")]
     pub engine: Option<EngineSpec>,
     /// Milliseconds a connection to the engine may take to open (--engine).
-    #[arg(long, env = "LOADGATE_WORKER_ENGINE_CONNECT_TIMEOUT_MS", value_name = "MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=crate::flag_limits::MAX_MS))]
+    #[arg(long, env = "LOADGATE_WORKER_ENGINE_CONNECT_TIMEOUT_MS", value_name = "MS", default_value_t = 2000, value_parser = crate::flag_limits::ms(1))]
     pub engine_connect_timeout_ms: u64,
     /// Seconds the engine may take to send the response head and first byte (the time to first
     /// token; a whole answer when not streamed); past it: 504 (--engine).
-    #[arg(long, env = "LOADGATE_WORKER_ENGINE_FIRST_BYTE_TIMEOUT_SECS", value_name = "SECS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=crate::flag_limits::MAX_SECS))]
+    #[arg(long, env = "LOADGATE_WORKER_ENGINE_FIRST_BYTE_TIMEOUT_SECS", value_name = "SECS", default_value_t = 120, value_parser = crate::flag_limits::secs(1))]
     pub engine_first_byte_timeout_secs: u64,
     /// Seconds a relayed engine response may go without a byte; past it the response is cut
     /// (--engine).
-    #[arg(long, env = "LOADGATE_WORKER_ENGINE_CHUNK_TIMEOUT_SECS", value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=crate::flag_limits::MAX_SECS))]
+    #[arg(long, env = "LOADGATE_WORKER_ENGINE_CHUNK_TIMEOUT_SECS", value_name = "SECS", default_value_t = 60, value_parser = crate::flag_limits::secs(1))]
     pub engine_chunk_timeout_secs: u64,
     /// How the engine is scraped (--engine).
     #[command(flatten)]
@@ -80,13 +80,13 @@ pub struct Args {
     #[arg(long, env = "LOADGATE_WORKER_ENGINE_REQUEST_LIMIT")]
     pub engine_request_limit: Option<usize>,
     /// Wall time of one engine step, in milliseconds.
-    #[arg(long, env = "LOADGATE_WORKER_DECODE_STEP_MS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=crate::flag_limits::MAX_MS))]
+    #[arg(long, env = "LOADGATE_WORKER_DECODE_STEP_MS", default_value_t = 10, value_parser = crate::flag_limits::ms(1))]
     pub decode_step_ms: u64,
     /// Bound on prefill speed, tokens per second per rank.
     #[arg(long, env = "LOADGATE_WORKER_PREFILL_TOKENS_PER_S")]
     pub prefill_tokens_per_s: Option<u32>,
     /// Re-send every rank's load at least this often (ms), even when unchanged.
-    #[arg(long, env = "LOADGATE_WORKER_HEARTBEAT_MS", default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=crate::flag_limits::MAX_MS))]
+    #[arg(long, env = "LOADGATE_WORKER_HEARTBEAT_MS", default_value_t = 200, value_parser = crate::flag_limits::ms(1))]
     pub heartbeat_ms: u64,
     /// Worker id announced to frontends (default: random).
     #[arg(long, env = "LOADGATE_WORKER_WORKER_ID")]
