@@ -75,10 +75,11 @@ fn window_rate(served: &[(Instant, Instant)], from: Instant, until: Instant) -> 
         .map(|&(sent, done)| {
             let span = done.saturating_duration_since(sent).as_secs_f64();
             let inside = done.min(until).saturating_duration_since(sent.max(from)).as_secs_f64();
-            if span == 0.0 {
-                f64::from(u8::from(done >= from && done < until))
-            } else {
-                inside / span
+            match span {
+                // An instant request: whole when it ends inside.
+                0.0 if (from..until).contains(&done) => 1.0,
+                0.0 => 0.0,
+                _ => inside / span,
             }
         })
         .sum();
