@@ -252,7 +252,7 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
     let server = tokio::spawn(http_server::serve_until(
         listener,
         app(frontend.clone()),
-        ServeConfig::from_args(&args.http, tls),
+        ServeConfig::from_args(&args.http, http_server::WRITE_TIMEOUT, tls),
         async {
             // A dropped sender (the RunningFrontend dropped) ends the task by abort anyway.
             let _ = stopped.await;

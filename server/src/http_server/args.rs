@@ -1,7 +1,7 @@
 //! [`HttpArgs`]: the HTTP-side limits shared by `loadgate frontend` (its
-//! inference listener) and `loadgate worker`: the header-read and idle
-//! keep-alive timeouts, the connection limit, and the graceful-shutdown
-//! drain. Each reads `LOADGATE_HTTP_<FLAG>` (the same variable for both
+//! inference listener) and `loadgate worker`: the header-read, idle
+//! keep-alive and write-progress timeouts, the connection limit, HTTP/2's
+//! stream limit and keep-alive pings, and the graceful-shutdown drain. Each reads `LOADGATE_HTTP_<FLAG>` (the same variable for both
 //! roles), except the drain, which reads Dynamo's
 //! `DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS`.
 
@@ -24,6 +24,23 @@ pub struct HttpArgs {
     /// closed to admit a new one; with none idle, the new connection is closed at once.
     #[arg(long, env = "LOADGATE_HTTP_MAX_CONNECTIONS", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub http_max_connections: Option<u64>,
+    /// Seconds a response may have data ready that the client does not take (a client that
+    /// stopped reading); past it the connection is closed, the request's upstream dropped and its
+    /// permit released. Also the sockets' TCP_USER_TIMEOUT. A reader slower than about one TCP
+    /// window per this long counts as stalled. Default 30 on the frontend, 35 on a worker (a
+    /// client stalled through a frontend is cut there first).
+    #[arg(long, env = "LOADGATE_HTTP_WRITE_TIMEOUT_SECS", value_name = "SECS", value_parser = crate::flag_limits::secs(1))]
+    pub http_write_timeout_secs: Option<u64>,
+    /// Concurrent streams one HTTP/2 connection may open. Default 100.
+    #[arg(long, env = "LOADGATE_HTTP2_MAX_CONCURRENT_STREAMS", value_name = "N", default_value_t = crate::http_server::HTTP2_MAX_CONCURRENT_STREAMS, value_parser = clap::value_parser!(u32).range(1..))]
+    pub http2_max_concurrent_streams: u32,
+    /// Seconds between HTTP/2 keep-alive pings. Default 20.
+    #[arg(long, env = "LOADGATE_HTTP2_KEEPALIVE_INTERVAL_SECS", value_name = "SECS", default_value_t = 20, value_parser = crate::flag_limits::secs(1))]
+    pub http2_keepalive_interval_secs: u64,
+    /// Seconds an HTTP/2 keep-alive ping may go unanswered before the connection is closed.
+    /// Default 20.
+    #[arg(long, env = "LOADGATE_HTTP2_KEEPALIVE_TIMEOUT_SECS", value_name = "SECS", default_value_t = 20, value_parser = crate::flag_limits::secs(1))]
+    pub http2_keepalive_timeout_secs: u64,
     /// On SIGTERM: seconds in-flight responses (SSE streams included) may take to finish
     /// before they are cut; new connections are refused meanwhile. Default 5.
     #[arg(long, env = "DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS", value_name = "SECS", default_value_t = 5, value_parser = crate::flag_limits::secs(0))]
@@ -39,6 +56,11 @@ impl HttpArgs {
     /// `--http-idle-timeout-secs`.
     pub fn idle_timeout(&self) -> Duration {
         Duration::from_secs(self.http_idle_timeout_secs)
+    }
+
+    /// `--http-write-timeout-secs` (`None`: the role's default).
+    pub fn write_timeout(&self) -> Option<Duration> {
+        self.http_write_timeout_secs.map(Duration::from_secs)
     }
 
     /// `--graceful-shutdown-timeout-secs`.

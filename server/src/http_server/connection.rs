@@ -11,7 +11,11 @@
 //! - **drain**: the listener stops; a busy connection finishes its
 //!   response(s) and closes, an idle one may carry one more request
 //!   (answered with `connection: close` over HTTP/1, after a GOAWAY over
-//!   HTTP/2) until the drain ends.
+//!   HTTP/2) until the drain ends;
+//! - **write progress**: a response body has had data ready that the client
+//!   did not take for the write timeout (`write_progress.rs`): the
+//!   connection is dropped at once (every response on it with it), since a
+//!   client that takes nothing would not take a graceful close either.
 //!
 //! Closing uses hyper's graceful shutdown (an idle HTTP/1 connection
 //! closes at once, HTTP/2 sends GOAWAY); one that has not closed
@@ -28,7 +32,12 @@ use tokio::net::TcpStream;
 
 use super::registry::Slot;
 use super::service::tracked;
+use super::write_progress::{Check, WriteWatch};
 use super::{ServeConfig, Tls};
+use crate::throttle::LogThrottle;
+
+/// Lines about connections cut for write progress: clients cause them.
+static WRITE_STALLS: LogThrottle = LogThrottle::per_second(1);
 
 /// How long a connection asked to close (evicted or idle past the timeout)
 /// may take to do so gracefully before it is dropped.
@@ -80,8 +89,11 @@ async fn drive<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let conn = builder.serve_connection(TokioIo::new(stream), tracked(router, slot.handle()));
+    let watch = WriteWatch::new(config.write_timeout);
+    let conn = builder.serve_connection(TokioIo::new(stream), tracked(router, slot.handle(), watch.clone()));
     tokio::pin!(conn);
+    let write_check = tokio::time::sleep(watch.deadline());
+    tokio::pin!(write_check);
     let idle_timeout = config.idle_timeout;
     let idle_check = tokio::time::sleep(idle_timeout);
     tokio::pin!(idle_check);
@@ -137,6 +149,20 @@ where
                     None => idle_check.as_mut().reset(tokio::time::Instant::now() + idle_timeout),
                 }
             }
+            () = &mut write_check => match watch.check() {
+                Check::Next(after) => write_check.as_mut().reset(tokio::time::Instant::now() + after),
+                Check::Overdue(waited) => {
+                    if let Some(suppressed) = WRITE_STALLS.admit() {
+                        tracing::warn!(
+                            ?waited,
+                            suppressed,
+                            "a client took none of its response for the write timeout \
+                             (--http-write-timeout-secs); connection closed"
+                        );
+                    }
+                    return Err(io::Error::new(io::ErrorKind::TimedOut, "the client stopped taking its response").into());
+                }
+            },
             () = &mut sent_grace, if !sent_grace_over => {
                 sent_grace_over = true;
                 slot.evictable_if_unused();

@@ -40,6 +40,15 @@
 //! - Listen backlog: [`LISTEN_BACKLOG`] (4096, capped by `somaxconn`) for
 //!   listeners made with [`bind`], so a burst waits in the kernel instead
 //!   of having SYNs dropped.
+//! - Write progress: `--http-write-timeout-secs` (default 30 s,
+//!   [`WRITE_TIMEOUT`]; a worker's 5 s more): a response body with data
+//!   ready that the client does not take that long closes its connection
+//!   (`write_progress.rs`); accepted sockets get the same `TCP_USER_TIMEOUT`,
+//!   so the kernel too gives up on data the peer never acknowledges.
+//! - HTTP/2: at most `--http2-max-concurrent-streams` (default 100) streams
+//!   per connection, and a keep-alive ping every
+//!   `--http2-keepalive-interval-secs` (20 s) that must be answered within
+//!   `--http2-keepalive-timeout-secs` (20 s).
 //! - Request bodies are bounded by the frontend's body budget and the
 //!   worker's body reader, not here.
 //!
@@ -56,6 +65,7 @@ mod connection;
 mod limits;
 mod registry;
 mod service;
+mod write_progress;
 
 use std::future::Future;
 use std::io;
@@ -77,6 +87,7 @@ use tokio_rustls::TlsAcceptor;
 pub use self::args::HttpArgs;
 pub use self::limits::default_max_connections;
 use self::registry::Registry;
+pub use self::write_progress::WRITE_TIMEOUT;
 use crate::throttle::LogThrottle;
 
 /// How long a TLS handshake may take before its connection is dropped.
@@ -88,6 +99,13 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long a connection with no request in service stays open by default.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// At most this many concurrent streams per HTTP/2 connection by default.
+pub const HTTP2_MAX_CONCURRENT_STREAMS: u32 = 100;
+
+/// How often an HTTP/2 connection is pinged by default, and how long the
+/// answer may take.
+pub const HTTP2_KEEPALIVE: Duration = Duration::from_secs(20);
 
 /// The admin listener's connection limit (its connections come out of the
 /// inference listener's descriptor reserve).
@@ -121,11 +139,21 @@ pub struct ServeConfig {
     pub idle_timeout: Duration,
     /// Open connections at most (at least 1).
     pub max_connections: usize,
+    /// A response body whose ready data the client does not take this long
+    /// closes its connection; also the sockets' `TCP_USER_TIMEOUT`.
+    pub write_timeout: Duration,
+    /// Concurrent streams per HTTP/2 connection at most.
+    pub http2_max_concurrent_streams: u32,
+    /// How often an HTTP/2 connection is pinged.
+    pub http2_keepalive_interval: Duration,
+    /// How long a ping's answer may take before the connection is closed.
+    pub http2_keepalive_timeout: Duration,
 }
 
 impl ServeConfig {
-    /// Plain HTTP with the default limits: header 30 s, idle 60 s,
-    /// connections from the file limit ([`default_max_connections`]).
+    /// Plain HTTP with the default limits: header 30 s, idle 60 s, write
+    /// 30 s, connections from the file limit ([`default_max_connections`]),
+    /// 100 streams per HTTP/2 connection pinged every 20 s.
     pub fn plain() -> Self {
         ServeConfig {
             tls: None,
@@ -133,12 +161,17 @@ impl ServeConfig {
             header_read_timeout: HEADER_READ_TIMEOUT,
             idle_timeout: IDLE_TIMEOUT,
             max_connections: default_max_connections(),
+            write_timeout: WRITE_TIMEOUT,
+            http2_max_concurrent_streams: HTTP2_MAX_CONCURRENT_STREAMS,
+            http2_keepalive_interval: HTTP2_KEEPALIVE,
+            http2_keepalive_timeout: HTTP2_KEEPALIVE,
         }
     }
 
     /// The limits `args` give (`--http-max-connections` absent: from the
-    /// file limit), TLS with `tls`.
-    pub fn from_args(args: &HttpArgs, tls: Option<Tls>) -> Self {
+    /// file limit; `--http-write-timeout-secs` absent: `write_timeout`), TLS
+    /// with `tls`.
+    pub fn from_args(args: &HttpArgs, write_timeout: Duration, tls: Option<Tls>) -> Self {
         ServeConfig {
             tls,
             tls_handshake_timeout: TLS_HANDSHAKE_TIMEOUT,
@@ -147,6 +180,10 @@ impl ServeConfig {
             max_connections: args
                 .http_max_connections
                 .map_or_else(default_max_connections, |n| usize::try_from(n).unwrap_or(usize::MAX)),
+            write_timeout: args.write_timeout().unwrap_or(write_timeout),
+            http2_max_concurrent_streams: args.http2_max_concurrent_streams,
+            http2_keepalive_interval: Duration::from_secs(args.http2_keepalive_interval_secs),
+            http2_keepalive_timeout: Duration::from_secs(args.http2_keepalive_timeout_secs),
         }
     }
 
@@ -155,7 +192,12 @@ impl ServeConfig {
     fn builder(&self) -> auto::Builder<TokioExecutor> {
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder.http1().timer(TokioTimer::new()).header_read_timeout(self.header_read_timeout);
-        builder.http2().timer(TokioTimer::new());
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(self.http2_max_concurrent_streams)
+            .keep_alive_interval(self.http2_keepalive_interval)
+            .keep_alive_timeout(self.http2_keepalive_timeout);
         builder
     }
 }
@@ -260,6 +302,10 @@ pub async fn serve_until(
                     };
                     // No Nagle delay on small writes; a failure only costs latency.
                     let _ = tcp.set_nodelay(true);
+                    // The kernel gives up on data the peer does not acknowledge
+                    // as the write-progress deadline does; a failure leaves that
+                    // deadline alone in charge.
+                    let _ = socket2::SockRef::from(&tcp).set_tcp_user_timeout(Some(config.write_timeout));
                     let router = router.clone();
                     let config = config.clone();
                     let builder = builder.clone();
@@ -348,364 +394,4 @@ fn out_of_descriptors(error: &io::Error) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::io::{Read as _, Write as _};
-    use std::time::Instant;
-
-    use super::*;
-
-    /// `/` answers "ok"; `/slow` streams 8 chunks 100 ms apart, then "end".
-    fn router() -> Router {
-        let slow = || async {
-            let chunks = futures_util::stream::unfold(0u32, |i| async move {
-                match i {
-                    0..8 => {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        Some((Ok::<_, std::convert::Infallible>(bytes::Bytes::from("chunk\n")), i + 1))
-                    }
-                    8 => Some((Ok(bytes::Bytes::from("end")), i + 1)),
-                    _ => None,
-                }
-            });
-            axum::body::Body::from_stream(chunks)
-        };
-        Router::new().route("/", axum::routing::get(|| async { "ok" })).route("/slow", axum::routing::get(slow))
-    }
-
-    async fn spawn_server(config: ServeConfig) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        (addr, tokio::spawn(serve(listener, router(), config)))
-    }
-
-    /// Reads one `GET /` answer ("ok", content-length 2) off a keep-alive connection.
-    fn read_ok(stream: &mut std::net::TcpStream) -> String {
-        stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let mut seen = Vec::new();
-        let mut buf = [0u8; 1024];
-        while !seen.ends_with(b"\r\n\r\nok") {
-            match stream.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => seen.extend_from_slice(&buf[..n]),
-            }
-        }
-        String::from_utf8_lossy(&seen).into_owned()
-    }
-
-    fn connect(addr: std::net::SocketAddr) -> std::net::TcpStream {
-        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap()
-    }
-
-    const GET: &[u8] = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n";
-    /// How `/slow`'s chunked answer ends.
-    const SLOW_END: &str = "3\r\nend\r\n0\r\n\r\n";
-    const GET_SLOW: &[u8] = b"GET /slow HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n";
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_idle_keep_alive_connection_is_closed_at_the_idle_timeout_and_a_long_response_is_not() {
-        let config = ServeConfig { idle_timeout: Duration::from_millis(300), ..ServeConfig::plain() };
-        let (addr, server) = spawn_server(config).await;
-        let (kept, fresh, slow) = tokio::task::spawn_blocking(move || {
-            let mut kept = connect(addr);
-            kept.write_all(GET).unwrap();
-            let first = read_ok(&mut kept);
-            assert!(first.starts_with("HTTP/1.1 200"), "{first:?}");
-            // Used again within the timeout: it stays open.
-            std::thread::sleep(Duration::from_millis(150));
-            kept.write_all(GET).unwrap();
-            let second = read_ok(&mut kept);
-            assert!(second.starts_with("HTTP/1.1 200"), "{second:?}");
-            let idle_from = Instant::now();
-            let (_, closed) = read_to_close(&mut kept, Duration::from_secs(5));
-            let kept = (closed, idle_from.elapsed());
-            // A connection that never sends anything is idle too.
-            let started = Instant::now();
-            let mut fresh = connect(addr);
-            let (_, closed) = read_to_close(&mut fresh, Duration::from_secs(5));
-            let fresh = (closed, started.elapsed());
-            // A response streaming for 0.8 s (past the idle timeout) is busy, not idle.
-            let mut slow = connect(addr);
-            slow.write_all(GET_SLOW).unwrap();
-            let (seen, closed) = read_to_close(&mut slow, Duration::from_secs(5));
-            (kept, fresh, (String::from_utf8_lossy(&seen).into_owned(), closed))
-        })
-        .await
-        .unwrap();
-        assert!(kept.0 && fresh.0, "idle connections are closed");
-        for elapsed in [kept.1, fresh.1] {
-            assert!(elapsed >= Duration::from_millis(250) && elapsed < Duration::from_secs(3), "{elapsed:?}");
-        }
-        assert!(slow.1 && slow.0.ends_with(SLOW_END), "the streamed response completes whole: {:?}", slow.0);
-        server.abort();
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_idle_http2_connection_is_closed_at_the_idle_timeout_with_a_goaway() {
-        let config = ServeConfig { idle_timeout: Duration::from_millis(300), ..ServeConfig::plain() };
-        let (addr, server) = spawn_server(config).await;
-        let (seen, closed, took) = tokio::task::spawn_blocking(move || {
-            let started = Instant::now();
-            let mut stream = connect(addr);
-            // The HTTP/2 preface and an empty SETTINGS frame, then nothing.
-            stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
-            stream.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).unwrap();
-            let (seen, closed) = read_to_close(&mut stream, Duration::from_secs(5));
-            (seen, closed, started.elapsed())
-        })
-        .await
-        .unwrap();
-        assert!(closed, "an idle HTTP/2 connection is closed");
-        assert!(took >= Duration::from_millis(250) && took < Duration::from_secs(3), "{took:?}");
-        // Frames: 3-byte length, 1-byte type; GOAWAY is type 7.
-        let mut at = 0;
-        let mut goaway = false;
-        while at + 9 <= seen.len() {
-            let length = (usize::from(seen[at]) << 16) | (usize::from(seen[at + 1]) << 8) | usize::from(seen[at + 2]);
-            goaway |= seen[at + 3] == 7;
-            at += 9 + length;
-        }
-        assert!(goaway, "closed gracefully with a GOAWAY: {seen:?}");
-        server.abort();
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn at_the_limit_the_idle_connection_unused_longest_is_closed_for_a_new_one() {
-        let config = ServeConfig { max_connections: 3, ..ServeConfig::plain() };
-        let (addr, server) = spawn_server(config).await;
-        let outcome = tokio::task::spawn_blocking(move || {
-            let mut oldest = connect(addr);
-            std::thread::sleep(Duration::from_millis(50));
-            let mut used = connect(addr);
-            std::thread::sleep(Duration::from_millis(50));
-            let mut fresh = connect(addr);
-            std::thread::sleep(Duration::from_millis(50));
-            // `used` serves a request: now `oldest` is idle longest, then `fresh`.
-            used.write_all(GET).unwrap();
-            assert!(read_ok(&mut used).starts_with("HTTP/1.1 200"));
-            let started = Instant::now();
-            let mut newcomer = connect(addr);
-            newcomer.write_all(GET).unwrap();
-            let answer = read_ok(&mut newcomer);
-            let answered_in = started.elapsed();
-            let (_, oldest_closed) = read_to_close(&mut oldest, Duration::from_secs(2));
-            let (_, fresh_closed) = read_to_close(&mut fresh, Duration::from_millis(200));
-            used.write_all(GET).unwrap();
-            let used_again = read_ok(&mut used);
-            (answer, answered_in, oldest_closed, fresh_closed, used_again)
-        })
-        .await
-        .unwrap();
-        let (answer, answered_in, oldest_closed, fresh_closed, used_again) = outcome;
-        assert!(answer.starts_with("HTTP/1.1 200"), "the new connection is served: {answer:?}");
-        assert!(answered_in < Duration::from_secs(1), "{answered_in:?}");
-        assert!(oldest_closed, "the idle connection unused longest is closed");
-        assert!(!fresh_closed, "only one connection is closed");
-        assert!(used_again.starts_with("HTTP/1.1 200"), "{used_again:?}");
-        server.abort();
-    }
-
-    /// One byte on every connection (a request that never comes) holds the
-    /// slots only for the sent-bytes grace: then a new `GET` is served.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn connections_that_send_one_byte_cannot_hold_the_limit() {
-        let config = ServeConfig { max_connections: 3, ..ServeConfig::plain() };
-        let (addr, server) = spawn_server(config).await;
-        let answer = tokio::task::spawn_blocking(move || {
-            let mut holders: Vec<_> = (0..3).map(|_| connect(addr)).collect();
-            for stream in &mut holders {
-                stream.write_all(b"G").unwrap();
-            }
-            std::thread::sleep(connection::SENT_GRACE + Duration::from_millis(300));
-            let mut probe = connect(addr);
-            probe.write_all(GET).unwrap();
-            let answer = read_ok(&mut probe);
-            drop(holders);
-            answer
-        })
-        .await
-        .unwrap();
-        assert!(answer.starts_with("HTTP/1.1 200"), "served past the one-byte holders: {answer:?}");
-        server.abort();
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn at_the_limit_with_every_connection_busy_a_new_one_is_closed_at_once() {
-        let config = ServeConfig { max_connections: 2, ..ServeConfig::plain() };
-        let (addr, server) = spawn_server(config).await;
-        let (refused, slow) = tokio::task::spawn_blocking(move || {
-            let mut busy: Vec<_> = (0..2).map(|_| connect(addr)).collect();
-            for stream in &mut busy {
-                stream.write_all(GET_SLOW).unwrap();
-            }
-            std::thread::sleep(Duration::from_millis(150));
-            let started = Instant::now();
-            let mut refused = connect(addr);
-            let _ = refused.write_all(GET);
-            let (seen, closed) = read_to_close(&mut refused, Duration::from_secs(2));
-            let refused = (seen.is_empty(), closed, started.elapsed());
-            let slow: Vec<_> = busy
-                .iter_mut()
-                .map(|s| String::from_utf8_lossy(&read_to_close(s, Duration::from_secs(5)).0).into_owned())
-                .collect();
-            (refused, slow)
-        })
-        .await
-        .unwrap();
-        assert!(refused.0 && refused.1, "closed without an answer: {refused:?}");
-        assert!(refused.2 < Duration::from_millis(500), "{:?}", refused.2);
-        assert!(slow.iter().all(|s| s.ends_with(SLOW_END)), "busy responses are untouched: {slow:?}");
-        server.abort();
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_drain_lets_in_flight_responses_finish_and_refuses_new_connections() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve_until(
-            listener,
-            router(),
-            ServeConfig::plain(),
-            async {
-                let _ = stopped.await;
-            },
-            Duration::from_secs(5),
-        ));
-        let (mut slow, mut idle) = tokio::task::spawn_blocking(move || {
-            let mut slow = connect(addr);
-            slow.write_all(GET_SLOW).unwrap();
-            let mut idle = connect(addr);
-            idle.write_all(GET).unwrap();
-            assert!(read_ok(&mut idle).starts_with("HTTP/1.1 200"));
-            std::thread::sleep(Duration::from_millis(150));
-            (slow, idle)
-        })
-        .await
-        .unwrap();
-        let started = Instant::now();
-        stop.send(()).unwrap();
-        let (slow, refused, last) = tokio::task::spawn_blocking(move || {
-            std::thread::sleep(Duration::from_millis(50));
-            let refused = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err();
-            // An idle keep-alive connection may carry one more request, then closes.
-            idle.write_all(GET).unwrap();
-            let (last, _) = read_to_close(&mut idle, Duration::from_secs(5));
-            let (seen, closed) = read_to_close(&mut slow, Duration::from_secs(5));
-            (
-                (String::from_utf8_lossy(&seen).into_owned(), closed),
-                refused,
-                String::from_utf8_lossy(&last).into_owned(),
-            )
-        })
-        .await
-        .unwrap();
-        let drained = tokio::time::timeout(Duration::from_secs(7), server).await.unwrap().unwrap();
-        assert!(refused, "new connections are refused once the drain starts");
-        assert!(slow.1 && slow.0.ends_with(SLOW_END), "the in-flight response completes: {:?}", slow.0);
-        assert!(last.starts_with("HTTP/1.1 200"), "{last:?}");
-        assert!(drained.settled && drained.cut == 0, "{drained:?}");
-        assert_eq!(drained.busy_at_stop, 1, "{drained:?}");
-        assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
-    }
-
-    /// Reads until EOF (or `within`); returns what arrived and whether the
-    /// peer closed.
-    fn read_to_close(stream: &mut std::net::TcpStream, within: Duration) -> (Vec<u8>, bool) {
-        stream.set_read_timeout(Some(within)).unwrap();
-        let mut seen = Vec::new();
-        let mut buf = [0u8; 1024];
-        loop {
-            match stream.read(&mut buf) {
-                Ok(0) => return (seen, true),
-                Ok(n) => seen.extend_from_slice(&buf[..n]),
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
-                    return (seen, false)
-                }
-                Err(_) => return (seen, true),
-            }
-        }
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn serves_plain_http() {
-        let (addr, server) = spawn_server(ServeConfig::plain()).await;
-        let answer = tokio::task::spawn_blocking(move || {
-            let mut stream = std::net::TcpStream::connect(addr).unwrap();
-            stream.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();
-            read_to_close(&mut stream, Duration::from_secs(5))
-        })
-        .await
-        .unwrap();
-        let text = String::from_utf8_lossy(&answer.0).into_owned();
-        assert!(text.starts_with("HTTP/1.1 200") && text.ends_with("ok"), "{text:?}");
-        assert!(answer.1, "connection: close is honoured");
-        server.abort();
-    }
-
-    #[test]
-    fn the_defaults_are_30_s_header_60_s_idle_and_the_file_limit() {
-        let config = ServeConfig::plain();
-        assert_eq!(config.header_read_timeout, Duration::from_secs(30));
-        assert_eq!(config.idle_timeout, Duration::from_secs(60));
-        assert_eq!(config.max_connections, default_max_connections());
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_stalled_request_head_is_closed_after_the_timeout() {
-        let config = ServeConfig { header_read_timeout: Duration::from_millis(300), ..ServeConfig::plain() };
-        let (addr, server) = spawn_server(config).await;
-        let (stalled, served) = tokio::task::spawn_blocking(move || {
-            let started = Instant::now();
-            let mut stalled = std::net::TcpStream::connect(addr).unwrap();
-            // Half a request head, then nothing.
-            stalled.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nx-slow: ").unwrap();
-            let (_, closed) = read_to_close(&mut stalled, Duration::from_secs(5));
-            let stalled = (closed, started.elapsed());
-            // A prompt client on another connection is served meanwhile and after.
-            let mut prompt = std::net::TcpStream::connect(addr).unwrap();
-            prompt.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();
-            (stalled, read_to_close(&mut prompt, Duration::from_secs(5)))
-        })
-        .await
-        .unwrap();
-        assert!(stalled.0, "a stalled request head must be closed");
-        assert!(stalled.1 >= Duration::from_millis(250) && stalled.1 < Duration::from_secs(4), "{:?}", stalled.1);
-        assert!(String::from_utf8_lossy(&served.0).starts_with("HTTP/1.1 200"), "{:?}", served.0);
-        assert!(!server.is_finished(), "the accept loop keeps running");
-        server.abort();
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_stalled_tls_handshake_is_dropped_after_the_timeout() {
-        let generated = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
-        let dir =
-            std::env::temp_dir().join(format!("loadgate-http-server-{}-{}", std::process::id(), fastrand::u64(..)));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-        std::fs::write(&cert, generated.cert.pem()).unwrap();
-        std::fs::write(&key, generated.key_pair.serialize_pem()).unwrap();
-        let tls = Tls::load(&cert, &key).unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
-        let config =
-            ServeConfig { tls_handshake_timeout: Duration::from_millis(200), tls: Some(tls), ..ServeConfig::plain() };
-        let (addr, server) = spawn_server(config).await;
-        let (stalled, garbage) = tokio::task::spawn_blocking(move || {
-            let started = Instant::now();
-            let mut stalled = std::net::TcpStream::connect(addr).unwrap();
-            let (_, closed) = read_to_close(&mut stalled, Duration::from_secs(5));
-            let stalled = (closed, started.elapsed());
-            let mut plain = std::net::TcpStream::connect(addr).unwrap();
-            plain.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
-            let (seen, closed) = read_to_close(&mut plain, Duration::from_secs(5));
-            (stalled, (seen, closed))
-        })
-        .await
-        .unwrap();
-        assert!(stalled.0, "a stalled handshake must be dropped");
-        assert!(stalled.1 >= Duration::from_millis(150) && stalled.1 < Duration::from_secs(4), "{:?}", stalled.1);
-        assert!(garbage.1, "plain HTTP on a TLS port is closed");
-        assert!(!String::from_utf8_lossy(&garbage.0).contains("HTTP/"), "no HTTP answer in clear");
-        assert!(!server.is_finished(), "the accept loop keeps running");
-        server.abort();
-    }
-}
+mod tests;

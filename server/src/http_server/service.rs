@@ -3,13 +3,15 @@
 //! moment hyper hands it over until its response body has ended (or been
 //! dropped: the client went away, the connection closed). hyper has no idle
 //! timer of its own; this is what the idle timeout and the eviction of idle
-//! connections are measured against.
+//! connections are measured against. Each response body is also watched by
+//! the connection's write-progress deadline (`write_progress.rs`).
 //!
 //! [`Registry`]: super::registry::Registry
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::body::Body;
@@ -20,13 +22,15 @@ use hyper::body::Incoming;
 use hyper_util::service::TowerToHyperService;
 
 use super::registry::{Busy, SlotHandle};
+use super::write_progress::{Watched, WriteWatch};
 
 /// The future of one tracked request.
 pub(super) type TrackedFuture = Pin<Box<dyn Future<Output = Result<hyper::Response<TrackedBody>, Infallible>> + Send>>;
 
-/// `router` as a hyper service whose requests mark `slot` busy.
-pub(super) fn tracked(router: Router, slot: SlotHandle) -> Tracked {
-    Tracked { inner: TowerToHyperService::new(router), slot }
+/// `router` as a hyper service whose requests mark `slot` busy and whose
+/// response bodies `watch` holds to the write-progress deadline.
+pub(super) fn tracked(router: Router, slot: SlotHandle, watch: Arc<WriteWatch>) -> Tracked {
+    Tracked { inner: TowerToHyperService::new(router), slot, watch }
 }
 
 /// The hyper service of one connection (see the module docs).
@@ -34,6 +38,7 @@ pub(super) fn tracked(router: Router, slot: SlotHandle) -> Tracked {
 pub(super) struct Tracked {
     inner: TowerToHyperService<Router>,
     slot: SlotHandle,
+    watch: Arc<WriteWatch>,
 }
 
 impl hyper::service::Service<hyper::Request<Incoming>> for Tracked {
@@ -44,9 +49,10 @@ impl hyper::service::Service<hyper::Request<Incoming>> for Tracked {
     fn call(&self, request: hyper::Request<Incoming>) -> TrackedFuture {
         let busy = self.slot.busy();
         let response = self.inner.call(request);
+        let watch = self.watch.clone();
         Box::pin(async move {
             let response = response.await?;
-            Ok(response.map(|body| TrackedBody { body, _busy: busy }))
+            Ok(response.map(|body| TrackedBody { body: watch.watch(body), _busy: busy }))
         })
     }
 }
@@ -54,7 +60,7 @@ impl hyper::service::Service<hyper::Request<Incoming>> for Tracked {
 /// A response body that keeps its connection busy until it ends or drops.
 #[derive(Debug)]
 pub(super) struct TrackedBody {
-    body: Body,
+    body: Watched<Body>,
     _busy: Busy,
 }
 

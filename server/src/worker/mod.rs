@@ -50,6 +50,12 @@ use self::sidecar::{Identity, Sidecar};
 use crate::events::{EventPublisher, Registration};
 use crate::http_server::{self, ServeConfig};
 
+/// The worker's default write-progress deadline (`--http-write-timeout-secs`):
+/// the frontend's and 5 s more, so that a client that stalls through a
+/// frontend is cut at the frontend first, and the worker is not counted as
+/// failing.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(http_server::WRITE_TIMEOUT.as_secs() + 5);
+
 /// The worker's routes.
 fn app(worker: Arc<Worker>) -> Router {
     Router::new()
@@ -160,7 +166,7 @@ async fn serve(args: Args, admission: Option<Arc<Admission<()>>>) -> anyhow::Res
     let mut server = tokio::spawn(http_server::serve_until(
         listener,
         app,
-        ServeConfig::from_args(&args.http, None),
+        ServeConfig::from_args(&args.http, WRITE_TIMEOUT, None),
         async {
             let _ = stopped.await;
         },
