@@ -30,6 +30,15 @@
 //!   pause; the listener never waits for a new connection to retry.
 //!
 //! A bad frame closes only its own connection.
+//!
+//! Here: the connections' I/O (accept, admit, fair rounds of reads, close).
+//! What each frame does is in `listener/frames.rs`; the deadlines
+//! (handshake, idle, silence, grace) in `listener/deadlines.rs`.
+//!
+//! [`HANDSHAKE_TIMEOUT`]: super::handshake::HANDSHAKE_TIMEOUT
+
+mod deadlines;
+mod frames;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
@@ -41,15 +50,12 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use loadgate::wire::{self, Frame, Nonce};
-use loadgate::{
-    monitor::{Applied, Publisher, Registered},
-    LoadReport, WorkerId, WorkerMonitor,
-};
+use loadgate::wire::{Frame, Nonce};
+use loadgate::{WorkerId, WorkerMonitor};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use super::handshake::{answer_proof, challenge_frame, fresh_nonce, HANDSHAKE_TIMEOUT};
+use super::handshake::{challenge_frame, fresh_nonce};
 use super::limits::{Limit, PlaneLimits};
 use super::ownership::Ownership;
 use super::plane_log::PlaneLog;
@@ -107,6 +113,8 @@ impl EventPlane {
     /// # Errors
     ///
     /// Creating the poller or the thread failed.
+    ///
+    /// [`Publisher::Worker`]: loadgate::monitor::Publisher::Worker
     pub fn start(
         listener: std::net::TcpListener,
         monitor: Arc<WorkerMonitor>,
@@ -421,38 +429,6 @@ impl PlaneServer {
         false
     }
 
-    /// `conn` authenticated (or, without a secret, registered): no longer
-    /// pending; from now on the idle timeout applies.
-    fn establish(&mut self, token: Token, conn: &mut Conn) {
-        conn.auth = Auth::Open;
-        self.pending.remove(&token);
-        self.idle.push(Reverse((conn.last_read + self.config.limits.event_idle_timeout, token)));
-        self.silence.push(Reverse((conn.last_read + self.config.silence, token)));
-    }
-
-    /// Bytes arrived on `conn`, which had been silent: its worker rejoins
-    /// routing, and its silence is watched again.
-    fn speaks_again(&mut self, token: Token, conn: &mut Conn) {
-        conn.silent = false;
-        if let Some((worker, _)) = conn.worker {
-            if self.directory.set_silent(worker, false) {
-                tracing::info!(worker, peer = %conn.peer, "worker reports again; back in routing");
-            }
-        }
-        self.silence.push(Reverse((conn.last_read + self.config.silence, token)));
-    }
-
-    /// When the oldest pending connection's handshake times out.
-    fn next_handshake_deadline(&self) -> Option<Instant> {
-        let token = self.pending.first()?;
-        self.conns.get(token).map(|c| c.opened + HANDSHAKE_TIMEOUT)
-    }
-
-    /// The earliest idle deadline (possibly stale: checked when due).
-    fn next_idle_deadline(&self) -> Option<Instant> {
-        self.idle.peek().map(|Reverse((at, _))| *at)
-    }
-
     /// Serves each connection that was ready at the round's start once, up
     /// to its budget; those that read their budget go to the back.
     fn round(&mut self, chunk: &mut [u8]) {
@@ -503,140 +479,6 @@ impl PlaneServer {
         Ok(Round::Budget)
     }
 
-    /// Decodes and handles every complete frame in the buffer.
-    fn drain(&mut self, token: Token, conn: &mut Conn) -> Result<(), Close> {
-        loop {
-            let frame = match wire::decode(&mut conn.buf) {
-                Ok(Some(frame)) => frame,
-                Ok(None) => return Ok(()),
-                Err(e) if matches!(conn.auth, Auth::Challenged(_)) => return Err(Close::Refused(e.to_string())),
-                Err(e) => return Err(Close::Bad(e.to_string())),
-            };
-            match conn.auth {
-                Auth::Challenged(nonce) => {
-                    let Some(secrets) = self.config.secrets.as_deref() else {
-                        return Err(Close::Refused("challenged without a secret".into()));
-                    };
-                    let welcome = answer_proof(secrets, &nonce, &frame).map_err(Close::Refused)?;
-                    // Nothing was sent since the Challenge: the buffer takes it.
-                    if !matches!(conn.stream.write(&welcome), Ok(n) if n == welcome.len()) {
-                        return Err(Close::Refused("could not send the welcome".into()));
-                    }
-                    self.establish(token, conn);
-                    tracing::debug!(peer = %conn.peer, "event connection authenticated");
-                }
-                Auth::Unregistered => {
-                    self.apply(token, conn, frame)?;
-                    if conn.worker.is_some() {
-                        self.establish(token, conn);
-                    }
-                }
-                Auth::Open => self.apply(token, conn, frame)?,
-            }
-        }
-    }
-
-    fn apply(&mut self, token: Token, conn: &mut Conn, frame: Frame) -> Result<(), Close> {
-        match frame {
-            Frame::Register { .. } => self.register(token, conn, frame),
-            Frame::Load { worker, incarnation, rank, seq, load } => {
-                if conn.worker != Some((worker, incarnation)) {
-                    return Err(Close::Bad(format!(
-                        "Load for worker {worker} from a connection that does not hold it"
-                    )));
-                }
-                let report = LoadReport { worker, incarnation, rank, publisher: Publisher::Worker, seq, load };
-                match self.monitor.apply(&report) {
-                    Ok(Applied::OtherIncarnation) => {
-                        tracing::debug!(worker, incarnation, "load of a replaced incarnation dropped");
-                        Ok(())
-                    }
-                    Ok(_) => Ok(()),
-                    Err(e) => Err(Close::Bad(e.to_string())),
-                }
-            }
-            Frame::Deregister { worker, incarnation } => {
-                if conn.worker != Some((worker, incarnation)) {
-                    return Err(Close::Bad(format!(
-                        "Deregister for worker {worker} from a connection that does not hold it"
-                    )));
-                }
-                conn.worker = None;
-                conn.last_register = None;
-                self.ownership.forget(worker);
-                self.remove(worker, incarnation);
-                Ok(())
-            }
-            other if matches!(conn.auth, Auth::Unregistered) => Err(Close::Refused(format!(
-                "expected a Register, got a {} frame (this frontend has no event secret)",
-                other.kind_name()
-            ))),
-            other => Err(Close::Bad(format!("unexpected {} frame", other.kind_name()))),
-        }
-    }
-
-    /// A Register: checks the limits and the ownership of the id, then
-    /// registers the worker and makes this connection its holder.
-    fn register(&mut self, token: Token, conn: &mut Conn, frame: Frame) -> Result<(), Close> {
-        let Frame::Register { worker, incarnation, dp_size, ref model, ref http_addr } = frame else {
-            return Ok(());
-        };
-        if let Some((w, i)) = conn.worker.filter(|&held| held != (worker, incarnation)) {
-            return Err(Close::Bad(format!(
-                "connection registered worker {w} (incarnation {i}), then worker {worker} (incarnation {incarnation})"
-            )));
-        }
-        if conn.last_register.as_ref() == Some(&frame) {
-            return Ok(());
-        }
-        if self.directory.is_static(worker) {
-            return Err(Close::Refused(format!("worker id {worker} is registered by --worker")));
-        }
-        if self.ownership.may_claim(worker, token).is_err() {
-            return Err(Close::Refused(format!("worker id {worker} is held by a live connection")));
-        }
-        let limits = self.config.limits;
-        if let Err(refusal) =
-            limits.check_register(&self.monitor, &self.directory, worker, model, Some(http_addr), dp_size)
-        {
-            self.log.limit_hit(refusal.limit, &limits, &conn.peer, "Register refused");
-            return Err(Close::Refused(format!("Register of {refusal}")));
-        }
-        // A new worker's address goes in first: the router may pick it as
-        // soon as the monitor has it, and the proxy then needs its address
-        // (a miss would quarantine a worker that just arrived). A known
-        // worker keeps its entry (and its flags) until the monitor took the
-        // Register.
-        let new = !self.directory.contains(worker);
-        if new && !self.directory.insert(worker, http_addr, dp_size) {
-            return Err(Close::Refused(format!("worker id {worker} is registered by --worker")));
-        }
-        let outcome = match self.monitor.register(worker, model, dp_size, incarnation) {
-            Ok(outcome) => outcome,
-            Err(e) => {
-                if new {
-                    self.directory.remove(worker);
-                }
-                return Err(Close::Refused(format!("Register of worker {worker}: {e}")));
-            }
-        };
-        if !new && !self.directory.insert(worker, http_addr, dp_size) {
-            return Err(Close::Refused(format!("worker id {worker} is registered by --worker")));
-        }
-        // Checked above: no other live connection holds it.
-        let _ = self.ownership.claim(worker, incarnation, token);
-        conn.worker = Some((worker, incarnation));
-        match outcome {
-            Registered::New => tracing::info!(worker, incarnation, %model, dp_size, %http_addr, "worker registered"),
-            Registered::Restarted => {
-                tracing::info!(worker, incarnation, %model, dp_size, %http_addr, "worker restarted; load reset")
-            }
-            Registered::Same => tracing::debug!(worker, incarnation, "worker registered again"),
-        }
-        conn.last_register = Some(frame);
-        Ok(())
-    }
-
     fn close(&mut self, token: Token, mut conn: Conn, close: Close) {
         let (peer, worker) = (conn.peer, conn.worker.map(|(w, _)| w));
         let pending = conn.auth.pending();
@@ -664,79 +506,6 @@ impl PlaneServer {
             // its process is likely gone (a new Register brings it back).
             self.directory.set_silent(worker, true);
             self.ownership.release(worker, token, Instant::now() + self.config.grace);
-        }
-    }
-
-    /// Closes connections whose handshake ran out of time and established
-    /// ones silent for the idle timeout, and deregisters workers whose grace
-    /// passed without a new holder.
-    fn expire(&mut self) {
-        let now = Instant::now();
-        while let Some(&token) = self.pending.first() {
-            let Some(conn) = self.conns.get(&token) else {
-                self.pending.remove(&token);
-                continue;
-            };
-            if conn.opened + HANDSHAKE_TIMEOUT > now {
-                break;
-            }
-            let reason = match conn.auth {
-                Auth::Unregistered => format!("no Register within {HANDSHAKE_TIMEOUT:?}"),
-                _ => format!("no Proof within {HANDSHAKE_TIMEOUT:?}"),
-            };
-            if let Some(conn) = self.conns.remove(&token) {
-                self.close(token, conn, Close::Refused(reason));
-            }
-        }
-        let timeout = self.config.limits.event_idle_timeout;
-        while let Some(&Reverse((_, token))) = self.idle.peek().filter(|Reverse((at, _))| *at <= now) {
-            self.idle.pop();
-            let Some(conn) = self.conns.get(&token) else { continue };
-            let due = conn.last_read + timeout;
-            if due > now {
-                // Bytes came since this entry was pushed: check again then.
-                self.idle.push(Reverse((due, token)));
-                continue;
-            }
-            if let Some(conn) = self.conns.remove(&token) {
-                let reason = format!(
-                    "nothing received for {timeout:?} (--event-idle-timeout-ms {}): the peer is gone or stalled",
-                    timeout.as_millis()
-                );
-                self.close(token, conn, Close::Bad(reason));
-            }
-        }
-        let silence = self.config.silence;
-        while let Some(&Reverse((_, token))) = self.silence.peek().filter(|Reverse((at, _))| *at <= now) {
-            self.silence.pop();
-            let Some(conn) = self.conns.get_mut(&token) else { continue };
-            let due = conn.last_read + silence;
-            if due > now {
-                self.silence.push(Reverse((due, token)));
-                continue;
-            }
-            conn.silent = true;
-            if let Some((worker, _)) = conn.worker {
-                if self.directory.set_silent(worker, true) {
-                    tracing::warn!(
-                        worker,
-                        peer = %conn.peer,
-                        "nothing received for {silence:?} (--event-silence-ms): worker out of routing until it reports"
-                    );
-                }
-            }
-        }
-        for (worker, incarnation) in self.ownership.expire(now) {
-            self.remove(worker, incarnation);
-        }
-    }
-
-    /// Deregisters `worker` if `incarnation` is still its current one (a
-    /// restarted worker that registered anew stays).
-    fn remove(&mut self, worker: WorkerId, incarnation: u64) {
-        if self.monitor.deregister_incarnation(worker, incarnation) {
-            self.directory.remove(worker);
-            tracing::info!(worker, incarnation, "worker deregistered");
         }
     }
 }

@@ -1,0 +1,160 @@
+//! What each frame does on the event plane's thread: the handshake's Proof
+//! (with a secret) or the first Register (without one) establishes a
+//! connection; Register, Load and Deregister then apply to the
+//! `WorkerMonitor` and the `WorkerDirectory`, checked against the limits
+//! and the ownership of the worker id.
+
+use std::io::Write;
+
+use loadgate::monitor::{Applied, Publisher, Registered};
+use loadgate::wire::{self, Frame};
+use loadgate::{LoadReport, WorkerId};
+use mio::Token;
+
+use super::{Auth, Close, Conn, PlaneServer};
+use crate::events::handshake::answer_proof;
+
+impl PlaneServer {
+    /// Decodes and handles every complete frame in the buffer.
+    pub(super) fn drain(&mut self, token: Token, conn: &mut Conn) -> Result<(), Close> {
+        loop {
+            let frame = match wire::decode(&mut conn.buf) {
+                Ok(Some(frame)) => frame,
+                Ok(None) => return Ok(()),
+                Err(e) if matches!(conn.auth, Auth::Challenged(_)) => return Err(Close::Refused(e.to_string())),
+                Err(e) => return Err(Close::Bad(e.to_string())),
+            };
+            match conn.auth {
+                Auth::Challenged(nonce) => {
+                    let Some(secrets) = self.config.secrets.as_deref() else {
+                        return Err(Close::Refused("challenged without a secret".into()));
+                    };
+                    let welcome = answer_proof(secrets, &nonce, &frame).map_err(Close::Refused)?;
+                    // Nothing was sent since the Challenge: the buffer takes it.
+                    if !matches!(conn.stream.write(&welcome), Ok(n) if n == welcome.len()) {
+                        return Err(Close::Refused("could not send the welcome".into()));
+                    }
+                    self.establish(token, conn);
+                    tracing::debug!(peer = %conn.peer, "event connection authenticated");
+                }
+                Auth::Unregistered => {
+                    self.apply(token, conn, frame)?;
+                    if conn.worker.is_some() {
+                        self.establish(token, conn);
+                    }
+                }
+                Auth::Open => self.apply(token, conn, frame)?,
+            }
+        }
+    }
+
+    fn apply(&mut self, token: Token, conn: &mut Conn, frame: Frame) -> Result<(), Close> {
+        match frame {
+            Frame::Register { .. } => self.register(token, conn, frame),
+            Frame::Load { worker, incarnation, rank, seq, load } => {
+                if conn.worker != Some((worker, incarnation)) {
+                    return Err(Close::Bad(format!(
+                        "Load for worker {worker} from a connection that does not hold it"
+                    )));
+                }
+                let report = LoadReport { worker, incarnation, rank, publisher: Publisher::Worker, seq, load };
+                match self.monitor.apply(&report) {
+                    Ok(Applied::OtherIncarnation) => {
+                        tracing::debug!(worker, incarnation, "load of a replaced incarnation dropped");
+                        Ok(())
+                    }
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(Close::Bad(e.to_string())),
+                }
+            }
+            Frame::Deregister { worker, incarnation } => {
+                if conn.worker != Some((worker, incarnation)) {
+                    return Err(Close::Bad(format!(
+                        "Deregister for worker {worker} from a connection that does not hold it"
+                    )));
+                }
+                conn.worker = None;
+                conn.last_register = None;
+                self.ownership.forget(worker);
+                self.remove(worker, incarnation);
+                Ok(())
+            }
+            other if matches!(conn.auth, Auth::Unregistered) => Err(Close::Refused(format!(
+                "expected a Register, got a {} frame (this frontend has no event secret)",
+                other.kind_name()
+            ))),
+            other => Err(Close::Bad(format!("unexpected {} frame", other.kind_name()))),
+        }
+    }
+
+    /// A Register: checks the limits and the ownership of the id, then
+    /// registers the worker and makes this connection its holder.
+    fn register(&mut self, token: Token, conn: &mut Conn, frame: Frame) -> Result<(), Close> {
+        let Frame::Register { worker, incarnation, dp_size, ref model, ref http_addr } = frame else {
+            return Ok(());
+        };
+        if let Some((w, i)) = conn.worker.filter(|&held| held != (worker, incarnation)) {
+            return Err(Close::Bad(format!(
+                "connection registered worker {w} (incarnation {i}), then worker {worker} (incarnation {incarnation})"
+            )));
+        }
+        if conn.last_register.as_ref() == Some(&frame) {
+            return Ok(());
+        }
+        if self.directory.is_static(worker) {
+            return Err(Close::Refused(format!("worker id {worker} is registered by --worker")));
+        }
+        if self.ownership.may_claim(worker, token).is_err() {
+            return Err(Close::Refused(format!("worker id {worker} is held by a live connection")));
+        }
+        let limits = self.config.limits;
+        if let Err(refusal) =
+            limits.check_register(&self.monitor, &self.directory, worker, model, Some(http_addr), dp_size)
+        {
+            self.log.limit_hit(refusal.limit, &limits, &conn.peer, "Register refused");
+            return Err(Close::Refused(format!("Register of {refusal}")));
+        }
+        // A new worker's address goes in first: the router may pick it as
+        // soon as the monitor has it, and the proxy then needs its address
+        // (a miss would quarantine a worker that just arrived). A known
+        // worker keeps its entry (and its flags) until the monitor took the
+        // Register.
+        let new = !self.directory.contains(worker);
+        if new && !self.directory.insert(worker, http_addr, dp_size) {
+            return Err(Close::Refused(format!("worker id {worker} is registered by --worker")));
+        }
+        let outcome = match self.monitor.register(worker, model, dp_size, incarnation) {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                if new {
+                    self.directory.remove(worker);
+                }
+                return Err(Close::Refused(format!("Register of worker {worker}: {e}")));
+            }
+        };
+        if !new && !self.directory.insert(worker, http_addr, dp_size) {
+            return Err(Close::Refused(format!("worker id {worker} is registered by --worker")));
+        }
+        // Checked above: no other live connection holds it.
+        let _ = self.ownership.claim(worker, incarnation, token);
+        conn.worker = Some((worker, incarnation));
+        match outcome {
+            Registered::New => tracing::info!(worker, incarnation, %model, dp_size, %http_addr, "worker registered"),
+            Registered::Restarted => {
+                tracing::info!(worker, incarnation, %model, dp_size, %http_addr, "worker restarted; load reset")
+            }
+            Registered::Same => tracing::debug!(worker, incarnation, "worker registered again"),
+        }
+        conn.last_register = Some(frame);
+        Ok(())
+    }
+
+    /// Deregisters `worker` if `incarnation` is still its current one (a
+    /// restarted worker that registered anew stays).
+    pub(super) fn remove(&mut self, worker: WorkerId, incarnation: u64) {
+        if self.monitor.deregister_incarnation(worker, incarnation) {
+            self.directory.remove(worker);
+            tracing::info!(worker, incarnation, "worker deregistered");
+        }
+    }
+}
