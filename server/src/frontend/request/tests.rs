@@ -1,0 +1,107 @@
+//! The one-pass reading checked against the parsed value: the counts of
+//! `crate::tokens::prompt_tokens`, and the same 400s (and the same accepted
+//! requests) as `crate::openai::parse_request`, the worker's reader.
+
+use serde_json::{json, Value};
+
+use super::*;
+use crate::openai::{Api, BAD_REQUESTS, GOOD_REQUESTS};
+use crate::tokens::prompt_tokens;
+
+fn head(endpoint: Endpoint, body: &str) -> Result<RequestHead, InvalidRequest> {
+    read_request(endpoint, body.as_bytes(), true)
+}
+
+fn endpoint(api: Api) -> Endpoint {
+    match api {
+        Api::Completions => Endpoint::Completions,
+        Api::ChatCompletions => Endpoint::ChatCompletions,
+    }
+}
+
+#[test]
+fn counts_as_the_parsed_value_does() {
+    let cases = [
+        (Endpoint::Completions, json!({"model": "m", "prompt": "one two  three"})),
+        (Endpoint::Completions, json!({"model": "m", "prompt": [1, 2, 3, 4]})),
+        (Endpoint::Completions, json!({"model": "m", "prompt": []})),
+        (Endpoint::Completions, json!({"model": "m", "prompt": ["a b", "c", "", " d  e "]})),
+        (Endpoint::Completions, json!({"model": "m", "prompt": [[1, 2, 3], [4], []]})),
+        (Endpoint::Completions, json!({"model": "m", "prompt": "esc\\\"aped\nwords \u{e9}t\u{e9}"})),
+        (Endpoint::Completions, json!({"messages": [{"content": "not counted here"}], "model": "m", "prompt": "x"})),
+        (
+            Endpoint::ChatCompletions,
+            json!({"model": "m", "messages": [
+                {"role": "user", "content": "a b c"},
+                {"content": [{"type": "text", "text": "d e"}, {"text": 5}, {"text": ["f g"]}, "loose", {"image": "x"}]},
+                {"content": 3},
+                {"content": {"text": "h"}},
+                {"role": "system"},
+            ]}),
+        ),
+        (Endpoint::ChatCompletions, json!({"model": "m", "messages": [{}], "prompt": "ignored"})),
+    ];
+    for (endpoint, value) in cases {
+        let body = value.to_string();
+        let read = head(endpoint, &body).unwrap();
+        assert_eq!(read.model, "m");
+        assert_eq!(read.prompt_tokens, prompt_tokens(endpoint, &value), "{body}");
+        // Without counting, only the model is read (and the types checked).
+        assert_eq!(read_request(endpoint, body.as_bytes(), false).unwrap().prompt_tokens, 0);
+    }
+}
+
+#[test]
+fn refuses_what_the_proxy_refused() {
+    let not_object = Err(InvalidRequest::body("request body must be a JSON object"));
+    assert_eq!(head(Endpoint::Completions, "[1, 2]"), not_object);
+    assert_eq!(head(Endpoint::Completions, " \"m\""), not_object);
+    for body in ["", "{", "{\"model\": \"m\"} trailing", "nope", "{\"model\": \"m\", }", "{\"stream\": \"yes\", "] {
+        let error = head(Endpoint::Completions, body).unwrap_err();
+        assert!(error.message.starts_with("request body is not valid JSON"), "{body}: {error}");
+        assert_eq!(error.param, None);
+    }
+    let no_model =
+        Err(InvalidRequest { param: Some("model"), message: "\"model\" must be a non-empty string".to_owned() });
+    for body in [r#"{}"#, r#"{"model": ""}"#, r#"{"model": 5}"#, r#"{"model": {"name": "m"}}"#, r#"{"model": ["m"]}"#] {
+        assert_eq!(head(Endpoint::ChatCompletions, body), no_model, "{body}");
+    }
+    // The last of a repeated key wins, as in a parsed value.
+    let value: Value = serde_json::from_str(r#"{"model": "a", "model": "b"}"#).unwrap();
+    assert_eq!(value["model"], "b");
+    let body = r#"{"model": "a", "model": "b", "prompt": 5, "prompt": "x"}"#;
+    assert_eq!(head(Endpoint::Completions, body).unwrap().model, "b");
+    assert_eq!(head(Endpoint::Completions, r#"{"model": "caf\u00e9", "prompt": ""}"#).unwrap().model, "café");
+}
+
+#[test]
+fn a_wrong_type_is_a_400_naming_the_field_as_the_worker_says() {
+    for (api, body) in GOOD_REQUESTS {
+        for count in [true, false] {
+            assert!(read_request(endpoint(*api), body.as_bytes(), count).is_ok(), "{body}");
+        }
+    }
+    for (api, body, param) in BAD_REQUESTS {
+        for count in [true, false] {
+            let error = read_request(endpoint(*api), body.as_bytes(), count).unwrap_err();
+            assert_eq!(error.param, Some(*param), "{body}: {error}");
+            // The same 400 as the worker's (which reads a parsed value).
+            assert_eq!(Err(error), crate::openai::parse_request(*api, body.as_bytes()).map(|_| ()), "{body}");
+        }
+    }
+}
+
+#[test]
+fn an_error_passed_on_as_its_message_keeps_its_field() {
+    let message = read_head::<String>(Endpoint::Completions, br#"{"model":"m","prompt":"a","stream":"yes"}"#, true);
+    assert_eq!(InvalidRequest::from(&message.unwrap_err()).param, Some("stream"));
+}
+
+#[test]
+fn a_large_prompt_is_read_without_a_tree() {
+    let body = format!(r#"{{"model":"m","prompt":"{}"}}"#, "x".repeat(8 << 20));
+    let read = read_request(Endpoint::Completions, body.as_bytes(), true).unwrap();
+    assert_eq!(read, RequestHead { model: "m".to_owned(), prompt_tokens: 1 });
+    let ids = format!(r#"{{"model":"m","prompt":[{}0]}}"#, "1,".repeat(1 << 20));
+    assert_eq!(read_request(Endpoint::Completions, ids.as_bytes(), true).unwrap().prompt_tokens, (1 << 20) + 1);
+}
