@@ -1,144 +1,22 @@
 //! The frontend end to end: real `loadgate frontend` and `loadgate worker`
 //! processes on free 127.0.0.1 ports, driven over HTTP and the event port.
 //! Every child process is killed when its handle drops.
+//!
+//! Starting the processes and reading their metrics is in `cluster.rs`; the
+//! load the tests send and the tests are here.
 
+mod cluster;
+#[path = "../common/mod.rs"]
 mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{expect_field, long_client, Proc, Worker};
+use cluster::{frontend, prompt, spawn, sum_metric, worker, worker_with_env, Frontend, MODEL, SETTLE};
+use common::{expect_field, long_client, Worker};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-
-const MODEL: &str = "test-model";
-/// Generous: the machine is small and shared.
-const STARTUP: Duration = Duration::from_secs(30);
-const SETTLE: Duration = Duration::from_secs(15);
-
-/// Starts `loadgate <args>` (killed on drop, its logs printed if the test
-/// fails) and waits for its `listening ...` stdout line.
-fn spawn(name: &str, args: &[&str], env: &[(&str, &str)]) -> (Proc, String) {
-    let (proc, line) = common::spawn_within(name, args, env, STARTUP);
-    assert!(line.starts_with("listening http=127.0.0.1:"), "{name}: unexpected first line {line:?}");
-    (proc, line)
-}
-
-struct Frontend {
-    _proc: Proc,
-    http: String,
-    events: String,
-    /// The admin listener (`/busy_threshold`), as a base URL.
-    admin: String,
-    client: reqwest::Client,
-}
-
-fn frontend(extra: &[&str]) -> Frontend {
-    let mut args =
-        vec!["frontend", "--http-host", "127.0.0.1", "--http-port", "0", "--event-port", "0", "--admin-port", "0"];
-    args.extend_from_slice(extra);
-    let (proc, line) = spawn("frontend", &args, &[]);
-    let http = format!("http://{}", expect_field(&line, "http"));
-    let events = expect_field(&line, "events");
-    let admin = format!("http://{}", expect_field(&line, "admin"));
-    Frontend { _proc: proc, http, events, admin, client: long_client() }
-}
-
-fn worker(frontend: &Frontend, kv_total_blocks: u32, decode_step_ms: u32, extra: &[&str]) -> Worker {
-    worker_with_env(frontend, kv_total_blocks, decode_step_ms, extra, &[])
-}
-
-fn worker_with_env(
-    frontend: &Frontend,
-    kv_total_blocks: u32,
-    decode_step_ms: u32,
-    extra: &[&str],
-    env: &[(&str, &str)],
-) -> Worker {
-    let blocks = kv_total_blocks.to_string();
-    let step = decode_step_ms.to_string();
-    let mut args = vec![
-        "worker",
-        "--model",
-        MODEL,
-        "--http-host",
-        "127.0.0.1",
-        "--http-port",
-        "0",
-        "--frontend",
-        &frontend.events,
-        "--kv-total-blocks",
-        &blocks,
-        "--decode-step-ms",
-        &step,
-    ];
-    args.extend_from_slice(extra);
-    let (proc, line) = spawn("worker", &args, env);
-    Worker { proc, http: format!("http://{}", expect_field(&line, "http")) }
-}
-
-/// `n` whitespace-separated words: `n` prompt tokens.
-fn prompt(n: usize) -> String {
-    vec!["word"; n].join(" ")
-}
-
-impl Frontend {
-    async fn metrics(&self) -> String {
-        self.client.get(format!("{}/metrics", self.http)).send().await.unwrap().text().await.unwrap()
-    }
-
-    /// The sum of every sample of `name` whose labels contain `filter`.
-    async fn metric(&self, name: &str, filter: &str) -> f64 {
-        sum_metric(&self.metrics().await, name, filter)
-    }
-
-    /// Waits until `check(metrics text)` holds.
-    async fn wait_metrics(&self, what: &str, check: impl Fn(&str) -> bool) {
-        let deadline = Instant::now() + SETTLE;
-        loop {
-            let text = self.metrics().await;
-            if check(&text) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "timed out waiting for {what}; metrics:\n{text}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    async fn wait_workers(&self, n: usize) {
-        self.wait_metrics(&format!("{n} registered workers"), |m| {
-            sum_metric(m, "loadgate_frontend_workers", "") == n as f64
-        })
-        .await;
-    }
-
-    async fn complete(&self, body: Value) -> reqwest::Response {
-        self.client.post(format!("{}/v1/completions", self.http)).json(&body).send().await.unwrap()
-    }
-
-    async fn post_threshold(&self, body: &str, content_type: &str) -> (u16, Value) {
-        let response = self
-            .client
-            .post(format!("{}/busy_threshold", self.admin))
-            .header("content-type", content_type)
-            .body(body.to_owned())
-            .send()
-            .await
-            .unwrap();
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap_or(Value::Null))
-    }
-}
-
-fn sum_metric(text: &str, name: &str, filter: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b'{' | b' ')))
-        .filter(|l| l.contains(filter))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
 
 fn request(words: usize, max_tokens: u32, stream: bool) -> Value {
     json!({"model": MODEL, "prompt": prompt(words), "max_tokens": max_tokens, "stream": stream})
