@@ -7,7 +7,7 @@
 //! the top are shared by several roles. Everything loadgate-specific comes
 //! from the `loadgate` library's public API.
 
-mod chunk_timeout;
+mod api_error;
 mod demo;
 mod directory;
 mod engines;
@@ -21,7 +21,7 @@ mod openai;
 mod secret;
 mod throttle;
 mod tokens;
-mod upstream_client;
+mod upstream;
 mod worker;
 
 use clap::{Parser, Subcommand};

@@ -15,6 +15,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
 
+use crate::directory::WorkerDirectory;
 use crate::frontend::observe::RequestMetrics;
 use crate::frontend::reply;
 use crate::frontend::state::Frontend;
@@ -111,7 +112,12 @@ pub async fn metrics(
         requests.retain_known(|model| frontend.monitor.has_model(model));
         requests.register(&mut registry);
     }
-    frontend.upstream_stats.register(&mut registry, &frontend.directory);
+    frontend.upstream_stats.register(
+        &mut registry,
+        "loadgate_frontend_upstream_failures",
+        "Requests to workers that failed, by kind (connect, timeouts, broken)",
+    );
+    register_liveness(&mut registry, &frontend.directory);
     let scrape_failures = Counter::<u64>::default();
     // Relaxed: a counter read on its own.
     scrape_failures.inc_by(frontend.engine_scrape_failures.load(Ordering::Relaxed));
@@ -124,4 +130,31 @@ pub async fn metrics(
     let _ = encode_registry(&mut text, &registry);
     let _ = encode_eof(&mut text);
     (StatusCode::OK, [(header::CONTENT_TYPE, OPENMETRICS)], text).into_response()
+}
+
+/// Registers the directory's liveness counters and gauge (their values now).
+fn register_liveness(registry: &mut Registry, directory: &WorkerDirectory) {
+    let (silenced, quarantined) = directory.liveness_totals();
+    for (name, help, value) in [
+        (
+            "loadgate_frontend_workers_silenced",
+            "Times a worker left routing because its event connection went silent or closed",
+            silenced,
+        ),
+        (
+            "loadgate_frontend_workers_quarantined",
+            "Times a worker left routing for a second after a connection to it failed",
+            quarantined,
+        ),
+    ] {
+        let counter = Counter::<u64>::default();
+        counter.inc_by(value);
+        registry.register(name, help, counter);
+    }
+    let out = i64::try_from(directory.out_of_routing().len()).unwrap_or(i64::MAX);
+    registry.register(
+        "loadgate_frontend_workers_out_of_routing",
+        "Registered workers out of routing now (silent or quarantined)",
+        ConstGauge::new(out),
+    );
 }

@@ -12,6 +12,7 @@
 //! `;`. Booleans accept 1/true/yes/on and 0/false/no/off.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
 use loadgate::{migration::DEFAULT_MIGRATION_LIMIT, BusyThresholds, Policy};
@@ -19,6 +20,7 @@ use loadgate::{migration::DEFAULT_MIGRATION_LIMIT, BusyThresholds, Policy};
 use crate::engines::scrape::ScrapeArgs;
 use crate::engines::spec::EngineSpec;
 use crate::http_server::HttpArgs;
+use crate::upstream;
 
 /// How the router picks among eligible workers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -222,6 +224,20 @@ pub struct Args {
 }
 
 impl Args {
+    /// The bounds on every wait for a worker (`--upstream-*`): connect, a
+    /// refused or timed-out connection migrates the request (and quarantines
+    /// the worker for a second); first byte, the response head and its first
+    /// body bytes (the first token of a stream, the whole answer otherwise),
+    /// else 504 without migrating (the worker took it); between chunks, a
+    /// relayed response is cut when its worker sends nothing this long.
+    pub fn upstream_timeouts(&self) -> upstream::Timeouts {
+        upstream::Timeouts {
+            connect: Duration::from_millis(self.upstream_connect_timeout_ms),
+            first_byte: Duration::from_secs(self.upstream_first_byte_timeout_secs),
+            between_chunks: Duration::from_secs(self.upstream_chunk_timeout_secs),
+        }
+    }
+
     /// The thresholds every model starts with.
     pub fn default_thresholds(&self) -> BusyThresholds {
         if self.admission_control == Some(AdmissionControl::None) {

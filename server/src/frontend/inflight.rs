@@ -162,11 +162,6 @@ impl fmt::Debug for Held {
 }
 
 impl Held {
-    /// The worker the request went to.
-    pub fn worker(&self) -> WorkerId {
-        self.worker
-    }
-
     /// The worker answered (a response is being relayed): when this is
     /// dropped, the request's duration teaches the retry hint.
     pub fn answered(&mut self) {

@@ -27,7 +27,6 @@
 mod admin;
 mod admin_auth;
 mod args;
-mod body_budget;
 mod engines;
 mod health_check;
 mod inflight;
@@ -39,7 +38,6 @@ mod request;
 mod retry_hint;
 mod state;
 mod threshold_api;
-mod upstream;
 
 use std::io::Write;
 use std::net::SocketAddr;

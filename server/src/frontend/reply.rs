@@ -9,44 +9,14 @@
 
 use std::time::Duration;
 
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use loadgate::{rejection::overload_status_code, Rejection};
 
-use crate::openai::{error_body, InvalidRequest, INVALID_REQUEST_ERROR, SERVER_ERROR};
-
-/// `{"error":{"message","type","param":null,"code"}}` with `status`.
-pub fn openai_error(status: StatusCode, kind: &str, message: &str) -> Response {
-    error_with_param(status, kind, None, message)
-}
-
-/// `{"error":{"message","type","param","code"}}` with `status`, naming
-/// `param` (`None`: `null`).
-pub fn error_with_param(status: StatusCode, kind: &str, param: Option<&str>, message: &str) -> Response {
-    let body = error_body(message, kind, param, status.as_u16());
-    (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response()
-}
-
-/// A client error other than 400 (404, 405, 408, 413, 415):
-/// `invalid_request_error`, no `param`.
-pub fn client_error(status: StatusCode, message: &str) -> Response {
-    openai_error(status, INVALID_REQUEST_ERROR, message)
-}
-
-/// Sets `Retry-After` (whole seconds, rounded up, at least 1) and
-/// `retry-after-ms` (which the OpenAI SDKs read first) to `after`.
-pub fn set_retry_after(response: &mut Response, after: Duration) {
-    let ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX).max(1);
-    let secs = ms.div_ceil(1000);
-    let headers = response.headers_mut();
-    headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
-    headers.insert(RETRY_AFTER_MS, HeaderValue::from(ms));
-}
-
-/// The `retry-after-ms` header.
-pub const RETRY_AFTER_MS: &str = "retry-after-ms";
+pub use crate::api_error::{bad_request, client_error, error_with_param, openai_error, set_retry_after};
+use crate::openai::INVALID_REQUEST_ERROR;
 
 /// Every eligible worker is busy (or refused): the overload status (529 by
 /// default), the retry hint, and the Overloaded body.
@@ -72,23 +42,6 @@ pub fn unknown_model(model: &str) -> Response {
     error_with_param(StatusCode::NOT_FOUND, INVALID_REQUEST_ERROR, Some("model"), &message)
 }
 
-/// The request body is unusable: 400, naming the field at fault if one is.
-/// Takes an [`InvalidRequest`] or a message.
-pub fn bad_request(error: impl Into<InvalidRequest>) -> Response {
-    let error = error.into();
-    error_with_param(StatusCode::BAD_REQUEST, INVALID_REQUEST_ERROR, error.param, &error.message)
-}
-
-/// No worker answered: 502 `server_error`.
-pub fn bad_gateway(message: &str) -> Response {
-    openai_error(StatusCode::BAD_GATEWAY, SERVER_ERROR, message)
-}
-
-/// A worker took too long (to connect, to the first byte): 504 `server_error`.
-pub fn gateway_timeout(message: &str) -> Response {
-    openai_error(StatusCode::GATEWAY_TIMEOUT, SERVER_ERROR, message)
-}
-
 /// `{"error":"..."}` with `status` (admin routes).
 pub fn plain_error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, axum::Json(json!({"error": message.into()}))).into_response()
@@ -109,7 +62,9 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::openai::Field;
+    use axum::http::header;
+
+    use crate::openai::{Field, SERVER_ERROR};
 
     /// Status, content type and `error` object of `response`.
     async fn parts(response: Response) -> (u16, String, Value) {
@@ -133,8 +88,8 @@ mod tests {
             (no_route().await, 404, INVALID_REQUEST_ERROR, None),
             (method_not_allowed().await, 405, INVALID_REQUEST_ERROR, None),
             (client_error(StatusCode::PAYLOAD_TOO_LARGE, "big"), 413, INVALID_REQUEST_ERROR, None),
-            (bad_gateway("gone"), 502, SERVER_ERROR, None),
-            (gateway_timeout("slow"), 504, SERVER_ERROR, None),
+            (openai_error(StatusCode::BAD_GATEWAY, SERVER_ERROR, "gone"), 502, SERVER_ERROR, None),
+            (openai_error(StatusCode::GATEWAY_TIMEOUT, SERVER_ERROR, "slow"), 504, SERVER_ERROR, None),
             (unavailable(Duration::from_secs(1)), 503, "Unavailable", None),
             (overloaded(Duration::from_secs(1)), overload_status_code(), "Overloaded", None),
         ];

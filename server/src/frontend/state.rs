@@ -12,12 +12,12 @@ use loadgate::{
 
 use crate::directory::WorkerDirectory;
 use crate::frontend::args::{Args, RetryAfterMode, RouterMode};
-use crate::frontend::body_budget::BodyBudget;
 use crate::frontend::inflight::{InFlight, Tracking};
 use crate::frontend::reply;
 use crate::frontend::retry_hint::RetryHint;
-use crate::frontend::upstream::{UpstreamStats, UpstreamTimeouts};
+use crate::http_server::BodyBudget;
 use crate::secret::{unix_ms, BodyDigest, Secrets, REQUEST_PROOF_HEADER};
+use crate::upstream::{self, FailureCounts, Timeouts};
 
 /// The frontend's shared state, handed to every route.
 #[derive(Debug)]
@@ -38,9 +38,9 @@ pub struct Frontend {
     /// The event secret, which also signs every request sent to a worker.
     pub(crate) secrets: Option<Arc<Secrets>>,
     /// Bounds on waiting for workers.
-    pub(crate) upstream: UpstreamTimeouts,
+    pub(crate) upstream: Timeouts,
     /// Counts of upstream failures by kind.
-    pub(crate) upstream_stats: UpstreamStats,
+    pub(crate) upstream_stats: FailureCounts,
     /// Failed scrapes of `--engine` engines since start.
     pub(crate) engine_scrape_failures: AtomicU64,
     /// `Retry-After` of refusals (`--retry-after-mode`).
@@ -64,15 +64,15 @@ impl Frontend {
     ) -> anyhow::Result<Self> {
         let tracking =
             (args.router_mode == RouterMode::Kv).then_some(Tracking { output_blocks: args.router_track_output_blocks });
-        let upstream = UpstreamTimeouts::from_args(args);
-        let client = crate::upstream_client::client(upstream.connect)?;
+        let upstream = args.upstream_timeouts();
+        let client = upstream::client(upstream.connect)?;
         let retry_hint = Arc::new(RetryHint::new(args.retry_after_mode == RetryAfterMode::Computed));
         Ok(Frontend {
             router: WorkerRouter::new(monitor.clone(), args.policy()),
             inflight: Arc::new(InFlight::new(monitor.clone(), tracking, !args.engines.is_empty(), retry_hint.clone())),
             retry_hint,
             upstream,
-            upstream_stats: UpstreamStats::default(),
+            upstream_stats: FailureCounts::default(),
             engine_scrape_failures: AtomicU64::new(0),
             monitor,
             directory,
@@ -177,7 +177,7 @@ mod tests {
             let location = format!("{target}/v1/completions");
             let worker = Router::new().fallback(any(move || async move { (status, [(header::LOCATION, location)]) }));
             let (worker, _worker) = serve(worker).await;
-            let answer = crate::upstream_client::client(Duration::from_secs(2))
+            let answer = upstream::client(Duration::from_secs(2))
                 .unwrap()
                 .post(format!("{worker}/v1/completions"))
                 .header(REQUEST_PROOF_HEADER, "v1.1.00")

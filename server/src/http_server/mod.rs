@@ -49,8 +49,9 @@
 //!   per connection, and a keep-alive ping every
 //!   `--http2-keepalive-interval-secs` (20 s) that must be answered within
 //!   `--http2-keepalive-timeout-secs` (20 s).
-//! - Request bodies are bounded by the frontend's body budget and the
-//!   worker's body reader, not here.
+//! - Request bodies: the routes read them through one [`BodyBudget`]
+//!   (`body_budget.rs`): a limit per body, a budget over all of them (the
+//!   frontend's; a worker has none), idle and total deadlines.
 //!
 //! [`serve_until`] drains gracefully when its stop future resolves: it
 //! closes the listener (new connections are refused), lets every busy
@@ -61,6 +62,7 @@
 //! [`ADMIN_MAX_CONNECTIONS`].
 
 mod args;
+mod body_budget;
 mod connection;
 mod limits;
 mod registry;
@@ -85,6 +87,7 @@ use tokio_rustls::rustls::{self, ServerConfig};
 use tokio_rustls::TlsAcceptor;
 
 pub use self::args::HttpArgs;
+pub use self::body_budget::BodyBudget;
 pub use self::limits::default_max_connections;
 use self::registry::Registry;
 pub use self::write_progress::WRITE_TIMEOUT;

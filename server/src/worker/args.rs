@@ -14,8 +14,8 @@ use std::time::Duration;
 use crate::engines::scrape::ScrapeArgs;
 use crate::engines::spec::EngineSpec;
 use crate::http_server::HttpArgs;
-use crate::worker::engine::EngineConfig;
-use crate::worker::engine_proxy::EngineTimeouts;
+use crate::upstream::Timeouts;
+use crate::worker::sim::SimConfig;
 
 /// Command-line arguments of `loadgate worker`.
 #[derive(Clone, Debug, clap::Args)]
@@ -98,17 +98,17 @@ pub struct Args {
 
 impl Args {
     /// The bounds on every wait for the engine (--engine).
-    pub fn engine_timeouts(&self) -> EngineTimeouts {
-        EngineTimeouts {
+    pub fn engine_timeouts(&self) -> Timeouts {
+        Timeouts {
             connect: Duration::from_millis(self.engine_connect_timeout_ms),
             first_byte: Duration::from_secs(self.engine_first_byte_timeout_secs),
             between_chunks: Duration::from_secs(self.engine_chunk_timeout_secs),
         }
     }
 
-    /// The engine physics these arguments describe.
-    pub fn engine_config(&self) -> EngineConfig {
-        EngineConfig {
+    /// The simulator's physics these arguments describe.
+    pub fn sim_config(&self) -> SimConfig {
+        SimConfig {
             dp_size: self.dp_size,
             kv_total_blocks: self.kv_total_blocks,
             block_size: self.block_size,

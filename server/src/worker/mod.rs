@@ -3,7 +3,7 @@
 //!
 //! Requests pass the worker's hard cap ([`Admission`], `N + Q`) when
 //! `--engine-request-limit N` is given, then run on the simulated
-//! continuous-batching [`Engine`] (or are proxied to the real engine). The
+//! continuous-batching [`Simulator`] (or are sent to the real engine). The
 //! permit is held by the response body, so it is released when the response
 //! has fully ended: stream finished, error, or client gone. The worker
 //! registers itself and pushes its per-rank load (the simulator's, or the
@@ -19,21 +19,20 @@
 //!
 //! This file starts the worker and wires its routes; the arguments are in
 //! `args.rs`, the HTTP handlers and their shared state in `http.rs`, the
-//! simulated engine in `engine.rs`, the sidecar's start in `sidecar.rs`, its
-//! request path in `engine_proxy.rs` and its load reports in
-//! `engine_reports.rs`.
+//! hard cap in `gate.rs`, the replies in `reply.rs`, the simulator in `sim/`,
+//! and the sidecar in `sidecar/` (its start, its request path in
+//! `forward.rs`, its load reports in `reports.rs`).
 
 mod args;
-mod engine;
-mod engine_proxy;
-mod engine_reports;
+mod gate;
 mod http;
 mod proof;
+mod reply;
 mod sidecar;
+mod sim;
 
 use std::io::Write as _;
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -44,11 +43,12 @@ use loadgate::admission::queue_limit_from_env;
 use loadgate::Admission;
 
 pub use self::args::Args;
-use self::engine::{Engine, LoadSink};
+use self::gate::Gate;
 use self::http::{Backend, Worker};
 use self::sidecar::{Identity, Sidecar};
+use self::sim::{LoadSink, Simulator};
 use crate::events::{EventPublisher, Registration};
-use crate::http_server::{self, ServeConfig};
+use crate::http_server::{self, BodyBudget, ServeConfig};
 
 /// The worker's default write-progress deadline (`--http-write-timeout-secs`):
 /// the frontend's and 5 s more, so that a client that stalls through a
@@ -65,8 +65,8 @@ fn app(worker: Arc<Worker>) -> Router {
         .route("/health", get(http::health))
         .route("/info", get(http::info))
         .route("/metrics", get(http::metrics))
-        .fallback(http::no_route)
-        .method_not_allowed_fallback(http::method_not_allowed)
+        .fallback(reply::no_route)
+        .method_not_allowed_fallback(reply::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(worker.secrets.clone(), proof::require_proof))
         .with_state(worker)
 }
@@ -131,14 +131,14 @@ async fn serve(args: Args, admission: Option<Arc<Admission<()>>>) -> anyhow::Res
                 http_addr: advertised.clone(),
             };
             let (sink, publisher) = publish(&args, registration, secrets.clone())?;
-            let engine = Engine::start(args.engine_config(), sink);
-            (Backend::Simulated(engine), model, args.dp_size, Reporting::Simulated(publisher))
+            let simulator = Simulator::start(args.sim_config(), sink);
+            (Backend::Simulator(simulator), model, args.dp_size, Reporting::Simulated(publisher))
         }
         Some(spec) => {
             let identity = Identity { worker: id, incarnation, http_addr: advertised.clone() };
-            let (backend, model, dp_size, sidecar) =
-                Sidecar::start(&args, spec, identity, admission.clone(), secrets.clone()).await?;
-            (backend, model, dp_size, Reporting::Sidecar(sidecar))
+            let (started, sidecar) = Sidecar::start(&args, spec, identity, admission.clone(), secrets.clone()).await?;
+            let backend = Backend::Sidecar { proxy: started.proxy, health: started.health };
+            (backend, started.model, started.dp_size, Reporting::Sidecar(sidecar))
         }
     };
     let worker = Arc::new(Worker {
@@ -147,10 +147,9 @@ async fn serve(args: Args, admission: Option<Arc<Admission<()>>>) -> anyhow::Res
         model: model.clone(),
         dp_size,
         backend,
-        admission,
-        in_flight: Arc::new(AtomicUsize::new(0)),
+        gate: Gate::new(admission),
         secrets,
-        body_limit: args.http_body_limit_mb.saturating_mul(1024 * 1024),
+        bodies: BodyBudget::unbudgeted(args.http_body_limit_mb),
     });
     let app = app(worker);
     println!("listening http={addr}");
@@ -212,7 +211,7 @@ async fn serve(args: Args, admission: Option<Arc<Admission<()>>>) -> anyhow::Res
 /// Where the worker's load reports come from, kept until the shutdown's
 /// Deregister.
 enum Reporting {
-    /// The simulated engine's sink feeds this publisher (none: standalone).
+    /// The simulator's sink feeds this publisher (none: standalone).
     Simulated(Option<Arc<EventPublisher>>),
     /// The sidecar's scraper feeds its own publisher.
     Sidecar(Sidecar),

@@ -1,5 +1,4 @@
-//! The between-chunks timeout of a relayed response body: the frontend's
-//! relay of a worker's stream and the sidecar's relay of its engine's.
+//! The between-chunks timeout of a relayed upstream response body.
 
 use std::future::Future as _;
 use std::pin::Pin;

@@ -1,12 +1,13 @@
 //! Reading an engine's stream whole for a non-streamed request
 //! ([`loadgate::engines::StreamAssembler`]: why and how), bounded by the
-//! between-chunks timeout, and the request rewritten off the runtime for a
-//! large body.
+//! between-chunks timeout, the request rewritten off the runtime for a
+//! large body, and the client's answer made of what was assembled.
 
 use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::http::HeaderValue;
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::Response;
 use futures_util::{Stream, StreamExt as _};
 use loadgate::engines::{streamed_request, AssembleError, Assembled, CompletionRoute, StreamAssembler};
 
@@ -14,6 +15,21 @@ use loadgate::engines::{streamed_request, AssembleError, Assembled, CompletionRo
 /// assemble; anything else is relayed as it is).
 pub(crate) fn is_event_stream(content_type: Option<&HeaderValue>) -> bool {
     content_type.is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
+}
+
+/// The client's answer from an assembled stream: the whole answer (200),
+/// or the engine's own error with its status, as JSON.
+pub(crate) fn whole_response(answer: Assembled) -> Response {
+    let (status, body) = match answer {
+        Assembled::Answer(body) => (StatusCode::OK, body),
+        Assembled::EngineError { status, body } => {
+            (StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), body)
+        }
+    };
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
 }
 
 /// Bodies above this are rewritten on tokio's blocking pool.

@@ -1,4 +1,5 @@
-//! A simulated continuous-batching inference engine (an inference "mocker").
+//! [`Simulator`]: a simulated continuous-batching inference engine (an
+//! inference "mocker"); "engine" elsewhere in the server means a real one.
 //!
 //! Each data-parallel rank owns a KV cache of `kv_total_blocks` blocks of
 //! `block_size` tokens and runs one step every `decode_step`:
@@ -18,7 +19,7 @@
 //! (client gone) is removed and its blocks freed at the next step.
 //!
 //! [`Rank`] is the synchronous state machine (unit-tested without a clock);
-//! [`Engine`] runs one tokio task per rank and reports each rank's
+//! [`Simulator`] runs one tokio task per rank and reports each rank's
 //! [`RankLoad`] to a [`LoadSink`] whenever it changes.
 
 use std::collections::VecDeque;
@@ -33,7 +34,7 @@ use loadgate::RankLoad;
 
 /// The simulated engine's physics.
 #[derive(Clone, Debug, PartialEq)]
-pub struct EngineConfig {
+pub struct SimConfig {
     /// Data-parallel ranks, each with its own KV cache and batch.
     pub dp_size: u32,
     /// KV-cache blocks per rank.
@@ -48,9 +49,9 @@ pub struct EngineConfig {
     pub prefill_tokens_per_s: Option<u32>,
 }
 
-impl Default for EngineConfig {
+impl Default for SimConfig {
     fn default() -> Self {
-        EngineConfig {
+        SimConfig {
             dp_size: 1,
             kv_total_blocks: 1024,
             block_size: 16,
@@ -70,7 +71,7 @@ pub type TokenStream = mpsc::UnboundedReceiver<u32>;
 
 /// A request the engine can never serve.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EngineError {
+pub enum SimError {
     /// Prompt plus output need more KV blocks than a rank has.
     ContextTooLong {
         /// Tokens the request needs (prompt + max tokens).
@@ -82,18 +83,18 @@ pub enum EngineError {
     Stopped,
 }
 
-impl fmt::Display for EngineError {
+impl fmt::Display for SimError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            EngineError::ContextTooLong { tokens, capacity } => {
+            SimError::ContextTooLong { tokens, capacity } => {
                 write!(f, "prompt plus max_tokens is {tokens} tokens, more than the KV cache holds ({capacity})")
             }
-            EngineError::Stopped => f.write_str("the engine has stopped"),
+            SimError::Stopped => f.write_str("the engine has stopped"),
         }
     }
 }
 
-impl std::error::Error for EngineError {}
+impl std::error::Error for SimError {}
 
 /// One request on its way through a rank.
 #[derive(Debug)]
@@ -164,7 +165,7 @@ pub struct Rank {
 
 impl Rank {
     /// An empty rank with the physics of `config`.
-    pub fn new(config: &EngineConfig) -> Self {
+    pub fn new(config: &SimConfig) -> Self {
         let prefill_per_step =
             config.prefill_tokens_per_s.map(|rate| f64::from(rate) * config.decode_step.as_secs_f64());
         Rank {
@@ -365,24 +366,24 @@ struct RankHandle {
 
 /// The running engine: one tokio task per rank; dropping it stops them once
 /// their requests have ended.
-pub struct Engine {
-    config: EngineConfig,
+pub struct Simulator {
+    config: SimConfig,
     ranks: Vec<RankHandle>,
 }
 
-impl fmt::Debug for Engine {
+impl fmt::Debug for Simulator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Engine").field("config", &self.config).finish()
+        f.debug_struct("Simulator").field("config", &self.config).finish()
     }
 }
 
-impl Engine {
+impl Simulator {
     /// Starts the rank tasks on the current tokio runtime.
     ///
     /// # Panics
     ///
     /// Outside a tokio runtime.
-    pub fn start(config: EngineConfig, sink: LoadSink) -> Engine {
+    pub fn start(config: SimConfig, sink: LoadSink) -> Simulator {
         let ranks = (0..config.dp_size.max(1))
             .map(|rank| {
                 let (inbox, rx) = mpsc::unbounded_channel();
@@ -392,7 +393,7 @@ impl Engine {
                 RankHandle { inbox, outstanding }
             })
             .collect();
-        Engine { config, ranks }
+        Simulator { config, ranks }
     }
 
     /// Submits a request to the least loaded rank; its tokens arrive on the
@@ -400,13 +401,13 @@ impl Engine {
     ///
     /// # Errors
     ///
-    /// [`EngineError::ContextTooLong`] when the request could never fit in a
-    /// rank's KV cache; [`EngineError::Stopped`] when the engine is gone.
-    pub fn submit(&self, prompt_tokens: u32, max_tokens: u32) -> Result<TokenStream, EngineError> {
+    /// [`SimError::ContextTooLong`] when the request could never fit in a
+    /// rank's KV cache; [`SimError::Stopped`] when the engine is gone.
+    pub fn submit(&self, prompt_tokens: u32, max_tokens: u32) -> Result<TokenStream, SimError> {
         let tokens = u64::from(prompt_tokens) + u64::from(max_tokens.max(1));
         let capacity = u64::from(self.config.kv_total_blocks) * u64::from(self.config.block_size.max(1));
         if tokens > capacity {
-            return Err(EngineError::ContextTooLong { tokens, capacity });
+            return Err(SimError::ContextTooLong { tokens, capacity });
         }
         // Relaxed: a load estimate for rank choice; exactness is not needed.
         let rank = self.ranks.iter().min_by_key(|r| r.outstanding.load(Ordering::Relaxed)).expect("at least one rank");
@@ -414,7 +415,7 @@ impl Engine {
         rank.outstanding.fetch_add(1, Ordering::Relaxed);
         if rank.inbox.send(Sequence::new(prompt_tokens, max_tokens, tx)).is_err() {
             rank.outstanding.fetch_sub(1, Ordering::Relaxed);
-            return Err(EngineError::Stopped);
+            return Err(SimError::Stopped);
         }
         Ok(rx)
     }
@@ -457,7 +458,7 @@ async fn run_rank(
             state.submit(seq);
         }
         let outcome = state.step();
-        // Relaxed: see `Engine::submit`.
+        // Relaxed: see `Simulator::submit`.
         outstanding.fetch_sub(outcome.ended() as usize, Ordering::Relaxed);
         let load = state.load();
         if load != last {
@@ -471,8 +472,8 @@ async fn run_rank(
 mod tests {
     use super::*;
 
-    fn config(kv_total_blocks: u32, max_num_batched_tokens: u32) -> EngineConfig {
-        EngineConfig { kv_total_blocks, max_num_batched_tokens, block_size: 16, ..EngineConfig::default() }
+    fn config(kv_total_blocks: u32, max_num_batched_tokens: u32) -> SimConfig {
+        SimConfig { kv_total_blocks, max_num_batched_tokens, block_size: 16, ..SimConfig::default() }
     }
 
     fn seq(prompt: u32, max_tokens: u32) -> (Sequence, TokenStream) {
@@ -550,7 +551,7 @@ mod tests {
 
     #[test]
     fn prefill_rate_bounds_prefill() {
-        let cfg = EngineConfig {
+        let cfg = SimConfig {
             prefill_tokens_per_s: Some(1000),
             decode_step: Duration::from_millis(10),
             ..config(1000, 1000)
@@ -612,8 +613,8 @@ mod tests {
             let reports = reports.clone();
             Arc::new(move |rank, load| reports.lock().unwrap().push((rank, load)))
         };
-        let cfg = EngineConfig { dp_size: 2, decode_step: Duration::from_millis(1), ..config(100, 1000) };
-        let engine = Engine::start(cfg, sink);
+        let cfg = SimConfig { dp_size: 2, decode_step: Duration::from_millis(1), ..config(100, 1000) };
+        let engine = Simulator::start(cfg, sink);
         let mut a = engine.submit(16, 3).unwrap();
         let mut b = engine.submit(16, 3).unwrap();
         for rx in [&mut a, &mut b] {
@@ -636,7 +637,7 @@ mod tests {
         }
         assert_eq!(
             engine.submit(1000, 1000).unwrap_err(),
-            EngineError::ContextTooLong { tokens: 2000, capacity: 1600 },
+            SimError::ContextTooLong { tokens: 2000, capacity: 1600 },
             "a request that can never fit is refused up front"
         );
     }

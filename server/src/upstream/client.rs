@@ -26,11 +26,3 @@ pub fn client(connect_timeout: Duration) -> reqwest::Result<reqwest::Client> {
         .redirect(reqwest::redirect::Policy::none())
         .build()
 }
-
-/// `request` on a connection of its own (`Connection: close`), for
-/// completions to llama.cpp: it closes the connection of a finished stream
-/// without saying so, and a request sent next on that pooled connection
-/// fails ("connection closed before message completed").
-pub fn on_own_connection(request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-    request.header(reqwest::header::CONNECTION, "close")
-}

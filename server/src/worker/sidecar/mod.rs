@@ -13,9 +13,13 @@ use anyhow::Context as _;
 use loadgate::engines::EngineSnapshot;
 use loadgate::Admission;
 
-use super::engine_proxy::EngineProxy;
-use super::engine_reports::{EngineHealth, EngineReports, PublisherConfig};
-use super::http::Backend;
+mod forward;
+mod reports;
+
+pub(crate) use self::forward::EngineProxy;
+pub(crate) use self::reports::EngineHealth;
+
+use self::reports::{EngineReports, PublisherConfig};
 use super::Args;
 use crate::engines::models::list_models;
 use crate::engines::scrape::{scrape_once, spawn_scraper};
@@ -48,6 +52,19 @@ pub(crate) struct Sidecar {
     reports: Arc<Mutex<EngineReports>>,
 }
 
+/// What the worker serves with, once its engine answers.
+#[derive(Debug)]
+pub(crate) struct Started {
+    /// The request path to the engine.
+    pub(crate) proxy: EngineProxy,
+    /// Whether its scrapes succeed (`/health`).
+    pub(crate) health: Arc<EngineHealth>,
+    /// The model the worker registers with.
+    pub(crate) model: String,
+    /// The engine's data-parallel size.
+    pub(crate) dp_size: u32,
+}
+
 /// The engine's model and its first load, once it answers.
 struct Engine {
     model: String,
@@ -69,7 +86,7 @@ impl Sidecar {
         identity: Identity,
         admission: Option<Arc<Admission<()>>>,
         secrets: Option<Arc<Secrets>>,
-    ) -> anyhow::Result<(Backend, String, u32, Sidecar)> {
+    ) -> anyhow::Result<(Started, Sidecar)> {
         let named = match (&args.model, &spec.model) {
             (Some(flag), Some(option)) if flag != option => {
                 anyhow::bail!("--model {flag:?} and the --engine option model={option:?} disagree: give one")
@@ -78,8 +95,7 @@ impl Sidecar {
             (None, None) => None,
         };
         let timeouts = args.engine_timeouts();
-        let client =
-            crate::upstream_client::client(timeouts.connect).context("cannot build the HTTP client to the engine")?;
+        let client = crate::upstream::client(timeouts.connect).context("cannot build the HTTP client to the engine")?;
         let scrape = args.scrape.config();
         let engine = wait_for_engine(&client, spec, named, scrape.timeout).await?;
         let dp_size = u32::try_from(engine.first.ranks.len()).unwrap_or(u32::MAX).max(1);
@@ -108,7 +124,7 @@ impl Sidecar {
             ControlFlow::Continue(())
         });
         let proxy = EngineProxy::new(client, spec.base_url.clone(), timeouts, spec.kind.assembles());
-        Ok((Backend::Proxied { proxy, health }, engine.model, dp_size, Sidecar { scraper, reports }))
+        Ok((Started { proxy, health, model: engine.model, dp_size }, Sidecar { scraper, reports }))
     }
 
     /// Stops scraping and hands over the publisher, if the worker is in

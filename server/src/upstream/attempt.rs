@@ -1,0 +1,250 @@
+//! [`attempt`]: one request sent to one upstream, and what came of it.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderName, HeaderValue, StatusCode};
+use axum::response::Response;
+use futures_util::{Stream, StreamExt as _};
+use loadgate::engines::CompletionRoute;
+use loadgate::rejection::{REFUSAL_AT_CAPACITY, REFUSAL_HEADER};
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+
+use super::assemble::{is_event_stream, read_whole, streamed_body, whole_response, ReadError};
+use super::relay::relay;
+use super::{warn_failure, Failure, Peer};
+use crate::api_error::RETRY_AFTER_MS;
+
+/// Largest error body read from an upstream to relay.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// An upstream's response body.
+pub(crate) type UpstreamBody = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+
+/// The bounds on every wait for an upstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Timeouts {
+    /// Opening a connection.
+    pub(crate) connect: Duration,
+    /// From sending a request to its first body bytes.
+    pub(crate) first_byte: Duration,
+    /// Between two chunks of a response.
+    pub(crate) between_chunks: Duration,
+}
+
+/// What a request holds while its answer is read; dropped when the
+/// upstream's answer has ended, failed, or been abandoned by the client
+/// (never later: see `relay.rs`). Each hook has a no-op default.
+pub(crate) trait Watcher: Send + 'static {
+    /// The upstream answered (not a refusal, not a failure).
+    fn answered(&mut self) {}
+    /// A chunk of its body arrived (the first included).
+    fn chunk(&mut self, _chunk: &[u8]) {}
+    /// A relayed answer failed after it began ([`Failure::Broken`] or
+    /// [`Failure::BetweenChunks`]).
+    fn failed(&mut self, _failure: Failure) {}
+}
+
+/// What came of one attempt.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// Relay this to the client: a success (streamed or assembled whole) or
+    /// the upstream's own error.
+    Answer(Response),
+    /// The upstream refused at its hard cap (`x-loadgate-refusal`): nothing
+    /// was run; another upstream may take it.
+    AtCapacity,
+    /// No usable answer and the upstream did not take the request (it could
+    /// not be reached, or broke before answering): another may take it.
+    Failed(Failure),
+    /// The upstream took the request but its answer failed before anything
+    /// reached the client (no first byte in time; an assembled answer that
+    /// broke or stalled): running it again elsewhere would run it twice.
+    Cut(Failure),
+}
+
+/// A request's body, the same for every attempt: as received, or rewritten
+/// once to a streamed request for the upstreams that assemble (llama.cpp,
+/// which never notices that the client of a non-streamed request left
+/// while it is scraped, `assemble.rs`).
+#[derive(Debug)]
+pub(crate) struct Payload {
+    route: CompletionRoute,
+    body: Bytes,
+    streamed: OnceCell<Option<Bytes>>,
+}
+
+impl Payload {
+    /// `body`, a request for `route`.
+    pub(crate) fn new(route: CompletionRoute, body: Bytes) -> Self {
+        Payload { route, body, streamed: OnceCell::new() }
+    }
+
+    /// The body as received.
+    pub(crate) fn body(&self) -> &Bytes {
+        &self.body
+    }
+
+    /// The body to send an upstream that `assembles` or not, and the route
+    /// to assemble its answer on when it was rewritten.
+    async fn body_for(&self, assembles: bool) -> (Bytes, Option<CompletionRoute>) {
+        if assembles {
+            if let Some(streamed) = self.streamed.get_or_init(|| streamed_body(&self.body)).await {
+                return (streamed.clone(), Some(self.route));
+            }
+        }
+        (self.body.clone(), None)
+    }
+}
+
+/// Sends `request` (method, URL and headers set; no body) with `payload`'s
+/// body to `peer`, an upstream that `assembles` or not, within `timeouts`.
+/// `watcher` is held until the answer has been read (see [`Watcher`]).
+pub(crate) async fn attempt<W: Watcher>(
+    request: reqwest::RequestBuilder,
+    payload: &Payload,
+    assembles: bool,
+    timeouts: Timeouts,
+    peer: Peer,
+    mut watcher: W,
+) -> Outcome {
+    let first_byte_by = Instant::now() + timeouts.first_byte;
+    let (body, whole) = payload.body_for(assembles).await;
+    let mut request = request.body(body);
+    if assembles {
+        // llama.cpp closes a finished stream's connection without saying
+        // so; a request sent next on that pooled connection would fail.
+        request = request.header(header::CONNECTION, "close");
+    }
+    let upstream = match tokio::time::timeout_at(first_byte_by, request.send()).await {
+        Ok(Ok(upstream)) => upstream,
+        Ok(Err(error)) => {
+            let failure = Failure::of_send(&error);
+            warn_failure(peer, failure, "the request failed", &ErrorChain(&error));
+            return Outcome::Failed(failure);
+        }
+        Err(_) => return no_first_byte(peer, timeouts.first_byte),
+    };
+    // A refusal is recognised by the explicit signal alone, whatever the
+    // status (an overload status of 200 included) and the body. The signal
+    // is never relayed: the response's headers are built here.
+    if upstream.headers().get(REFUSAL_HEADER).is_some_and(|v| v.as_bytes() == REFUSAL_AT_CAPACITY.as_bytes()) {
+        return Outcome::AtCapacity;
+    }
+    let status = StatusCode::from_u16(upstream.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let content_type = upstream.headers().get(header::CONTENT_TYPE).cloned();
+    if !status.is_success() {
+        return error_answer(upstream, status, content_type, timeouts, peer, watcher).await;
+    }
+    let cache_control = upstream.headers().get(header::CACHE_CONTROL).cloned();
+    // The first bytes are awaited here, so that an upstream that sends its
+    // head but no token can still be left for another.
+    let mut stream: UpstreamBody = Box::pin(upstream.bytes_stream());
+    let first = match tokio::time::timeout_at(first_byte_by, stream.next()).await {
+        Ok(Some(Ok(chunk))) => Some(chunk),
+        Ok(None) => None,
+        Ok(Some(Err(error))) => {
+            warn_failure(peer, Failure::Broken, "the response broke before its first byte", &ErrorChain(&error));
+            return Outcome::Failed(Failure::Broken);
+        }
+        Err(_) => return no_first_byte(peer, timeouts.first_byte),
+    };
+    if let Some(chunk) = &first {
+        watcher.chunk(chunk);
+    }
+    watcher.answered();
+    if let Some(route) = whole.filter(|_| is_event_stream(content_type.as_ref())) {
+        // Held until the stream is read: the upstream works on it until then.
+        let answer = read_whole(route, first, stream, timeouts.between_chunks, |c| watcher.chunk(c)).await;
+        drop(watcher);
+        return match answer {
+            Ok(answer) => Outcome::Answer(whole_response(answer)),
+            Err(error) => {
+                let failure = match error {
+                    ReadError::Stalled(_) => Failure::BetweenChunks,
+                    _ => Failure::Broken,
+                };
+                warn_failure(peer, failure, "the streamed answer could not be assembled", &error);
+                Outcome::Cut(failure)
+            }
+        };
+    }
+    let mut response = Response::new(relay(first, stream, timeouts.between_chunks, peer, watcher));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.extend(
+        [(header::CONTENT_TYPE, content_type), (header::CACHE_CONTROL, cache_control)]
+            .into_iter()
+            .filter_map(|(name, value)| value.map(|v| (name, v))),
+    );
+    Outcome::Answer(response)
+}
+
+/// The upstream's own error (a 4xx, a 5xx): its body read within bounds,
+/// relayed with its `Content-Type` and retry hints.
+async fn error_answer<W: Watcher>(
+    upstream: reqwest::Response,
+    status: StatusCode,
+    content_type: Option<HeaderValue>,
+    timeouts: Timeouts,
+    peer: Peer,
+    mut watcher: W,
+) -> Outcome {
+    let hints: Vec<_> = [header::RETRY_AFTER, HeaderName::from_static(RETRY_AFTER_MS)]
+        .into_iter()
+        .filter_map(|name| upstream.headers().get(&name).cloned().map(|value| (name, value)))
+        .collect();
+    let body = match tokio::time::timeout(timeouts.between_chunks, read_bounded(upstream)).await {
+        Ok(Ok(body)) => body,
+        Ok(Err(error)) => {
+            warn_failure(peer, Failure::Broken, "reading an error body failed", &ErrorChain(&error));
+            return Outcome::Failed(Failure::Broken);
+        }
+        Err(_) => return Outcome::Failed(Failure::BetweenChunks),
+    };
+    watcher.answered();
+    drop(watcher);
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    response.headers_mut().extend(hints);
+    if let Some(content_type) = content_type {
+        response.headers_mut().insert(header::CONTENT_TYPE, content_type);
+    }
+    Outcome::Answer(response)
+}
+
+/// No head, or no first byte, within the first-byte timeout.
+fn no_first_byte(peer: Peer, timeout: Duration) -> Outcome {
+    warn_failure(peer, Failure::FirstByte, "no answer in time", &format_args!("nothing within {timeout:?}"));
+    Outcome::Cut(Failure::FirstByte)
+}
+
+/// At most [`MAX_ERROR_BODY`] bytes of `upstream`'s body.
+async fn read_bounded(mut upstream: reqwest::Response) -> reqwest::Result<Bytes> {
+    let mut body = Vec::new();
+    while let Some(chunk) = upstream.chunk().await? {
+        let room = MAX_ERROR_BODY.saturating_sub(body.len());
+        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if room <= chunk.len() {
+            break;
+        }
+    }
+    Ok(Bytes::from(body))
+}
+
+/// An error and its sources, on one line.
+struct ErrorChain<'a>(&'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut next = self.0.source();
+        while let Some(e) = next {
+            write!(f, ": {e}")?;
+            next = e.source();
+        }
+        Ok(())
+    }
+}
