@@ -16,6 +16,10 @@
 //!
 //! The proxy passes both as exclusions to the router. The common case (no
 //! worker out of routing) costs two atomic loads.
+//!
+//! At the crate root because two roles share it: the event plane's listener
+//! (`events/`) writes it as workers register and leave, and the frontend's
+//! proxy reads it for every request.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -35,7 +39,7 @@ pub struct WorkerAddress {
     /// no request proof and reports no KV in the router's block unit.
     pub engine: bool,
     /// An engine whose non-streamed requests are sent streamed and answered
-    /// whole (llama.cpp: `engines/assemble.rs`).
+    /// whole (llama.cpp: `upstream/assemble.rs`).
     pub assembles: bool,
 }
 

@@ -1,4 +1,7 @@
 //! Upper bounds of the duration flags.
+//!
+//! At the crate root because every command's flags use it (frontend,
+//! worker, bench, demo, the shared HTTP and scrape flags).
 
 use std::time::Duration;
 

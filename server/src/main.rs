@@ -1,11 +1,16 @@
 //! The `loadgate` binary: frontend, simulated worker, load generator, demo.
 //!
 //! One folder per role: `frontend/` (the HTTP frontend), `worker/` (the
-//! simulated worker and its engine), `events/` (the worker-to-frontend load
-//! event plane: the worker-side publisher and the frontend-side listener),
-//! `loadgen/` (the load generator and its plots) and `demo/`. The modules at
-//! the top are shared by several roles. Everything loadgate-specific comes
-//! from the `loadgate` library's public API.
+//! simulated worker and its simulator, or a sidecar in front of a real
+//! engine), `events/` (the worker-to-frontend load event plane: the
+//! worker-side publisher and the frontend-side listener), `upstream/` (one
+//! attempt against a worker or an engine, shared by the frontend's proxy and
+//! the sidecar), `engines/` (scraping real engines), `http_server/` (serving
+//! either role's routes with every wait bounded), `loadgen/` (the load
+//! generator and its plots) and `demo/`. The files at the top are shared by
+//! several roles; each says which and why. "Engine" always means a real
+//! inference engine; loadgate's own is the simulator. Everything
+//! loadgate-specific comes from the `loadgate` library's public API.
 
 mod api_error;
 mod demo;

@@ -20,6 +20,9 @@
 //!
 //! Every other field is left as it is. When several are wrong, the first in
 //! the order above is named.
+//!
+//! At the crate root because the frontend (reading requests), the worker and
+//! its simulator (answering them) and the load generator share these shapes.
 
 use std::fmt;
 

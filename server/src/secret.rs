@@ -8,6 +8,10 @@
 //! the [`REQUEST_PROOF_HEADER`] on HTTP requests). The current secret signs;
 //! the current and the previous one both verify, so a deployment rotates by
 //! giving every process `new` + `old`, then `new` alone.
+//!
+//! At the crate root because both ends use it: the event plane's handshake
+//! (`events/`, worker and frontend side), the frontend signing requests and
+//! the worker checking them, and the demo generating one.
 
 use std::fmt;
 use std::path::Path;

@@ -6,6 +6,9 @@
 //! Shared by `&self` (a mutex held for a few instructions), so it works in
 //! a single-threaded loop and behind an `Arc` alike. Only for cold paths:
 //! lines about refusals and failures, never per served request.
+//!
+//! At the crate root because the event plane, the HTTP server and the
+//! upstream path all log what peers cause through it.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

@@ -1,6 +1,9 @@
 //! Token arithmetic for the router's own load tracking (`--router-mode kv`):
 //! prompt tokens of an OpenAI request, KV blocks, and generated tokens seen
 //! in a streamed SSE body (the usage chunk and `[DONE]` are not tokens).
+//!
+//! At the crate root because the frontend's tracking and the OpenAI request
+//! reader (`openai.rs`, which counts a request's prompt) share it.
 
 use serde_json::Value;
 
