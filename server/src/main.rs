@@ -45,7 +45,7 @@ enum Command {
     // Boxed: the frontend has many flags, and the enum is as large as its largest variant.
     Frontend(Box<frontend::Args>),
     /// Run a simulated continuous-batching worker.
-    Worker(worker::Args),
+    Worker(Box<worker::Args>),
     /// Generate open-loop load (or, with --retry-storm N, a retry storm) against a frontend or worker.
     Bench(loadgen::Args),
     /// A frontend, simulated workers (or, with --engines llamacpp, real llama.cpp servers) and load at
@@ -57,7 +57,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Frontend(args) => frontend::run(*args),
-        Command::Worker(args) => worker::run(args),
+        Command::Worker(args) => worker::run(*args),
         Command::Bench(args) => loadgen::run(args),
         Command::Demo(args) => demo::run(args),
     }

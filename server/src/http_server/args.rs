@@ -1,11 +1,18 @@
 //! [`HttpArgs`]: the HTTP-side limits shared by `loadgate frontend` (its
 //! inference listener) and `loadgate worker`: the header-read, idle
 //! keep-alive and write-progress timeouts, the connection limit, HTTP/2's
-//! stream limit and keep-alive pings, and the graceful-shutdown drain. Each reads `LOADGATE_HTTP_<FLAG>` (the same variable for both
-//! roles), except the drain, which reads Dynamo's
-//! `DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS`.
+//! stream limit and keep-alive pings, and the graceful-shutdown drain. Each
+//! reads `LOADGATE_<FLAG>` (the same variable for both roles), except the
+//! drain, which reads Dynamo's `DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS`.
 
 use std::time::Duration;
+
+/// At most this many concurrent streams per HTTP/2 connection by default.
+pub const HTTP2_MAX_CONCURRENT_STREAMS: u32 = 100;
+
+/// How often an HTTP/2 connection is pinged by default, and how long the
+/// answer may take.
+pub const HTTP2_KEEPALIVE: Duration = Duration::from_secs(20);
 
 /// HTTP-side limits of one listener.
 #[derive(Clone, Debug, clap::Args)]
@@ -32,7 +39,7 @@ pub struct HttpArgs {
     #[arg(long, env = "LOADGATE_HTTP_WRITE_TIMEOUT_SECS", value_name = "SECS", value_parser = crate::flag_limits::secs(1))]
     pub http_write_timeout_secs: Option<u64>,
     /// Concurrent streams one HTTP/2 connection may open. Default 100.
-    #[arg(long, env = "LOADGATE_HTTP2_MAX_CONCURRENT_STREAMS", value_name = "N", default_value_t = crate::http_server::HTTP2_MAX_CONCURRENT_STREAMS, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "LOADGATE_HTTP2_MAX_CONCURRENT_STREAMS", value_name = "N", default_value_t = HTTP2_MAX_CONCURRENT_STREAMS, value_parser = clap::value_parser!(u32).range(1..))]
     pub http2_max_concurrent_streams: u32,
     /// Seconds between HTTP/2 keep-alive pings. Default 20.
     #[arg(long, env = "LOADGATE_HTTP2_KEEPALIVE_INTERVAL_SECS", value_name = "SECS", default_value_t = 20, value_parser = crate::flag_limits::secs(1))]

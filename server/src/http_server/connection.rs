@@ -30,10 +30,10 @@ use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
+use super::config::{ServeConfig, Tls};
 use super::registry::Slot;
 use super::service::tracked;
 use super::write_progress::{Check, WriteWatch};
-use super::{ServeConfig, Tls};
 use crate::throttle::LogThrottle;
 
 /// Lines about connections cut for write progress: clients cause them.

@@ -3,6 +3,7 @@
 use std::io::{Read as _, Write as _};
 use std::time::Instant;
 
+use super::limits::default_max_connections;
 use super::*;
 
 /// `/` answers "ok"; `/slow` streams 8 chunks 100 ms apart, then "end".

@@ -1,27 +1,24 @@
 //! [`attempt`]: one request sent to one upstream, and what came of it.
 
-use std::pin::Pin;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
-use futures_util::{Stream, StreamExt as _};
+use futures_util::StreamExt as _;
 use loadgate::engines::CompletionRoute;
 use loadgate::rejection::{REFUSAL_AT_CAPACITY, REFUSAL_HEADER};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use super::assemble::{is_event_stream, read_whole, streamed_body, whole_response, ReadError};
-use super::relay::relay;
-use super::{warn_failure, Failure, Peer};
+use super::failure::{warn_failure, Failure, Peer};
+use super::relay::{relay, UpstreamBody};
+use super::watcher::Watcher;
 use crate::api_error::RETRY_AFTER_MS;
 
 /// Largest error body read from an upstream to relay.
 const MAX_ERROR_BODY: usize = 64 * 1024;
-
-/// An upstream's response body.
-pub(crate) type UpstreamBody = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
 
 /// The bounds on every wait for an upstream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,19 +29,6 @@ pub(crate) struct Timeouts {
     pub(crate) first_byte: Duration,
     /// Between two chunks of a response.
     pub(crate) between_chunks: Duration,
-}
-
-/// What a request holds while its answer is read; dropped when the
-/// upstream's answer has ended, failed, or been abandoned by the client
-/// (never later: see `relay.rs`). Each hook has a no-op default.
-pub(crate) trait Watcher: Send + 'static {
-    /// The upstream answered (not a refusal, not a failure).
-    fn answered(&mut self) {}
-    /// A chunk of its body arrived (the first included).
-    fn chunk(&mut self, _chunk: &[u8]) {}
-    /// A relayed answer failed after it began ([`Failure::Broken`] or
-    /// [`Failure::BetweenChunks`]).
-    fn failed(&mut self, _failure: Failure) {}
 }
 
 /// What came of one attempt.

@@ -33,7 +33,9 @@ mod chunk_timeout;
 mod client;
 mod failure;
 mod relay;
+mod watcher;
 
-pub(crate) use self::attempt::{attempt, Outcome, Payload, Timeouts, UpstreamBody, Watcher};
+pub(crate) use self::attempt::{attempt, Outcome, Payload, Timeouts};
 pub(crate) use self::client::client;
-pub(crate) use self::failure::{warn_failure, Failure, FailureCounts, Peer};
+pub(crate) use self::failure::{Failure, FailureCounts, Peer};
+pub(crate) use self::watcher::Watcher;

@@ -25,13 +25,18 @@ use std::time::Duration;
 
 use axum::body::Body;
 use bytes::Bytes;
+use futures_util::Stream;
 use http_body::Frame;
 
 use super::chunk_timeout::{stalled, Chunk, ChunkTimeout};
-use super::{Failure, Peer, UpstreamBody, Watcher};
+use super::failure::{warn_failure, Failure, Peer};
+use super::watcher::Watcher;
 
 /// Bytes read ahead of the client at most (plus one chunk).
 pub(crate) const CLIENT_BUFFER: usize = 64 * 1024;
+
+/// An upstream's response body.
+pub(crate) type UpstreamBody = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
 
 /// How the upstream's body ended for the relay.
 #[derive(Debug)]
@@ -118,7 +123,7 @@ impl<W: Watcher> Pump<W> {
             End::Complete => self.shared.lock().finish(Ok(())),
             End::Failed(failure, detail) => {
                 self.watcher.failed(failure);
-                super::warn_failure(self.peer, failure, "a relayed response was cut", &detail);
+                warn_failure(self.peer, failure, "a relayed response was cut", &detail);
                 self.shared.lock().finish(Err(failure));
             }
             End::ClientGone => {}

@@ -24,11 +24,13 @@
 //! | `request_id.rs` | [`RequestId`], the `x-request-id` header |
 //! | `route.rs` | the `endpoint` label and how a response ended |
 //! | `tracked.rs` | the body wrapper that records a request at its end |
+//! | `observer.rs` | what the layer shares, the model label, the log target |
 //! | `metrics.rs` | [`RequestMetrics`]: its prometheus-client families |
 //! | `buckets.rs` | Dynamo's histogram buckets |
 
 mod buckets;
 mod metrics;
+mod observer;
 mod request_id;
 mod route;
 mod tracked;
@@ -40,25 +42,12 @@ use axum::middleware::Next;
 use axum::response::Response;
 
 pub(crate) use self::metrics::RequestMetrics;
+pub(crate) use self::observer::ModelLabel;
+use self::observer::Observer;
 pub(crate) use self::request_id::{RequestId, REQUEST_ID_HEADER};
 use self::route::Route;
 use self::tracked::{Head, Pending};
 use crate::frontend::state::Frontend;
-
-/// The target of the access-log events.
-pub(crate) const ACCESS_TARGET: &str = "loadgate::access";
-
-/// The model a proxied response was for, set by the proxy as a response
-/// extension so the layer can label what it records.
-#[derive(Clone, Debug)]
-pub(crate) struct ModelLabel(pub(crate) Arc<str>);
-
-/// What the layer shares between requests.
-#[derive(Debug)]
-struct Observer {
-    frontend: Arc<Frontend>,
-    metrics: Arc<RequestMetrics>,
-}
 
 /// Wraps the inference routes with the request id, the access log and the
 /// request metrics. `/metrics` finds the metrics as an

@@ -13,8 +13,9 @@ use axum::response::Response;
 use http_body::{Body as _, Frame, SizeHint};
 
 use super::metrics::{ModelKey, ModelRow, Series, Timing};
+use super::observer::{ModelLabel, Observer, ACCESS_TARGET};
+use super::request_id::RequestId;
 use super::route::{code_of, End, Route};
-use super::{ModelLabel, Observer, RequestId, ACCESS_TARGET};
 
 /// Longest path or model name written into an access-log line.
 const LOGGED_LEN: usize = 256;
