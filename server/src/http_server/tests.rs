@@ -438,3 +438,36 @@ async fn a_client_that_stops_reading_is_cut_at_the_write_timeout_and_a_slow_read
     assert_eq!(alive.load(std::sync::atomic::Ordering::SeqCst), 0, "every body was dropped");
     server.abort();
 }
+
+/// A finished response leaves nothing owed: a keep-alive connection that
+/// has read its answers whole stays open past the write timeout (only the
+/// idle timeout closes it), over HTTP/1.1 and HTTP/2 alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_read_everything_is_not_cut_for_write_progress() {
+    let config = ServeConfig {
+        write_timeout: Duration::from_millis(200),
+        idle_timeout: Duration::from_secs(30),
+        ..ServeConfig::plain()
+    };
+    let (addr, server) = spawn_server(config).await;
+    let (kept, h2) = tokio::task::spawn_blocking(move || {
+        let mut kept = connect(addr);
+        kept.write_all(GET).unwrap();
+        assert!(read_ok(&mut kept).starts_with("HTTP/1.1 200"));
+        // Five write timeouts with nothing owed.
+        std::thread::sleep(Duration::from_millis(1000));
+        kept.write_all(GET).unwrap();
+        let again = read_ok(&mut kept);
+        // HTTP/2: the preface, an empty SETTINGS, then nothing for as long.
+        let mut h2 = connect(addr);
+        h2.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+        h2.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).unwrap();
+        let (_, closed) = read_to_close(&mut h2, Duration::from_millis(1000));
+        (again, closed)
+    })
+    .await
+    .unwrap();
+    assert!(kept.starts_with("HTTP/1.1 200"), "the kept-alive connection still serves: {kept:?}");
+    assert!(!h2, "an HTTP/2 connection with nothing owed stays open");
+    server.abort();
+}

@@ -142,7 +142,9 @@ impl<W: Watcher> Pump<W> {
                 }
                 // Registered on every poll, so the client leaving wakes the
                 // task even while it waits for the upstream.
-                buffer.writer = Some(cx.waker().clone());
+                if !buffer.writer.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    buffer.writer = Some(cx.waker().clone());
+                }
                 if buffer.bytes >= CLIENT_BUFFER {
                     return Poll::Pending;
                 }
