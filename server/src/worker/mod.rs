@@ -3,9 +3,13 @@
 //!
 //! Requests pass the worker's hard cap ([`Admission`], `N + Q`) when
 //! `--engine-request-limit N` is given, then run on the simulated
-//! continuous-batching [`Simulator`] (or are sent to the real engine). The
-//! permit is held by the response body, so it is released when the response
-//! has fully ended: stream finished, error, or client gone. The worker
+//! continuous-batching [`Simulator`] (or are sent to the real engine). On
+//! the simulator the permit is held by the response body, so it is released
+//! when the response has fully ended: stream finished, error, client gone,
+//! or the client's connection cut for write progress
+//! (`--http-write-timeout-secs`, 35 s by default: 5 s past a frontend's). A
+//! sidecar holds it until the engine's answer has been read (`upstream/`),
+//! whether or not its client has read it yet. The worker
 //! registers itself and pushes its per-rank load (the simulator's, or the
 //! engine's scraped load plus the cap's queue) to every `--frontend` event
 //! port through an [`EventPublisher`].
