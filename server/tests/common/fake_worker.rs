@@ -1,0 +1,116 @@
+//! A fake worker (the impostor's endpoint): answers every request with 200
+//! and counts what it receives.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// What the fake worker puts in its answers, to tell them apart.
+pub const IMPOSTOR_MARK: &str = "IMPOSTOR-ANSWER";
+
+/// A tiny HTTP server on 127.0.0.1 that answers every request with 200 and
+/// counts requests and bytes. Stops on drop.
+pub struct FakeWorker {
+    pub addr: SocketAddr,
+    requests: Arc<AtomicUsize>,
+    bytes: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl FakeWorker {
+    pub fn start() -> FakeWorker {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the fake worker");
+        listener.set_nonblocking(true).expect("nonblocking listener");
+        let addr = listener.local_addr().expect("fake worker address");
+        let requests = Arc::new(AtomicUsize::new(0));
+        let bytes = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (r, b, s) = (requests.clone(), bytes.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            // Acquire: pairs with the Release store in drop.
+            while !s.load(Ordering::Acquire) {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        let (r, b) = (r.clone(), b.clone());
+                        std::thread::spawn(move || serve_fake(stream, &r, &b));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        FakeWorker { addr, requests, bytes, stop, thread: Some(thread) }
+    }
+
+    /// Requests received so far.
+    pub fn requests(&self) -> usize {
+        // Relaxed: a counter read after the fact.
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Bytes received so far (heads and bodies).
+    pub fn bytes(&self) -> u64 {
+        // Relaxed: a counter read after the fact.
+        self.bytes.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for FakeWorker {
+    fn drop(&mut self) {
+        // Release: the accept loop's Acquire load sees it.
+        self.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Serves one connection of the fake worker: one request, 200, close.
+fn serve_fake(mut stream: TcpStream, requests: &AtomicUsize, bytes: &AtomicU64) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut head = Vec::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let (head_len, mut body_seen) = loop {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                // Relaxed: a counter.
+                bytes.fetch_add(n as u64, Ordering::Relaxed);
+                head.extend_from_slice(&buf[..n]);
+                if let Some(at) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break (at + 4, head.len() - at - 4);
+                }
+                if head.len() > 64 * 1024 {
+                    return;
+                }
+            }
+        }
+    };
+    // Relaxed: a counter.
+    requests.fetch_add(1, Ordering::Relaxed);
+    let text = String::from_utf8_lossy(&head[..head_len]).to_ascii_lowercase();
+    let length: usize =
+        text.lines().find_map(|l| l.strip_prefix("content-length:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+    while body_seen < length {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                // Relaxed: a counter.
+                bytes.fetch_add(n as u64, Ordering::Relaxed);
+                body_seen += n;
+            }
+        }
+    }
+    let body = format!(
+        r#"{{"id":"cmpl-x","object":"text_completion","model":"m","choices":[{{"index":0,"text":"{IMPOSTOR_MARK}","finish_reason":"stop"}}],"usage":{{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}}}"#
+    );
+    let answer = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.write_all(answer.as_bytes());
+}
