@@ -92,7 +92,7 @@ where
     let watch = WriteWatch::new(config.write_timeout);
     let conn = builder.serve_connection(TokioIo::new(stream), tracked(router, slot.handle(), watch.clone()));
     tokio::pin!(conn);
-    let write_check = tokio::time::sleep(watch.deadline());
+    let write_check = tokio::time::sleep(watch.interval());
     tokio::pin!(write_check);
     let idle_timeout = config.idle_timeout;
     let idle_check = tokio::time::sleep(idle_timeout);
@@ -151,10 +151,10 @@ where
             }
             () = &mut write_check => match watch.check() {
                 Check::Next(after) => write_check.as_mut().reset(tokio::time::Instant::now() + after),
-                Check::Overdue(waited) => {
+                Check::Overdue => {
                     if let Some(suppressed) = WRITE_STALLS.admit() {
                         tracing::warn!(
-                            ?waited,
+                            timeout = ?config.write_timeout,
                             suppressed,
                             "a client took none of its response for the write timeout \
                              (--http-write-timeout-secs); connection closed"

@@ -12,28 +12,30 @@
 //! load, an upstream connection) for as long as it likes.
 //!
 //! So every response body is wrapped in a [`Watched`] body that keeps one
-//! [`Mark`]: *since when data has been ready for hyper to take*, or none.
-//! The mark is set when the response is handed to hyper, when the body
+//! [`Mark`]: whether data is *owed* to hyper, and how many polls it had.
+//! Data is owed from when the response is handed to hyper, when the body
 //! yields a frame (hyper must come back for the next), and when the body's
-//! source wakes it (data arrived while the body waited); it is cleared each
-//! time hyper polls the body. The connection's task ([`WriteWatch::check`],
-//! `connection.rs`) closes the connection when a mark is older than the
-//! deadline. Data frames are handed to hyper in pieces of at most
+//! source wakes it (data arrived while the body waited); each poll of the
+//! body pays it. The connection's task runs [`WriteWatch::check`] four
+//! times per deadline (`connection.rs`) and closes the connection when five
+//! checks in a row found a body owing data with no poll in between: data
+//! untaken for at least the deadline, at most a quarter more. No clock is
+//! read per frame. Data frames are handed to hyper in pieces of at most
 //! [`MAX_PIECE`], so a mark clears at least once per piece taken: a reader
 //! slower than about one TCP window (plus hyper's write buffer and one
 //! piece) per write timeout counts as stalled; a slow reader that keeps
 //! taking data is never cut.
 //!
-//! Per frame: two relaxed atomic stores, a clock read and a waker
-//! registration; per response: one `Arc` and a push under the connection's
-//! own mutex; per connection: one timer, re-armed at most once per
-//! deadline while nothing is overdue.
+//! Per frame: a few relaxed atomic operations and a waker registration; per
+//! response: one `Arc` and a push under the connection's own mutex (dropped
+//! bodies pruned, amortised); per connection: one timer, four times per
+//! deadline.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::task::AtomicWaker;
@@ -47,28 +49,40 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// The largest piece of a data frame handed to hyper at once.
 pub const MAX_PIECE: usize = 16 * 1024;
 
-/// Nanoseconds since the first call (a process-wide monotonic origin), at
-/// least 1: 0 means "no mark".
-fn now_ns() -> u64 {
-    static ORIGIN: OnceLock<Instant> = OnceLock::new();
-    let origin = *ORIGIN.get_or_init(Instant::now);
-    u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX).max(1)
-}
+/// Checks per deadline. A body is overdue when one more check than this in
+/// a row found data owed and no poll since the check before: owed for at
+/// least the deadline, at most a quarter more.
+const CHECKS_PER_DEADLINE: u32 = 4;
 
 /// What one connection's task watches: the marks of its response bodies.
 #[derive(Debug)]
 pub(super) struct WriteWatch {
     deadline: Duration,
-    /// The marks of the bodies alive (a mark whose body dropped has only
-    /// this reference left, and is pruned at the next check).
-    marks: Mutex<Vec<Arc<Mark>>>,
+    marks: Mutex<Marks>,
+}
+
+/// The marks of the bodies handed to hyper; a mark whose body has dropped
+/// has only this reference left and is pruned, at the latest when the list
+/// has doubled since the last prune (amortised O(1) per response, at most
+/// twice the live bodies plus a few).
+#[derive(Debug, Default)]
+struct Marks {
+    marks: Vec<Arc<Mark>>,
+    prune_at: usize,
+}
+
+impl Marks {
+    fn prune(&mut self) {
+        self.marks.retain(|mark| Arc::strong_count(mark) > 1);
+        self.prune_at = (2 * self.marks.len()).max(8);
+    }
 }
 
 /// What [`WriteWatch::check`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Check {
-    /// A body has had data ready, untaken, for this long (≥ the deadline).
-    Overdue(Duration),
+    /// A body has had data ready, untaken, for at least the deadline.
+    Overdue,
     /// Nothing is overdue; check again after this long.
     Next(Duration),
 }
@@ -76,61 +90,83 @@ pub(super) enum Check {
 impl WriteWatch {
     /// A watch that finds a body overdue once its data waited `deadline`.
     pub(super) fn new(deadline: Duration) -> Arc<Self> {
-        Arc::new(WriteWatch { deadline, marks: Mutex::new(Vec::new()) })
+        Arc::new(WriteWatch { deadline, marks: Mutex::new(Marks::default()) })
     }
 
-    /// The deadline.
-    pub(super) fn deadline(&self) -> Duration {
-        self.deadline
+    /// How often [`check`](Self::check) must run.
+    pub(super) fn interval(&self) -> Duration {
+        self.deadline / CHECKS_PER_DEADLINE
     }
 
-    /// Wraps a response body handed to hyper now (its mark is set: hyper
-    /// must poll it).
+    /// Wraps a response body handed to hyper now: data is owed (hyper must
+    /// poll it).
     pub(super) fn watch<B>(&self, body: B) -> Watched<B> {
-        let mark = Arc::new(Mark { ready_since: AtomicU64::new(now_ns()), hyper: AtomicWaker::new() });
-        self.marks.lock().unwrap_or_else(|e| e.into_inner()).push(mark.clone());
+        let mark = Arc::new(Mark::default());
+        mark.owe();
+        let mut marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        if marks.marks.len() >= marks.prune_at {
+            marks.prune();
+        }
+        marks.marks.push(mark.clone());
+        drop(marks);
         Watched { body, waker: Waker::from(mark.clone()), mark, rest: None }
     }
 
-    /// The oldest mark of a live body against the deadline.
+    /// One check, every [`interval`](Self::interval): whether a live body
+    /// has owed data, untaken, for [`CHECKS_PER_DEADLINE`] intervals or more.
     pub(super) fn check(&self) -> Check {
-        let now = now_ns();
         let mut marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
-        // Only this reference left: the body has dropped.
-        marks.retain(|mark| Arc::strong_count(mark) > 1);
-        // Relaxed: a stamp read on its own; a mark set just after is seen
-        // at the next check, at most one deadline later.
-        let oldest = marks.iter().map(|mark| mark.ready_since.load(Ordering::Relaxed)).filter(|&s| s != 0).min();
-        drop(marks);
-        let Some(since) = oldest else { return Check::Next(self.deadline) };
-        let waited = Duration::from_nanos(now.saturating_sub(since));
-        match self.deadline.checked_sub(waited) {
-            Some(left) if !left.is_zero() => Check::Next(left),
-            _ => Check::Overdue(waited),
+        marks.prune();
+        let overdue = marks.marks.iter().any(|mark| mark.strike() > CHECKS_PER_DEADLINE);
+        if overdue {
+            Check::Overdue
+        } else {
+            Check::Next(self.interval())
         }
     }
 }
 
-/// Since when one body's data has waited for hyper.
-#[derive(Debug)]
+/// Whether one body owes hyper a poll, and how many polls it has had.
+#[derive(Debug, Default)]
 pub(super) struct Mark {
-    /// [`now_ns`] when data became ready and hyper had not polled since;
-    /// 0 while hyper is not owed a poll.
-    ready_since: AtomicU64,
+    /// Data is ready and hyper has not polled since.
+    owed: AtomicBool,
+    /// Polls so far.
+    polls: AtomicU64,
     /// hyper's waker, woken when the body's source wakes.
     hyper: AtomicWaker,
+    /// The checker's own: the polls it saw last time, and how many checks
+    /// in a row found data owed and no poll since the one before.
+    seen_polls: AtomicU64,
+    strikes: AtomicU32,
 }
 
 impl Mark {
-    fn set(&self) {
-        // Relaxed: a stamp for the watchdog, no data published through it;
-        // a mark already set keeps its older stamp.
-        let _ = self.ready_since.compare_exchange(0, now_ns(), Ordering::Relaxed, Ordering::Relaxed);
+    fn owe(&self) {
+        // Relaxed: a flag for the watchdog, no data published through it;
+        // a change is seen by a later check at the latest.
+        self.owed.store(true, Ordering::Relaxed);
     }
 
-    fn clear(&self) {
-        // Relaxed: as `set`.
-        self.ready_since.store(0, Ordering::Relaxed);
+    /// hyper is polling: nothing is owed now.
+    fn polled(&self) {
+        // Relaxed: as `owe`.
+        self.owed.store(false, Ordering::Relaxed);
+        self.polls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The checker's count of checks in a row that found data owed and no
+    /// poll since the one before, this check included.
+    fn strike(&self) -> u32 {
+        // Relaxed: only the checker (under the marks' mutex) writes
+        // `seen_polls` and `strikes`; `owed` and `polls` are read as hints
+        // (a poll that races the check resets the count at the next one).
+        let polls = self.polls.load(Ordering::Relaxed);
+        let stalled = self.owed.load(Ordering::Relaxed) && polls == self.seen_polls.load(Ordering::Relaxed);
+        self.seen_polls.store(polls, Ordering::Relaxed);
+        let strikes = if stalled { self.strikes.load(Ordering::Relaxed) + 1 } else { 0 };
+        self.strikes.store(strikes, Ordering::Relaxed);
+        strikes
     }
 }
 
@@ -142,7 +178,7 @@ impl Wake for Mark {
     /// The body's source has something (data, its end or an error): hyper
     /// owes the body a poll from now on.
     fn wake_by_ref(self: &Arc<Self>) {
-        self.set();
+        self.owe();
         self.hyper.wake();
     }
 }
@@ -165,7 +201,7 @@ impl<B> Watched<B> {
             self.rest = Some(data.split_off(MAX_PIECE));
         }
         // hyper must come back for what follows.
-        self.mark.set();
+        self.mark.owe();
         data
     }
 }
@@ -180,7 +216,7 @@ where
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.get_mut();
         // hyper is here: nothing waits on the client now.
-        this.mark.clear();
+        this.mark.polled();
         if let Some(rest) = this.rest.take() {
             return Poll::Ready(Some(Ok(Frame::data(this.piece(rest)))));
         }
@@ -190,7 +226,7 @@ where
             Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                 Ok(data) => Poll::Ready(Some(Ok(Frame::data(this.piece(data))))),
                 Err(frame) => {
-                    this.mark.set();
+                    this.mark.owe();
                     Poll::Ready(Some(Ok(frame)))
                 }
             },
@@ -217,49 +253,64 @@ where
 
 #[cfg(test)]
 mod tests {
-    use std::future::poll_fn;
-
     use http_body_util::{BodyExt as _, Full, StreamBody};
 
     use super::*;
 
-    fn overdue(watch: &WriteWatch) -> bool {
-        matches!(watch.check(), Check::Overdue(_))
+    /// Whether `checks` checks in a row find nothing overdue, then the next does.
+    fn overdue_after(watch: &WriteWatch, checks: u32) -> bool {
+        (0..checks).all(|_| watch.check() != Check::Overdue) && watch.check() == Check::Overdue
     }
 
     #[tokio::test]
-    async fn a_body_hyper_does_not_poll_is_overdue_and_one_it_polls_is_not() {
-        let watch = WriteWatch::new(Duration::from_millis(50));
-        // Handed to hyper and never polled: overdue after the deadline.
+    async fn a_body_hyper_does_not_poll_is_overdue_after_a_deadline_of_checks() {
+        let watch = WriteWatch::new(Duration::from_secs(4));
+        assert_eq!(watch.interval(), Duration::from_secs(1));
+        // Handed to hyper and never polled: the 5th check (at least 4
+        // intervals after the first that saw it) finds it overdue.
         let unpolled = watch.watch(Full::new(Bytes::from_static(b"x")));
-        assert!(!overdue(&watch));
-        tokio::time::sleep(Duration::from_millis(80)).await;
-        assert!(overdue(&watch), "a body hyper never polled is overdue");
+        assert!(overdue_after(&watch, CHECKS_PER_DEADLINE));
         drop(unpolled);
-        assert_eq!(watch.check(), Check::Next(Duration::from_millis(50)), "a dropped body is forgotten");
+        assert_eq!(watch.check(), Check::Next(Duration::from_secs(1)), "a dropped body is forgotten");
     }
 
     #[tokio::test]
-    async fn a_body_waiting_for_its_source_is_not_overdue_until_the_source_wakes_it() {
-        let watch = WriteWatch::new(Duration::from_millis(50));
+    async fn a_body_waiting_for_its_source_owes_nothing_until_the_source_wakes_it() {
+        let watch = WriteWatch::new(Duration::from_secs(4));
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
         let source = futures_util::stream::poll_fn(move |cx| {
             rx.poll_recv(cx).map(|b| b.map(|b| Ok::<_, std::convert::Infallible>(Frame::data(b))))
         });
         let mut body = watch.watch(StreamBody::new(source));
-        // Polled: nothing ready, so nothing is owed.
-        let first = poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx))).await;
+        // Polled: nothing ready, so nothing is owed, however long.
+        let first = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx))).await;
         assert!(first.is_pending());
-        tokio::time::sleep(Duration::from_millis(80)).await;
-        assert!(!overdue(&watch), "waiting on the source is not the client's fault");
+        for _ in 0..3 * CHECKS_PER_DEADLINE {
+            assert_eq!(watch.check(), Check::Next(Duration::from_secs(1)), "waiting on the source is no stall");
+        }
         // Data arrives; hyper does not come (the client takes nothing).
         tx.send(Bytes::from_static(b"token")).unwrap();
-        tokio::time::sleep(Duration::from_millis(80)).await;
-        assert!(overdue(&watch), "data ready and untaken past the deadline");
-        // hyper polls: the mark clears, then is set again by the frame handed.
+        assert!(overdue_after(&watch, CHECKS_PER_DEADLINE), "data ready and untaken a deadline long");
+        // hyper polls: the count starts again.
         let frame = body.frame().await.unwrap().unwrap();
         assert_eq!(frame.into_data().unwrap(), "token");
-        assert!(!overdue(&watch));
+        assert_ne!(watch.check(), Check::Overdue);
+        // A poll between every two checks is never a stall.
+        for _ in 0..3 * CHECKS_PER_DEADLINE {
+            tx.send(Bytes::from_static(b"t")).unwrap();
+            assert_eq!(watch.check(), Check::Next(Duration::from_secs(1)));
+            body.frame().await.unwrap().unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn dropped_bodies_are_pruned_as_responses_come() {
+        let watch = WriteWatch::new(Duration::from_secs(4));
+        for _ in 0..10_000 {
+            drop(watch.watch(Full::new(Bytes::from_static(b"x"))));
+        }
+        let kept = watch.marks.lock().unwrap().marks.len();
+        assert!(kept <= 8, "{kept} marks kept for no live body");
     }
 
     #[tokio::test]
