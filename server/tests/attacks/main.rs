@@ -13,18 +13,23 @@
 //! before issue 9 (flags it lacks are left out), where the attacks succeed.
 //!
 //! One module per kind of attack; the helpers they share are here.
+//! `write_progress` (issue 20) adds clients that stop reading, with the raw
+//! HTTP/1.1 and h2c clients of `clients`; its deadline comes from the
+//! environment, so it runs as is against older builds too.
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod admin;
 mod bodies;
+mod clients;
 mod event_connections;
 mod impersonation;
 mod limits;
 mod ownership;
 mod read_budget;
 mod worker_proofs;
+mod write_progress;
 
 use std::time::{Duration, Instant};
 
