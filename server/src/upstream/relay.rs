@@ -218,25 +218,29 @@ mod tests {
 
     use super::*;
 
-    /// Counts chunks, records a failure, and flags its drop.
-    struct Probe {
-        chunks: Arc<AtomicUsize>,
-        failed: Arc<Mutex<Option<Failure>>>,
-        dropped: Arc<AtomicBool>,
+    /// What a [`Probe`] saw.
+    #[derive(Default)]
+    struct Seen {
+        chunks: AtomicUsize,
+        failed: Mutex<Option<Failure>>,
+        dropped: AtomicBool,
     }
+
+    /// Counts chunks, records a failure, and flags its drop.
+    struct Probe(Arc<Seen>);
 
     impl Watcher for Probe {
         fn chunk(&mut self, _chunk: &[u8]) {
-            self.chunks.fetch_add(1, Ordering::SeqCst);
+            self.0.chunks.fetch_add(1, Ordering::SeqCst);
         }
         fn failed(&mut self, failure: Failure) {
-            *self.failed.lock().unwrap() = Some(failure);
+            *self.0.failed.lock().unwrap() = Some(failure);
         }
     }
 
     impl Drop for Probe {
         fn drop(&mut self) {
-            self.dropped.store(true, Ordering::SeqCst);
+            self.0.dropped.store(true, Ordering::SeqCst);
         }
     }
 
@@ -247,10 +251,9 @@ mod tests {
         (tx, Box::pin(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))))
     }
 
-    fn probe() -> (Probe, Arc<AtomicUsize>, Arc<Mutex<Option<Failure>>>, Arc<AtomicBool>) {
-        let (chunks, failed, dropped) = (Arc::default(), Arc::default(), Arc::default());
-        let probe = Probe { chunks: Arc::clone(&chunks), failed: Arc::clone(&failed), dropped: Arc::clone(&dropped) };
-        (probe, chunks, failed, dropped)
+    fn probe() -> (Probe, Arc<Seen>) {
+        let seen = Arc::new(Seen::default());
+        (Probe(seen.clone()), seen)
     }
 
     async fn eventually(what: &str, check: impl Fn() -> bool) {
@@ -264,13 +267,13 @@ mod tests {
     #[tokio::test]
     async fn what_the_request_holds_is_released_when_the_upstream_ends_not_when_the_client_reads() {
         let (tx, upstream) = source();
-        let (probe, chunks, _, dropped) = probe();
+        let (probe, seen) = probe();
         let body = relay(Some(Bytes::from_static(b"a")), upstream, Duration::from_secs(5), Peer::Engine, probe);
         tx.send(Ok(Bytes::from_static(b"b"))).unwrap();
         drop(tx);
         // Nobody reads the client's body, yet the upstream is read whole.
-        eventually("the watcher is dropped at the upstream's end", || dropped.load(Ordering::SeqCst)).await;
-        assert_eq!(chunks.load(Ordering::SeqCst), 1, "the relay saw b; a was seen by the attempt");
+        eventually("the watcher is dropped at the upstream's end", || seen.dropped.load(Ordering::SeqCst)).await;
+        assert_eq!(seen.chunks.load(Ordering::SeqCst), 1, "the relay saw b; a was seen by the attempt");
         let read = body.collect().await.unwrap().to_bytes();
         assert_eq!(read, "ab");
     }
@@ -278,42 +281,42 @@ mod tests {
     #[tokio::test]
     async fn a_client_that_does_not_read_stops_the_upstream_at_the_buffer() {
         let (tx, upstream) = source();
-        let (probe, chunks, _, dropped) = probe();
+        let (probe, seen) = probe();
         let body = relay(None, upstream, Duration::from_secs(5), Peer::Engine, probe);
         for _ in 0..40 {
             tx.send(Ok(Bytes::from(vec![0u8; 4096]))).unwrap();
         }
         // 64 KiB buffered: 16 chunks read, then nothing until the client reads.
-        eventually("the buffer fills", || chunks.load(Ordering::SeqCst) == CLIENT_BUFFER / 4096).await;
+        eventually("the buffer fills", || seen.chunks.load(Ordering::SeqCst) == CLIENT_BUFFER / 4096).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(chunks.load(Ordering::SeqCst), CLIENT_BUFFER / 4096, "no more read than the buffer holds");
-        assert!(!dropped.load(Ordering::SeqCst));
+        assert_eq!(seen.chunks.load(Ordering::SeqCst), CLIENT_BUFFER / 4096, "no more read than the buffer holds");
+        assert!(!seen.dropped.load(Ordering::SeqCst));
         // The client goes: the upstream is dropped (its sender sees it).
         drop(body);
         eventually("the upstream is dropped when the client goes", || tx.is_closed()).await;
-        assert!(dropped.load(Ordering::SeqCst));
+        assert!(seen.dropped.load(Ordering::SeqCst));
     }
 
     #[tokio::test]
     async fn a_client_that_leaves_while_the_upstream_is_silent_drops_it_at_once() {
         let (tx, upstream) = source();
-        let (probe, _, failed, dropped) = probe();
+        let (probe, seen) = probe();
         let body = relay(None, upstream, Duration::from_secs(30), Peer::Engine, probe);
         tokio::time::sleep(Duration::from_millis(20)).await;
         drop(body);
         eventually("the upstream is dropped", || tx.is_closed()).await;
-        assert!(dropped.load(Ordering::SeqCst));
-        assert_eq!(*failed.lock().unwrap(), None, "a client leaving is no upstream failure");
+        assert!(seen.dropped.load(Ordering::SeqCst));
+        assert_eq!(*seen.failed.lock().unwrap(), None, "a client leaving is no upstream failure");
     }
 
     #[tokio::test]
     async fn a_silent_upstream_is_cut_and_counted_and_the_client_gets_an_error() {
         let (_tx, upstream) = source();
-        let (probe, _, failed, dropped) = probe();
+        let (probe, seen) = probe();
         let body = relay(Some(Bytes::from_static(b"x")), upstream, Duration::from_millis(50), Peer::Engine, probe);
         let error = body.collect().await.unwrap_err();
         assert!(error.to_string().contains("stopped sending"), "{error}");
-        assert_eq!(*failed.lock().unwrap(), Some(Failure::BetweenChunks));
-        assert!(dropped.load(Ordering::SeqCst));
+        assert_eq!(*seen.failed.lock().unwrap(), Some(Failure::BetweenChunks));
+        assert!(seen.dropped.load(Ordering::SeqCst));
     }
 }
