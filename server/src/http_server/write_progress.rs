@@ -27,9 +27,9 @@
 //! taking data is never cut.
 //!
 //! Per frame: a few relaxed atomic operations and a waker registration; per
-//! response: one `Arc` and a push under the connection's own mutex (dropped
-//! bodies pruned, amortised); per connection: one timer, four times per
-//! deadline.
+//! response: the connection's own mutex, and the mark of a body that has
+//! dropped, reused (no allocation); per connection: one timer, four times
+//! per deadline.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -61,20 +61,36 @@ pub(super) struct WriteWatch {
     marks: Mutex<Marks>,
 }
 
-/// The marks of the bodies handed to hyper; a mark whose body has dropped
-/// has only this reference left and is pruned, at the latest when the list
-/// has doubled since the last prune (amortised O(1) per response, at most
-/// twice the live bodies plus a few).
+/// The marks of the bodies handed to hyper. A mark whose body has dropped
+/// has only this reference left: it is reused by the next response (no
+/// allocation per response on a kept-alive connection), and the free ones
+/// past the live bodies are dropped at each check.
 #[derive(Debug, Default)]
 struct Marks {
     marks: Vec<Arc<Mark>>,
-    prune_at: usize,
 }
 
 impl Marks {
+    /// A mark for a new body: a free one, reset, or a new one.
+    fn take(&mut self) -> Arc<Mark> {
+        if let Some(free) = self.marks.iter().find(|mark| Arc::strong_count(mark) == 1) {
+            free.reset();
+            return free.clone();
+        }
+        let mark = Arc::new(Mark::default());
+        self.marks.push(mark.clone());
+        mark
+    }
+
+    /// Drops the free marks but one.
     fn prune(&mut self) {
-        self.marks.retain(|mark| Arc::strong_count(mark) > 1);
-        self.prune_at = (2 * self.marks.len()).max(8);
+        let mut kept_free = false;
+        self.marks.retain(|mark| {
+            let free = Arc::strong_count(mark) == 1;
+            let keep = !free || !kept_free;
+            kept_free |= free;
+            keep
+        });
     }
 }
 
@@ -101,14 +117,8 @@ impl WriteWatch {
     /// Wraps a response body handed to hyper now: data is owed (hyper must
     /// poll it).
     pub(super) fn watch<B>(&self, body: B) -> Watched<B> {
-        let mark = Arc::new(Mark::default());
+        let mark = self.marks.lock().unwrap_or_else(|e| e.into_inner()).take();
         mark.owe();
-        let mut marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
-        if marks.marks.len() >= marks.prune_at {
-            marks.prune();
-        }
-        marks.marks.push(mark.clone());
-        drop(marks);
         Watched { body, waker: Waker::from(mark.clone()), mark, rest: None }
     }
 
@@ -117,7 +127,11 @@ impl WriteWatch {
     pub(super) fn check(&self) -> Check {
         let mut marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
         marks.prune();
-        let overdue = marks.marks.iter().any(|mark| mark.strike() > CHECKS_PER_DEADLINE);
+        let overdue = marks
+            .marks
+            .iter()
+            .filter(|mark| Arc::strong_count(mark) > 1)
+            .any(|mark| mark.strike() > CHECKS_PER_DEADLINE);
         if overdue {
             Check::Overdue
         } else {
@@ -142,6 +156,16 @@ pub(super) struct Mark {
 }
 
 impl Mark {
+    /// Ready for a new body (the marks' mutex held, no other reference).
+    fn reset(&self) {
+        // Relaxed: no other reference exists; the mutex orders this before
+        // the next check.
+        self.owed.store(false, Ordering::Relaxed);
+        self.seen_polls.store(self.polls.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.strikes.store(0, Ordering::Relaxed);
+        drop(self.hyper.take());
+    }
+
     fn owe(&self) {
         // Relaxed: a flag for the watchdog, no data published through it;
         // a change is seen by a later check at the latest.
@@ -304,13 +328,18 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn dropped_bodies_are_pruned_as_responses_come() {
+    async fn a_dropped_body_s_mark_serves_the_next_and_free_ones_are_pruned() {
         let watch = WriteWatch::new(Duration::from_secs(4));
-        for _ in 0..10_000 {
+        for _ in 0..1_000 {
             drop(watch.watch(Full::new(Bytes::from_static(b"x"))));
         }
-        let kept = watch.marks.lock().unwrap().marks.len();
-        assert!(kept <= 8, "{kept} marks kept for no live body");
+        assert_eq!(watch.marks.lock().unwrap().marks.len(), 1, "one mark serves one body after another");
+        // A reused mark starts clean: an unpolled body is overdue only after a full count.
+        let held: Vec<_> = (0..50).map(|_| watch.watch(Full::new(Bytes::from_static(b"x")))).collect();
+        assert!(overdue_after(&watch, CHECKS_PER_DEADLINE));
+        drop(held);
+        assert_eq!(watch.check(), Check::Next(Duration::from_secs(1)));
+        assert_eq!(watch.marks.lock().unwrap().marks.len(), 1, "free marks past one are dropped at a check");
     }
 
     #[tokio::test]
