@@ -16,10 +16,10 @@
 //! Data is owed from when the response is handed to hyper, when the body
 //! yields a frame (hyper must come back for the next), and when the body's
 //! source wakes it (data arrived while the body waited); each poll of the
-//! body pays it. The connection's task runs [`WriteWatch::check`] four
-//! times per deadline (`connection.rs`) and closes the connection when five
+//! body pays it. The connection's task runs [`WriteWatch::check`] eight
+//! times per deadline (`connection.rs`) and closes the connection when nine
 //! checks in a row found a body owing data with no poll in between: data
-//! untaken for at least the deadline, at most a quarter more. No clock is
+//! untaken for at least the deadline, at most an eighth more. No clock is
 //! read per frame. Data frames are handed to hyper in pieces of at most
 //! [`MAX_PIECE`], so a mark clears at least once per piece taken: a reader
 //! slower than about one TCP window (plus hyper's write buffer and one
@@ -28,7 +28,7 @@
 //!
 //! Per frame: a few relaxed atomic operations and a waker registration; per
 //! response: the connection's own mutex, and the mark of a body that has
-//! dropped, reused (no allocation); per connection: one timer, four times
+//! dropped, reused (no allocation); per connection: one timer, eight times
 //! per deadline.
 
 use std::pin::Pin;
@@ -51,8 +51,8 @@ pub const MAX_PIECE: usize = 16 * 1024;
 
 /// Checks per deadline. A body is overdue when one more check than this in
 /// a row found data owed and no poll since the check before: owed for at
-/// least the deadline, at most a quarter more.
-const CHECKS_PER_DEADLINE: u32 = 4;
+/// least the deadline, at most an eighth more.
+const CHECKS_PER_DEADLINE: u32 = 8;
 
 /// What one connection's task watches: the marks of its response bodies.
 #[derive(Debug)]
@@ -288,9 +288,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_hyper_does_not_poll_is_overdue_after_a_deadline_of_checks() {
-        let watch = WriteWatch::new(Duration::from_secs(4));
+        let watch = WriteWatch::new(Duration::from_secs(8));
         assert_eq!(watch.interval(), Duration::from_secs(1));
-        // Handed to hyper and never polled: the 5th check (at least 4
+        // Handed to hyper and never polled: the 9th check (at least 8
         // intervals after the first that saw it) finds it overdue.
         let unpolled = watch.watch(Full::new(Bytes::from_static(b"x")));
         assert!(overdue_after(&watch, CHECKS_PER_DEADLINE));
@@ -300,7 +300,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_waiting_for_its_source_owes_nothing_until_the_source_wakes_it() {
-        let watch = WriteWatch::new(Duration::from_secs(4));
+        let watch = WriteWatch::new(Duration::from_secs(8));
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
         let source = futures_util::stream::poll_fn(move |cx| {
             rx.poll_recv(cx).map(|b| b.map(|b| Ok::<_, std::convert::Infallible>(Frame::data(b))))
@@ -329,7 +329,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_dropped_body_s_mark_serves_the_next_and_free_ones_are_pruned() {
-        let watch = WriteWatch::new(Duration::from_secs(4));
+        let watch = WriteWatch::new(Duration::from_secs(8));
         for _ in 0..1_000 {
             drop(watch.watch(Full::new(Bytes::from_static(b"x"))));
         }
