@@ -257,6 +257,12 @@ async fn assert_freed(fe: &Frontend, w: &Worker, before: Mem, full_at: Instant, 
     eprintln!("{what}: the worker's slots free {:?} after they filled", free_at - full_at);
     let (status, body) = fe.complete(MODEL).await;
     assert_eq!(status, 200, "a normal request once {what} were cut: {body}");
+    // The client stalled, not the worker: cut at the frontend (the worker's
+    // own deadline is 5 s longer), so no upstream failure and no quarantine.
+    let text = crate::common::metrics_text(&fe.client, &fe.http).await;
+    for name in ["loadgate_frontend_upstream_failures_total", "loadgate_frontend_workers_quarantined_total"] {
+        assert_eq!(crate::common::metric(&text, name), Some(0.0), "{what}: {name} after the cut\n{text}");
+    }
     tokio::time::sleep(Duration::from_secs(5)).await;
     let after = fe.mem();
     eprintln!("frontend VmRSS {:.1} MiB before the attack, {:.1} MiB 5 s after", before.rss_mib(), after.rss_mib());
