@@ -57,7 +57,7 @@ pub struct Args {
     /// Engine step time of the simulated workers, ms.
     #[arg(long, env = "LOADGATE_DEMO_DECODE_STEP_MS", default_value_t = 25, conflicts_with = "engines", value_parser = crate::flag_limits::ms(0))]
     pub decode_step_ms: u64,
-    /// Token budget of one simulated engine step.
+    /// Token budget of one simulator step.
     #[arg(long, env = "LOADGATE_DEMO_MAX_NUM_BATCHED_TOKENS", default_value_t = 512, conflicts_with = "engines")]
     pub max_num_batched_tokens: u32,
     /// Prompt tokens (words) per request [default: 112; 32 with --engines].

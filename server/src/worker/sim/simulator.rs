@@ -32,7 +32,7 @@ use tokio::sync::mpsc;
 
 use loadgate::RankLoad;
 
-/// The simulated engine's physics.
+/// The simulator's physics.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SimConfig {
     /// Data-parallel ranks, each with its own KV cache and batch.
