@@ -46,6 +46,12 @@ where
         self.between
     }
 
+    /// Starts the timer again now (reading resumes after a pause that was
+    /// not the source's).
+    pub(crate) fn restart(&mut self) {
+        self.idle.as_mut().reset(Instant::now() + self.between);
+    }
+
     /// Polls the source; after anything but [`Chunk::Data`], only
     /// [`Chunk::Ended`] follows.
     pub(crate) fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Chunk<E>> {

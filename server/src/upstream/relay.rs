@@ -62,7 +62,8 @@ pub(crate) fn relay<W: Watcher>(
     if let Some(first) = first {
         shared.lock().push(first);
     }
-    let pump = Pump { source: ChunkTimeout::new(source, between_chunks), shared: shared.clone(), watcher, peer };
+    let source = ChunkTimeout::new(source, between_chunks);
+    let pump = Pump { source, shared: shared.clone(), watcher, peer, paused: false };
     tokio::spawn(pump.run());
     Body::new(ClientBody { shared })
 }
@@ -114,6 +115,9 @@ struct Pump<W> {
     shared: Arc<Shared>,
     watcher: W,
     peer: Peer,
+    /// The buffer was full: the upstream was not read, so its silence
+    /// since the last chunk was not its own.
+    paused: bool,
 }
 
 impl<W: Watcher> Pump<W> {
@@ -146,8 +150,13 @@ impl<W: Watcher> Pump<W> {
                     buffer.writer = Some(cx.waker().clone());
                 }
                 if buffer.bytes >= CLIENT_BUFFER {
+                    self.paused = true;
                     return Poll::Pending;
                 }
+            }
+            if std::mem::take(&mut self.paused) {
+                // The between-chunks timeout counts from when reading resumes.
+                self.source.restart();
             }
             match self.source.poll_chunk(cx) {
                 Poll::Pending => return Poll::Pending,
@@ -318,5 +327,27 @@ mod tests {
         assert!(error.to_string().contains("stopped sending"), "{error}");
         assert_eq!(*seen.failed.lock().unwrap(), Some(Failure::BetweenChunks));
         assert!(seen.dropped.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_pause_for_a_slow_client_is_not_the_upstream_s_silence() {
+        let (tx, upstream) = source();
+        let (probe, seen) = probe();
+        let between = Duration::from_millis(100);
+        let mut body = relay(None, upstream, between, Peer::Engine, probe);
+        for _ in 0..CLIENT_BUFFER / 4096 {
+            tx.send(Ok(Bytes::from(vec![0u8; 4096]))).unwrap();
+        }
+        // The buffer is full; the client takes nothing for 3 timeouts.
+        eventually("the buffer fills", || seen.chunks.load(Ordering::SeqCst) == CLIENT_BUFFER / 4096).await;
+        tokio::time::sleep(3 * between).await;
+        // It reads one chunk; the upstream sends its next within the timeout.
+        body.frame().await.unwrap().unwrap();
+        tokio::time::sleep(between / 2).await;
+        tx.send(Ok(Bytes::from_static(b"next"))).unwrap();
+        drop(tx);
+        let rest = body.collect().await.expect("not cut for the client's pause").to_bytes();
+        assert!(rest.ends_with(b"next"));
+        assert_eq!(*seen.failed.lock().unwrap(), None);
     }
 }
