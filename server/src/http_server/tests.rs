@@ -471,3 +471,47 @@ async fn a_connection_that_read_everything_is_not_cut_for_write_progress() {
     assert!(!h2, "an HTTP/2 connection with nothing owed stays open");
     server.abort();
 }
+
+/// The HTTP/2 stream limit reaches the peer in the server's SETTINGS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_peers_learn_the_stream_limit() {
+    let config = ServeConfig { http2_max_concurrent_streams: 7, ..ServeConfig::plain() };
+    let (addr, server) = spawn_server(config).await;
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (send, connection) = h2::client::handshake(tcp).await.unwrap();
+    let driver = tokio::spawn(connection);
+    // The server's SETTINGS come with its first frames; a request makes sure they arrived.
+    let mut send = send.ready().await.unwrap();
+    let (response, _) = send.send_request(axum::http::Request::get("http://x/").body(()).unwrap(), true).unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(5), response).await.unwrap().unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(send.current_max_send_streams(), 7);
+    driver.abort();
+    server.abort();
+}
+
+/// `--http-write-timeout-secs` and the HTTP/2 flags; unset, the write
+/// timeout is the role's default. (Its variable is read by the real-process
+/// attack tests, `attacks/write_progress.rs`.)
+#[test]
+fn the_write_timeout_defaults_per_role() {
+    use clap::Parser as _;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        http: HttpArgs,
+    }
+    let parse = |args: &[&str]| Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied())).map(|c| c.http);
+    let default = parse(&[]).unwrap();
+    assert_eq!(ServeConfig::from_args(&default, WRITE_TIMEOUT, None).write_timeout, Duration::from_secs(30));
+    let worker = ServeConfig::from_args(&default, WRITE_TIMEOUT + Duration::from_secs(5), None);
+    assert_eq!(worker.write_timeout, Duration::from_secs(35));
+    assert_eq!((worker.http2_max_concurrent_streams, worker.http2_keepalive_interval), (100, Duration::from_secs(20)));
+    let set = parse(&["--http-write-timeout-secs", "2", "--http2-max-concurrent-streams", "8"]).unwrap();
+    let config = ServeConfig::from_args(&set, WRITE_TIMEOUT, None);
+    assert_eq!((config.write_timeout, config.http2_max_concurrent_streams), (Duration::from_secs(2), 8));
+    assert!(parse(&["--http-write-timeout-secs", "0"]).is_err(), "0 would cut every response");
+    assert!(parse(&["--http-write-timeout-secs", "86401"]).is_err(), "at most a day");
+    assert!(parse(&["--http2-max-concurrent-streams", "0"]).is_err());
+}
