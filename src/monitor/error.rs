@@ -82,10 +82,13 @@ impl fmt::Display for SetThresholdsError {
 }
 
 impl std::error::Error for SetThresholdsError {
+    /// `Invalid` displays its [`ThresholdError`] itself, so the chain goes
+    /// on from that error's own source: an error chain prints the message
+    /// once.
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::UnknownModel(_) => None,
-            Self::Invalid(e) => Some(e),
+            Self::Invalid(e) => e.source(),
         }
     }
 }
@@ -93,5 +96,35 @@ impl std::error::Error for SetThresholdsError {
 impl From<ThresholdError> for SetThresholdsError {
     fn from(e: ThresholdError) -> Self {
         Self::Invalid(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use crate::{BusyThresholds, MonitorConfig, WorkerMonitor};
+
+    /// Every message of an error's chain, as a report prints them.
+    fn chain(error: &(dyn std::error::Error + 'static)) -> Vec<String> {
+        let mut messages = vec![error.to_string()];
+        let mut next = error.source();
+        while let Some(e) = next {
+            messages.push(e.to_string());
+            next = e.source();
+        }
+        messages
+    }
+
+    #[test]
+    fn an_invalid_threshold_is_said_once_in_an_error_chain() {
+        let monitor = WorkerMonitor::new(MonitorConfig::default()).unwrap();
+        monitor.add_model("m");
+        let invalid = BusyThresholds { active_decode_blocks_threshold: Some(1.5), ..Default::default() };
+        let error = monitor.set_thresholds("m", invalid).unwrap_err();
+        let messages = chain(&error);
+        assert_eq!(messages.len(), 1, "{messages:?}");
+        assert!(messages[0].contains("active_decode_blocks_threshold"), "{messages:?}");
+        assert!(error.source().is_none());
     }
 }

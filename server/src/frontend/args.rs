@@ -160,13 +160,13 @@ pub struct Args {
     pub max_dp_size: u32,
     /// Open event-plane connections (pending ones included); at it, a new one evicts the oldest
     /// pending one, or is closed at once when all are authenticated.
-    #[arg(long, env = "LOADGATE_FRONTEND_MAX_EVENT_CONNECTIONS", default_value_t = 1024)]
+    #[arg(long, env = "LOADGATE_FRONTEND_MAX_EVENT_CONNECTIONS", default_value_t = 1024, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_event_connections: usize,
     /// Registered workers (event plane and --worker together).
-    #[arg(long, env = "LOADGATE_FRONTEND_MAX_WORKERS", default_value_t = 1024)]
+    #[arg(long, env = "LOADGATE_FRONTEND_MAX_WORKERS", default_value_t = 1024, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_workers: usize,
     /// Distinct models; a registration naming a new model past it is refused.
-    #[arg(long, env = "LOADGATE_FRONTEND_MAX_MODELS", default_value_t = 256)]
+    #[arg(long, env = "LOADGATE_FRONTEND_MAX_MODELS", default_value_t = 256, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_models: usize,
     /// Bytes of a model name and of an HTTP address in a registration.
     #[arg(long, env = "LOADGATE_FRONTEND_MAX_NAME_LEN", default_value_t = 256)]
@@ -325,5 +325,18 @@ mod tests {
             assert!(parse(&[flag, "86400001"]).is_err(), "{flag} refuses more");
         }
         assert!(parse(&["--graceful-shutdown-timeout-secs", "0"]).is_ok(), "0 still means no wait");
+    }
+
+    /// A limit of 0 would refuse every connection, worker or model in
+    /// silence: refused at start, with the flag named.
+    #[test]
+    fn peer_limits_are_at_least_one() {
+        for flag in ["--max-event-connections", "--max-workers", "--max-models"] {
+            let error = parse(&[flag, "0"]).err().unwrap_or_else(|| panic!("{flag} 0 was accepted"));
+            assert!(error.to_string().contains(flag), "{error}");
+            assert!(parse(&[flag, "1"]).is_ok(), "{flag} 1");
+        }
+        let args = parse(&[]).unwrap();
+        assert_eq!((args.max_event_connections, args.max_workers, args.max_models), (1024, 1024, 256));
     }
 }
