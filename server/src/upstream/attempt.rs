@@ -117,6 +117,14 @@ pub(crate) async fn attempt<W: Watcher>(
     if upstream.headers().get(REFUSAL_HEADER).is_some_and(|v| v.as_bytes() == REFUSAL_AT_CAPACITY.as_bytes()) {
         return Outcome::AtCapacity;
     }
+    if upstream.status().is_informational() {
+        // A final answer of 1xx (a 101 Switching Protocols to a completion)
+        // is no answer: never relayed as the client's final status. The
+        // upstream may have run the request, so it is not run again.
+        let detail = format_args!("status {}", upstream.status());
+        warn_failure(peer, Failure::Broken, "an informational status as the final answer", &detail);
+        return Outcome::Cut(Failure::Broken);
+    }
     let status = StatusCode::from_u16(upstream.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let content_type = upstream.headers().get(header::CONTENT_TYPE).cloned();
     if !status.is_success() {
@@ -232,3 +240,6 @@ impl std::fmt::Display for ErrorChain<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;
