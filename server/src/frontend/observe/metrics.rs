@@ -39,7 +39,7 @@ use prometheus_client::registry::Registry;
 use loadgate::metrics::LabelText;
 
 use super::buckets::{DURATION_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS};
-use super::route::{dynamo_outcome, End, Route};
+use super::route::{dynamo_outcome, CodeLabel, End, Route};
 
 /// The `model` label of a row.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -104,7 +104,7 @@ struct CancelLabels {
 struct ResponseLabels {
     model: ModelKey,
     endpoint: &'static str,
-    code: u16,
+    code: CodeLabel,
 }
 
 /// One counter's labels within a model's row.
@@ -131,8 +131,11 @@ impl SeriesLabels {
     fn of(model: &ModelKey, series: Series) -> Self {
         let endpoint = series.route.label();
         let request_type = if series.stream { "stream" } else { "unary" };
-        let responses =
-            (series.code != 0).then(|| ResponseLabels { model: model.clone(), endpoint, code: series.code });
+        let responses = (series.code != 0).then(|| ResponseLabels {
+            model: model.clone(),
+            endpoint,
+            code: CodeLabel::of(series.code),
+        });
         if !series.route.is_inference() {
             return SeriesLabels { requests: None, cancelled: None, responses };
         }
@@ -427,6 +430,24 @@ mod tests {
         let mut text = String::new();
         encode(&mut text, &registry).unwrap();
         text
+    }
+
+    /// Statuses an upstream invents share their class's series.
+    #[test]
+    fn unusual_statuses_share_one_series_per_class() {
+        let metrics = RequestMetrics::default();
+        let row = metrics.row(ModelKey::Known("m".into()), |m: &str| m == "m");
+        for code in 590..600 {
+            row.count(series(Route::Completions, code, End::Complete));
+        }
+        let text = render(&metrics);
+        assert!(
+            text.contains(
+                "loadgate_frontend_http_responses_total{model=\"m\",endpoint=\"completions\",code=\"5xx\"} 10\n"
+            ),
+            "{text}"
+        );
+        assert_eq!(text.matches("loadgate_frontend_http_responses_total{").count(), 1, "{text}");
     }
 
     #[test]

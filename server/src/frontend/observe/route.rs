@@ -2,6 +2,8 @@
 //! `endpoint` label), and the label values of how it ended.
 
 use axum::http::{Method, StatusCode};
+use loadgate::rejection::overload_status_code;
+use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
 
 /// The route a request came to; anything the listener does not serve
 /// (404, 405) is [`Route::Other`].
@@ -98,6 +100,45 @@ pub(super) fn code_of(status: Option<StatusCode>) -> u16 {
     status.map_or(0, |s| s.as_u16())
 }
 
+/// The statuses that keep their own `code` label: those the frontend sends
+/// itself and the common ones an upstream relays (the configured overload
+/// status too, [`CodeLabel::of`]).
+const LABELLED_CODES: [u16; 20] =
+    [200, 201, 204, 400, 401, 403, 404, 405, 408, 409, 413, 415, 422, 429, 500, 501, 502, 503, 504, 529];
+
+/// The `code` label of a response: its status when it is one of
+/// [`LABELLED_CODES`] (or the overload status), else its class (`1xx` …
+/// `9xx`), so that the statuses an upstream invents cannot add series
+/// without bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum CodeLabel {
+    /// A status of its own.
+    Exact(u16),
+    /// Any other status, by its first digit.
+    Class(u16),
+}
+
+impl CodeLabel {
+    /// The label of status `code`.
+    pub(super) fn of(code: u16) -> Self {
+        if LABELLED_CODES.contains(&code) || code == overload_status_code() {
+            CodeLabel::Exact(code)
+        } else {
+            CodeLabel::Class(code / 100)
+        }
+    }
+}
+
+impl EncodeLabelValue for CodeLabel {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        use std::fmt::Write as _;
+        match self {
+            CodeLabel::Exact(code) => write!(encoder, "{code}"),
+            CodeLabel::Class(class) => write!(encoder, "{class}xx"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,5 +163,16 @@ mod tests {
         assert_eq!(dynamo_outcome(413, End::Complete), ("error", "validation"));
         assert_eq!(dynamo_outcome(502, End::Complete), ("error", "internal"));
         assert_eq!(dynamo_outcome(0, End::ClientGone), ("error", "cancelled"));
+    }
+
+    #[test]
+    fn unusual_statuses_are_labelled_by_their_class() {
+        assert_eq!(CodeLabel::of(200), CodeLabel::Exact(200));
+        assert_eq!(CodeLabel::of(529), CodeLabel::Exact(529));
+        assert_eq!(CodeLabel::of(299), CodeLabel::Class(2));
+        assert_eq!(CodeLabel::of(599), CodeLabel::Class(5));
+        assert_eq!(CodeLabel::of(999), CodeLabel::Class(9));
+        let labels: std::collections::HashSet<_> = (100..1000).map(CodeLabel::of).collect();
+        assert!(labels.len() <= LABELLED_CODES.len() + 1 + 9, "{} labels for 900 statuses", labels.len());
     }
 }
