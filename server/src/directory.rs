@@ -12,7 +12,11 @@
 //! - *unreachable*: a connection to it just failed; the proxy quarantines it
 //!   for [`UNREACHABLE_QUARANTINE`] so other requests do not each pay for
 //!   the failure (a killed worker stays registered for the deregistration
-//!   grace).
+//!   grace);
+//! - *refusing proofs*: it refused the frontend's request proof (its clock
+//!   is off past its window, or it lacks the current secret): out of routing
+//!   for [`PROOF_REFUSAL_QUARANTINE`], doubling with each refusal in a row
+//!   up to [`PROOF_REFUSAL_MAX`], back to the start once it answers.
 //!
 //! The proxy passes both as exclusions to the router. The common case (no
 //! worker out of routing) costs two atomic loads.
@@ -22,7 +26,7 @@
 //! proxy reads it for every request.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -46,6 +50,14 @@ pub struct WorkerAddress {
 /// How long a worker a connection failed to stays out of routing.
 pub const UNREACHABLE_QUARANTINE: Duration = Duration::from_secs(1);
 
+/// How long a worker that refused a request proof first stays out of
+/// routing; each refusal in a row doubles it, up to [`PROOF_REFUSAL_MAX`].
+pub const PROOF_REFUSAL_QUARANTINE: Duration = Duration::from_secs(1);
+
+/// The longest a worker that keeps refusing request proofs stays out of
+/// routing at a time (then one request tries it again).
+pub const PROOF_REFUSAL_MAX: Duration = Duration::from_secs(30);
+
 /// Maps worker ids to their HTTP endpoints. Written on registration and
 /// deregistration (cold), read once per proxied request.
 #[derive(Debug)]
@@ -62,6 +74,8 @@ pub struct WorkerDirectory {
     silenced_total: AtomicU64,
     /// Times a worker was quarantined after a failed connection.
     quarantined_total: AtomicU64,
+    /// Entries whose last answer was a proof refusal.
+    refusing_proofs: AtomicUsize,
 }
 
 impl Default for WorkerDirectory {
@@ -73,6 +87,7 @@ impl Default for WorkerDirectory {
             quarantine_horizon_ms: AtomicU64::new(0),
             silenced_total: AtomicU64::new(0),
             quarantined_total: AtomicU64::new(0),
+            refusing_proofs: AtomicUsize::new(0),
         }
     }
 }
@@ -86,11 +101,19 @@ struct Entry {
     silent: AtomicBool,
     /// Quarantined until this (ms since the directory's epoch; 0: not).
     quarantined_until_ms: AtomicU64,
+    /// Proof refusals in a row (0: its last answer was not one).
+    proof_refusals: AtomicU32,
 }
 
 impl Entry {
     fn new(address: WorkerAddress, is_static: bool) -> Self {
-        Entry { address, is_static, silent: AtomicBool::new(false), quarantined_until_ms: AtomicU64::new(0) }
+        Entry {
+            address,
+            is_static,
+            silent: AtomicBool::new(false),
+            quarantined_until_ms: AtomicU64::new(0),
+            proof_refusals: AtomicU32::new(0),
+        }
     }
 
     /// Out of routing at `now_ms`.
@@ -141,11 +164,15 @@ impl WorkerDirectory {
         known
     }
 
-    /// A replaced or removed entry no longer counts as silent.
+    /// A replaced or removed entry no longer counts as silent or refusing.
     fn forget_flags(&self, old: Option<Entry>) {
-        // Relaxed: the count only gates the proxy's scan; see `excluded`.
-        if old.is_some_and(|e| e.silent.load(Ordering::Relaxed)) {
+        let Some(old) = old else { return };
+        // Relaxed: the counts only gate the proxy's scans; see `excluded`.
+        if old.silent.load(Ordering::Relaxed) {
             self.silent.fetch_sub(1, Ordering::Relaxed);
+        }
+        if old.proof_refusals.load(Ordering::Relaxed) > 0 {
+            self.refusing_proofs.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
@@ -178,6 +205,42 @@ impl WorkerDirectory {
             entry.quarantined_until_ms.fetch_max(until, Ordering::Relaxed);
             self.quarantine_horizon_ms.fetch_max(until, Ordering::Relaxed);
             self.quarantined_total.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes `worker` out of routing after it refused a request proof:
+    /// [`PROOF_REFUSAL_QUARANTINE`], doubled for each refusal in a row before
+    /// this one, at most [`PROOF_REFUSAL_MAX`]. Returns for how long (`None`:
+    /// not registered).
+    pub fn proof_refused(&self, worker: WorkerId) -> Option<Duration> {
+        let workers = self.workers.read().unwrap_or_else(|e| e.into_inner());
+        let entry = workers.get(&worker)?;
+        // Relaxed: advisory, as `Entry::excluded`; the count gates only the
+        // reset in `proof_accepted`.
+        let before = entry.proof_refusals.fetch_add(1, Ordering::Relaxed);
+        if before == 0 {
+            self.refusing_proofs.fetch_add(1, Ordering::Relaxed);
+        }
+        let out = PROOF_REFUSAL_QUARANTINE.saturating_mul(1 << before.min(5)).min(PROOF_REFUSAL_MAX);
+        let until = self.now_ms() + out.as_millis() as u64;
+        entry.quarantined_until_ms.fetch_max(until, Ordering::Relaxed);
+        self.quarantine_horizon_ms.fetch_max(until, Ordering::Relaxed);
+        Some(out)
+    }
+
+    /// `worker` answered a request: a later proof refusal starts again at
+    /// [`PROOF_REFUSAL_QUARANTINE`]. Two atomic loads when no worker is
+    /// refusing.
+    pub fn proof_accepted(&self, worker: WorkerId) {
+        // Relaxed: as `proof_refused`.
+        if self.refusing_proofs.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let workers = self.workers.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(entry) = workers.get(&worker) {
+            if entry.proof_refusals.swap(0, Ordering::Relaxed) > 0 {
+                self.refusing_proofs.fetch_sub(1, Ordering::Relaxed);
+            }
         }
     }
 
@@ -328,5 +391,22 @@ mod tests {
         d.remove(1);
         assert!(!d.set_silent(7, true), "unknown worker");
         assert_eq!(d.out_of_routing(), vec![2]);
+    }
+
+    #[test]
+    fn a_worker_refusing_proofs_leaves_routing_for_longer_each_time_until_it_answers() {
+        let directory = WorkerDirectory::default();
+        directory.insert(1, "127.0.0.1:1", 1);
+        let outs: Vec<_> = (0..7).map(|_| directory.proof_refused(1).unwrap()).collect();
+        let secs: Vec<u64> = outs.iter().map(Duration::as_secs).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 16, 30, 30]);
+        assert_eq!(directory.out_of_routing(), [1]);
+        // It answers: the next refusal starts again at 1 s.
+        directory.proof_accepted(1);
+        assert_eq!(directory.proof_refused(1), Some(PROOF_REFUSAL_QUARANTINE));
+        assert_eq!(directory.proof_refused(2), None, "not registered");
+        // Forgetting the worker forgets its refusals.
+        directory.remove(1);
+        assert_eq!(directory.refusing_proofs.load(Ordering::Relaxed), 0);
     }
 }

@@ -24,19 +24,42 @@ use sha2::{Digest as _, Sha256};
 /// The request header carrying a frontend's proof of the secret to a worker.
 pub const REQUEST_PROOF_HEADER: &str = "x-loadgate-proof";
 
+/// The value of `x-loadgate-refusal` on a worker's refusal of a request
+/// proof: a frontend then tries another worker (and takes this one out of
+/// routing) instead of answering its client 401.
+pub const REFUSAL_PROOF: &str = "proof-refused";
+
 /// The shortest secret accepted, in bytes.
 pub const MIN_SECRET_LEN: usize = 16;
-
-/// How far a request proof's timestamp may be from the verifier's clock.
-pub const REQUEST_PROOF_WINDOW_MS: u64 = 30_000;
 
 /// The environment variable holding the current secret.
 pub const SECRET_ENV: &str = "LOADGATE_EVENT_SECRET";
 /// The environment variable holding the previous secret (rotation).
 pub const PREVIOUS_SECRET_ENV: &str = "LOADGATE_EVENT_SECRET_PREVIOUS";
 
-const REQUEST_PROOF_VERSION: &str = "v2";
-const REQUEST_CONTEXT: &str = "loadgate-request-v2";
+const REQUEST_PROOF_VERSION: &str = "v3";
+const REQUEST_CONTEXT: &str = "loadgate-request-v3";
+
+/// The worker, and its life, a request proof is for: a proof for another
+/// worker, or for this one before a restart, is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProofTarget {
+    /// The worker id.
+    pub worker: u64,
+    /// Its incarnation (fixed at its start).
+    pub incarnation: u64,
+}
+
+/// What a verified request proof vouches for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Vouched {
+    /// The body's SHA-256 (the caller checks the body against it).
+    pub body: BodyDigest,
+    /// The proof's nonce: a worker accepts each once.
+    pub nonce: u128,
+    /// When it was made (ms since the Unix epoch).
+    pub unix_ms: u64,
+}
 
 /// SHA-256 of a request body, as a request proof vouches for it.
 pub type BodyDigest = [u8; TAG_LEN];
@@ -60,20 +83,24 @@ pub struct Secrets {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ProofError {
-    /// The header is not `v2.<unix_ms>.<64 lowercase hex>.<64 lowercase hex>`.
+    /// The header is not `v3.<unix_ms>.<worker>.<incarnation>.<32 hex>.<64
+    /// hex>.<64 hex>` (lowercase hex, decimal numbers).
     Malformed,
-    /// The timestamp is more than [`REQUEST_PROOF_WINDOW_MS`] from now.
+    /// The timestamp is outside the window around now.
     Expired,
     /// The MAC verifies under none of the secrets.
     BadMac,
+    /// A genuine proof, for another worker or another incarnation.
+    OtherWorker,
 }
 
 impl fmt::Display for ProofError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::Malformed => "malformed request proof",
-            Self::Expired => "request proof timestamp outside the 30 s window",
+            Self::Expired => "request proof timestamp outside the window (clock skew?)",
             Self::BadMac => "request proof does not verify under the event secret",
+            Self::OtherWorker => "request proof for another worker or incarnation",
         })
     }
 }
@@ -129,21 +156,38 @@ impl Secrets {
         std::iter::once(self.current.as_slice()).chain(self.previous.as_deref())
     }
 
-    /// Header value for a frontend-to-worker request whose body has the
-    /// digest `body`: `v2.<unix_ms>.<body hex>.<mac hex>`, MAC =
-    /// HMAC-SHA256(current, `"loadgate-request-v2\n<unix_ms>\n<METHOD>
-    /// <PATH>\n<body hex>"`), PATH without the query, hex lowercase.
-    pub fn request_proof(&self, method: &str, path: &str, body: &BodyDigest, unix_ms: u64) -> String {
-        let body = to_hex(body);
-        let tag = request_mac(&self.current, method, path, &body, unix_ms).finalize().into_bytes();
-        format!("{REQUEST_PROOF_VERSION}.{unix_ms}.{body}.{}", to_hex(&tag))
+    /// Header value for a frontend-to-worker request to `target` whose body
+    /// has the digest `body`: `v3.<unix_ms>.<worker>.<incarnation>.<nonce
+    /// hex>.<body hex>.<mac hex>`, MAC = HMAC-SHA256(current,
+    /// `"loadgate-request-v3\n<unix_ms>\n<worker>\n<incarnation>\n<nonce
+    /// hex>\n<METHOD> <PATH>\n<body hex>"`), PATH without the query, hex
+    /// lowercase, the nonce 16 bytes, unique per request.
+    pub fn request_proof(
+        &self,
+        method: &str,
+        path: &str,
+        body: &BodyDigest,
+        target: ProofTarget,
+        nonce: u128,
+        unix_ms: u64,
+    ) -> String {
+        let fields = ProofFields { unix_ms, target, nonce: format!("{nonce:032x}"), body: to_hex(body) };
+        let tag = request_mac(&self.current, method, path, &fields).finalize().into_bytes();
+        let ProofFields { target, nonce, body, .. } = fields;
+        format!(
+            "{REQUEST_PROOF_VERSION}.{unix_ms}.{}.{}.{nonce}.{body}.{}",
+            target.worker,
+            target.incarnation,
+            to_hex(&tag)
+        )
     }
 
-    /// Accepts `value` (a [`REQUEST_PROOF_HEADER`]) when its timestamp is
-    /// within [`REQUEST_PROOF_WINDOW_MS`] of `now_ms` and its MAC verifies
-    /// under either secret (constant-time comparison); returns the body
-    /// digest it vouches for, which the caller checks against the body
-    /// (the worker does as the body streams in).
+    /// Accepts `value` (a [`REQUEST_PROOF_HEADER`]) for `METHOD PATH` at
+    /// the worker `own` when its timestamp is within `window_ms` of `now_ms`,
+    /// its MAC verifies under either secret (constant-time comparison) and
+    /// it names `own`; returns what it vouches for: the body digest (which
+    /// the caller checks against the body, as the worker does while it
+    /// streams in) and the nonce (which the caller accepts once).
     ///
     /// # Errors
     ///
@@ -153,28 +197,52 @@ impl Secrets {
         value: &str,
         method: &str,
         path: &str,
+        own: ProofTarget,
         now_ms: u64,
-    ) -> Result<BodyDigest, ProofError> {
+        window_ms: u64,
+    ) -> Result<Vouched, ProofError> {
         let mut parts = value.split('.');
-        let (Some(REQUEST_PROOF_VERSION), Some(ms), Some(body_hex), Some(hex), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next(), parts.next())
+        let (
+            Some(REQUEST_PROOF_VERSION),
+            Some(ms),
+            Some(worker),
+            Some(incarnation),
+            Some(nonce),
+            Some(body_hex),
+            Some(hex),
+            None,
+        ) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        )
         else {
             return Err(ProofError::Malformed);
         };
-        if ms.is_empty() || ms.len() > 20 || !ms.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(ProofError::Malformed);
-        }
-        let unix_ms: u64 = ms.parse().map_err(|_| ProofError::Malformed)?;
+        let unix_ms = decimal(ms).ok_or(ProofError::Malformed)?;
+        let target = ProofTarget {
+            worker: decimal(worker).ok_or(ProofError::Malformed)?,
+            incarnation: decimal(incarnation).ok_or(ProofError::Malformed)?,
+        };
+        let nonce_value = nonce_of(nonce).ok_or(ProofError::Malformed)?;
         let body = from_hex(body_hex).ok_or(ProofError::Malformed)?;
         let tag = from_hex(hex).ok_or(ProofError::Malformed)?;
-        if now_ms.abs_diff(unix_ms) > REQUEST_PROOF_WINDOW_MS {
+        if now_ms.abs_diff(unix_ms) > window_ms {
             return Err(ProofError::Expired);
         }
-        if self.verifying().any(|key| request_mac(key, method, path, body_hex, unix_ms).verify_slice(&tag).is_ok()) {
-            Ok(body)
-        } else {
-            Err(ProofError::BadMac)
+        let fields = ProofFields { unix_ms, target, nonce: nonce.to_owned(), body: body_hex.to_owned() };
+        if !self.verifying().any(|key| request_mac(key, method, path, &fields).verify_slice(&tag).is_ok()) {
+            return Err(ProofError::BadMac);
         }
+        if target != own {
+            return Err(ProofError::OtherWorker);
+        }
+        Ok(Vouched { body, nonce: nonce_value, unix_ms })
     }
 
     /// The worker's Proof of the event-plane handshake: its MAC under the
@@ -279,12 +347,43 @@ pub(crate) fn check_len(what: &str, secret: &[u8]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What a request MAC covers besides the method and path, as written.
+struct ProofFields {
+    unix_ms: u64,
+    target: ProofTarget,
+    /// 32 lowercase hex digits.
+    nonce: String,
+    /// 64 lowercase hex digits.
+    body: String,
+}
+
 /// The request MAC, keyed and fed, ready to finalize or verify.
-fn request_mac(key: &[u8], method: &str, path: &str, body_hex: &str, unix_ms: u64) -> Hmac<Sha256> {
+fn request_mac(key: &[u8], method: &str, path: &str, fields: &ProofFields) -> Hmac<Sha256> {
     // HMAC takes keys of any length.
     let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC accepts any key length");
-    mac.update(format!("{REQUEST_CONTEXT}\n{unix_ms}\n{method} {path}\n{body_hex}").as_bytes());
+    let ProofFields { unix_ms, target, nonce, body } = fields;
+    let message = format!(
+        "{REQUEST_CONTEXT}\n{unix_ms}\n{}\n{}\n{nonce}\n{method} {path}\n{body}",
+        target.worker, target.incarnation
+    );
+    mac.update(message.as_bytes());
     mac
+}
+
+/// A decimal number of at most 20 digits, nothing else.
+fn decimal(text: &str) -> Option<u64> {
+    if text.is_empty() || text.len() > 20 || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+/// A nonce: exactly 32 lowercase hex digits.
+fn nonce_of(hex: &str) -> Option<u128> {
+    if hex.len() != 32 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return None;
+    }
+    u128::from_str_radix(hex, 16).ok()
 }
 
 /// Milliseconds since the Unix epoch (0 before it).
@@ -324,166 +423,4 @@ fn from_hex(hex: &str) -> Option<[u8; TAG_LEN]> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const A: &[u8] = b"0123456789abcdef-current";
-    const B: &[u8] = b"0123456789abcdef-previous";
-    const NOW: u64 = 1_700_000_000_000;
-    const EMPTY: BodyDigest = [
-        0xe3, 0xb0, 0xc4, 0x42, 0x98, 0xfc, 0x1c, 0x14, 0x9a, 0xfb, 0xf4, 0xc8, 0x99, 0x6f, 0xb9, 0x24, 0x27, 0xae,
-        0x41, 0xe4, 0x64, 0x9b, 0x93, 0x4c, 0xa4, 0x95, 0x99, 0x1b, 0x78, 0x52, 0xb8, 0x55,
-    ];
-
-    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<Vec<u8>> + 'a {
-        move |name| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.as_bytes().to_vec())
-    }
-
-    fn temp_file(name: &str, contents: &str) -> std::path::PathBuf {
-        let path = std::env::temp_dir().join(format!("loadgate-secret-{}-{name}", std::process::id()));
-        std::fs::write(&path, contents).unwrap();
-        path
-    }
-
-    #[test]
-    fn request_proofs_verify_under_either_secret() {
-        let old = Secrets::from_values(B, None).unwrap();
-        let rotating = Secrets::from_values(A, Some(B)).unwrap();
-        let new = Secrets::from_values(A, None).unwrap();
-        let proof = old.request_proof("POST", "/v1/completions", &EMPTY, NOW);
-        let empty_hex = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
-        assert!(proof.starts_with(&format!("v2.1700000000000.{empty_hex}.")), "{proof}");
-        assert_eq!(proof.len(), "v2.1700000000000.".len() + 64 + 1 + 64);
-        assert_eq!(rotating.verify_request_proof(&proof, "POST", "/v1/completions", NOW), Ok(EMPTY));
-        assert_eq!(new.verify_request_proof(&proof, "POST", "/v1/completions", NOW), Err(ProofError::BadMac));
-        let signed = rotating.request_proof("GET", "/info", &EMPTY, NOW);
-        assert_eq!(new.verify_request_proof(&signed, "GET", "/info", NOW), Ok(EMPTY));
-    }
-
-    #[test]
-    fn request_proofs_bind_method_path_and_time() {
-        let s = Secrets::from_values(A, None).unwrap();
-        let proof = s.request_proof("POST", "/v1/completions", &EMPTY, NOW);
-        assert_eq!(s.verify_request_proof(&proof, "GET", "/v1/completions", NOW), Err(ProofError::BadMac));
-        assert_eq!(s.verify_request_proof(&proof, "POST", "/v1/chat/completions", NOW), Err(ProofError::BadMac));
-        assert_eq!(s.verify_request_proof(&proof, "POST", "/v1/completions", NOW + 30_000), Ok(EMPTY));
-        assert_eq!(s.verify_request_proof(&proof, "POST", "/v1/completions", NOW - 30_000), Ok(EMPTY));
-        assert_eq!(s.verify_request_proof(&proof, "POST", "/v1/completions", NOW + 30_001), Err(ProofError::Expired));
-        assert_eq!(s.verify_request_proof(&proof, "POST", "/v1/completions", NOW - 30_001), Err(ProofError::Expired));
-        // A timestamp changed inside the window: the MAC covers it.
-        let moved = proof.replacen("1700000000000", "1700000000001", 1);
-        assert_eq!(s.verify_request_proof(&moved, "POST", "/v1/completions", NOW), Err(ProofError::BadMac));
-        // Another body under the same MAC: the MAC covers the digest too.
-        let body = s.request_proof("POST", "/v1/completions", &body_digest(b"{}"), NOW);
-        assert_eq!(s.verify_request_proof(&body, "POST", "/v1/completions", NOW), Ok(body_digest(b"{}")));
-        let swapped = body.replacen(&to_hex(&body_digest(b"{}")), &to_hex(&EMPTY), 1);
-        assert_eq!(s.verify_request_proof(&swapped, "POST", "/v1/completions", NOW), Err(ProofError::BadMac));
-    }
-
-    #[test]
-    fn the_empty_digest_is_sha256_of_nothing() {
-        assert_eq!(body_digest(b""), EMPTY);
-    }
-
-    #[test]
-    fn malformed_request_proofs_are_refused_without_panics() {
-        let s = Secrets::from_values(A, None).unwrap();
-        let good = s.request_proof("GET", "/info", &EMPTY, NOW);
-        let hex = good.rsplit('.').next().unwrap().to_owned();
-        let body = to_hex(&EMPTY);
-        let cases = [
-            String::new(),
-            "v2".into(),
-            "v2...".into(),
-            format!("v1.{NOW}.{body}.{hex}"),
-            format!("v2.{NOW}.{hex}"),
-            format!("v2.{NOW}.{body}.{hex}.x"),
-            format!("v2.+{NOW}.{body}.{hex}"),
-            format!("v2.-1.{body}.{hex}"),
-            format!("v2.99999999999999999999999.{body}.{hex}"),
-            format!("v2.{NOW}.{body}.{}", hex.to_uppercase()),
-            format!("v2.{NOW}.{}.{hex}", body.to_uppercase()),
-            format!("v2.{NOW}.{body}.{}", &hex[..63]),
-            format!("v2.{NOW}.{}.{hex}", &body[..63]),
-            format!("v2.{NOW}.{body}.{hex}0"),
-            format!("v2.{NOW}.{body}.{}é", &hex[..62]),
-            format!("v2.{NOW}.{body}.{}zz", &hex[..62]),
-        ];
-        for case in cases {
-            assert_eq!(s.verify_request_proof(&case, "GET", "/info", NOW), Err(ProofError::Malformed), "{case:?}");
-        }
-        assert_eq!(s.verify_request_proof(&good, "GET", "/info", NOW), Ok(EMPTY));
-    }
-
-    #[test]
-    fn short_secrets_are_refused() {
-        assert!(Secrets::from_values(b"0123456789abcde", None).is_err());
-        assert!(Secrets::from_values(A, Some(b"short")).is_err());
-        assert!(Secrets::from_values(b"0123456789abcdef", None).is_ok());
-        let err = Secrets::load_with(None, env(&[(SECRET_ENV, "  tooshort  ")])).unwrap_err();
-        assert!(err.to_string().contains("at least 16"), "{err}");
-    }
-
-    #[test]
-    fn debug_redacts() {
-        let s = Secrets::from_values(A, Some(B)).unwrap();
-        assert_eq!(format!("{s:?}"), "Secrets(<redacted>)");
-        assert_eq!(format!("{:?}", Some(s)), "Some(Secrets(<redacted>))");
-    }
-
-    #[test]
-    fn loads_from_the_environment() {
-        assert_eq!(Secrets::load_with(None, env(&[])).unwrap(), None);
-        assert_eq!(Secrets::load_with(None, env(&[(SECRET_ENV, " \n")])).unwrap(), None);
-        let current = std::str::from_utf8(A).unwrap();
-        let previous = std::str::from_utf8(B).unwrap();
-        let loaded = Secrets::load_with(None, env(&[(SECRET_ENV, &format!(" {current}\n"))])).unwrap().unwrap();
-        assert_eq!(loaded, Secrets::from_values(A, None).unwrap());
-        let loaded =
-            Secrets::load_with(None, env(&[(SECRET_ENV, current), (PREVIOUS_SECRET_ENV, previous)])).unwrap().unwrap();
-        assert_eq!(loaded, Secrets::from_values(A, Some(B)).unwrap());
-        assert!(Secrets::load_with(None, env(&[(PREVIOUS_SECRET_ENV, previous)])).is_err());
-    }
-
-    #[test]
-    fn loads_from_a_file() {
-        let current = std::str::from_utf8(A).unwrap();
-        let previous = std::str::from_utf8(B).unwrap();
-        let one = temp_file("one", &format!("\n  {current}  \n\n"));
-        assert_eq!(Secrets::load_with(Some(&one), env(&[])).unwrap(), Some(Secrets::from_values(A, None).unwrap()));
-        let two = temp_file("two", &format!("{current}\r\n{previous}\r\n"));
-        assert_eq!(Secrets::load_with(Some(&two), env(&[])).unwrap(), Some(Secrets::from_values(A, Some(B)).unwrap()));
-        let three = temp_file("three", &format!("{current}\n{previous}\n{current}\n"));
-        assert!(Secrets::load_with(Some(&three), env(&[])).is_err());
-        let empty = temp_file("empty", "\n \n");
-        assert!(Secrets::load_with(Some(&empty), env(&[])).is_err());
-        let short = temp_file("short", "abc\n");
-        assert!(Secrets::load_with(Some(&short), env(&[])).is_err());
-        let missing = std::env::temp_dir().join("loadgate-secret-does-not-exist");
-        assert!(Secrets::load_with(Some(&missing), env(&[])).is_err());
-        // A file and the variable at once: ambiguous, refused.
-        let both = Secrets::load_with(Some(&one), env(&[(SECRET_ENV, current)])).unwrap_err();
-        assert!(both.to_string().contains("both"), "{both}");
-        // Errors never echo the secret.
-        let err = Secrets::load_with(Some(&short), env(&[])).unwrap_err();
-        assert!(!format!("{err:#}").contains("abc"), "{err:#}");
-        for path in [one, two, three, empty, short] {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-
-    #[test]
-    fn event_handshake_macs_follow_rotation() {
-        let (fnonce, wnonce) = ([1u8; 32], [2u8; 32]);
-        let worker = Secrets::from_values(B, None).unwrap();
-        let frontend = Secrets::from_values(A, Some(B)).unwrap();
-        let proof = worker.event_proof(&fnonce, &wnonce);
-        let welcome = frontend.accept_event_proof(&fnonce, &wnonce, &proof).expect("previous secret verifies");
-        assert!(worker.verify_event_welcome(&fnonce, &wnonce, &welcome));
-        // Another challenge (a replay): refused.
-        assert_eq!(frontend.accept_event_proof(&[3u8; 32], &wnonce, &proof), None);
-        let stranger = Secrets::from_values(b"another secret, 16+ bytes", None).unwrap();
-        assert_eq!(stranger.accept_event_proof(&fnonce, &wnonce, &proof), None);
-        assert!(!stranger.verify_event_welcome(&fnonce, &wnonce, &welcome));
-    }
-}
+mod tests;

@@ -23,7 +23,8 @@ use crate::frontend::reply;
 use crate::frontend::request::read_head;
 use crate::frontend::state::Frontend;
 use crate::openai::{InvalidRequest, SERVER_ERROR};
-use crate::secret::{body_digest, BodyDigest};
+use crate::secret::{body_digest, BodyDigest, ProofTarget};
+use crate::throttle::LogThrottle;
 use crate::upstream::{self, Failure, Outcome, Payload, Peer, Watcher};
 
 /// `POST /v1/completions`.
@@ -104,6 +105,9 @@ impl Exclusions {
     }
 }
 
+/// Warn lines about workers refusing request proofs.
+static PROOF_REFUSALS: LogThrottle = LogThrottle::per_second(1);
+
 /// Bodies above this are read (and hashed) on tokio's blocking pool: a scan
 /// of a body of 150 MB takes long enough to stall the runtime thread it runs
 /// on.
@@ -167,7 +171,30 @@ async fn route_and_send(frontend: &Arc<Frontend>, model: &str, request: &Outgoin
             None => *digest.insert(signing_digest(frontend, request.payload.body()).await),
         };
         match dispatch(frontend, worker, request, &digest).await {
-            Outcome::Answer(response) => return response,
+            Outcome::Answer(response) => {
+                frontend.directory.proof_accepted(worker);
+                return response;
+            }
+            // The frontend's problem, not the client's: another worker may
+            // take it, and this one leaves routing for a while.
+            Outcome::ProofRefused => {
+                frontend.upstream_stats.record(Failure::Proof);
+                let out_for = frontend.directory.proof_refused(worker);
+                if let Some(suppressed) = PROOF_REFUSALS.admit() {
+                    tracing::warn!(
+                        worker,
+                        ?out_for,
+                        suppressed,
+                        "the worker refused the request proof (its clock is off past its --proof-window-secs, \
+                         or it lacks the current event secret); out of routing for now"
+                    );
+                }
+                excluded.unreachable.push(worker);
+                excluded.last_failure = Some(Failure::Proof);
+                if excluded.unreachable.len() > frontend.migration_limit.max(1) {
+                    return frontend.unavailable();
+                }
+            }
             Outcome::AtCapacity => {
                 tracing::debug!(worker, %model, "worker at capacity; migrating");
                 excluded.at_capacity = true;
@@ -281,7 +308,8 @@ async fn dispatch(frontend: &Arc<Frontend>, worker: WorkerId, outgoing: &Outgoin
     // An engine gets no request proof: it would not check it, and a proof
     // must not travel to a peer that is not a loadgate worker.
     if !address.engine {
-        request = frontend.signed(request, "POST", path, digest);
+        let target = ProofTarget { worker, incarnation: frontend.monitor.incarnation(worker).unwrap_or(0) };
+        request = frontend.signed(request, "POST", path, digest, target);
     }
     let watcher = Dispatched { held, frontend: frontend.clone() };
     upstream::attempt(request, &outgoing.payload, address.assembles, frontend.upstream, Peer::Worker(worker), watcher)

@@ -16,7 +16,7 @@ use crate::frontend::inflight::{InFlight, Tracking};
 use crate::frontend::reply;
 use crate::frontend::retry_hint::RetryHint;
 use crate::http_server::BodyBudget;
-use crate::secret::{unix_ms, BodyDigest, Secrets, REQUEST_PROOF_HEADER};
+use crate::secret::{unix_ms, BodyDigest, ProofTarget, Secrets, REQUEST_PROOF_HEADER};
 use crate::upstream::{self, FailureCounts, Timeouts};
 
 /// The frontend's shared state, handed to every route.
@@ -91,17 +91,22 @@ impl Frontend {
         })
     }
 
-    /// `request` with the proof of the secret for `method path` and a body
-    /// of digest `body` (none without a secret).
+    /// `request` with the proof of the secret for `method path` with a body
+    /// of digest `body`, to the worker `target` (none without a secret): a
+    /// fresh nonce each time, so a worker accepts it once.
     pub(crate) fn signed(
         &self,
         request: reqwest::RequestBuilder,
         method: &str,
         path: &str,
         body: &BodyDigest,
+        target: ProofTarget,
     ) -> reqwest::RequestBuilder {
         match &self.secrets {
-            Some(secrets) => request.header(REQUEST_PROOF_HEADER, secrets.request_proof(method, path, body, unix_ms())),
+            Some(secrets) => {
+                let proof = secrets.request_proof(method, path, body, target, fastrand::u128(..), unix_ms());
+                request.header(REQUEST_PROOF_HEADER, proof)
+            }
             None => request,
         }
     }

@@ -16,6 +16,7 @@ use super::failure::{warn_failure, Failure, Peer};
 use super::relay::{relay, UpstreamBody};
 use super::watcher::Watcher;
 use crate::api_error::RETRY_AFTER_MS;
+use crate::secret::REFUSAL_PROOF;
 
 /// Largest error body read from an upstream to relay.
 const MAX_ERROR_BODY: usize = 64 * 1024;
@@ -40,6 +41,9 @@ pub(crate) enum Outcome {
     /// The upstream refused at its hard cap (`x-loadgate-refusal`): nothing
     /// was run; another upstream may take it.
     AtCapacity,
+    /// The upstream refused the request proof (`x-loadgate-refusal:
+    /// proof-refused`): nothing was run; another upstream may take it.
+    ProofRefused,
     /// No usable answer and the upstream did not take the request (it could
     /// not be reached, or broke before answering): another may take it.
     Failed(Failure),
@@ -114,8 +118,10 @@ pub(crate) async fn attempt<W: Watcher>(
     // A refusal is recognised by the explicit signal alone, whatever the
     // status (an overload status of 200 included) and the body. The signal
     // is never relayed: the response's headers are built here.
-    if upstream.headers().get(REFUSAL_HEADER).is_some_and(|v| v.as_bytes() == REFUSAL_AT_CAPACITY.as_bytes()) {
-        return Outcome::AtCapacity;
+    match upstream.headers().get(REFUSAL_HEADER).map(HeaderValue::as_bytes) {
+        Some(signal) if signal == REFUSAL_AT_CAPACITY.as_bytes() => return Outcome::AtCapacity,
+        Some(signal) if signal == REFUSAL_PROOF.as_bytes() => return Outcome::ProofRefused,
+        _ => {}
     }
     if upstream.status().is_informational() {
         // A final answer of 1xx (a 101 Switching Protocols to a completion)

@@ -63,10 +63,13 @@ pub(crate) enum Failure {
     OutOfDescriptors,
     /// A response already relayed got no chunk within the timeout.
     BetweenChunks,
+    /// The worker refused the frontend's request proof (its clock is off,
+    /// or it lacks the current secret): not the client's problem.
+    Proof,
 }
 
 impl Failure {
-    const ALL: [Failure; 7] = [
+    const ALL: [Failure; 8] = [
         Failure::Connect,
         Failure::ConnectTimeout,
         Failure::FirstByte,
@@ -74,6 +77,7 @@ impl Failure {
         Failure::Gone,
         Failure::OutOfDescriptors,
         Failure::BetweenChunks,
+        Failure::Proof,
     ];
 
     /// How a failed `send` is classified.
@@ -98,6 +102,7 @@ impl Failure {
             Failure::Gone => "gone",
             Failure::OutOfDescriptors => "frontend_out_of_descriptors",
             Failure::BetweenChunks => "between_chunks_timeout",
+            Failure::Proof => "proof",
         }
     }
 
@@ -142,7 +147,7 @@ fn out_of_descriptors(error: &(dyn std::error::Error + 'static)) -> bool {
 /// Counts of upstream failures by kind.
 #[derive(Debug, Default)]
 pub(crate) struct FailureCounts {
-    failures: [AtomicU64; 7],
+    failures: [AtomicU64; 8],
 }
 
 impl FailureCounts {

@@ -60,6 +60,17 @@ pub struct Args {
     /// Without it: LOADGATE_EVENT_SECRET and LOADGATE_EVENT_SECRET_PREVIOUS.
     #[arg(long, env = "LOADGATE_WORKER_EVENT_SECRET_FILE", value_name = "PATH")]
     pub event_secret_file: Option<PathBuf>,
+    /// Seconds a request proof's timestamp may be from this worker's clock (either way). Keep
+    /// the clocks of frontends and workers within a second or two of each other (NTP): a skew
+    /// past this refuses every request with a valid proof (a frontend then routes around this
+    /// worker). Default 5.
+    #[arg(long, env = "LOADGATE_WORKER_PROOF_WINDOW_SECS", value_name = "SECS", default_value_t = 5, value_parser = crate::flag_limits::secs(1))]
+    pub proof_window_secs: u64,
+    /// Request-proof nonces remembered within the window (each proof is accepted once). When
+    /// that many unexpired ones are held, new requests are refused (never an earlier nonce
+    /// forgotten: that would allow a replay). About 40 bytes each. Default 1000000.
+    #[arg(long, env = "LOADGATE_WORKER_MAX_PROOF_NONCES", value_name = "N", default_value_t = 1_000_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_proof_nonces: usize,
     /// Largest request body, in MiB (larger: 413).
     #[arg(long, env = "DYN_HTTP_BODY_LIMIT_MB", value_name = "MB", default_value_t = 192)]
     pub http_body_limit_mb: usize,

@@ -9,13 +9,13 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use loadgate::metrics::{render_worker, WorkerAdmissionStats};
+use loadgate::metrics::{render_worker_as, MetricsFormat, WorkerAdmissionStats};
 use loadgate::WorkerId;
 
 use crate::http_server::BodyBudget;
 use crate::openai::Api;
-use crate::secret::Secrets;
 use crate::worker::gate::Gate;
+use crate::worker::proof::ProofCheck;
 use crate::worker::reply::json_response;
 use crate::worker::sidecar::{EngineHealth, EngineProxy};
 use crate::worker::sim::{self, Simulator};
@@ -30,8 +30,8 @@ pub(crate) struct Worker {
     pub(crate) backend: Backend,
     /// The hard cap (`--engine-request-limit`) and the in-flight gauge.
     pub(crate) gate: Gate,
-    /// The event secret: requests must carry its proof (`proof.rs`).
-    pub(crate) secrets: Option<Arc<Secrets>>,
+    /// With the event secret: the request proofs this worker accepts (`proof.rs`).
+    pub(crate) proofs: Option<Arc<ProofCheck>>,
     /// Reads request bodies within `--http-body-limit-mb`.
     pub(crate) bodies: Arc<BodyBudget>,
 }
@@ -111,15 +111,19 @@ pub(crate) async fn info(State(worker): State<Arc<Worker>>) -> Response {
     json_response(StatusCode::OK, body.to_string())
 }
 
-pub(crate) async fn metrics(State(worker): State<Arc<Worker>>) -> Response {
+/// `GET /metrics`: the admission figures, in OpenMetrics when `Accept` asks
+/// for it, else in the Prometheus text format 0.0.4.
+pub(crate) async fn metrics(State(worker): State<Arc<Worker>>, headers: HeaderMap) -> Response {
     let stats = match worker.gate.admission() {
         Some(a) => {
             WorkerAdmissionStats { rejected: a.rejected(), running: a.running() as u64, queued: a.queued() as u64 }
         }
         None => WorkerAdmissionStats { running: worker.gate.in_flight() as u64, ..Default::default() },
     };
-    let text = render_worker(&worker.model, stats);
-    // OpenMetrics text (it ends with `# EOF`).
-    (StatusCode::OK, [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text)
-        .into_response()
+    // Every `Accept` line, joined (one that is not text counts as absent).
+    let accept: Vec<&str> = headers.get_all(header::ACCEPT).iter().filter_map(|v| v.to_str().ok()).collect();
+    let format = MetricsFormat::from_accept((!accept.is_empty()).then(|| accept.join(",")).as_deref());
+    let text = render_worker_as(&worker.model, stats, format);
+    // The body depends on `Accept`.
+    (StatusCode::OK, [(header::CONTENT_TYPE, format.content_type()), (header::VARY, "accept")], text).into_response()
 }

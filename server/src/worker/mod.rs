@@ -30,6 +30,7 @@
 mod args;
 mod gate;
 mod http;
+mod nonces;
 mod proof;
 mod reply;
 mod sidecar;
@@ -49,10 +50,12 @@ use loadgate::Admission;
 pub use self::args::Args;
 use self::gate::Gate;
 use self::http::{Backend, Worker};
+use self::proof::ProofCheck;
 use self::sidecar::{Identity, Sidecar};
 use self::sim::{LoadSink, Simulator};
 use crate::events::{EventPublisher, Registration};
 use crate::http_server::{self, BodyBudget, ServeConfig};
+use crate::secret::ProofTarget;
 
 /// The worker's default write-progress deadline (`--http-write-timeout-secs`):
 /// the frontend's and 5 s more, so that a client that stalls through a
@@ -71,7 +74,7 @@ fn app(worker: Arc<Worker>) -> Router {
         .route("/metrics", get(http::metrics))
         .fallback(reply::no_route)
         .method_not_allowed_fallback(reply::method_not_allowed)
-        .layer(axum::middleware::from_fn_with_state(worker.secrets.clone(), proof::require_proof))
+        .layer(axum::middleware::from_fn_with_state(worker.proofs.clone(), proof::require_proof))
         .with_state(worker)
 }
 
@@ -152,7 +155,11 @@ async fn serve(args: Args, admission: Option<Arc<Admission<()>>>) -> anyhow::Res
         dp_size,
         backend,
         gate: Gate::new(admission),
-        secrets,
+        proofs: secrets.map(|secrets| {
+            let own = ProofTarget { worker: id, incarnation };
+            let window_ms = args.proof_window_secs.saturating_mul(1000);
+            Arc::new(ProofCheck::new(secrets, own, window_ms, args.max_proof_nonces))
+        }),
         bodies: BodyBudget::unbudgeted(args.http_body_limit_mb),
     });
     let app = app(worker);

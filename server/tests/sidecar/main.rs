@@ -20,7 +20,9 @@ mod fake_engine;
 use std::time::{Duration, Instant};
 
 use axum::http::header;
-use common::{expect_field, long_client, metric, metrics_text, request_proof, unix_ms, Frontend, Proc, SECRET};
+use common::{
+    expect_field, long_client, metric, metrics_text, request_proof, target_of, unix_ms, Frontend, Proc, SECRET,
+};
 use fake_engine::{sse_chunk, whole_answer, whole_stream, FakeEngine, MODEL};
 use futures_util::StreamExt as _;
 use serde_json::{json, Value};
@@ -59,8 +61,9 @@ async fn send(client: &reqwest::Client, base: &str, body: &Value, secret: Option
     let bytes = serde_json::to_vec(body).unwrap();
     let mut request = client.post(format!("{base}/v1/completions")).header(header::CONTENT_TYPE, "application/json");
     if let Some(secret) = secret {
-        request = request
-            .header("x-loadgate-proof", request_proof(secret.as_bytes(), "POST", "/v1/completions", &bytes, unix_ms()));
+        let target = target_of(client, base).await;
+        let proof = request_proof(secret.as_bytes(), "POST", "/v1/completions", &bytes, target, unix_ms());
+        request = request.header("x-loadgate-proof", proof);
     }
     request.body(bytes).send().await.expect("the request is answered")
 }

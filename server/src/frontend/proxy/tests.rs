@@ -13,7 +13,7 @@ use tower::ServiceExt as _;
 use super::*;
 use crate::directory::WorkerDirectory;
 use crate::frontend::Args;
-use crate::secret::{unix_ms, Secrets, REQUEST_PROOF_HEADER};
+use crate::secret::{unix_ms, ProofTarget, Secrets, REQUEST_PROOF_HEADER};
 use axum::http::StatusCode;
 use loadgate::rejection::{REFUSAL_AT_CAPACITY, REFUSAL_HEADER, WORKER_AT_CAPACITY};
 use loadgate::{MonitorConfig, WorkerMonitor};
@@ -40,18 +40,20 @@ enum Answer {
     PhraseOnly,
 }
 
-/// A fake worker on 127.0.0.1 answering as `answer` says.
-async fn fake_worker(answer: Answer, seen: Seen) -> (String, tokio::task::JoinHandle<()>) {
+/// A fake worker on 127.0.0.1 with id `id` (incarnation 0) answering as
+/// `answer` says.
+async fn fake_worker(id: u64, answer: Answer, seen: Seen) -> (String, tokio::task::JoinHandle<()>) {
+    let own = ProofTarget { worker: id, incarnation: 0 };
     let secrets = Secrets::from_values(SECRET, None).unwrap();
     let handler = move |request: Request| {
         let seen = seen.clone();
         let secrets = secrets.clone();
         async move {
             let proof = request.headers().get(REQUEST_PROOF_HEADER).and_then(|v| v.to_str().ok()).map(str::to_owned);
-            let vouched =
-                proof.and_then(|p| secrets.verify_request_proof(&p, "POST", "/v1/completions", unix_ms()).ok());
+            let vouched = proof
+                .and_then(|p| secrets.verify_request_proof(&p, "POST", "/v1/completions", own, unix_ms(), 5_000).ok());
             let body = axum::body::to_bytes(request.into_body(), usize::MAX).await.unwrap();
-            let valid = vouched == Some(body_digest(&body));
+            let valid = vouched.map(|v| v.body) == Some(body_digest(&body));
             seen.lock().unwrap().push((body.len(), valid));
             let message = format!(r#"{{"error":{{"message":"{WORKER_AT_CAPACITY}","code":529}}}}"#);
             match answer {
@@ -97,8 +99,8 @@ async fn a_migrated_body_is_sent_whole_with_a_proof_and_released_after() {
     let secrets = Arc::new(Secrets::from_values(SECRET, None).unwrap());
     let frontend = frontend(&["--router-mode", "round-robin"], Some(secrets));
     let seen: Seen = Arc::default();
-    let (refusing, _a) = fake_worker(Answer::Refuse(529), seen.clone()).await;
-    let (serving, _b) = fake_worker(Answer::Serve, seen.clone()).await;
+    let (refusing, _a) = fake_worker(1, Answer::Refuse(529), seen.clone()).await;
+    let (serving, _b) = fake_worker(2, Answer::Serve, seen.clone()).await;
     frontend.monitor.register(1, "m", 1, 0).unwrap();
     frontend.monitor.register(2, "m", 1, 0).unwrap();
     frontend.directory.insert(1, &refusing, 1);
@@ -133,8 +135,8 @@ async fn a_refusal_is_recognised_by_its_header_alone() {
     ] {
         let frontend = frontend(&["--router-mode", "round-robin"], None);
         let seen: Seen = Arc::default();
-        let (a, _a) = fake_worker(first, seen.clone()).await;
-        let (b, _b) = fake_worker(Answer::Serve, seen.clone()).await;
+        let (a, _a) = fake_worker(1, first, seen.clone()).await;
+        let (b, _b) = fake_worker(2, Answer::Serve, seen.clone()).await;
         frontend.monitor.register(1, "m", 1, 0).unwrap();
         frontend.monitor.register(2, "m", 1, 0).unwrap();
         frontend.directory.insert(1, &a, 1);

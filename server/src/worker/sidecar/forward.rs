@@ -32,7 +32,7 @@ use axum::response::Response;
 use loadgate::engines::CompletionRoute;
 
 use crate::openai::SERVER_ERROR;
-use crate::upstream::{self, Outcome, Payload, Peer, Timeouts, Watcher};
+use crate::upstream::{self, Failure, Outcome, Payload, Peer, Timeouts, Watcher};
 use crate::worker::gate::{at_capacity, Gate, Held};
 use crate::worker::reply::error_response;
 
@@ -82,6 +82,9 @@ impl EngineProxy {
             Outcome::Answer(response) => response,
             // An engine behind a loadgate worker of its own: refused as this one's cap would.
             Outcome::AtCapacity => at_capacity(),
+            Outcome::ProofRefused => {
+                error_response(Failure::Proof.status(), SERVER_ERROR, None, "the engine refused the request proof")
+            }
             Outcome::Failed(failure) | Outcome::Cut(failure) => {
                 let message = format!("the engine gave no usable answer ({})", failure.label());
                 error_response(failure.status(), SERVER_ERROR, None, &message)
