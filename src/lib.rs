@@ -30,7 +30,7 @@
 //! | a worker's hard cap | [`Admission`], [`Permit`], [`PermitStream`]; [`Admitted`] and [`Rejected`] for `try_admit` |
 //! | the HTTP answer of a refusal | [`Rejection`]; with `tower`: `Refusal`, `RetryAfter`, `AdmissionLayer`, `PermitBody`; with `axum`: `IntoResponse` for all of them and the `Routed` extractor |
 //! | a client that backs off | [`RetryPolicy`] |
-//! | Prometheus metrics | `metrics` (feature `prometheus`): register into your `Registry` |
+//! | Prometheus metrics | `metrics` (feature `prometheus`): register into your `Registry`; `MetricsFormat` answers each scraper in OpenMetrics or the 0.0.4 text format |
 //! | load from vLLM's, SGLang's or llama.cpp's own `/metrics` (and `/slots`) | `engines` (feature `engines`): `engines::snapshot` per scrape |
 //! | the event plane or `/busy_threshold` codecs | `wire` (feature `wire`), `patch` (feature `threshold-api`) |
 //!

@@ -9,6 +9,7 @@ use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
 use super::exposition::{counter_family, gauge_family, render, LabelText};
+use super::format::MetricsFormat;
 use super::labels::{Endpoint, Reason};
 use super::rejections::{ModelCounts, RejectionMetrics};
 use crate::monitor::{WorkerInfo, WorkerMonitor};
@@ -81,6 +82,30 @@ impl RejectionMetrics {
     pub fn render_frontend(&self, monitor: &WorkerMonitor) -> String {
         let figures = FrontendFigures::read(self, monitor);
         render(|registry| registry.register_collector(Box::new(figures)))
+    }
+
+    /// As [`render_frontend`](Self::render_frontend), in `format`: the same
+    /// text for [`MetricsFormat::OpenMetrics`], the Prometheus text format
+    /// 0.0.4 (no `# EOF`) for [`MetricsFormat::Prometheus`]. Pick `format`
+    /// with [`MetricsFormat::from_accept`] and answer with its
+    /// [`content_type`](MetricsFormat::content_type).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use loadgate::{MonitorConfig, WorkerMonitor, metrics::{Endpoint, MetricsFormat, RejectionMetrics}};
+    ///
+    /// let monitor = WorkerMonitor::new(MonitorConfig::default()).unwrap();
+    /// let metrics = RejectionMetrics::default();
+    /// metrics.record("llama", Endpoint::Completions, []);
+    /// let text = metrics.render_frontend_as(&monitor, MetricsFormat::Prometheus);
+    /// assert!(text.starts_with("# HELP dynamo_frontend_model_rejection_total "));
+    /// assert!(text.contains("\n# TYPE dynamo_frontend_model_rejection_total counter\n"));
+    /// assert!(!text.contains("# EOF"));
+    /// assert_eq!(metrics.render_frontend_as(&monitor, MetricsFormat::OpenMetrics), metrics.render_frontend(&monitor));
+    /// ```
+    pub fn render_frontend_as(&self, monitor: &WorkerMonitor, format: MetricsFormat) -> String {
+        format.convert(self.render_frontend(monitor))
     }
 }
 

@@ -9,6 +9,7 @@ use prometheus_client::registry::Registry;
 
 use super::error::AddGateError;
 use super::exposition::{counter_family, gauge_family, gauge_value, render, LabelText};
+use super::format::MetricsFormat;
 use super::source::{AdmissionLimits, AdmissionSource, WorkerAdmissionStats};
 use crate::sync::{lock, Arc, Mutex, Swap};
 
@@ -249,4 +250,24 @@ pub fn render_worker(model: &str, stats: WorkerAdmissionStats) -> String {
     let only = Gate { worker_id: None, model: model.to_owned(), source: Box::new(move || stats) };
     gates.insert(only).expect("the first gate has no duplicate");
     render(|registry| gates.register(registry))
+}
+
+/// As [`render_worker`], in `format`: the same text for
+/// [`MetricsFormat::OpenMetrics`], the Prometheus text format 0.0.4 (no
+/// `# EOF`) for [`MetricsFormat::Prometheus`]. Pick `format` with
+/// [`MetricsFormat::from_accept`] and answer with its
+/// [`content_type`](MetricsFormat::content_type).
+///
+/// # Examples
+///
+/// ```
+/// use loadgate::metrics::{render_worker_as, MetricsFormat, WorkerAdmissionStats};
+///
+/// let stats = WorkerAdmissionStats { rejected: 5, running: 2, queued: 1 };
+/// let text = render_worker_as("llama", stats, MetricsFormat::Prometheus);
+/// assert!(text.contains("# TYPE dynamo_rejection_request_total counter\ndynamo_rejection_request_total{model=\"llama\"} 5\n"));
+/// assert!(!text.contains("# EOF"));
+/// ```
+pub fn render_worker_as(model: &str, stats: WorkerAdmissionStats, format: MetricsFormat) -> String {
+    format.convert(render_worker(model, stats))
 }

@@ -13,6 +13,7 @@
 //! | [`RejectionMetrics::register`] | the counters and the monitor's per-rank gauges, into the caller's registry |
 //! | [`AdmissionMetrics`], [`AdmissionSource`], [`AdmissionLimits`], [`AddGateError`] | the figures of every admission gate one process holds, labelled by `worker_id` |
 //! | [`RejectionMetrics::render_frontend`], [`render_worker`], [`WorkerAdmissionStats`] | a complete exposition on their own, for a server without a registry |
+//! | [`MetricsFormat`], [`RejectionMetrics::render_frontend_as`], [`render_worker_as`], [`openmetrics_to_prometheus`] | the exposition in the format the scraper asked for (OpenMetrics or the Prometheus text format 0.0.4) |
 //!
 //! # Plugging into the caller's registry
 //!
@@ -70,11 +71,50 @@
 //! `sub_registry_with_label(("worker_id", …))`, would repeat every family
 //! once per gate: Prometheus refuses that scrape.
 //!
+//! # Formats: OpenMetrics or the Prometheus text format
+//!
+//! prometheus-client writes OpenMetrics 1.0.0 text only. A scraper that
+//! reads the Prometheus text format 0.0.4 (the Python
+//! `prometheus_client.parser`, older Prometheus servers, many agents)
+//! misreads it: every counter becomes an empty counter plus one `unknown`
+//! family per sample. Serve what the request's `Accept` asks for:
+//! [`MetricsFormat::from_accept`] picks OpenMetrics when `Accept` asks for
+//! `application/openmetrics-text` (as Prometheus does) and the 0.0.4 text
+//! format otherwise (curl, classic scrapers);
+//! [`content_type`](MetricsFormat::content_type) is the answer's
+//! `Content-Type`, and [`MetricsFormat::encode`] (a registry),
+//! [`MetricsFormat::convert`] (an OpenMetrics text),
+//! [`RejectionMetrics::render_frontend_as`] and [`render_worker_as`] write
+//! the body.
+//!
+//! ```
+//! use loadgate::metrics::{MetricsFormat, RejectionMetrics, Endpoint};
+//! use loadgate::{MonitorConfig, WorkerMonitor};
+//! use prometheus_client::registry::Registry;
+//!
+//! let monitor = std::sync::Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
+//! let rejections = std::sync::Arc::new(RejectionMetrics::default());
+//! let mut registry = Registry::default();
+//! rejections.register(&mut registry, monitor);
+//! rejections.record("llama", Endpoint::Completions, []);
+//!
+//! // In the `/metrics` handler:
+//! let format = MetricsFormat::from_accept(Some("text/plain;version=0.0.4"));
+//! let body = format.encode(&registry);
+//! assert_eq!(format.content_type(), "text/plain; version=0.0.4; charset=utf-8");
+//! assert!(body.contains("# TYPE dynamo_frontend_model_rejection_total counter\n"));
+//! assert!(!body.contains("# EOF"));
+//! ```
+//!
 //! # Complete and partial expositions
 //!
-//! A complete exposition ends with exactly one `# EOF` line, and nothing
-//! follows it. [`RejectionMetrics::render_frontend`] and [`render_worker`]
-//! return complete expositions; do not concatenate them with other text.
+//! A complete OpenMetrics exposition ends with exactly one `# EOF` line, and
+//! nothing follows it. [`RejectionMetrics::render_frontend`] and
+//! [`render_worker`] return complete OpenMetrics expositions; do not
+//! concatenate them with other text. Convert whole families to the
+//! Prometheus text format (a complete exposition, or the text of
+//! `encode_registry`): the conversion names a family's samples from the
+//! metadata lines before them.
 //!
 //! A partial rendering, the text an embedder concatenates with its own, must
 //! never contain `# EOF`. Nothing loadgate registers writes it: only the
@@ -84,6 +124,7 @@
 
 mod error;
 mod exposition;
+mod format;
 mod frontend;
 mod gates;
 mod labels;
@@ -94,7 +135,8 @@ mod tests;
 
 pub use error::AddGateError;
 pub use exposition::LabelText;
-pub use gates::{render_worker, AdmissionMetrics};
+pub use format::{openmetrics_to_prometheus, MetricsFormat};
+pub use gates::{render_worker, render_worker_as, AdmissionMetrics};
 pub use labels::{Endpoint, Reason};
 pub use rejections::RejectionMetrics;
 pub use source::{AdmissionLimits, AdmissionSource, WorkerAdmissionStats};

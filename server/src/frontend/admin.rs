@@ -6,9 +6,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use loadgate::metrics::MetricsFormat;
 use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -19,10 +20,6 @@ use crate::directory::WorkerDirectory;
 use crate::frontend::observe::RequestMetrics;
 use crate::frontend::reply;
 use crate::frontend::state::Frontend;
-
-/// The content type of an OpenMetrics text exposition (what `/metrics`
-/// serves: it ends with `# EOF`).
-pub(crate) const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// One entry of `/v1/models`, in OpenAI's shape.
 fn model_object(frontend: &Frontend, id: &str) -> Value {
@@ -73,12 +70,15 @@ pub async fn health(State(frontend): State<Arc<Frontend>>) -> Response {
 /// (`RejectionMetrics::render_frontend`), what in-flight requests hold, the
 /// request counters and histograms of the observe layer
 /// (`observe::RequestMetrics`, none when called without the layer), the
-/// upstream and liveness counters and the engines' failed scrapes, ending
-/// with the one `# EOF`.
+/// upstream and liveness counters and the engines' failed scrapes. In
+/// OpenMetrics (ending with the one `# EOF`) when `Accept` asks for it, else
+/// in the Prometheus text format 0.0.4 (`MetricsFormat::from_accept`).
 pub async fn metrics(
     State(frontend): State<Arc<Frontend>>,
     requests: Option<Extension<Arc<RequestMetrics>>>,
+    headers: HeaderMap,
 ) -> Response {
+    let format = metrics_format(&headers);
     let mut text = frontend.metrics.render_frontend(&frontend.monitor);
     // Everything goes before the OpenMetrics terminator, which stays last.
     if let Some(at) = text.rfind("# EOF") {
@@ -129,7 +129,22 @@ pub async fn metrics(
     // Writing to a String cannot fail.
     let _ = encode_registry(&mut text, &registry);
     let _ = encode_eof(&mut text);
-    (StatusCode::OK, [(header::CONTENT_TYPE, OPENMETRICS)], text).into_response()
+    metrics_response(format, text)
+}
+
+/// The format `/metrics` answers a request with these headers in: every
+/// `Accept` line, joined, read by `MetricsFormat::from_accept` (one that is
+/// not text counts as absent).
+fn metrics_format(headers: &HeaderMap) -> MetricsFormat {
+    let accept: Vec<&str> = headers.get_all(header::ACCEPT).iter().filter_map(|v| v.to_str().ok()).collect();
+    MetricsFormat::from_accept((!accept.is_empty()).then(|| accept.join(",")).as_deref())
+}
+
+/// 200 with a complete OpenMetrics exposition in `format`; `Vary: Accept`,
+/// since the body depends on it.
+fn metrics_response(format: MetricsFormat, openmetrics: String) -> Response {
+    let headers = [(header::CONTENT_TYPE, format.content_type()), (header::VARY, "Accept")];
+    (StatusCode::OK, headers, format.convert(openmetrics)).into_response()
 }
 
 /// Registers the directory's liveness counters and gauge (their values now).

@@ -125,5 +125,5 @@ pub(crate) async fn metrics(State(worker): State<Arc<Worker>>, headers: HeaderMa
     let format = MetricsFormat::from_accept((!accept.is_empty()).then(|| accept.join(",")).as_deref());
     let text = render_worker_as(&worker.model, stats, format);
     // The body depends on `Accept`.
-    (StatusCode::OK, [(header::CONTENT_TYPE, format.content_type()), (header::VARY, "accept")], text).into_response()
+    (StatusCode::OK, [(header::CONTENT_TYPE, format.content_type()), (header::VARY, "Accept")], text).into_response()
 }
