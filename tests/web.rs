@@ -2,7 +2,7 @@
 //! until the response body ends (not at the headers), refuses past `N + Q`
 //! with the caller's `Retry-After`; the rejection types answer with their
 //! status and OpenAI-shaped body; no root name collides with axum's or
-//! tower's under glob imports.
+//! tower's under glob imports; `Routed` counts its overloads.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -146,6 +146,105 @@ async fn rejection_types_answer_with_status_and_openai_body() {
         assert_eq!(json["error"]["type"], kind);
         assert_eq!(json["error"]["code"], status);
     }
+}
+
+/// The state a `Routed` handler needs.
+#[derive(Clone, axum::extract::FromRef)]
+struct RoutedApp {
+    router: loadgate::WorkerRouter,
+    retry_after: RetryAfter,
+}
+
+/// "llama" on workers 1 and 2, both full (every request to it is shed),
+/// "empty" without a worker.
+fn overloaded_app() -> RoutedApp {
+    use loadgate::{BusyThresholds, LoadReport, MonitorConfig, Policy, RankLoad, WorkerMonitor, WorkerRouter};
+    let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
+    let busy = BusyThresholds { active_decode_blocks_threshold: Some(0.85), ..Default::default() };
+    for worker in [1, 2] {
+        monitor.register(worker, "llama", 1, 7).unwrap();
+    }
+    monitor.set_thresholds("llama", busy).unwrap();
+    for worker in [1, 2] {
+        let full = RankLoad { active_decode_blocks: 90, kv_total_blocks: 100, ..Default::default() };
+        monitor.apply(&LoadReport { worker, incarnation: 7, seq: 1, load: full, ..Default::default() }).unwrap();
+    }
+    monitor.add_model("empty");
+    RoutedApp {
+        router: WorkerRouter::new(monitor, Policy::RoundRobin),
+        retry_after: RetryAfter::fixed(Duration::from_secs(1)),
+    }
+}
+
+/// Routes `/v1/completions`, `/v1/chat/completions` and `/generate` through
+/// `Routed`.
+fn routed_service(app: RoutedApp) -> axum::Router<()> {
+    async fn handler(to: loadgate::Routed) -> String {
+        format!("worker {}", to.worker)
+    }
+    axum::Router::new()
+        .route("/v1/completions", axum::routing::post(handler))
+        .route("/v1/chat/completions", axum::routing::post(handler))
+        .route("/generate", axum::routing::post(handler))
+        .with_state(app)
+}
+
+async fn post(app: &axum::Router<()>, path: &str, body: serde_json::Value) -> u16 {
+    let request = axum::http::Request::post(path).body(Body::from(body.to_string())).unwrap();
+    app.clone().oneshot(request).await.unwrap().status().as_u16()
+}
+
+/// `Routed` counts each overload it answers in the `RejectionMetrics` of
+/// the request's extensions, by endpoint and busy signal, as the frontend
+/// does; 503 and 404 are not counted, and without the extension nothing is.
+#[tokio::test]
+async fn routed_counts_its_overloads_in_the_extensions_rejection_metrics() {
+    use loadgate::metrics::{Endpoint, Reason, RejectionMetrics};
+    use serde_json::json;
+
+    let app = overloaded_app();
+    let metrics = Arc::new(RejectionMetrics::default());
+    let counted = routed_service(app.clone()).layer(axum::Extension(metrics.clone()));
+    let chat = json!({"model": "llama", "messages": []});
+    let completion = json!({"model": "llama", "prompt": "hi"});
+    assert_eq!(post(&counted, "/v1/chat/completions", chat.clone()).await, 529);
+    assert_eq!(post(&counted, "/v1/completions", completion.clone()).await, 529);
+    assert_eq!(post(&counted, "/v1/completions", completion.clone()).await, 529);
+    // Another path: the body tells the endpoint.
+    assert_eq!(post(&counted, "/generate", chat.clone()).await, 529);
+    assert_eq!(post(&counted, "/generate", completion.clone()).await, 529);
+    assert_eq!(metrics.total("llama", Endpoint::ChatCompletions), 2);
+    assert_eq!(metrics.total("llama", Endpoint::Completions), 3);
+    assert_eq!(metrics.by_reason("llama", Reason::DecodeBlocks), 5);
+    assert_eq!(metrics.by_reason("llama", Reason::WaitingRequests), 0);
+
+    // Not load: no worker (503), an unknown model (404), a bad body (400).
+    assert_eq!(post(&counted, "/v1/completions", json!({"model": "empty"})).await, 503);
+    assert_eq!(post(&counted, "/v1/completions", json!({"model": "gpt-9"})).await, 404);
+    assert_eq!(post(&counted, "/v1/completions", json!({})).await, 400);
+    assert_eq!(metrics.total("empty", Endpoint::Completions) + metrics.total("gpt-9", Endpoint::Completions), 0);
+
+    // The exposition a `/metrics` handler writes from the same `Arc`.
+    let text = metrics.render_frontend(app.router.monitor());
+    for line in [
+        r#"dynamo_frontend_model_rejection_total{model="llama",endpoint="completions"} 3"#,
+        r#"dynamo_frontend_model_rejection_total{model="llama",endpoint="chat_completions"} 2"#,
+        r#"loadgate_frontend_rejection_reason_total{model="llama",reason="decode_blocks"} 5"#,
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+    }
+
+    // Without the extension `Routed` still sheds, and counts nowhere.
+    let uncounted = routed_service(app.clone());
+    assert_eq!(post(&uncounted, "/v1/completions", completion.clone()).await, 529);
+    assert_eq!(metrics.total("llama", Endpoint::Completions), 3);
+
+    // A worker frees up: served, not counted.
+    let free = loadgate::RankLoad { active_decode_blocks: 10, kv_total_blocks: 100, ..Default::default() };
+    let report = loadgate::LoadReport { worker: 2, incarnation: 7, seq: 2, load: free, ..Default::default() };
+    app.router.monitor().apply(&report).unwrap();
+    assert_eq!(post(&counted, "/v1/completions", completion).await, 200);
+    assert_eq!(metrics.total("llama", Endpoint::Completions), 3);
 }
 
 /// Every root name, used next to axum's and tower's globs: a collision would

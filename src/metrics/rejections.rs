@@ -28,7 +28,9 @@ pub(super) struct ModelCounts {
 /// [`register`](Self::register) puts them, with the monitor's per-rank load,
 /// into the caller's prometheus-client registry;
 /// [`render_frontend`](Self::render_frontend) writes them as a complete
-/// exposition of their own.
+/// exposition of their own. The `Routed` extractor (feature `axum`)
+/// counts its overloads in the `Arc<RejectionMetrics>` it finds in the
+/// request's extensions.
 ///
 /// # Examples
 ///

@@ -55,6 +55,59 @@ impl<T> IntoResponse for Rejected<T> {
 /// 404 (unknown model), each with [`RetryAfter`]'s hint where it applies;
 /// 400 for a body without a non-empty string `"model"`; and axum's own rejections for
 /// an unreadable or too-large body (`DefaultBodyLimit`).
+///
+/// # Counting its rejections
+///
+/// With the `prometheus` feature, `Routed` counts every overload it answers
+/// (the overload status, [`RouteError::Overloaded`]) in the
+/// [`RejectionMetrics`](crate::metrics::RejectionMetrics) it finds in the
+/// request's extensions, as an `Arc<RejectionMetrics>`: add it to the router
+/// with axum's `Extension` layer, the same `Arc` whose families your
+/// `/metrics` writes (`RejectionMetrics::register` or `render_frontend`).
+/// Each overload adds one to `dynamo_frontend_model_rejection_total{model,
+/// endpoint}` and one per busy signal of the model's busy workers to
+/// `loadgate_frontend_rejection_reason_total`, as the `loadgate` frontend
+/// counts its own. The `endpoint` label is `chat_completions` for a path
+/// ending in `/chat/completions`, `completions` for any other path ending in
+/// `/completions`, and for any other path `chat_completions` when the body
+/// has `"messages"`, else `completions`. 503 and 404 are not rejections of
+/// load and are not counted; nor is anything your handler refuses after
+/// `Routed` (a worker's [`Rejected`]: count it with `Reason::WorkerCapacity`).
+///
+/// An extension, not a state bound: states written for `Routed` before it
+/// counted keep compiling, and the `prometheus` feature never changes which
+/// states `Routed` accepts. Without the extension nothing is counted.
+///
+/// ```
+/// # #[cfg(feature = "prometheus")] {
+/// use std::sync::Arc;
+/// use axum::{extract::FromRef, routing::post, Extension, Router};
+/// use loadgate::metrics::RejectionMetrics;
+/// use loadgate::{Policy, RetryAfter, Routed, WorkerMonitor, WorkerRouter};
+///
+/// #[derive(Clone, FromRef)]
+/// struct App {
+///     router: WorkerRouter,
+///     retry_after: RetryAfter,
+/// }
+///
+/// async fn completions(to: Routed) -> String {
+///     format!("to worker {}", to.worker)
+/// }
+///
+/// let monitor = Arc::new(WorkerMonitor::new(Default::default()).unwrap());
+/// let rejections = Arc::new(RejectionMetrics::default());
+/// let app = App {
+///     router: WorkerRouter::new(monitor, Policy::RoundRobin),
+///     retry_after: RetryAfter::fixed(std::time::Duration::from_secs(1)),
+/// };
+/// let http: Router = Router::new()
+///     .route("/v1/completions", post(completions))
+///     .layer(Extension(rejections.clone())) // `Routed` counts its 529s here
+///     .with_state(app);
+/// # let _ = http;
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct Routed {
     /// The worker picked.
@@ -74,15 +127,72 @@ where
     type Rejection = Response;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Response> {
+        #[cfg(feature = "prometheus")]
+        let counter = counting::Counter::of(&request);
         let body = Bytes::from_request(request, state).await.map_err(IntoResponse::into_response)?;
-        let model = serde_json::from_slice::<serde_json::Value>(&body)
-            .ok()
+        let json = serde_json::from_slice::<serde_json::Value>(&body).ok();
+        let model = json
+            .as_ref()
             .and_then(|value| value.get("model")?.as_str().map(str::to_owned))
             .filter(|model| !model.is_empty())
             .ok_or_else(bad_request)?;
-        match WorkerRouter::from_ref(state).route(&model, &[]) {
+        let router = WorkerRouter::from_ref(state);
+        match router.route(&model, &[]) {
             Ok(worker) => Ok(Routed { worker, model, body }),
-            Err(e) => Err(Refusal::from(e).hinted(Some(&RetryAfter::from_ref(state))).into_response()),
+            Err(e) => {
+                #[cfg(feature = "prometheus")]
+                if e == RouteError::Overloaded {
+                    counter.count(&router, &model, json.as_ref());
+                }
+                Err(Refusal::from(e).hinted(Some(&RetryAfter::from_ref(state))).into_response())
+            }
+        }
+    }
+}
+
+/// Where [`Routed`] counts its overloads (feature `prometheus`).
+#[cfg(feature = "prometheus")]
+mod counting {
+    use axum_core::extract::Request;
+
+    use crate::metrics::{Endpoint, Reason, RejectionMetrics};
+    use crate::route::WorkerRouter;
+    use crate::sync::Arc;
+
+    /// The request's counters, if it carries them, and what its path says
+    /// of its endpoint.
+    pub(super) struct Counter {
+        metrics: Option<Arc<RejectionMetrics>>,
+        /// `Some` when the path names the endpoint.
+        endpoint: Option<Endpoint>,
+    }
+
+    impl Counter {
+        /// Reads the extension and the path before the body is taken.
+        pub(super) fn of(request: &Request) -> Counter {
+            let metrics = request.extensions().get::<Arc<RejectionMetrics>>().cloned();
+            let path = request.uri().path();
+            let endpoint = if path.ends_with("/chat/completions") {
+                Some(Endpoint::ChatCompletions)
+            } else if path.ends_with("/completions") {
+                Some(Endpoint::Completions)
+            } else {
+                None
+            };
+            Counter { metrics, endpoint }
+        }
+
+        /// Counts one overload of `model`, with the busy signals of its
+        /// busy workers.
+        pub(super) fn count(&self, router: &WorkerRouter, model: &str, body: Option<&serde_json::Value>) {
+            let Some(metrics) = &self.metrics else {
+                return;
+            };
+            let endpoint = self.endpoint.unwrap_or_else(|| match body.and_then(|b| b.get("messages")) {
+                Some(_) => Endpoint::ChatCompletions,
+                None => Endpoint::Completions,
+            });
+            metrics.record(model, endpoint, Reason::from_signals(router.monitor().model_busy_reasons(model)));
         }
     }
 }

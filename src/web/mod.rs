@@ -7,7 +7,9 @@
 //!   overload status, the caller's `Retry-After` hint and the OpenAI-shaped
 //!   body; `IntoResponse` for it and the rejection types with `axum`.
 //! - `Routed` (feature `axum`): an extractor that routes an OpenAI request
-//!   to a worker, answering 529/503/404 itself.
+//!   to a worker, answering 529/503/404 itself; with `prometheus` it counts
+//!   each 529 in the `Arc<RejectionMetrics>` of the request's extensions
+//!   (axum's `Extension` layer).
 
 #[cfg(feature = "axum")]
 mod axum;
