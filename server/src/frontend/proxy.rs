@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, HeaderMap};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::Extension;
 
@@ -131,7 +131,8 @@ async fn proxy(frontend: Arc<Frontend>, endpoint: Endpoint, id: Option<RequestId
         Endpoint::Completions => CompletionRoute::Completions,
         Endpoint::ChatCompletions => CompletionRoute::ChatCompletions,
     };
-    let request = Outgoing { endpoint, prompt, payload: Payload::new(route, body), id: id.as_ref() };
+    let payload = Payload::new(route, body, frontend.bodies.clone());
+    let request = Outgoing { endpoint, prompt, payload, id: id.as_ref() };
     let mut response = route_and_send(&frontend, &model, &request).await;
     response.extensions_mut().insert(ModelLabel(Arc::from(model.as_str())));
     response
@@ -168,7 +169,11 @@ async fn route_and_send(frontend: &Arc<Frontend>, model: &str, request: &Outgoin
         drop(exclude);
         let digest = match digest {
             Some(digest) => digest,
-            None => *digest.insert(signing_digest(frontend, request.payload.body()).await),
+            None => match request.payload.body() {
+                Some(body) => *digest.insert(signing_digest(frontend, &body).await),
+                // Only let go after a worker took it, which ends the loop.
+                None => return reply::openai_error(StatusCode::BAD_GATEWAY, SERVER_ERROR, "worker unreachable"),
+            },
         };
         match dispatch(frontend, worker, request, &digest).await {
             Outcome::Answer(response) => {
@@ -209,7 +214,8 @@ async fn route_and_send(frontend: &Arc<Frontend>, model: &str, request: &Outgoin
             }
             Outcome::Failed(failure) => {
                 frontend.upstream_stats.record(failure);
-                if failure == Failure::OutOfDescriptors {
+                // The frontend's own limits: not the worker's fault.
+                if matches!(failure, Failure::OutOfDescriptors | Failure::OverBudget) {
                     return frontend.unavailable();
                 }
                 frontend.directory.quarantine(worker);

@@ -240,6 +240,22 @@ impl BodyBudget {
         self.used.load(Ordering::Relaxed)
     }
 
+    /// `bytes` (a copy the frontend made of a read body, such as a body
+    /// rewritten for an engine) under the budget, released with its last
+    /// clone; `None`, and nothing taken, when the budget cannot take it now.
+    pub fn adopt(self: &Arc<Self>, bytes: Vec<u8>) -> Option<Bytes> {
+        let len = bytes.len();
+        if !self.take(len) {
+            self.warn_budget_hit();
+            return None;
+        }
+        // Counted as complete: it gives its bytes back once forwarded.
+        // Relaxed: a gauge (see `complete`).
+        self.complete.fetch_add(1, Ordering::Relaxed);
+        let reservation = Reservation { budget: self.clone(), bytes: len, complete: true };
+        Some(Bytes::from_owner(ReservedBody { bytes, _reservation: reservation }))
+    }
+
     /// Takes `bytes` of the budget if it has them.
     fn take(&self, bytes: usize) -> bool {
         // Relaxed: the RMW alone keeps the sum within the budget; no data

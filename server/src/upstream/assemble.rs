@@ -37,12 +37,12 @@ const INLINE_REWRITE_LIMIT: usize = 1024 * 1024;
 
 /// [`streamed_request`], on tokio's blocking pool for a large body (the
 /// parse would stall the runtime thread it runs on).
-pub(crate) async fn streamed_body(body: &Bytes) -> Option<Bytes> {
+pub(crate) async fn streamed_body(body: &Bytes) -> Option<Vec<u8>> {
     if body.len() <= INLINE_REWRITE_LIMIT {
-        return streamed_request(body).map(Bytes::from);
+        return streamed_request(body);
     }
     let shared = body.clone();
-    tokio::task::spawn_blocking(move || streamed_request(&shared)).await.ok().flatten().map(Bytes::from)
+    tokio::task::spawn_blocking(move || streamed_request(&shared)).await.ok().flatten()
 }
 
 /// Why an engine's stream gave no whole answer.

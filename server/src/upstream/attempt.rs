@@ -6,13 +6,12 @@ use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
 use futures_util::StreamExt as _;
-use loadgate::engines::CompletionRoute;
 use loadgate::rejection::{REFUSAL_AT_CAPACITY, REFUSAL_HEADER};
-use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use super::assemble::{is_event_stream, read_whole, streamed_body, whole_response, ReadError};
+use super::assemble::{is_event_stream, read_whole, whole_response, ReadError};
 use super::failure::{warn_failure, Failure, Peer};
+use super::payload::{NoBody, Payload, Prepared, RELEASE_GRACE};
 use super::relay::{relay, UpstreamBody};
 use super::watcher::Watcher;
 use crate::api_error::RETRY_AFTER_MS;
@@ -53,40 +52,6 @@ pub(crate) enum Outcome {
     Cut(Failure),
 }
 
-/// A request's body, the same for every attempt: as received, or rewritten
-/// once to a streamed request for the upstreams that assemble (llama.cpp,
-/// which never notices that the client of a non-streamed request left
-/// while it is scraped, `assemble.rs`).
-#[derive(Debug)]
-pub(crate) struct Payload {
-    route: CompletionRoute,
-    body: Bytes,
-    streamed: OnceCell<Option<Bytes>>,
-}
-
-impl Payload {
-    /// `body`, a request for `route`.
-    pub(crate) fn new(route: CompletionRoute, body: Bytes) -> Self {
-        Payload { route, body, streamed: OnceCell::new() }
-    }
-
-    /// The body as received.
-    pub(crate) fn body(&self) -> &Bytes {
-        &self.body
-    }
-
-    /// The body to send an upstream that `assembles` or not, and the route
-    /// to assemble its answer on when it was rewritten.
-    async fn body_for(&self, assembles: bool) -> (Bytes, Option<CompletionRoute>) {
-        if assembles {
-            if let Some(streamed) = self.streamed.get_or_init(|| streamed_body(&self.body)).await {
-                return (streamed.clone(), Some(self.route));
-            }
-        }
-        (self.body.clone(), None)
-    }
-}
-
 /// Sends `request` (method, URL and headers set; no body) with `payload`'s
 /// body to `peer`, an upstream that `assembles` or not, within `timeouts`.
 /// `watcher` is held until the answer has been read (see [`Watcher`]).
@@ -99,19 +64,38 @@ pub(crate) async fn attempt<W: Watcher>(
     mut watcher: W,
 ) -> Outcome {
     let first_byte_by = Instant::now() + timeouts.first_byte;
-    let (body, whole) = payload.body_for(assembles).await;
+    let prepared = match payload.prepare(assembles).await {
+        Ok(prepared) => prepared,
+        // Retried only before an upstream has it all; see `payload.rs`.
+        Err(NoBody::Delivered) => return Outcome::Cut(Failure::Broken),
+        Err(NoBody::OverBudget) => return Outcome::Failed(Failure::OverBudget),
+    };
+    let Prepared { body, assemble: whole, handed } = prepared;
     let mut request = request.body(body);
     if assembles {
         // llama.cpp closes a finished stream's connection without saying
         // so; a request sent next on that pooled connection would fail.
         request = request.header(header::CONNECTION, "close");
     }
-    let upstream = match tokio::time::timeout_at(first_byte_by, request.send()).await {
+    let send = tokio::time::timeout_at(first_byte_by, request.send());
+    tokio::pin!(send);
+    // Once the upstream has had the whole body for the grace without
+    // failing, the payload lets go of it (the request is taken).
+    let let_go = async {
+        handed.wait().await;
+        tokio::time::sleep(RELEASE_GRACE).await;
+        payload.release();
+    };
+    let sent = tokio::select! {
+        sent = &mut send => sent,
+        () = let_go => send.await,
+    };
+    let upstream = match sent {
         Ok(Ok(upstream)) => upstream,
         Ok(Err(error)) => {
             let failure = Failure::of_send(&error);
             warn_failure(peer, failure, "the request failed", &ErrorChain(&error));
-            return Outcome::Failed(failure);
+            return if payload.body().is_some() { Outcome::Failed(failure) } else { Outcome::Cut(failure) };
         }
         Err(_) => return no_first_byte(peer, timeouts.first_byte),
     };

@@ -66,10 +66,13 @@ pub(crate) enum Failure {
     /// The worker refused the frontend's request proof (its clock is off,
     /// or it lacks the current secret): not the client's problem.
     Proof,
+    /// The request's rewrite for an engine did not fit in the body budget:
+    /// not the upstream's fault (no quarantine; the client gets 503).
+    OverBudget,
 }
 
 impl Failure {
-    const ALL: [Failure; 8] = [
+    const ALL: [Failure; 9] = [
         Failure::Connect,
         Failure::ConnectTimeout,
         Failure::FirstByte,
@@ -78,6 +81,7 @@ impl Failure {
         Failure::OutOfDescriptors,
         Failure::BetweenChunks,
         Failure::Proof,
+        Failure::OverBudget,
     ];
 
     /// How a failed `send` is classified.
@@ -103,6 +107,7 @@ impl Failure {
             Failure::OutOfDescriptors => "frontend_out_of_descriptors",
             Failure::BetweenChunks => "between_chunks_timeout",
             Failure::Proof => "proof",
+            Failure::OverBudget => "frontend_over_budget",
         }
     }
 
@@ -147,7 +152,7 @@ fn out_of_descriptors(error: &(dyn std::error::Error + 'static)) -> bool {
 /// Counts of upstream failures by kind.
 #[derive(Debug, Default)]
 pub(crate) struct FailureCounts {
-    failures: [AtomicU64; 8],
+    failures: [AtomicU64; 9],
 }
 
 impl FailureCounts {

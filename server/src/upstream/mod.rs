@@ -5,8 +5,9 @@
 //!
 //! - the HTTP client to upstreams (`client.rs`);
 //! - the request: the body as received or, for llama.cpp, rewritten to a
-//!   stream once per request (`attempt.rs`'s [`Payload`]), on a connection
-//!   of its own for llama.cpp;
+//!   stream once per request and counted in the body budget ([`Payload`],
+//!   `payload.rs`, which lets go of the body once an upstream has it), on a
+//!   connection of its own for llama.cpp;
 //! - the deadlines: connect, first byte (head and first body bytes: the
 //!   first token of a stream, the whole answer of a non-streamed request),
 //!   between chunks (`chunk_timeout.rs`) — [`Timeouts`];
@@ -32,10 +33,12 @@ mod attempt;
 mod chunk_timeout;
 mod client;
 mod failure;
+mod payload;
 mod relay;
 mod watcher;
 
-pub(crate) use self::attempt::{attempt, Outcome, Payload, Timeouts};
+pub(crate) use self::attempt::{attempt, Outcome, Timeouts};
 pub(crate) use self::client::client;
 pub(crate) use self::failure::{Failure, FailureCounts, Peer};
+pub(crate) use self::payload::Payload;
 pub(crate) use self::watcher::Watcher;

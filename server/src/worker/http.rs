@@ -65,7 +65,9 @@ async fn serve(worker: Arc<Worker>, api: Api, headers: HeaderMap, body: Body) ->
     };
     match &worker.backend {
         Backend::Simulator(simulator) => sim::generate(&worker.gate, simulator, api, body).await,
-        Backend::Sidecar { proxy, .. } => proxy.forward(&worker.gate, api_path(api), &headers, body).await,
+        Backend::Sidecar { proxy, .. } => {
+            proxy.forward(&worker.gate, &worker.bodies, api_path(api), &headers, body).await
+        }
     }
 }
 

@@ -6,11 +6,20 @@ use axum::body::Bytes;
 use loadgate::engines::CompletionRoute;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
+use std::sync::Arc;
+
 use super::*;
+use crate::http_server::BodyBudget;
+use crate::upstream::Payload;
 
 /// An upstream that answers every connection's first request with `answer`
 /// (raw bytes), then closes.
 async fn raw_upstream(answer: &'static [u8]) -> String {
+    slow_upstream(answer, Duration::ZERO).await
+}
+
+/// As [`raw_upstream`], answering `after` the request's head arrived.
+async fn slow_upstream(answer: &'static [u8], after: Duration) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -25,6 +34,7 @@ async fn raw_upstream(answer: &'static [u8]) -> String {
                         Ok(n) => seen.extend_from_slice(&buf[..n]),
                     }
                 }
+                tokio::time::sleep(after).await;
                 let _ = tcp.write_all(answer).await;
                 tokio::time::sleep(Duration::from_millis(200)).await;
             });
@@ -40,10 +50,20 @@ const TIMEOUTS: Timeouts = Timeouts {
 };
 
 async fn attempt_on(base: &str) -> Outcome {
+    let budget = BodyBudget::new(1, 1);
+    let payload = Payload::new(CompletionRoute::Completions, Bytes::from_static(b"{}"), budget);
+    attempt_with(base, &payload, false).await
+}
+
+async fn attempt_with(base: &str, payload: &Payload, assembles: bool) -> Outcome {
     let client = crate::upstream::client(TIMEOUTS.connect).unwrap();
-    let payload = Payload::new(CompletionRoute::Completions, Bytes::from_static(b"{}"));
     let request = client.post(format!("{base}/v1/completions"));
-    attempt(request, &payload, false, TIMEOUTS, Peer::Engine, NoHold).await
+    attempt(request, payload, assembles, TIMEOUTS, Peer::Engine, NoHold).await
+}
+
+/// A body read under `budget` (its bytes reserved there).
+async fn budgeted(budget: &Arc<BodyBudget>, body: &'static [u8]) -> Bytes {
+    budget.read(&axum::http::HeaderMap::new(), axum::body::Body::from(body)).await.unwrap()
 }
 
 struct NoHold;
@@ -74,4 +94,63 @@ async fn an_answer_is_relayed_and_a_refusal_is_recognised_by_its_header() {
     let refusal =
         raw_upstream(b"HTTP/1.1 200 OK\r\nx-loadgate-refusal: worker-at-capacity\r\ncontent-length: 0\r\n\r\n").await;
     assert!(matches!(attempt_on(&refusal).await, Outcome::AtCapacity));
+}
+
+/// A long generation does not hold the request's bytes: once the upstream
+/// has had the whole body for the grace, the payload lets go of it and the
+/// body budget is back to 0 before the answer comes. The request is then
+/// taken: another attempt gets no body.
+#[tokio::test]
+async fn the_body_is_let_go_once_the_upstream_has_it() {
+    let answer: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+    // Margin: the answer comes 1.5 s after the grace ends.
+    let base = slow_upstream(answer, RELEASE_GRACE * 2 + Duration::from_millis(500)).await;
+    let budget = BodyBudget::new(1, 1);
+    let payload = Arc::new(Payload::new(
+        CompletionRoute::Completions,
+        budgeted(&budget, br#"{"prompt":"a long generation"}"#).await,
+        budget.clone(),
+    ));
+    assert!(budget.used() > 0);
+    let running = tokio::spawn({
+        let payload = payload.clone();
+        async move { attempt_with(&base, &payload, false).await }
+    });
+    let deadline = tokio::time::Instant::now() + RELEASE_GRACE * 2;
+    while budget.used() != 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(budget.used(), 0, "the body is let go while the upstream works");
+    assert!(!running.is_finished(), "before the answer");
+    assert!(matches!(running.await.unwrap(), Outcome::Answer(_)));
+    assert!(payload.body().is_none());
+    assert!(matches!(attempt_with("http://127.0.0.1:1", &payload, false).await, Outcome::Cut(Failure::Broken)));
+}
+
+/// The body rewritten for an engine that assembles counts in the budget
+/// like the body it came from, and a rewrite that does not fit is the
+/// frontend's failure (503), not the upstream's.
+#[tokio::test]
+async fn a_rewrite_for_an_engine_counts_in_the_budget() {
+    let body: &[u8] = br#"{"model":"m","prompt":"hi","max_tokens":2}"#;
+    let budget = BodyBudget::new(1, 1);
+    let payload = Payload::new(CompletionRoute::Completions, budgeted(&budget, body).await, budget.clone());
+    let read = budget.used();
+    // An upstream that never answers: the attempt stays at its first byte.
+    let base = slow_upstream(b"", Duration::from_secs(60)).await;
+    let pending = tokio::spawn(async move { attempt_with(&base, &payload, true).await });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while budget.used() == read && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(budget.used() > read, "the rewrite is counted: {} then {}", read, budget.used());
+    pending.abort();
+    // A budget already spent: the rewrite does not fit.
+    let spent = BodyBudget::new(1, 1);
+    let hog = spent.adopt(vec![0; (1 << 20) - 8]).unwrap();
+    let small = Payload::new(CompletionRoute::Completions, Bytes::from_static(body), spent.clone());
+    let outcome = attempt_with("http://127.0.0.1:1", &small, true).await;
+    assert!(matches!(outcome, Outcome::Failed(Failure::OverBudget)), "{outcome:?}");
+    drop(hog);
+    assert_eq!(spent.used(), 0);
 }

@@ -26,11 +26,14 @@
 //! A client that vanishes without closing (no FIN, no RST) is not seen
 //! until the connection's own timeouts end it.
 
+use std::sync::Arc;
+
 use axum::body::Bytes;
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::Response;
 use loadgate::engines::CompletionRoute;
 
+use crate::http_server::BodyBudget;
 use crate::openai::SERVER_ERROR;
 use crate::upstream::{self, Failure, Outcome, Payload, Peer, Timeouts, Watcher};
 use crate::worker::gate::{at_capacity, Gate, Held};
@@ -59,7 +62,14 @@ impl EngineProxy {
 
     /// Takes an engine slot for the request (or answers the refusal), then
     /// sends it to the engine's `path`.
-    pub(crate) async fn forward(&self, gate: &Gate, path: &'static str, headers: &HeaderMap, body: Bytes) -> Response {
+    pub(crate) async fn forward(
+        &self,
+        gate: &Gate,
+        bodies: &Arc<BodyBudget>,
+        path: &'static str,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> Response {
         let held = match gate.admit().await {
             Ok(held) => held,
             Err(refusal) => return refusal,
@@ -76,7 +86,7 @@ impl EngineProxy {
         if let Some(id) = headers.get(REQUEST_ID) {
             request = request.header(REQUEST_ID, id.clone());
         }
-        let payload = Payload::new(route, body);
+        let payload = Payload::new(route, body, bodies.clone());
         let outcome = upstream::attempt(request, &payload, self.assembles, self.timeouts, Peer::Engine, held).await;
         match outcome {
             Outcome::Answer(response) => response,
