@@ -4,7 +4,8 @@
 //! - Worker side (`publisher.rs`): [`EventPublisher`], a std thread with one
 //!   blocking connection per frontend; reconnects with backoff, coalesces
 //!   reports (at most one per rank per millisecond), numbers them, and
-//!   re-sends every rank's latest state as a heartbeat.
+//!   re-sends every rank's latest state as a heartbeat. One [`ReportSeq`]
+//!   per incarnation numbers the reports of every publisher of it.
 //! - Frontend side (`listener.rs`): [`EventPlane`], ONE mio thread that
 //!   serves every worker connection and applies frames straight to the
 //!   `WorkerMonitor`, reading each connection fairly (a byte budget per
@@ -36,4 +37,4 @@ mod tests;
 pub use self::bind::event_bind_host;
 pub use self::limits::PlaneLimits;
 pub use self::listener::{EventPlane, PlaneConfig};
-pub use self::publisher::{EventPublisher, Registration};
+pub use self::publisher::{EventPublisher, Registration, ReportSeq};

@@ -37,10 +37,15 @@ pub(super) struct Held;
 impl Ownership {
     /// Whether a claim of `worker` by `token` would be granted.
     pub(super) fn may_claim(&self, worker: WorkerId, token: Token) -> Result<(), Held> {
-        match self.workers.get(&worker).and_then(|p| p.holder) {
+        match self.holder(worker) {
             Some(holder) if holder != token => Err(Held),
             _ => Ok(()),
         }
+    }
+
+    /// The live connection that holds `worker`, if any.
+    pub(super) fn holder(&self, worker: WorkerId) -> Option<Token> {
+        self.workers.get(&worker).and_then(|p| p.holder)
     }
 
     /// `token` now holds `worker` in `incarnation`.

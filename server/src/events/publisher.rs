@@ -15,9 +15,18 @@
 //! A heartbeat goes out even before any rank has reported: the
 //! Registration again (a no-op for the frontend), so the frontend's idle
 //! timeout (`--event-idle-timeout-ms`) never closes a live worker.
+//!
+//! Reports are numbered from a [`ReportSeq`]: one per incarnation, shared by
+//! every publisher of it, so a publisher started again in the same
+//! incarnation (a sidecar rejoining routing) numbers on from the last one.
+//!
+//! A frontend that refuses the Register because another connection holds
+//! the worker id answers with the holder's registration before it closes;
+//! the publisher reads it when its next write fails and says so in its log.
 
-use std::io::{self, Write};
+use std::io::{self, Read as _, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -53,6 +62,23 @@ impl Registration {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
+/// The seq numbers of one incarnation's load reports. Every publisher of
+/// the incarnation must draw from the same one: the frontend keeps a
+/// worker's slots across a Register of the same id and incarnation
+/// (`Registered::Same`), and drops as stale any report not numbered above
+/// the last it applied. A clone shares the count.
+#[derive(Clone, Debug, Default)]
+pub struct ReportSeq(Arc<AtomicU64>);
+
+impl ReportSeq {
+    /// The next number (the first is 1).
+    fn next(&self) -> u64 {
+        // Relaxed: the read-modify-write alone makes every number unique
+        // and increasing; nothing else is published through it.
+        self.0.fetch_add(1, Ordering::Relaxed) + 1
     }
 }
 
@@ -102,6 +128,9 @@ impl EventPublisher {
     /// connection, or whose Welcome does not verify is logged and retried
     /// with the backoff.
     ///
+    /// Its reports are numbered from 1 (see [`EventPublisher::start_numbered`]
+    /// for a publisher that follows another in the same incarnation).
+    ///
     /// # Errors
     ///
     /// `InvalidInput` when the registration does not fit in a frame or its
@@ -111,6 +140,24 @@ impl EventPublisher {
         registration: Registration,
         heartbeat: Duration,
         secrets: Option<Arc<Secrets>>,
+    ) -> io::Result<EventPublisher> {
+        EventPublisher::start_numbered(frontends, registration, heartbeat, secrets, ReportSeq::default())
+    }
+
+    /// As [`EventPublisher::start`], numbering its reports from `seq`: give
+    /// every publisher of one incarnation the same [`ReportSeq`], so one
+    /// started after another (with the same id and incarnation) is never
+    /// stale at a frontend that kept the worker's slots.
+    ///
+    /// # Errors
+    ///
+    /// As [`EventPublisher::start`].
+    pub fn start_numbered(
+        frontends: Vec<String>,
+        registration: Registration,
+        heartbeat: Duration,
+        secrets: Option<Arc<Secrets>>,
+        seq: ReportSeq,
     ) -> io::Result<EventPublisher> {
         if registration.dp_size == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "dp_size must be at least 1"));
@@ -141,8 +188,9 @@ impl EventPublisher {
             worker: registration.worker,
             incarnation: registration.incarnation,
             // Per incarnation: a restart registers a new one, which resets
-            // the frontend's slots, so counting from 0 is never stale.
-            seq: 0,
+            // the frontend's slots; a publisher started again in the same
+            // incarnation shares the count (see `ReportSeq`).
+            seq,
             heartbeat: heartbeat.max(COALESCE),
             secrets,
         };
@@ -218,6 +266,25 @@ impl Link {
         self.retry_at = now + self.backoff;
         self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
     }
+
+    /// The frontend refused our Register: `holder` (its Register, as the
+    /// frontend sent it back) holds the worker id on another connection.
+    /// Logged every time (a misconfiguration, or an impostor), retried with
+    /// the backoff.
+    fn held(&mut self, now: Instant, holder: &Frame) {
+        self.stream = None;
+        if let Frame::Register { worker, incarnation, model, http_addr, .. } = holder {
+            tracing::warn!(
+                frontend = %self.addr,
+                backoff = ?self.backoff,
+                "worker id {worker} is held by another connection to this frontend, a worker announcing \
+                 {http_addr} (model {model:?}, incarnation {incarnation}): another process runs with this \
+                 --worker-id, or an old one has not closed yet; retrying"
+            );
+        }
+        self.retry_at = now + self.backoff;
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+    }
 }
 
 /// Connects to `addr` and, with `secrets`, does the handshake. Blocking: runs
@@ -257,7 +324,7 @@ struct Pump {
     register: Frame,
     worker: WorkerId,
     incarnation: u64,
-    seq: u64,
+    seq: ReportSeq,
     heartbeat: Duration,
     secrets: Option<Arc<Secrets>>,
 }
@@ -371,12 +438,11 @@ impl Pump {
     fn encode_loads(&mut self, latest: &[Option<RankLoad>], pick: impl Fn(usize) -> bool, buf: &mut BytesMut) {
         for (rank, load) in latest.iter().enumerate() {
             if let Some(load) = load.filter(|_| pick(rank)) {
-                self.seq += 1;
                 let frame = Frame::Load {
                     worker: self.worker,
                     incarnation: self.incarnation,
                     rank: rank as u32,
-                    seq: self.seq,
+                    seq: self.seq.next(),
                     load,
                 };
                 // A Load frame always fits.
@@ -389,8 +455,40 @@ impl Pump {
         let link = &mut self.links[i];
         if let Some(stream) = link.stream.as_mut() {
             if let Err(e) = stream.write_all(buf) {
-                link.failed(now, &e);
+                match holder_of(stream, self.worker) {
+                    Some(holder) => link.held(now, &holder),
+                    None => link.failed(now, &e),
+                }
             }
         }
     }
+}
+
+/// The most bytes read from a failed connection for the frontend's last
+/// word (a Register is at most one frame).
+const LAST_WORD: usize = wire::MAX_FRAME;
+
+/// After a write to `stream` failed: the registration the frontend sent
+/// before it closed, when it refused our Register because another
+/// connection holds `worker` (it answers with the holder's Register).
+/// Reads what is already there, at most [`LAST_WORD`] bytes, never waits.
+fn holder_of(stream: &mut TcpStream, worker: WorkerId) -> Option<Frame> {
+    stream.set_nonblocking(true).ok()?;
+    let mut buf = BytesMut::new();
+    let mut chunk = [0u8; 1024];
+    while buf.len() < LAST_WORD {
+        match stream.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // WouldBlock (nothing more), a reset after the data: done.
+            Err(_) => break,
+        }
+    }
+    while let Ok(Some(frame)) = wire::decode(&mut buf) {
+        if matches!(frame, Frame::Register { worker: w, .. } if w == worker) {
+            return Some(frame);
+        }
+    }
+    None
 }

@@ -6,6 +6,7 @@
 
 use std::io::Write;
 
+use bytes::BytesMut;
 use loadgate::monitor::{Applied, Publisher, Registered};
 use loadgate::wire::{self, Frame};
 use loadgate::{LoadReport, WorkerId};
@@ -105,7 +106,7 @@ impl PlaneServer {
             return Err(Close::Refused(format!("worker id {worker} is registered by --worker")));
         }
         if self.ownership.may_claim(worker, token).is_err() {
-            return Err(Close::Refused(format!("worker id {worker} is held by a live connection")));
+            return Err(self.held(conn, worker));
         }
         let limits = self.config.limits;
         if let Err(refusal) =
@@ -147,6 +148,26 @@ impl PlaneServer {
         }
         conn.last_register = Some(frame);
         Ok(())
+    }
+
+    /// A Register for `worker`, which another live connection holds: tells
+    /// `conn` who holds it (the holder's Register, sent back before the
+    /// close: the worker reads it when its next write fails, and logs it),
+    /// and the refusal naming the holder's address.
+    fn held(&self, conn: &mut Conn, worker: WorkerId) -> Close {
+        let holder = self.ownership.holder(worker).and_then(|token| self.conns.get(&token));
+        let Some(holder) = holder else {
+            return Close::Refused(format!("worker id {worker} is held by a live connection"));
+        };
+        if let Some(register) = &holder.last_register {
+            let mut buf = BytesMut::new();
+            // It was decoded from a frame: it fits in one. Best effort: a
+            // refused connection's send buffer holds at most the Welcome.
+            if wire::encode(register, &mut buf).is_ok() {
+                let _ = conn.stream.write(&buf);
+            }
+        }
+        Close::Refused(format!("worker id {worker} is held by a live connection from {}", holder.peer))
     }
 
     /// Deregisters `worker` if `incarnation` is still its current one (a

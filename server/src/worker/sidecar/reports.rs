@@ -21,6 +21,22 @@
 //! fresh load. A new publisher is only started once the old one has sent
 //! its Deregisters and closed, so a frontend never sees the two overlap.
 //! Requests already admitted keep being proxied meanwhile.
+//!
+//! # The seq survives a rejoin
+//!
+//! A Deregister can miss a frontend (its connection was down, or the write
+//! timed out); that frontend still holds the worker through its grace, and
+//! the new publisher's Register (same id, same incarnation) keeps the
+//! worker's slots there (`Registered::Same`). Its reports must then be
+//! numbered above the old publisher's, or the frontend drops them all as
+//! stale and the worker stays frozen at its last load. So every publisher
+//! of the sidecar draws from one [`ReportSeq`], made once per run.
+//!
+//! The rejoin keeps the incarnation rather than taking a new one: the
+//! incarnation is this run of the worker process, which the frontends'
+//! request proofs name (the worker refuses a proof for another one), and
+//! which the router's tracking of the requests still in flight here is
+//! keyed by (a new incarnation would reset it while those requests run).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -30,7 +46,7 @@ use loadgate::engines::EngineSnapshot;
 use loadgate::{Admission, RankLoad};
 
 use crate::engines::scrape::ScrapeEvent;
-use crate::events::{EventPublisher, Registration};
+use crate::events::{EventPublisher, Registration, ReportSeq};
 use crate::secret::Secrets;
 
 /// Whether the engine answers its scrapes, for `/health`.
@@ -82,6 +98,8 @@ pub(crate) struct PublisherConfig {
 #[derive(Debug)]
 pub(crate) struct EngineReports {
     config: PublisherConfig,
+    /// The numbering of this run's reports, shared by every publisher.
+    seq: ReportSeq,
     /// `None` while out of routing (or standalone).
     publisher: Option<EventPublisher>,
     /// The previous publisher being dropped (its Deregisters going out).
@@ -109,6 +127,7 @@ impl EngineReports {
     ) -> std::io::Result<EngineReports> {
         let mut reports = EngineReports {
             config,
+            seq: ReportSeq::default(),
             publisher: None,
             retiring: None,
             admission,
@@ -126,11 +145,12 @@ impl EngineReports {
             return Ok(None);
         }
         let config = &self.config;
-        EventPublisher::start(
+        EventPublisher::start_numbered(
             config.frontends.clone(),
             config.registration.clone(),
             config.heartbeat,
             config.secrets.clone(),
+            self.seq.clone(),
         )
         .map(Some)
     }
@@ -212,7 +232,122 @@ pub(crate) fn with_queue(load: RankLoad, queued: u32) -> RankLoad {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Read as _;
+    use std::net::{TcpListener, TcpStream};
+    use std::time::Instant;
+
+    use bytes::BytesMut;
+    use loadgate::engines::RankSample;
+    use loadgate::wire::{self, Frame};
+
     use super::*;
+
+    /// A scrape of one rank with `waiting` requests.
+    fn scrape(waiting: u32) -> EngineSnapshot {
+        let load = RankLoad { waiting_requests: waiting, kv_total_blocks: 10, ..RankLoad::default() };
+        EngineSnapshot { ranks: vec![RankSample { load, running_requests: 0 }] }
+    }
+
+    /// A fake frontend's end of one publisher connection (bounded waits).
+    struct Accepted {
+        stream: TcpStream,
+        buf: BytesMut,
+    }
+
+    impl Accepted {
+        fn from(listener: &TcpListener) -> Accepted {
+            listener.set_nonblocking(true).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        stream.set_nonblocking(false).unwrap();
+                        return Accepted { stream, buf: BytesMut::new() };
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        assert!(Instant::now() < deadline, "the publisher did not connect");
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    Err(e) => panic!("accept: {e}"),
+                }
+            }
+        }
+
+        /// The next frame; `None` at EOF.
+        fn next(&mut self) -> Option<Frame> {
+            self.stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut chunk = [0u8; 1024];
+            loop {
+                if let Some(frame) = wire::decode(&mut self.buf).unwrap() {
+                    return Some(frame);
+                }
+                match self.stream.read(&mut chunk) {
+                    Ok(0) => return None,
+                    Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                    Err(e) => panic!("no frame within 10 s: {e}"),
+                }
+            }
+        }
+    }
+
+    /// A frontend that still holds the worker after the sidecar left routing
+    /// (its Deregister lost) keeps its slots when the new publisher registers
+    /// the same id and incarnation: the new publisher's reports must be
+    /// numbered above every report of the old one, or they are all stale.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rejoin_numbers_its_reports_on_from_the_previous_publisher() {
+        let frontend = TcpListener::bind("127.0.0.1:0").unwrap();
+        let registration =
+            Registration { worker: 3, incarnation: 9, model: "m".into(), dp_size: 1, http_addr: "127.0.0.1:1".into() };
+        let config = PublisherConfig {
+            frontends: vec![frontend.local_addr().unwrap().to_string()],
+            registration,
+            heartbeat: Duration::from_millis(5),
+            secrets: None,
+        };
+        let health = Arc::new(EngineHealth::new());
+        let mut reports = EngineReports::start(config, None, health.clone(), 1, &scrape(1)).unwrap();
+        let mut old = Accepted::from(&frontend);
+        let mut last_old = 0;
+        let mut loads = 0;
+        while loads < 50 {
+            match old.next() {
+                Some(Frame::Load { seq, .. }) => {
+                    assert!(seq > last_old, "seq {seq} after {last_old}");
+                    last_old = seq;
+                    loads += 1;
+                }
+                Some(_) => {}
+                None => panic!("the first publisher closed"),
+            }
+        }
+        // The engine stops answering: the publisher is dropped.
+        reports.on_scrape(ScrapeEvent::Failed { consecutive: 1, error: "down".into() });
+        assert!(health.problem().is_some());
+        while let Some(frame) = old.next() {
+            if let Frame::Load { seq, .. } = frame {
+                last_old = last_old.max(seq);
+            }
+        }
+        // It answers again: a new publisher, once the old one is gone.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while health.problem().is_some() {
+            assert!(Instant::now() < deadline, "the sidecar did not rejoin");
+            reports.on_scrape(ScrapeEvent::Loaded(scrape(7)));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let mut new = Accepted::from(&frontend);
+        assert!(matches!(new.next(), Some(Frame::Register { worker: 3, incarnation: 9, .. })));
+        let (seq, load) = loop {
+            match new.next() {
+                Some(Frame::Load { seq, load, .. }) => break (seq, load),
+                Some(_) => {}
+                None => panic!("the new publisher closed before its first report"),
+            }
+        };
+        assert_eq!(load.waiting_requests, 7);
+        assert!(seq > last_old, "the new publisher's first seq {seq} is not above the old one's last {last_old}");
+    }
 
     #[test]
     fn the_queue_adds_to_the_engines_waiting_requests() {
