@@ -14,8 +14,10 @@
 //! - Time is bounded too: a connection must authenticate (with a secret) or
 //!   register (without one) within [`HANDSHAKE_TIMEOUT`]; past
 //!   `--max-pending-handshakes` such pending connections (or at
-//!   `--max-event-connections`) a new connection evicts the oldest pending
-//!   one, so unauthenticated peers cannot keep workers out; an established
+//!   `--max-event-connections`) a new connection may evict only a pending
+//!   one that did not answer within its share of that deadline, so a flood
+//!   that never answers cannot evict a worker's handshake
+//!   (`listener/admission.rs`); an established
 //!   connection silent for `--event-idle-timeout-ms` is closed (a worker
 //!   host that vanished without a FIN must not hold its id forever), and
 //!   accepted sockets have TCP keepalive on.
@@ -31,18 +33,20 @@
 //!
 //! A bad frame closes only its own connection.
 //!
-//! Here: the connections' I/O (accept, admit, fair rounds of reads, close).
-//! What each frame does is in `listener/frames.rs`; the deadlines
-//! (handshake, idle, silence, grace) in `listener/deadlines.rs`.
+//! Here: the connections' I/O (fair rounds of reads, close). Which new
+//! connection is taken, and when, is in `listener/admission.rs`; what each
+//! frame does in `listener/frames.rs`; the deadlines (handshake, idle,
+//! silence, grace) in `listener/deadlines.rs`.
 //!
 //! [`HANDSHAKE_TIMEOUT`]: super::handshake::HANDSHAKE_TIMEOUT
 
+mod admission;
 mod deadlines;
 mod frames;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -55,8 +59,9 @@ use loadgate::{WorkerId, WorkerMonitor};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use super::handshake::{challenge_frame, fresh_nonce};
-use super::limits::{Limit, PlaneLimits};
+#[cfg(test)]
+pub(super) use self::admission::ANSWER_SHARE;
+use super::limits::PlaneLimits;
 use super::ownership::Ownership;
 use super::plane_log::PlaneLog;
 use crate::directory::WorkerDirectory;
@@ -240,8 +245,9 @@ struct PlaneServer {
     /// Connections with bytes to read, served round-robin.
     ready: VecDeque<Token>,
     /// Connections still in the handshake. Tokens grow in accept order and
-    /// the handshake timeout is constant, so the first is both the oldest
-    /// (evicted first) and the first to time out.
+    /// the handshake timeout and the answer share are constant, so the first
+    /// is the oldest: the first past its share (evicted first) and the first
+    /// to time out.
     pending: BTreeSet<Token>,
     /// Idle deadlines of established connections, earliest first; an entry
     /// is checked against the connection's `last_read` when it comes due
@@ -268,7 +274,9 @@ impl PlaneServer {
         let mut events = Events::with_capacity(256);
         let mut chunk = vec![0u8; READ_CHUNK];
         loop {
-            let timeout = if self.listener_ready || !self.ready.is_empty() {
+            let now = Instant::now();
+            let accept_at = self.next_accept(now);
+            let timeout = if accept_at.is_some_and(|at| at <= now) || !self.ready.is_empty() {
                 Some(Duration::ZERO)
             } else {
                 let next = [
@@ -277,8 +285,9 @@ impl PlaneServer {
                     self.next_idle_deadline(),
                     self.silence.peek().map(|Reverse((at, _))| *at),
                     self.accept_retry,
+                    accept_at,
                 ];
-                next.into_iter().flatten().min().map(|at| at.saturating_duration_since(Instant::now()))
+                next.into_iter().flatten().min().map(|at| at.saturating_duration_since(now))
             };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == io::ErrorKind::Interrupted {
@@ -303,7 +312,8 @@ impl PlaneServer {
                 self.listener_ready = true;
             }
             // Read first: a pending connection whose Proof (or Register) has
-            // arrived is established before new connections may evict it.
+            // arrived is established (out of reach of eviction, and its place
+            // free) before new connections are taken.
             self.round(&mut chunk);
             if self.listener_ready {
                 self.accept();
@@ -319,114 +329,6 @@ impl PlaneServer {
                 self.ready.push_back(token);
             }
         }
-    }
-
-    /// Accepts up to [`ACCEPTS_PER_ROUND`] connections.
-    fn accept(&mut self) {
-        for _ in 0..ACCEPTS_PER_ROUND {
-            match self.listener.accept() {
-                Ok((stream, peer)) => self.admit(stream, peer),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.listener_ready = false;
-                    return;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    // E.g. out of file descriptors: the connections waiting
-                    // in the backlog raise no new readiness, so retry after
-                    // a pause (not in a busy loop, and not only when another
-                    // connection happens to arrive).
-                    if let Some(suppressed) = self.accept_warnings.admit() {
-                        tracing::warn!(error = %e, suppressed, "event port accept failed; retrying");
-                    }
-                    self.listener_ready = false;
-                    self.accept_retry = Some(Instant::now() + ACCEPT_RETRY);
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Takes one accepted connection, challenged (with a secret) and
-    /// watched. Past `--max-pending-handshakes` pending connections, or at
-    /// `--max-event-connections`, the oldest pending connection is evicted
-    /// to make room; at `--max-event-connections` with none pending (all
-    /// authenticated), the new one is closed at once.
-    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr) {
-        let limits = self.config.limits;
-        if self.pending.len() >= limits.max_pending_handshakes.max(1) {
-            self.evict_oldest_pending();
-            self.log.limit_hit(Limit::PendingHandshakes, &limits, &peer, "the oldest pending connection evicted");
-        }
-        if self.conns.len() >= limits.max_event_connections {
-            if self.evict_oldest_pending() {
-                self.log.limit_hit(Limit::EventConnections, &limits, &peer, "the oldest pending connection evicted");
-            } else {
-                self.log.limit_hit(Limit::EventConnections, &limits, &peer, "connection closed at once");
-                return;
-            }
-        }
-        let _ = stream.set_nodelay(true);
-        let keepalive = socket2::TcpKeepalive::new()
-            .with_time(KEEPALIVE_TIME)
-            .with_interval(KEEPALIVE_INTERVAL)
-            .with_retries(KEEPALIVE_RETRIES);
-        // Best effort: the idle timeout bounds a dead peer's hold anyway.
-        let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
-        let auth = match &self.config.secrets {
-            None => Auth::Unregistered,
-            Some(_) => {
-                let nonce = match fresh_nonce() {
-                    Ok(nonce) => nonce,
-                    Err(e) => {
-                        tracing::error!(%peer, error = %e, "event connection refused: no nonce");
-                        return;
-                    }
-                };
-                // A fresh socket's send buffer takes the 36 bytes whole.
-                let challenge = challenge_frame(&nonce);
-                if !matches!(stream.write(&challenge), Ok(n) if n == challenge.len()) {
-                    tracing::warn!(%peer, "event connection refused: could not send the challenge");
-                    return;
-                }
-                Auth::Challenged(nonce)
-            }
-        };
-        let token = Token(self.next_token);
-        self.next_token += 1;
-        if let Err(e) = self.poll.registry().register(&mut stream, token, Interest::READABLE) {
-            tracing::warn!(%peer, error = %e, "could not watch event connection");
-            return;
-        }
-        self.pending.insert(token);
-        tracing::debug!(%peer, "event connection opened");
-        let now = Instant::now();
-        let conn = Conn {
-            stream,
-            peer,
-            buf: BytesMut::new(),
-            auth,
-            opened: now,
-            last_read: now,
-            worker: None,
-            last_register: None,
-            queued: false,
-            silent: false,
-        };
-        self.conns.insert(token, conn);
-        // Bytes may have arrived with the connection.
-        self.mark_ready(token);
-    }
-
-    /// Closes the oldest pending connection; false when none is pending.
-    fn evict_oldest_pending(&mut self) -> bool {
-        while let Some(token) = self.pending.pop_first() {
-            if let Some(conn) = self.conns.remove(&token) {
-                self.close(token, conn, Close::Evicted);
-                return true;
-            }
-        }
-        false
     }
 
     /// Serves each connection that was ready at the round's start once, up
