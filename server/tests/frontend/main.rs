@@ -482,7 +482,7 @@ async fn worker_flag_registers_from_info_and_requests_are_validated() {
 /// or a 404 error body; `/live` answers while the process runs; `/metrics`
 /// (frontend and worker) is served as OpenMetrics, which its `# EOF` says it is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn service_routes_speak_openai_and_openmetrics() {
+async fn service_routes_speak_openai_and_both_metrics_formats() {
     let fe = frontend(&["--model", "org/a model.gguf"]);
     let w = worker(&fe, 64, 10, &[]);
     fe.wait_workers(1).await;
@@ -510,11 +510,23 @@ async fn service_routes_speak_openai_and_openmetrics() {
     assert!(error["error"]["message"].as_str().unwrap().contains("no-such-model"), "{error}");
     let live = get(format!("{}/live", fe.http)).await;
     assert_eq!(live.status().as_u16(), 200);
+    // `/metrics` speaks OpenMetrics to a scraper that asks for it, the
+    // Prometheus text format 0.0.4 to anyone else.
+    let client = reqwest::Client::new();
     for base in [&fe.http, &w.http] {
-        let metrics = get(format!("{base}/metrics")).await;
-        let content_type = metrics.headers()[reqwest::header::CONTENT_TYPE].to_str().unwrap().to_owned();
+        let asked = client
+            .get(format!("{base}/metrics"))
+            .header(reqwest::header::ACCEPT, "application/openmetrics-text; version=1.0.0")
+            .send()
+            .await
+            .unwrap();
+        let content_type = asked.headers()[reqwest::header::CONTENT_TYPE].to_str().unwrap().to_owned();
         assert_eq!(content_type, "application/openmetrics-text; version=1.0.0; charset=utf-8", "{base}");
-        assert!(metrics.text().await.unwrap().trim_end().ends_with("# EOF"), "{base}");
+        assert!(asked.text().await.unwrap().trim_end().ends_with("# EOF"), "{base}");
+        let plain = get(format!("{base}/metrics")).await;
+        let content_type = plain.headers()[reqwest::header::CONTENT_TYPE].to_str().unwrap().to_owned();
+        assert_eq!(content_type, "text/plain; version=0.0.4; charset=utf-8", "{base}");
+        assert!(!plain.text().await.unwrap().contains("# EOF"), "{base}");
     }
 }
 
