@@ -14,11 +14,10 @@ use prometheus_client::registry::Registry;
 /// Python `prometheus_client.parser`, older Prometheus servers, many
 /// agents) misreads it: OpenMetrics names a counter family `x` and its
 /// samples `x_total`, so a classic parser makes an empty `x` counter and one
-/// `unknown` family per sample, and stumbles on `# EOF`. Serve each scraper
-/// the format it asked for: [`from_accept`](Self::from_accept) on the
-/// request's `Accept`, then [`content_type`](Self::content_type) and
-/// [`convert`](Self::convert) (or [`encode`](Self::encode), or the
-/// `render_*_as` helpers) for the answer.
+/// `unknown` family per sample. Serve each scraper the format it asked for:
+/// [`from_accept`](Self::from_accept) on the request's `Accept`, then
+/// [`content_type`](Self::content_type) and [`convert`](Self::convert) (or
+/// [`encode`](Self::encode), or the `render_*_as` helpers) for the answer.
 ///
 /// # Examples
 ///
