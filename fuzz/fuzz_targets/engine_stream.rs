@@ -12,6 +12,15 @@
 //! error event gives its status; a stream cut before `[DONE]` is
 //! incomplete. Arbitrary bytes must never panic, must assemble the same
 //! however they are cut, and an answer is always a JSON object.
+//!
+//! The parsed bound counts what is kept of the events, not the events
+//! (under `cfg(fuzzing)` the assembler also checks its count of what it
+//! keeps against a recount after every event). With a small bound (the
+//! fuzzing-only `StreamAssembler::with_max_parsed`): the outcome is the
+//! unbounded one or `TooLarge`, never anything else; arbitrary bytes still
+//! assemble the same however they are cut; and an event that only replaces
+//! what is kept (`id`, `created`, `model`: llama.cpp repeats them in every
+//! chunk), sent any number of times, gives the outcome it gives sent twice.
 #![no_main]
 
 use std::collections::BTreeMap;
@@ -23,8 +32,8 @@ use serde_json::{json, Value};
 
 #[derive(Arbitrary, Debug)]
 enum Input {
-    Model { chat: bool, chunks: Vec<Chunk>, ending: Ending, style: Style, cuts: Vec<u16> },
-    Raw { chat: bool, bytes: Vec<u8>, cuts: Vec<u16> },
+    Model { chat: bool, chunks: Vec<Chunk>, ending: Ending, style: Style, cuts: Vec<u16>, limit: Option<u16> },
+    Raw { chat: bool, bytes: Vec<u8>, cuts: Vec<u16>, limit: Option<u16> },
 }
 
 /// How the events are written.
@@ -59,6 +68,12 @@ enum Chunk {
         reason: u8,
     },
     Usage(u32),
+    /// Top-level members only (`id`, `created`, `model`), sent `1 + times % 8`
+    /// times in a row.
+    Meta {
+        id: u8,
+        times: u8,
+    },
     Comment(String),
     ToolCall {
         choice: u8,
@@ -103,14 +118,23 @@ fn route(chat: bool) -> CompletionRoute {
     }
 }
 
-/// Assembles `bytes` cut at `cuts` (offsets, modulo the length).
-fn assemble(route: CompletionRoute, bytes: &[u8], cuts: &[u16]) -> Result<Assembled, AssembleError> {
+/// Assembles `bytes` cut at `cuts` (offsets, modulo the length), keeping at
+/// most `limit` bytes parsed (`None`: the real bound).
+fn assemble(
+    route: CompletionRoute,
+    bytes: &[u8],
+    cuts: &[u16],
+    limit: Option<u16>,
+) -> Result<Assembled, AssembleError> {
     let mut at: Vec<usize> = cuts.iter().map(|&c| usize::from(c) % (bytes.len() + 1)).collect();
     at.push(0);
     at.push(bytes.len());
     at.sort_unstable();
     at.dedup();
-    let mut assembler = StreamAssembler::new(route);
+    let mut assembler = match limit {
+        Some(limit) => StreamAssembler::with_max_parsed(route, usize::from(limit)),
+        None => StreamAssembler::new(route),
+    };
     for piece in at.windows(2) {
         assembler.push(&bytes[piece[0]..piece[1]])?;
         if assembler.ended() {
@@ -129,7 +153,22 @@ fn choice_json(style: &Style, index: u8, mut members: Value) -> Value {
     members
 }
 
-fn model(chat: bool, chunks: &[Chunk], ending: &Ending, style: &Style, cuts: &[u16]) {
+/// What the reference expects of a rendered stream.
+#[derive(Default)]
+struct Reference {
+    choices: BTreeMap<u8, Expected>,
+    usage: Option<u32>,
+    timings: Option<u32>,
+    /// The last `id` given.
+    id: Option<String>,
+    /// Whether a `created` (always 7) was given.
+    created: bool,
+}
+
+/// The stream of `chunks` as server-sent events, and what the reference
+/// expects of it. Each `Meta` is sent `1 + times % 8` times, at most twice
+/// when `collapse`.
+fn render(chat: bool, chunks: &[Chunk], ending: &Ending, style: &Style, collapse: bool) -> (String, Reference) {
     let eol = ["\n", "\r\n", "\r"][usize::from(style.eol % 3)];
     let mut stream = String::from(if style.bom { "\u{feff}" } else { "" });
     let event = |data: &Value, stream: &mut String| {
@@ -143,14 +182,14 @@ fn model(chat: bool, chunks: &[Chunk], ending: &Ending, style: &Style, cuts: &[u
             stream.push_str(&format!("data: {data}{eol}{eol}"));
         }
     };
-    let mut expected: BTreeMap<u8, Expected> = BTreeMap::new();
-    let mut usage = None;
-    let mut timings = None;
+    let mut reference = Reference::default();
+    let expected = &mut reference.choices;
     if chat && style.role_first {
         expected.entry(0).or_default();
         let role =
             choice_json(style, 0, json!({"delta": {"role": "assistant", "content": null}, "finish_reason": null}));
         event(&json!({"choices": [role], "id": "x", "created": 7}), &mut stream);
+        (reference.id, reference.created) = (Some("x".to_owned()), true);
     }
     for chunk in chunks {
         match chunk {
@@ -165,7 +204,7 @@ fn model(chat: bool, chunks: &[Chunk], ending: &Ending, style: &Style, cuts: &[u
                 event(&json!({"choices": choices}), &mut stream);
             }
             Chunk::Timings(n) => {
-                timings = Some(*n);
+                reference.timings = Some(*n);
                 event(&json!({"choices": [], "timings": {"predicted_n": n}}), &mut stream);
             }
             Chunk::Text { choice, text, reasoning } => {
@@ -183,6 +222,7 @@ fn model(chat: bool, chunks: &[Chunk], ending: &Ending, style: &Style, cuts: &[u
                 };
                 let choice = choice_json(style, index, members);
                 event(&json!({"choices": [choice], "id": "x"}), &mut stream);
+                reference.id = Some("x".to_owned());
             }
             Chunk::Finish { choice, reason } => {
                 let index = choice % 3;
@@ -197,8 +237,16 @@ fn model(chat: bool, chunks: &[Chunk], ending: &Ending, style: &Style, cuts: &[u
                 event(&json!({"choices": [choice]}), &mut stream);
             }
             Chunk::Usage(tokens) => {
-                usage = Some(*tokens);
+                reference.usage = Some(*tokens);
                 event(&json!({"choices": [], "usage": {"completion_tokens": tokens}}), &mut stream);
+            }
+            Chunk::Meta { id, times } => {
+                let id = format!("m{id}");
+                let times = 1 + times % 8;
+                for _ in 0..if collapse { times.min(2) } else { times } {
+                    event(&json!({"choices": [], "id": id, "created": 7, "model": "m"}), &mut stream);
+                }
+                (reference.id, reference.created) = (Some(id), true);
             }
             Chunk::Comment(text) => stream.push_str(&format!(":{}{eol}{eol}", one_line(text))),
             Chunk::ToolCall { choice, call, id, name, arguments } => {
@@ -237,11 +285,28 @@ fn model(chat: bool, chunks: &[Chunk], ending: &Ending, style: &Style, cuts: &[u
             event(&json!({"code": code, "message": "m"}), &mut stream);
         }
     }
-    let outcome = assemble(route(chat), stream.as_bytes(), cuts);
+    (stream, reference)
+}
+
+fn model(chat: bool, chunks: &[Chunk], ending: &Ending, style: &Style, cuts: &[u16], limit: Option<u16>) {
+    let (stream, reference) = render(chat, chunks, ending, style, false);
+    let outcome = assemble(route(chat), stream.as_bytes(), cuts, None);
+    if limit.is_some() {
+        let bounded = assemble(route(chat), stream.as_bytes(), cuts, limit);
+        assert!(
+            bounded == outcome || bounded == Err(AssembleError::TooLarge),
+            "{limit:?}: {bounded:?}, not {outcome:?}"
+        );
+        // What is kept is bounded, not the events: repeating one that only
+        // replaces what is kept changes nothing past its second copy.
+        let (collapsed, _) = render(chat, chunks, ending, style, true);
+        let fewer = assemble(route(chat), collapsed.as_bytes(), cuts, limit);
+        assert_eq!(fewer, bounded, "{limit:?}: an event repeated changed the outcome");
+    }
     let answer = match (ending, outcome) {
         (Ending::Cut, Err(AssembleError::Incomplete)) => return,
         // `[DONE]` after no choice at all is malformed.
-        (Ending::Done, Err(AssembleError::Malformed(_))) if expected.is_empty() => return,
+        (Ending::Done, Err(AssembleError::Malformed(_))) if reference.choices.is_empty() => return,
         (Ending::Error(code) | Ending::NamedError(code), Ok(Assembled::EngineError { status, body })) => {
             let want = if (400..=599).contains(code) { *code } else { 500 };
             assert_eq!(status, want);
@@ -254,14 +319,13 @@ fn model(chat: bool, chunks: &[Chunk], ending: &Ending, style: &Style, cuts: &[u
     };
     let answer: Value = serde_json::from_slice(&answer).unwrap();
     assert_eq!(answer["object"], if chat { "chat.completion" } else { "text_completion" });
-    assert_eq!(answer.get("usage").map(|u| u["completion_tokens"].clone()), usage.map(|u| json!(u)));
-    assert_eq!(answer.get("timings").map(|t| t["predicted_n"].clone()), timings.map(|n| json!(n)));
-    if chat && style.role_first {
-        assert_eq!((&answer["id"], &answer["created"]), (&json!("x"), &json!(7)));
-    }
+    assert_eq!(answer.get("usage").map(|u| u["completion_tokens"].clone()), reference.usage.map(|u| json!(u)));
+    assert_eq!(answer.get("timings").map(|t| t["predicted_n"].clone()), reference.timings.map(|n| json!(n)));
+    assert_eq!(answer.get("id").and_then(Value::as_str), reference.id.as_deref());
+    assert_eq!(answer.get("created").cloned(), reference.created.then(|| json!(7)));
     let choices = answer["choices"].as_array().unwrap();
-    assert_eq!(choices.len(), expected.len());
-    for (choice, (index, want)) in choices.iter().zip(&expected) {
+    assert_eq!(choices.len(), reference.choices.len());
+    for (choice, (index, want)) in choices.iter().zip(&reference.choices) {
         assert_eq!(choice["index"], json!(index));
         assert_eq!(choice.get("finish_reason").and_then(Value::as_str), want.finish);
         if !chat {
@@ -285,10 +349,15 @@ fn model(chat: bool, chunks: &[Chunk], ending: &Ending, style: &Style, cuts: &[u
     }
 }
 
-fn raw(chat: bool, bytes: &[u8], cuts: &[u16]) {
-    let whole = assemble(route(chat), bytes, &[]);
-    let cut = assemble(route(chat), bytes, cuts);
+fn raw(chat: bool, bytes: &[u8], cuts: &[u16], limit: Option<u16>) {
+    let whole = assemble(route(chat), bytes, &[], None);
+    let cut = assemble(route(chat), bytes, cuts, None);
     assert_eq!(whole, cut, "the cut points changed the outcome");
+    if limit.is_some() {
+        let bounded = assemble(route(chat), bytes, &[], limit);
+        assert!(bounded == whole || bounded == Err(AssembleError::TooLarge), "{limit:?}: {bounded:?}, not {whole:?}");
+        assert_eq!(assemble(route(chat), bytes, cuts, limit), bounded, "{limit:?}: the cut points changed the outcome");
+    }
     match whole {
         Ok(Assembled::Answer(answer)) => {
             let answer: Value = serde_json::from_slice(&answer).unwrap();
@@ -304,6 +373,6 @@ fn raw(chat: bool, bytes: &[u8], cuts: &[u16]) {
 }
 
 fuzz_target!(|input: Input| match input {
-    Input::Model { chat, chunks, ending, style, cuts } => model(chat, &chunks, &ending, &style, &cuts),
-    Input::Raw { chat, bytes, cuts } => raw(chat, &bytes, &cuts),
+    Input::Model { chat, chunks, ending, style, cuts, limit } => model(chat, &chunks, &ending, &style, &cuts, limit),
+    Input::Raw { chat, bytes, cuts, limit } => raw(chat, &bytes, &cuts, limit),
 });

@@ -18,7 +18,7 @@
 //!
 //! [`StreamAssembler`] reads the stream (at most [`MAX_ASSEMBLED_BYTES`],
 //! in chunks split anywhere) into the answer, as llama.cpp would have sent
-//! it unstreamed:
+//! it unstreamed, keeping at most [`MAX_PARSED_BYTES`] of it parsed:
 //!
 //! - chat: `delta`s are merged into one `message` (`content`,
 //!   `reasoning_content`, `refusal` concatenated; `tool_calls` merged by
@@ -59,11 +59,20 @@ use serde_json::{Map, Value};
 /// all); more is [`AssembleError::TooLarge`].
 pub const MAX_ASSEMBLED_BYTES: usize = 32 * 1024 * 1024;
 
-/// The most memory the parsed events of one stream may take, estimated
-/// per value (each value and member at the size of a parsed value plus a
-/// map node, with the bytes of its strings and keys: a parsed array of
-/// small numbers takes several times its text); more is
-/// [`AssembleError::TooLarge`].
+/// The most memory the answer being assembled may take parsed, together
+/// with the event being parsed; more is [`AssembleError::TooLarge`].
+///
+/// What is kept of the events is counted (the top-level members, the last
+/// given of each; each choice's members, its texts concatenated and its
+/// tool calls), not the events themselves: the members every llama.cpp
+/// chunk repeats (`id`, `created`, `model`, `system_fingerprint`, `object`)
+/// are replaced, not added, so an answer of 100k tokens takes a few hundred
+/// KiB however many events brought it. Memory is estimated per value: each
+/// value and member at the size of a parsed value plus a map node, with the
+/// bytes of its strings and keys (a parsed array of small numbers takes
+/// several times its text). An event is bounded from its text before it is
+/// parsed (at most its bytes plus a node per value it can hold), so no
+/// single event takes more either.
 pub const MAX_PARSED_BYTES: usize = 64 * 1024 * 1024;
 
 /// The most choices one answer may have (requests asking for several are
@@ -148,7 +157,7 @@ pub enum Assembled {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum AssembleError {
-    /// Over [`MAX_ASSEMBLED_BYTES`].
+    /// Over [`MAX_ASSEMBLED_BYTES`] received, or [`MAX_PARSED_BYTES`] kept.
     TooLarge,
     /// An event that is not the JSON it should be.
     Malformed(String),
@@ -161,7 +170,7 @@ impl fmt::Display for AssembleError {
         match self {
             AssembleError::TooLarge => write!(
                 f,
-                "the engine's answer is over {} MiB (or over {} MiB parsed)",
+                "the engine's stream is over {} MiB, or its answer over {} MiB parsed",
                 MAX_ASSEMBLED_BYTES >> 20,
                 MAX_PARSED_BYTES >> 20
             ),
@@ -182,8 +191,12 @@ pub struct StreamAssembler {
     route: CompletionRoute,
     /// Bytes taken so far (up to the last complete line).
     received: usize,
-    /// The estimated size of every event parsed so far ([`parsed_size`]).
-    parsed: usize,
+    /// The estimated size of what is kept of the events: [`parsed_size`] of
+    /// each member of `top` and of each choice, a [`NODE`] per choice and
+    /// tool call (`recount` counts it afresh in tests and fuzzing).
+    kept: usize,
+    /// The most `kept` and the next event may take: [`MAX_PARSED_BYTES`].
+    max_parsed: usize,
     /// Data events read so far.
     events: u64,
     /// No byte was read yet (a byte-order mark may come first).
@@ -225,7 +238,8 @@ impl StreamAssembler {
         StreamAssembler {
             route,
             received: 0,
-            parsed: 0,
+            kept: 0,
+            max_parsed: MAX_PARSED_BYTES,
             events: 0,
             at_start: true,
             after_cr: false,
@@ -237,6 +251,15 @@ impl StreamAssembler {
             done: false,
             error: None,
         }
+    }
+
+    /// As [`new`](Self::new), keeping at most `max_parsed` bytes parsed
+    /// instead of [`MAX_PARSED_BYTES`] (tests and fuzzing: the bound's
+    /// semantics at sizes a fuzzer reaches).
+    #[cfg(any(test, fuzzing))]
+    #[doc(hidden)]
+    pub fn with_max_parsed(route: CompletionRoute, max_parsed: usize) -> Self {
+        StreamAssembler { max_parsed, ..StreamAssembler::new(route) }
     }
 
     /// Whether nothing more is needed: `[DONE]` or an error came.
@@ -380,16 +403,25 @@ impl StreamAssembler {
             self.done = true;
             return Ok(());
         }
-        let value: Value = serde_json::from_slice(&data)
-            .map_err(|e| AssembleError::Malformed(format!("an event is not JSON ({e})")))?;
-        self.parsed = self.parsed.saturating_add(parsed_size(&value));
-        if self.parsed > MAX_PARSED_BYTES {
+        // What is kept only grows by what the event holds: bounding both
+        // before the parse bounds the memory after it too.
+        if self.kept.saturating_add(parse_bound(&data)) > self.max_parsed {
             return Err(AssembleError::TooLarge);
         }
+        let value: Value = serde_json::from_slice(&data)
+            .map_err(|e| AssembleError::Malformed(format!("an event is not JSON ({e})")))?;
+        self.merge_event(value, event.as_deref())?;
+        #[cfg(any(test, fuzzing))]
+        assert_eq!(self.kept, self.recount(), "what is kept is counted as it changes");
+        Ok(())
+    }
+
+    /// Merges one parsed event (named `event`, if it was) into the answer.
+    fn merge_event(&mut self, value: Value, event: Option<&str>) -> Result<(), AssembleError> {
         let Value::Object(mut chunk) = value else {
             return Err(AssembleError::Malformed("an event is not a JSON object".to_owned()));
         };
-        if event.as_deref() == Some("error") || chunk.contains_key("error") {
+        if event == Some("error") || chunk.contains_key("error") {
             let error = chunk.remove("error").unwrap_or(Value::Object(chunk));
             self.error = Some((error_status(&error), error_body(error)));
             return Ok(());
@@ -406,10 +438,28 @@ impl StreamAssembler {
         chunk.remove("object");
         for (key, value) in chunk {
             if !value.is_null() || !self.top.contains_key(&key) {
-                self.top.insert(key, value);
+                let (added, key_len) = (parsed_size(&value), key.len());
+                self.kept = self.kept.saturating_add(added);
+                match self.top.insert(key, value) {
+                    Some(old) => self.kept = self.kept.saturating_sub(parsed_size(&old)),
+                    None => self.kept = self.kept.saturating_add(key_len),
+                }
             }
         }
         Ok(())
+    }
+
+    /// `kept` counted afresh from what is kept: each choice and tool call a
+    /// [`NODE`], and each member its key and its value.
+    #[cfg(any(test, fuzzing))]
+    fn recount(&self) -> usize {
+        let members =
+            |m: &Map<String, Value>| m.iter().map(|(key, value)| key.len() + parsed_size(value)).sum::<usize>();
+        let choices = self.choices.values().map(|choice| {
+            let calls = choice.tool_calls.values().map(|call| NODE + members(call)).sum::<usize>();
+            NODE + members(&choice.fields) + members(&choice.message) + calls
+        });
+        members(&self.top) + choices.sum::<usize>()
     }
 
     fn merge_choice(&mut self, choice: Value) -> Result<(), AssembleError> {
@@ -420,21 +470,25 @@ impl StreamAssembler {
         if self.choices.len() >= MAX_CHOICES && !self.choices.contains_key(&index) {
             return Err(AssembleError::Malformed(format!("over {MAX_CHOICES} choices")));
         }
-        let slot = self.choices.entry(index).or_default();
+        let kept = &mut self.kept;
+        let slot = self.choices.entry(index).or_insert_with(|| {
+            *kept = kept.saturating_add(NODE);
+            Choice::default()
+        });
         if self.route == CompletionRoute::ChatCompletions {
             match choice.remove("delta") {
                 Some(Value::Object(mut delta)) => {
                     match delta.remove("tool_calls") {
                         None | Some(Value::Null) => {}
-                        Some(calls) => merge_tool_calls(&mut slot.tool_calls, calls)?,
+                        Some(calls) => merge_tool_calls(&mut slot.tool_calls, calls, kept)?,
                     }
-                    merge_members(&mut slot.message, delta);
+                    merge_members(&mut slot.message, delta, kept);
                 }
                 None | Some(Value::Null) => {}
                 Some(_) => return Err(AssembleError::Malformed("a `delta` is not an object".to_owned())),
             }
         }
-        merge_members(&mut slot.fields, choice);
+        merge_members(&mut slot.fields, choice, kept);
         Ok(())
     }
 
@@ -485,8 +539,13 @@ impl StreamAssembler {
     }
 }
 
-/// Merges `delta`'s tool calls (an array of objects with an `index`).
-fn merge_tool_calls(calls: &mut BTreeMap<u64, Map<String, Value>>, delta: Value) -> Result<(), AssembleError> {
+/// Merges `delta`'s tool calls (an array of objects with an `index`),
+/// counting what they add in `kept`.
+fn merge_tool_calls(
+    calls: &mut BTreeMap<u64, Map<String, Value>>,
+    delta: Value,
+    kept: &mut usize,
+) -> Result<(), AssembleError> {
     let Value::Array(delta) = delta else {
         return Err(AssembleError::Malformed("`tool_calls` is not an array".to_owned()));
     };
@@ -498,22 +557,53 @@ fn merge_tool_calls(calls: &mut BTreeMap<u64, Map<String, Value>>, delta: Value)
         if calls.len() >= MAX_TOOL_CALLS && !calls.contains_key(&index) {
             return Err(AssembleError::Malformed(format!("over {MAX_TOOL_CALLS} tool calls")));
         }
-        merge_members(calls.entry(index).or_default(), call);
+        let slot = calls.entry(index).or_insert_with(|| {
+            *kept = kept.saturating_add(NODE);
+            Map::new()
+        });
+        merge_members(slot, call, kept);
     }
     Ok(())
 }
 
+/// The estimated memory of one parsed value or member, its strings aside:
+/// a `Value` and a map node.
+const NODE: usize = std::mem::size_of::<Value>() + 32;
+
 /// An estimate of the memory `value` takes once parsed: every value and
-/// member counted at the size of a `Value` plus a map node, and the bytes
-/// of its strings and keys.
+/// member counted at [`NODE`], and the bytes of its strings and keys.
 fn parsed_size(value: &Value) -> usize {
-    const NODE: usize = std::mem::size_of::<Value>() + 32;
     NODE + match value {
         Value::String(text) => text.len(),
         Value::Array(items) => items.iter().map(parsed_size).sum(),
         Value::Object(members) => members.iter().map(|(key, value)| key.len() + parsed_size(value)).sum(),
         _ => 0,
     }
+}
+
+/// At least [`parsed_size`] of the value `json` parses to, from its text:
+/// its bytes (strings and keys take no more parsed than quoted) and a
+/// [`NODE`] per value it can hold (every value but the outermost follows a
+/// `[`, `,` or `:` outside a string).
+fn parse_bound(json: &[u8]) -> usize {
+    let (mut values, mut in_string, mut escaped) = (1usize, false, false);
+    for &byte in json {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else {
+            match byte {
+                b'"' => in_string = true,
+                b'[' | b',' | b':' => values += 1,
+                _ => {}
+            }
+        }
+    }
+    json.len().saturating_add(values.saturating_mul(NODE))
 }
 
 /// An `index` member (`whose`: what it indexes, for the error): absent or
@@ -527,12 +617,14 @@ fn index_of(index: Option<&Value>, whose: &str) -> Result<u64, AssembleError> {
     }
 }
 
-/// Merges `from` into `into`, member by member ([`merge_value`]).
-fn merge_members(into: &mut Map<String, Value>, from: Map<String, Value>) {
+/// Merges `from` into `into`, member by member ([`merge_value`]),
+/// counting the change in `kept` ([`parsed_size`]).
+fn merge_members(into: &mut Map<String, Value>, from: Map<String, Value>, kept: &mut usize) {
     for (key, value) in from {
         match into.get_mut(&key) {
-            Some(existing) => merge_value(&key, existing, value),
+            Some(existing) => merge_value(&key, existing, value, kept),
             None => {
+                *kept = kept.saturating_add(key.len() + parsed_size(&value));
                 into.insert(key, value);
             }
         }
@@ -541,14 +633,23 @@ fn merge_members(into: &mut Map<String, Value>, from: Map<String, Value>) {
 
 /// One member's next piece: `null` keeps what is there, the pieces of a
 /// text ([`TEXT_KEYS`]) and arrays are concatenated, objects merged, and
-/// anything else replaced.
-fn merge_value(key: &str, into: &mut Value, from: Value) {
+/// anything else replaced; the change is counted in `kept`.
+fn merge_value(key: &str, into: &mut Value, from: Value, kept: &mut usize) {
     match (into, from) {
         (_, Value::Null) => {}
-        (Value::String(text), Value::String(piece)) if TEXT_KEYS.contains(&key) => text.push_str(&piece),
-        (Value::Array(items), Value::Array(more)) => items.extend(more),
-        (Value::Object(members), Value::Object(more)) => merge_members(members, more),
-        (into, from) => *into = from,
+        (Value::String(text), Value::String(piece)) if TEXT_KEYS.contains(&key) => {
+            *kept = kept.saturating_add(piece.len());
+            text.push_str(&piece);
+        }
+        (Value::Array(items), Value::Array(more)) => {
+            *kept = kept.saturating_add(more.iter().map(parsed_size).sum());
+            items.extend(more);
+        }
+        (Value::Object(members), Value::Object(more)) => merge_members(members, more, kept),
+        (into, from) => {
+            *kept = kept.saturating_add(parsed_size(&from)).saturating_sub(parsed_size(into));
+            *into = from;
+        }
     }
 }
 
@@ -786,6 +887,147 @@ mod tests {
         }
         assert_eq!(outcome, Err(AssembleError::TooLarge));
         assert!(sent < MAX_ASSEMBLED_BYTES / 2, "refused after {sent} bytes only by the parsed bound");
+    }
+
+    /// A captured llama.cpp stream made long: its token events cycled to
+    /// `tokens` tokens (the events before the first and after the last kept
+    /// as they are), its model named `model`. Every event repeats the
+    /// chunk's `id`, `created`, `model`, `system_fingerprint` and `object`.
+    struct LongStream {
+        stream: String,
+        /// The answer's text.
+        text: String,
+        /// The events' [`parsed_size`]s summed (what df655a4 bounded).
+        summed: usize,
+    }
+
+    fn long_stream(route: CompletionRoute, capture: &str, tokens: usize, model: &str) -> LongStream {
+        let capture = capture.replace(r#""model":"models/tiny-random-llama.gguf""#, &format!(r#""model":"{model}""#));
+        let events: Vec<(&str, Value)> = capture
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .filter(|d| *d != "[DONE]")
+            .map(|d| (d, serde_json::from_str(d).unwrap()))
+            .collect();
+        let text_of = |chunk: &Value| {
+            let choice = &chunk["choices"][0];
+            let text = match route {
+                CompletionRoute::ChatCompletions => choice["delta"]["content"].as_str(),
+                CompletionRoute::Completions => choice["text"].as_str(),
+            };
+            text.filter(|t| !t.is_empty() && choice["finish_reason"].is_null()).map(str::to_owned)
+        };
+        let first = events.iter().position(|(_, chunk)| text_of(chunk).is_some()).unwrap();
+        let last = events.iter().rposition(|(_, chunk)| text_of(chunk).is_some()).unwrap();
+        let cycled = events[first..=last].iter().cycle().take(tokens);
+        let all: Vec<&(&str, Value)> = events[..first].iter().chain(cycled).chain(&events[last + 1..]).collect();
+        LongStream {
+            stream: all.iter().map(|(data, _)| format!("data: {data}\n\n")).collect::<String>() + "data: [DONE]\n\n",
+            text: all.iter().filter_map(|(_, chunk)| text_of(chunk)).collect(),
+            summed: all.iter().map(|(_, chunk)| parsed_size(chunk)).sum(),
+        }
+    }
+
+    #[test]
+    fn a_70k_token_llama_cpp_answer_assembles() {
+        let chat = include_str!("../../tests/fixtures/engines/llamacpp-tiny-chat-stream.sse");
+        let completions = include_str!("../../tests/fixtures/engines/llamacpp-tiny-completion-stream.sse");
+        // The reported size, and more for chat (its stream still within the
+        // byte bound: 27 MB of 32 MiB at 100k tokens).
+        let cases = [
+            (CompletionRoute::ChatCompletions, chat, 70_000),
+            (CompletionRoute::Completions, completions, 70_000),
+            (CompletionRoute::ChatCompletions, chat, 100_000),
+        ];
+        for (route, capture, tokens) in cases {
+            // llama-server names the model by its file (the capture's is a
+            // test model's short name).
+            let long = long_stream(route, capture, tokens, "models/Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf");
+            assert!(long.stream.len() < MAX_ASSEMBLED_BYTES * 9 / 10, "{} bytes", long.stream.len());
+            // df655a4 bounded the events' estimates summed, and refused
+            // this shape from 69.8k tokens of chat (70.2k of completions)
+            // with a 502: deterministically, by 0.3 % at 70k, 43 % at 100k.
+            if route == CompletionRoute::ChatCompletions {
+                assert!(long.summed > MAX_PARSED_BYTES, "{tokens}: the events sum to {} only", long.summed);
+            }
+            let mut assembler = StreamAssembler::new(route);
+            for chunk in long.stream.as_bytes().chunks(16 * 1024) {
+                assembler.push(chunk).unwrap_or_else(|e| panic!("{route:?} {tokens}: {e}"));
+            }
+            // What is kept is the answer: far below the bound.
+            let kept = assembler.kept;
+            assert!(kept < MAX_PARSED_BYTES / 50, "{route:?} {tokens}: {kept} bytes kept");
+            assert_eq!(assembler.events(), long.stream.matches("data: ").count() as u64);
+            let Ok(Assembled::Answer(body)) = assembler.finish() else { panic!("{route:?} {tokens}: no answer") };
+            let answer: Value = serde_json::from_slice(&body).unwrap();
+            let text = match route {
+                CompletionRoute::ChatCompletions => &answer["choices"][0]["message"]["content"],
+                CompletionRoute::Completions => &answer["choices"][0]["text"],
+            };
+            assert_eq!(text.as_str().unwrap(), long.text, "{route:?} {tokens}");
+            assert_eq!(answer["choices"][0]["finish_reason"], "length");
+            assert!(answer["usage"]["completion_tokens"].is_u64());
+            eprintln!(
+                "{route:?}, {tokens} tokens: {} bytes streamed, events summing to {}, {kept} kept",
+                long.stream.len(),
+                long.summed
+            );
+        }
+    }
+
+    #[test]
+    fn what_is_kept_is_bounded_not_the_events() {
+        const LIMIT: usize = 16 * 1024;
+        let text =
+            |piece: &str| format!("data: {{\"choices\":[{{\"index\":0,\"text\":\"{piece}\"}}],\"id\":\"c\"}}\n\n");
+        let meta = "data: {\"choices\":[],\"id\":\"c\",\"created\":7,\"model\":\"m\"}\n\n";
+        // Members replaced by every event add nothing, however many come.
+        let mut assembler = StreamAssembler::with_max_parsed(CompletionRoute::Completions, LIMIT);
+        assembler.push(text("a").as_bytes()).unwrap();
+        for _ in 0..10 * LIMIT / meta.len() {
+            assembler.push(meta.as_bytes()).unwrap();
+            assembler.push(text("b").as_bytes()).unwrap();
+        }
+        assert!(assembler.kept < LIMIT / 4, "{} kept", assembler.kept);
+        assembler.push(b"data: [DONE]\n\n").unwrap();
+        assert!(matches!(assembler.finish(), Ok(Assembled::Answer(_))));
+        // What is kept grows with the text, and is refused past the bound.
+        let mut assembler = StreamAssembler::with_max_parsed(CompletionRoute::Completions, LIMIT);
+        let piece = text(&"x".repeat(100));
+        let mut pushed = 0;
+        while assembler.push(piece.as_bytes()).is_ok() {
+            pushed += 1;
+            assert!(pushed * 100 <= LIMIT, "{pushed} pieces of text kept");
+        }
+        assert!(pushed * 100 > LIMIT / 2, "refused after {pushed} pieces of text only");
+        assert!(assembler.kept <= LIMIT);
+    }
+
+    #[test]
+    fn an_event_is_bounded_before_it_is_parsed() {
+        let samples = [
+            r#"{}"#,
+            r#"[]"#,
+            r#"[[],[[]],{},{"a":{}}]"#,
+            r#"{"a":"x,y:z[","b\"[":"\\","c":"\u00e9\ud83d\ude00","d":[1,2,3.5e10,true,null]}"#,
+            "{\n  \"choices\": [\n    {\"index\": 0}\n  ]\n}",
+            r#""a string alone""#,
+        ];
+        let fixtures = [
+            include_str!("../../tests/fixtures/engines/llamacpp-tiny-chat-stream.sse"),
+            include_str!("../../tests/fixtures/engines/llamacpp-tiny-completion-stream.sse"),
+        ];
+        let events = fixtures.iter().flat_map(|f| f.lines().filter_map(|l| l.strip_prefix("data: ")));
+        for json in samples.into_iter().chain(events.filter(|d| *d != "[DONE]")) {
+            let value: Value = serde_json::from_str(json).unwrap();
+            assert!(parse_bound(json.as_bytes()) >= parsed_size(&value), "{json}");
+        }
+        // Refused before the parse: the event is not even whole JSON.
+        let numbers = vec!["1"; 1 << 20].join(",");
+        let unclosed = format!("data: {{\"choices\":[{{\"index\":0,\"x\":[{numbers}\n\n");
+        let outcome = assemble(CompletionRoute::Completions, unclosed.as_bytes(), usize::MAX);
+        assert_eq!(outcome, Err(AssembleError::TooLarge));
+        assert!(unclosed.len() * 16 < MAX_PARSED_BYTES, "refused for its values, not its bytes");
     }
 
     #[test]
