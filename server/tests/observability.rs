@@ -117,9 +117,11 @@ fn generated(id: &str) -> bool {
     id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-/// `GET /metrics`.
+/// `GET /metrics` in OpenMetrics (asked for: without `Accept` it is the
+/// Prometheus text format 0.0.4).
 async fn metrics(fe: &Frontend) -> String {
-    let response = fe.client.get(format!("{}/metrics", fe.http)).send().await.expect("GET /metrics");
+    let request = fe.client.get(format!("{}/metrics", fe.http)).header("accept", "application/openmetrics-text");
+    let response = request.send().await.expect("GET /metrics");
     assert_eq!(response.status(), 200);
     response.text().await.expect("metrics body")
 }
