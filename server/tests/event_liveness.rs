@@ -225,6 +225,49 @@ async fn a_connection_flood_without_the_secret_does_not_keep_workers_out() {
     fe.assert_still_serving(MODEL, 256.0).await;
 }
 
+/// Connections that never answer cannot evict a handshake answered within
+/// its share of the deadline, however many arrive meanwhile: with every
+/// pending place (8) taken by idle connections, a client reads its
+/// Challenge, waits 100 ms (40% of its 250 ms share), and meanwhile 24 new
+/// connections arrive (and are taken as far as there is room); then it
+/// answers, and is welcomed. Before, the oldest pending connection was
+/// evicted for each new one, so this client was gone after 8.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_connections_cannot_evict_a_handshake_answered_within_its_share() {
+    let _box = exclusive().await;
+    const PLACES: usize = 8;
+    let fe = Frontend::secured(&["--max-pending-handshakes", "8"]);
+    let events = fe.events;
+    let (answered, taken) = tokio::task::spawn_blocking(move || {
+        let _idle: Vec<EventConn> = (0..PLACES).map(|_| EventConn::connect(events).expect("connect")).collect();
+        let mut slow = connect_under_flood(events);
+        let challenge = slow.read_challenge(Duration::from_secs(5)).expect("the challenge").expect("a challenge");
+        let answer_at = Instant::now() + SLOW_ANSWER;
+        let mut burst: Vec<EventConn> = (0..3 * PLACES).map(|_| connect_under_flood(events)).collect();
+        // How many of them the frontend took (each got its Challenge) by
+        // the time the client answers.
+        let mut taken = vec![false; burst.len()];
+        while Instant::now() < answer_at && taken.iter().any(|t| !t) {
+            for (conn, taken) in burst.iter_mut().zip(taken.iter_mut()).filter(|(_, t)| !**t) {
+                *taken = !matches!(conn.read_challenge(Duration::from_millis(1)), Ok(None));
+            }
+        }
+        std::thread::sleep(answer_at.saturating_duration_since(Instant::now()));
+        let nonce = random_nonce();
+        let mac = wire::proof_mac(SECRET.as_bytes(), &challenge, &nonce);
+        let answered = slow
+            .send_raw(&encoded(&Frame::Proof { nonce, mac }))
+            .map_err(|e| format!("sending the proof: {e}"))
+            .and_then(|()| slow.read_frame(Duration::from_secs(3)).map_err(|e| format!("reading the welcome: {e}")));
+        (answered, taken.iter().filter(|t| **t).count())
+    })
+    .await
+    .unwrap();
+    let said = answered.as_ref().map(|frame| frame.as_ref().map(Frame::kind_name));
+    eprintln!("{taken} of {} new connections taken while the client waited {SLOW_ANSWER:?}: {said:?}", 3 * PLACES);
+    assert!(matches!(answered, Ok(Some(Frame::Welcome { .. }))), "the client was evicted: {answered:?}");
+}
+
 /// Without a secret the frontend says, once, that its event plane is
 /// unauthenticated: any local process can register a worker and so receive
 /// prompts. With one it says nothing of the kind.
