@@ -15,15 +15,10 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
-use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::Frontend;
-use loadgate::wire::Frame;
-use loadgate::RankLoad;
+use common::{BusyWorker, Frontend};
 use serde_json::Value;
 
 /// The model a real worker serves.
@@ -66,55 +61,6 @@ const WORKER_FAMILIES: &[(&str, &str)] =
     &[("dynamo_rejection_request", "counter"), ("dynamo_engine_request", "gauge"), ("dynamo_request_queue", "gauge")];
 const OPENMETRICS_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const PROMETHEUS_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-/// A fake worker on the event plane (no secret: loopback), registered for
-/// [`BUSY_MODEL`] and reporting a full KV cache every 100 ms until dropped.
-struct BusyWorker {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl BusyWorker {
-    fn start(events: SocketAddr) -> BusyWorker {
-        let mut conn = TcpStream::connect(events).expect("connect to the event port");
-        let register = Frame::Register {
-            worker: 91,
-            incarnation: 1,
-            dp_size: 1,
-            model: BUSY_MODEL.into(),
-            http_addr: "127.0.0.1:9".into(),
-        };
-        conn.write_all(&common::encoded(&register)).expect("register");
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let full = RankLoad { active_decode_blocks: 90, kv_total_blocks: 100, ..Default::default() };
-            let deadline = Instant::now() + Duration::from_secs(120);
-            // Relaxed: a stop flag; nothing else hangs on it.
-            for seq in 1.. {
-                if stopped.load(Ordering::Relaxed) || Instant::now() > deadline {
-                    break;
-                }
-                let load = Frame::Load { worker: 91, incarnation: 1, rank: 0, seq, load: full };
-                if conn.write_all(&common::encoded(&load)).is_err() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        });
-        BusyWorker { stop, thread: Some(thread) }
-    }
-}
-
-impl Drop for BusyWorker {
-    fn drop(&mut self) {
-        // Relaxed: as above.
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
 
 /// The pinned version, from `.ci/requirements-metrics.txt`.
 fn pinned_version() -> String {
@@ -279,7 +225,7 @@ async fn both_python_parsers_read_the_frontend_and_the_worker() {
     let _box = common::shared().await;
     let fe = Frontend::start(None, &["--active-decode-blocks-threshold", "0.85"]);
     let worker = common::worker(Some(fe.events), MODEL, None, &["--engine-request-limit", "4"]);
-    let busy = BusyWorker::start(fe.events);
+    let busy = BusyWorker::start(fe.events, 91, BUSY_MODEL);
     fe.wait_workers(2, SETTLE).await;
     // Every family with samples: served requests (counters, histograms),
     // shed ones (the rejection counters), an unknown model.

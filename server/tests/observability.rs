@@ -4,15 +4,9 @@
 
 mod common;
 
-use std::io::Write;
-use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Frontend, Worker};
-use loadgate::wire::Frame;
-use loadgate::RankLoad;
+use common::{BusyWorker, Frontend, Worker};
 use serde_json::json;
 
 /// The model a real worker serves.
@@ -20,56 +14,6 @@ const MODEL: &str = "obs-model";
 /// The model of a fake worker that always reports itself full (529s).
 const BUSY_MODEL: &str = "obs-busy";
 const SETTLE: Duration = Duration::from_secs(15);
-
-/// A fake worker on the event plane, registered for [`BUSY_MODEL`] and
-/// reporting a full KV cache every 100 ms until dropped (the frontend sheds
-/// every request for it with 529).
-struct BusyWorker {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl BusyWorker {
-    fn start(events: std::net::SocketAddr) -> BusyWorker {
-        let mut conn = TcpStream::connect(events).expect("connect to the event port");
-        let register = Frame::Register {
-            worker: 77,
-            incarnation: 1,
-            dp_size: 1,
-            model: BUSY_MODEL.into(),
-            http_addr: "127.0.0.1:9".into(),
-        };
-        conn.write_all(&common::encoded(&register)).expect("register");
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let full = RankLoad { active_decode_blocks: 90, kv_total_blocks: 100, ..Default::default() };
-            let deadline = Instant::now() + Duration::from_secs(120);
-            // Relaxed: a stop flag; nothing else hangs on it.
-            for seq in 1.. {
-                if stopped.load(Ordering::Relaxed) || Instant::now() > deadline {
-                    break;
-                }
-                let load = Frame::Load { worker: 77, incarnation: 1, rank: 0, seq, load: full };
-                if conn.write_all(&common::encoded(&load)).is_err() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        });
-        BusyWorker { stop, thread: Some(thread) }
-    }
-}
-
-impl Drop for BusyWorker {
-    fn drop(&mut self) {
-        // Relaxed: as above.
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
 
 /// A frontend logging its access lines, a worker for [`MODEL`] and a busy
 /// fake for [`BUSY_MODEL`], both registered, the fake busy.
@@ -79,7 +23,7 @@ async fn setup() -> (Frontend, Worker, BusyWorker) {
         &["--active-decode-blocks-threshold", "0.85"],
     );
     let worker = common::worker(Some(fe.events), MODEL, None, &[]);
-    let busy = BusyWorker::start(fe.events);
+    let busy = BusyWorker::start(fe.events, 77, BUSY_MODEL);
     fe.wait_workers(2, SETTLE).await;
     let deadline = Instant::now() + SETTLE;
     loop {

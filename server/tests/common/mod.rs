@@ -4,7 +4,8 @@
 //! and workers ([`cluster`]), a raw event-plane client that speaks the
 //! handshake of spec section 2 or not ([`event_conn`]), the request proof
 //! ([`proof`]), a fake worker that counts what it receives
-//! ([`fake_worker`]), and signals, metrics and load ([`faults`]). Every item
+//! ([`fake_worker`]), one that reports a full KV cache ([`busy_worker`]),
+//! and signals, metrics and load ([`faults`]). Every item
 //! is re-exported here, so tests name it `common::X`.
 //!
 //! Every wait here is bounded in time; every socket has a timeout.
@@ -13,6 +14,7 @@
 // the submodules too).
 #![allow(dead_code)]
 
+mod busy_worker;
 mod cluster;
 mod event_conn;
 mod fake_worker;
@@ -21,6 +23,8 @@ mod procs;
 mod proof;
 
 // A test binary that uses nothing of a submodule would warn of its re-export.
+#[allow(unused_imports)]
+pub use busy_worker::*;
 #[allow(unused_imports)]
 pub use cluster::*;
 #[allow(unused_imports)]
