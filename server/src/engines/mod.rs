@@ -6,6 +6,10 @@
 //! requests to an engine go through `upstream/`.
 
 mod fetch;
+
+/// An HTTP client error and its sources on one line (scrapes and upstream
+/// requests alike).
+pub(crate) use self::fetch::chain as error_chain;
 pub mod models;
 pub mod scrape;
 pub mod spec;

@@ -15,6 +15,7 @@ use super::payload::{NoBody, Payload, Prepared, RELEASE_GRACE};
 use super::relay::{relay, UpstreamBody};
 use super::watcher::Watcher;
 use crate::api_error::RETRY_AFTER_MS;
+use crate::engines::error_chain as chain;
 use crate::secret::REFUSAL_PROOF;
 
 /// Largest error body read from an upstream to relay.
@@ -94,7 +95,7 @@ pub(crate) async fn attempt<W: Watcher>(
         Ok(Ok(upstream)) => upstream,
         Ok(Err(error)) => {
             let failure = Failure::of_send(&error);
-            warn_failure(peer, failure, "the request failed", &ErrorChain(&error));
+            warn_failure(peer, failure, "the request failed", &chain(&error));
             return if payload.body().is_some() { Outcome::Failed(failure) } else { Outcome::Cut(failure) };
         }
         Err(_) => return no_first_byte(peer, timeouts.first_byte),
@@ -128,7 +129,7 @@ pub(crate) async fn attempt<W: Watcher>(
         Ok(Some(Ok(chunk))) => Some(chunk),
         Ok(None) => None,
         Ok(Some(Err(error))) => {
-            warn_failure(peer, Failure::Broken, "the response broke before its first byte", &ErrorChain(&error));
+            warn_failure(peer, Failure::Broken, "the response broke before its first byte", &chain(&error));
             return Outcome::Failed(Failure::Broken);
         }
         Err(_) => return no_first_byte(peer, timeouts.first_byte),
@@ -181,7 +182,7 @@ async fn error_answer<W: Watcher>(
     let body = match tokio::time::timeout(timeouts.between_chunks, read_bounded(upstream)).await {
         Ok(Ok(body)) => body,
         Ok(Err(error)) => {
-            warn_failure(peer, Failure::Broken, "reading an error body failed", &ErrorChain(&error));
+            warn_failure(peer, Failure::Broken, "reading an error body failed", &chain(&error));
             return Outcome::Failed(Failure::Broken);
         }
         Err(_) => return Outcome::Failed(Failure::BetweenChunks),
@@ -214,21 +215,6 @@ async fn read_bounded(mut upstream: reqwest::Response) -> reqwest::Result<Bytes>
         }
     }
     Ok(Bytes::from(body))
-}
-
-/// An error and its sources, on one line.
-struct ErrorChain<'a>(&'a (dyn std::error::Error + 'static));
-
-impl std::fmt::Display for ErrorChain<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut next = self.0.source();
-        while let Some(e) = next {
-            write!(f, ": {e}")?;
-            next = e.source();
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]
