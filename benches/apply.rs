@@ -20,7 +20,7 @@ use loadgate::{
     LoadReport, RankLoad, WorkerId,
 };
 
-const WORKER_COUNTS: [usize; 3] = [8, 64, 1024];
+const WORKER_COUNTS: [usize; 4] = [8, 64, 1_000, 10_000];
 
 /// Benchmarks applying reports to the middle worker, the load of the `seq`-th
 /// report given by `load`; checks every report had the `expected` outcome.

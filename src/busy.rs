@@ -159,21 +159,6 @@ impl BusySet {
         Some(w * 64 + select_in_word(free, (n - self.free_before[w]) as u32) as usize)
     }
 
-    /// Calls `f` with every free instance in index order (a word at a time).
-    #[inline]
-    pub(crate) fn for_each_free(&self, mut f: impl FnMut(usize)) {
-        for (w, &word) in self.words.iter().enumerate() {
-            let mut free = !word;
-            if (w + 1) * 64 > self.len {
-                free &= (1u64 << (self.len % 64)) - 1;
-            }
-            while free != 0 {
-                f(w * 64 + free.trailing_zeros() as usize);
-                free &= free - 1;
-            }
-        }
-    }
-
     /// Free instances in index order.
     pub fn iter_free(&self) -> impl Iterator<Item = usize> + '_ {
         self.words.iter().enumerate().flat_map(move |(w, &word)| {
@@ -245,9 +230,6 @@ mod tests {
                 let free: Vec<usize> = set.iter_free().collect();
                 let scanned: Vec<usize> = (0..len).filter(|&i| !set.is_busy(i)).collect();
                 assert_eq!(free, scanned, "len {len}");
-                let mut each = Vec::new();
-                set.for_each_free(|i| each.push(i));
-                assert_eq!(each, scanned, "len {len}");
                 assert_eq!(free.len(), set.free_count());
                 for (n, &index) in free.iter().enumerate() {
                     assert_eq!(set.nth_free(n), Some(index), "len {len} n {n}");

@@ -37,15 +37,23 @@ impl<T: Copy + Default> Padded<T> {
 
     /// A padded copy of `items` (cold path: allocates).
     pub(crate) fn new(items: impl ExactSizeIterator<Item = T>) -> Self {
-        let len = items.len();
+        Padded::filled(items.len(), |slots| {
+            for (slot, item) in slots.iter_mut().zip(items) {
+                *slot = item;
+            }
+        })
+    }
+
+    /// A padded slice of `len` elements that `fill` writes, from defaults
+    /// (cold path: allocates; lets a caller copy whole runs with
+    /// `copy_from_slice`).
+    pub(crate) fn filled(len: usize, fill: impl FnOnce(&mut [T])) -> Self {
         let mut storage = vec![T::default(); len + 2 * Self::PAD + Self::SLACK].into_boxed_slice();
         // The first index at or after `PAD` whose address is on a line
         // boundary (element sizes here divide the line size).
         let first = storage[Self::PAD..].as_ptr() as usize;
         let start = Self::PAD + (first.next_multiple_of(LINE) - first) / size_of::<T>().max(1);
-        for (slot, item) in storage[start..start + len].iter_mut().zip(items) {
-            *slot = item;
-        }
+        fill(&mut storage[start..start + len]);
         Padded { storage, start, len }
     }
 }
@@ -55,12 +63,6 @@ impl<T: Copy> Padded<T> {
     #[inline(always)]
     pub(crate) fn len(&self) -> usize {
         self.len
-    }
-
-    /// True when there are no elements.
-    #[inline(always)]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// Element `index` (`index < len()`), with a single bounds check against
@@ -107,7 +109,7 @@ mod tests {
             let wide: Vec<u64> = items.iter().map(|&i| u64::from(i) << 40).collect();
             assert_eq!(&*Padded::new(wide.iter().copied()), &wide[..]);
         }
-        assert!(Padded::<u8>::default().is_empty());
+        assert_eq!(Padded::<u8>::default().len(), 0);
     }
 
     /// The addresses of the allocation and of the elements.

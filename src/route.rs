@@ -7,6 +7,7 @@ use std::fmt;
 use crossbeam_utils::CachePadded;
 
 use crate::load::WorkerId;
+use crate::monitor::entry::WorkerEntry;
 use crate::monitor::view::ModelView;
 use crate::monitor::{ModelState, WorkerLoad, WorkerMonitor};
 use crate::sync::{lock, Arc, AtomicUsize, Mutex, Ordering, Swap, SwapCache};
@@ -300,10 +301,10 @@ impl WorkerRouter {
         let eligible = Eligible::new(view, exclude);
         let count = eligible.count();
         if count == 0 {
-            return Err(if view.instances.is_empty() { RouteError::Unavailable } else { RouteError::Overloaded });
+            return Err(if view.is_empty() { RouteError::Unavailable } else { RouteError::Overloaded });
         }
         let position = match (cost, &self.policy) {
-            (Some(cost), _) => self.lowest(routed, &eligible, |p| cost(view.ids[p], &self.load(view, p))),
+            (Some(cost), _) => self.lowest(routed, &eligible, |entry| cost(entry.id, &self.monitor.load_of(entry))),
             (None, Policy::RoundRobin) => eligible.nth(routed.turn() % count),
             (None, Policy::Random) => eligible.nth(fastrand::usize(..count)),
             (None, Policy::PowerOfTwoChoices) => {
@@ -324,8 +325,8 @@ impl WorkerRouter {
             }
             (None, Policy::LeastLoaded) => {
                 let mut best = None::<(usize, WorkerLoad)>;
-                eligible.for_each_from(start(routed, view), |p| {
-                    let load = self.load(view, p);
+                eligible.for_each_from(start(routed, view), |p, entry| {
+                    let load = self.monitor.load_of(entry);
                     if best.as_ref().is_none_or(|(_, b)| load.cmp_load(b).is_lt()) {
                         best = Some((p, load));
                     }
@@ -334,18 +335,23 @@ impl WorkerRouter {
             }
             (None, Policy::Cost(_)) => unreachable!("policy_cost returns the cost function"),
         };
-        Ok(view.ids[position])
+        Ok(view.id(position))
     }
 
     #[inline]
     fn load(&self, view: &ModelView, position: usize) -> WorkerLoad {
-        self.monitor.load_of(&view.instances[position])
+        self.monitor.load_of(view.entry(position))
     }
 
-    fn lowest(&self, routed: &RoutedModel, eligible: &Eligible<'_>, mut cost: impl FnMut(usize) -> u64) -> usize {
+    fn lowest(
+        &self,
+        routed: &RoutedModel,
+        eligible: &Eligible<'_>,
+        mut cost: impl FnMut(&WorkerEntry) -> u64,
+    ) -> usize {
         let mut best = None::<(usize, u64)>;
-        eligible.for_each_from(start(routed, eligible.view), |p| {
-            let c = cost(p);
+        eligible.for_each_from(start(routed, eligible.view), |p, entry| {
+            let c = cost(entry);
             if best.is_none_or(|(_, b)| c < b) {
                 best = Some((p, c));
             }
@@ -356,26 +362,22 @@ impl WorkerRouter {
 
 /// Round-robin with no exclusions, the common case: the same choice as the
 /// general path (the k-th request takes the (k mod eligible)-th eligible
-/// instance) in a cursor increment and one index into the view's list of
+/// instance) in a cursor increment and one index into a chunk's list of
 /// free positions.
 #[inline(always)]
 fn round_robin(routed: &RoutedModel, view: &ModelView) -> Result<WorkerId, RouteError> {
-    let ids = &**view.ids;
-    let count = view.free.count(ids.len());
+    let count = view.eligible;
     if count == 0 {
-        return Err(if ids.is_empty() { RouteError::Unavailable } else { RouteError::Overloaded });
+        return Err(if view.is_empty() { RouteError::Unavailable } else { RouteError::Overloaded });
     }
-    let k = routed.turn() % count;
-    // Both indexes are in range by construction: k < count, and every free
-    // position is below the number of ids.
-    Ok(ids.get(view.free.nth(k)))
+    Ok(view.nth_eligible_id(routed.turn() % count))
 }
 
 /// Where the least-loaded and cost policies start their scan (ties go to
 /// the first from a rotating start).
 #[inline]
 fn start(routed: &RoutedModel, view: &ModelView) -> usize {
-    routed.turn() % view.instances.len().max(1)
+    routed.turn() % view.len().max(1)
 }
 
 /// Routes one model; obtained from [`WorkerRouter::model`]. Shares its router's
@@ -517,8 +519,8 @@ impl<'a> Eligible<'a> {
             if exclude[..i].contains(id) {
                 continue; // listed twice
             }
-            if let Ok(p) = view.ids.binary_search(id) {
-                if !view.filtering || !view.busy.is_busy(p) {
+            if let Some(place) = view.find(*id) {
+                if !view.filtering || !view.chunk(place).is_busy(place.local) {
                     excluded += 1;
                 }
             }
@@ -528,25 +530,18 @@ impl<'a> Eligible<'a> {
 
     #[inline]
     fn count(&self) -> usize {
-        let free = if self.view.filtering { self.view.busy.free_count() } else { self.view.ids.len() };
-        free - self.excluded
-    }
-
-    #[inline]
-    fn is_excluded(&self, position: usize) -> bool {
-        self.excluded != 0 && self.exclude.contains(&self.view.ids[position])
+        self.view.eligible - self.excluded
     }
 
     /// The k-th eligible position; `k < count()`.
     #[inline]
     fn nth(&self, k: usize) -> usize {
         if self.excluded == 0 {
-            let found = if self.view.filtering { self.view.busy.nth_free(k) } else { Some(k) };
-            return found.expect("k < count");
+            return self.view.nth_eligible(k);
         }
         let mut seen = 0;
         let mut found = None;
-        self.for_each_from(0, |p| {
+        self.for_each_from(0, |p, _| {
             if found.is_none() {
                 if seen == k {
                     found = Some(p);
@@ -557,16 +552,16 @@ impl<'a> Eligible<'a> {
         found.expect("k < count")
     }
 
-    /// Calls `f` with every eligible position, starting at `start` and wrapping.
+    /// Calls `f` with every eligible position and its entry, starting at
+    /// `start` and wrapping.
     #[inline]
-    fn for_each_from(&self, start: usize, mut f: impl FnMut(usize)) {
-        let len = self.view.instances.len();
-        for i in 0..len {
-            let p = (start + i) % len;
-            let free = !self.view.filtering || !self.view.busy.is_busy(p);
-            if free && !self.is_excluded(p) {
-                f(p);
+    fn for_each_from(&self, start: usize, mut f: impl FnMut(usize, &WorkerEntry)) {
+        let filtering = self.view.filtering;
+        self.view.for_each_from(start, |p, place, chunk| {
+            let free = !filtering || !chunk.is_busy(place.local);
+            if free && !(self.excluded != 0 && self.exclude.contains(&chunk.id(place.local))) {
+                f(p, chunk.entry(place.local));
             }
-        }
+        });
     }
 }

@@ -4,11 +4,12 @@
 //! the last values of both give.
 #![cfg(loom)]
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use loadgate::{
-    monitor::{Applied, Publisher},
+    monitor::{Applied, Publisher, Registered},
     BusyThresholds, LoadReport, MonitorConfig, Policy, RankLoad, RouteError, WorkerId, WorkerMonitor, WorkerRouter,
 };
 use loadgate_loom_tests::run_model_with;
@@ -59,7 +60,10 @@ fn published(monitor: &WorkerMonitor, ids: &[WorkerId]) -> Vec<bool> {
 }
 
 /// Worker 1 goes busy -> free and worker 2 free -> busy on two threads while
-/// worker 3 stays busy; the main thread reads the busy set twice.
+/// worker 3 stays busy; the main thread reads the busy set twice. Under loom
+/// a chunk of the view holds two instances, so three workers are two chunks
+/// (`[1]`, `[2, 3]`: the third registration split `[1, 2, 3]`): the two flips
+/// race in different chunks.
 #[test]
 fn two_writers_never_lose_a_flip() {
     run_model_with("monitor/two_writers_never_lose_a_flip", 4, || {
@@ -101,6 +105,67 @@ fn two_writers_never_lose_a_flip() {
         assert_eq!([monitor.is_busy(1), monitor.is_busy(2), monitor.is_busy(3)], BOTH);
         let mirrors: Vec<bool> = monitor.workers().iter().map(|w| w.busy).collect();
         assert_eq!(mirrors, BOTH, "per-worker mirror disagrees with the published set");
+    });
+}
+
+/// A registration (worker 4, which joins worker 3's chunk and splits it)
+/// races a report that makes worker 2 busy: the reader sees the instances
+/// before or after the registration, each with the bits some sequential
+/// order gives, and the end state has both. Every one of the four states is
+/// seen in some execution (the bound holds from both sides).
+#[test]
+fn a_registration_races_a_flip() {
+    static SEEN: AtomicUsize = AtomicUsize::new(0);
+    run_model_with("monitor/a_registration_races_a_flip", 3, || {
+        let monitor = monitor(0.5, &[(1, 90), (2, 10), (3, 90)]);
+        let registering = {
+            let monitor = monitor.clone();
+            thread::spawn(move || assert_eq!(monitor.register(4, MODEL, 1, 0), Ok(Registered::New)))
+        };
+        let flipping = {
+            let monitor = monitor.clone();
+            thread::spawn(move || assert_eq!(monitor.apply(&report(2, 2, 70)), Ok(Applied::Flipped)))
+        };
+        let (ids, set) = monitor.busy_set(MODEL).expect("model known");
+        let bits: Vec<bool> = (0..ids.len()).map(|i| set.is_busy(i)).collect();
+        let allowed: [(&[WorkerId], &[bool]); 4] = [
+            (&[1, 2, 3], &[true, false, true]),
+            (&[1, 2, 3], &[true, true, true]),
+            (&[1, 2, 3, 4], &[true, false, true, false]),
+            (&[1, 2, 3, 4], &[true, true, true, false]),
+        ];
+        let state = allowed.iter().position(|a| *a == (&ids[..], &bits[..]));
+        let state = state.unwrap_or_else(|| panic!("{ids:?} {bits:?} is not reachable sequentially"));
+        SEEN.fetch_or(1 << state, Ordering::Relaxed);
+        registering.join().unwrap();
+        flipping.join().unwrap();
+        assert_eq!(published(&monitor, &[1, 2, 3, 4]), [true, true, true, false], "a flip or a worker was lost");
+    });
+    assert_eq!(SEEN.load(Ordering::Relaxed), 0b1111, "some reachable state was never seen");
+}
+
+/// A restart of worker 3 (a new incarnation: fresh slots, so free) races a
+/// report that makes it busy in its old incarnation: the old entry's flip
+/// never lands on the new one, so worker 3 ends free.
+#[test]
+fn a_restart_races_a_flip_of_its_old_incarnation() {
+    run_model_with("monitor/a_restart_races_a_flip_of_its_old_incarnation", 3, || {
+        let monitor = monitor(0.5, &[(1, 90), (2, 10), (3, 10)]);
+        let restarting = {
+            let monitor = monitor.clone();
+            thread::spawn(move || assert_eq!(monitor.register(3, MODEL, 1, 1), Ok(Registered::Restarted)))
+        };
+        let flipping = {
+            let monitor = monitor.clone();
+            thread::spawn(move || {
+                let applied = monitor.apply(&report(3, 2, 70)).unwrap();
+                assert!(matches!(applied, Applied::Flipped | Applied::Stored | Applied::OtherIncarnation));
+            })
+        };
+        restarting.join().unwrap();
+        flipping.join().unwrap();
+        assert_eq!(published(&monitor, &[1, 2, 3]), [true, false, false], "the old incarnation's flip landed");
+        assert!(!monitor.is_busy(3));
     });
 }
 

@@ -6,7 +6,7 @@ use crossbeam_utils::CachePadded;
 use crate::load::{Publisher, RankSlot, WorkerId};
 use crate::monitor::clock::MonitorClock;
 use crate::monitor::query::{RankSnapshot, WorkerLoad};
-use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use crate::thresholds::{BusySignals, Thresholds};
 
 /// One registered worker (one incarnation of it): its slots and its
@@ -23,8 +23,9 @@ pub(crate) struct WorkerEntry {
     pub(crate) busy: AtomicBool,
     /// The signals that made it busy at its last evaluation (diagnostics).
     reasons: AtomicU32,
-    /// Index in the model's instance list; written only under the model's lock.
-    pub(crate) position: AtomicUsize,
+    /// The signals it was last published busy with (beside `busy`, which
+    /// says whether they count); written only under the model's lock.
+    published: AtomicU32,
 }
 
 impl WorkerEntry {
@@ -38,7 +39,7 @@ impl WorkerEntry {
             version: CachePadded::new(AtomicU64::new(0)),
             busy: AtomicBool::new(false),
             reasons: AtomicU32::new(0),
-            position: AtomicUsize::new(usize::MAX),
+            published: AtomicU32::new(0),
         }
     }
 
@@ -52,10 +53,37 @@ impl WorkerEntry {
     /// busy. Returns the busy bit and the union of the signals that fired,
     /// and records those signals as the worker's reasons.
     pub(crate) fn evaluate(&self, thresholds: &Thresholds, clock: &MonitorClock, now: u64) -> bool {
+        self.evaluate_signals(thresholds, clock, now).is_some()
+    }
+
+    /// As [`evaluate`](Self::evaluate): the signals when busy, `None` when free.
+    pub(crate) fn evaluate_signals(
+        &self,
+        thresholds: &Thresholds,
+        clock: &MonitorClock,
+        now: u64,
+    ) -> Option<BusySignals> {
         let (busy, signals) = self.signals(thresholds, clock, now);
         // Relaxed: diagnostic labels only; last writer wins.
         self.reasons.store(encode(signals), Ordering::Relaxed);
-        busy
+        busy.then_some(signals)
+    }
+
+    /// Its signals if it is published busy (under the model's lock).
+    pub(crate) fn published(&self) -> Option<BusySignals> {
+        // Relaxed: written and read under the model's lock.
+        self.busy.load(Ordering::Relaxed).then(|| decode(self.published.load(Ordering::Relaxed)))
+    }
+
+    /// Records what was just published for it (under the model's lock):
+    /// the signals first, then the mirror, which a writer outside the lock
+    /// compares against.
+    pub(crate) fn set_published(&self, busy: Option<BusySignals>) {
+        // Relaxed: read only under the model's lock.
+        self.published.store(busy.map_or(0, encode), Ordering::Relaxed);
+        // Release: a writer whose version bump follows ours acquires this
+        // and compares against the bit just published.
+        self.busy.store(busy.is_some(), Ordering::Release);
     }
 
     fn signals(&self, thresholds: &Thresholds, clock: &MonitorClock, now: u64) -> (bool, BusySignals) {

@@ -73,6 +73,8 @@ pub struct WorkerMonitor {
     registry_write: Mutex<()>,
     clock: MonitorClock,
     default_thresholds: Thresholds,
+    /// The most instances a chunk of a model's view holds.
+    chunk_capacity: usize,
 }
 
 impl fmt::Debug for WorkerMonitor {
@@ -141,7 +143,16 @@ impl WorkerMonitor {
             registry_write: Mutex::new(()),
             clock: MonitorClock::new(clock, config.staleness),
             default_thresholds,
+            chunk_capacity: publication::CHUNK_CAPACITY,
         })
+    }
+
+    /// A monitor whose views split models into chunks of at most
+    /// `capacity` instances, so that tests of a few workers cover many
+    /// chunks.
+    #[cfg(test)]
+    pub(crate) fn with_chunk_capacity(config: MonitorConfig, capacity: usize) -> Self {
+        WorkerMonitor { chunk_capacity: capacity, ..Self::new(config).expect("valid config") }
     }
 
     /// Registers incarnation `incarnation` of worker `worker`, serving
@@ -257,7 +268,7 @@ impl WorkerMonitor {
     }
 
     fn new_model(&self, name: Arc<str>) -> Arc<ModelState> {
-        Arc::new(ModelState::new(name, self.default_thresholds))
+        Arc::new(ModelState::new(name, self.default_thresholds, self.chunk_capacity))
     }
 
     /// Makes `model` known without any worker (so its thresholds can be set
@@ -441,8 +452,7 @@ impl WorkerMonitor {
             let thresholds = **model.thresholds.load();
             let view = model.view().load_full();
             let candidates: Vec<Arc<WorkerEntry>> = view
-                .instances
-                .iter()
+                .entries()
                 // Acquire: pairs with the mirror's Release store. The
                 // reasons are refreshed even when the bit stays.
                 .filter(|e| e.evaluate(&thresholds, &self.clock, now) != e.busy.load(Ordering::Acquire))
@@ -525,8 +535,7 @@ impl WorkerMonitor {
         let registry = self.registry.load();
         registry.workers.get(&worker).is_some_and(|rec| {
             let view = rec.model.view().load();
-            let position = view.instances.iter().position(|e| e.id == worker);
-            position.is_some_and(|p| view.busy.is_busy(p))
+            view.find(worker).is_some_and(|place| view.chunk(place).is_busy(place.local))
         })
     }
 
@@ -536,19 +545,13 @@ impl WorkerMonitor {
         registry.workers.get(&worker).map_or_else(BusySignals::default, |rec| rec.entry.reasons())
     }
 
-    /// The union of the reasons of every busy instance of `model` (why a
-    /// request to it was rejected as overloaded).
+    /// The union of the signals every busy instance of `model` was
+    /// published busy with (why a request to it was rejected as
+    /// overloaded): read from the published view, whatever the number of
+    /// instances.
     pub fn model_busy_reasons(&self, model: &str) -> BusySignals {
         let registry = self.registry.load();
-        let Some(state) = registry.models.get(model) else {
-            return BusySignals::default();
-        };
-        let view = state.view().load();
-        view.instances
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| view.busy.is_busy(*i))
-            .fold(BusySignals::default(), |acc, (_, e)| acc.union(e.reasons()))
+        registry.models.get(model).map_or_else(BusySignals::default, |state| state.view().load().reasons())
     }
 
     /// The published busy set of `model` (by instance position), and the
@@ -557,7 +560,10 @@ impl WorkerMonitor {
         let registry = self.registry.load();
         let state = registry.models.get(model)?;
         let view = state.view().load();
-        Some((view.instances.iter().map(|e| e.id).collect(), view.busy.clone()))
+        let (ids, bits): (Vec<WorkerId>, Vec<bool>) = view.bits().unzip();
+        let mut busy = BusySet::new(ids.len());
+        bits.iter().enumerate().filter(|(_, &b)| b).for_each(|(i, _)| busy.set(i, true));
+        Some((ids, busy))
     }
 
     /// Every registered worker, sorted by id.
@@ -624,18 +630,5 @@ fn forget(next: &mut Registry, model: &Arc<ModelState>) -> Option<Arc<ModelState
 /// Publishes `model`'s view without `remove` and with `add`; returns whether
 /// the model has no instance left (cold path, under the registry lock).
 fn relist(model: &ModelState, remove: Option<&Arc<WorkerEntry>>, add: Option<&Arc<WorkerEntry>>) -> bool {
-    let mut writer = model.lock();
-    let mut instances = writer.instances();
-    if let Some(gone) = remove {
-        instances.retain(|e| !Arc::ptr_eq(e, gone));
-        // Relaxed: under the model lock; a reconcile of the old entry that
-        // is still under way sets no bit from now on.
-        gone.position.store(usize::MAX, Ordering::Relaxed);
-    }
-    if let Some(new) = add {
-        instances.push(new.clone());
-        instances.sort_by_key(|e| e.id);
-    }
-    writer.rebuild(&instances);
-    instances.is_empty()
+    model.lock().relist(remove, add)
 }

@@ -53,14 +53,15 @@
 //! in the version order (and is re-evaluated by it) or follows it (and
 //! evaluates with the new thresholds, which it loads after its bump).
 
-use crate::busy::BusySet;
 use crate::monitor::clock::MonitorClock;
 use crate::monitor::entry::WorkerEntry;
-use crate::monitor::view::ModelView;
-use crate::padded::Padded;
+use crate::monitor::view::{Change, ModelView, CHUNK_MAX};
 use crate::sync::{lock, Arc, AtomicBool, Mutex, Ordering, Swap};
 use crate::thresholds::Thresholds;
-use crossbeam_utils::CachePadded;
+
+/// The most instances a chunk of a model's view holds: small under loom,
+/// so that a model of a few workers spans several chunks.
+pub(crate) const CHUNK_CAPACITY: usize = if cfg!(all(loom, feature = "loom")) { 2 } else { CHUNK_MAX };
 
 /// One model: its thresholds, its published view, and its write lock.
 pub(crate) struct ModelState {
@@ -80,12 +81,13 @@ pub(crate) struct ModelState {
 }
 
 impl ModelState {
-    /// A model with no instances.
-    pub(crate) fn new(name: Arc<str>, thresholds: Thresholds) -> Self {
+    /// A model with no instances, whose view's chunks hold at most
+    /// `capacity` instances ([`CHUNK_CAPACITY`] but in tests).
+    pub(crate) fn new(name: Arc<str>, thresholds: Thresholds, capacity: usize) -> Self {
         ModelState {
             name,
             thresholds: Swap::from_pointee(thresholds),
-            view: Swap::from_pointee(ModelView::empty(thresholds.is_enabled())),
+            view: Swap::from_pointee(ModelView::empty(thresholds.is_enabled(), capacity)),
             kept: AtomicBool::new(false),
             retired: AtomicBool::new(false),
             write: Mutex::new(None),
@@ -151,25 +153,19 @@ impl ModelWriter<'_> {
         *self.retired = Some(self.model.view.swap(Arc::new(next)));
     }
 
-    /// Publishes a view over `instances` (sorted by id), keeping each one's
-    /// published bit.
-    pub(crate) fn rebuild(&mut self, instances: &[Arc<WorkerEntry>]) {
-        let filtering = self.model.view.load().filtering;
-        let mut busy = BusySet::new(instances.len());
-        for (position, entry) in instances.iter().enumerate() {
-            // Relaxed: written and read under the model's lock.
-            entry.position.store(position, Ordering::Relaxed);
-            if entry.busy.load(Ordering::Relaxed) {
-                busy.set(position, true);
-            }
-        }
-        let ids = Arc::new(CachePadded::new(Padded::new(instances.iter().map(|e| e.id))));
-        self.replace(ModelView::new(Arc::from(instances.to_vec()), ids, busy, filtering));
+    /// Publishes the view without `remove` and with `add` (see
+    /// [`ModelView::with_member`]); returns whether the model has no
+    /// instance left.
+    pub(crate) fn relist(&mut self, remove: Option<&Arc<WorkerEntry>>, add: Option<&Arc<WorkerEntry>>) -> bool {
+        let next = self.model.view.load().with_member(remove, add);
+        let empty = next.is_empty();
+        self.replace(next);
+        empty
     }
 
     /// The instances of the published view.
     pub(crate) fn instances(&self) -> Vec<Arc<WorkerEntry>> {
-        self.model.view.load().instances.to_vec()
+        self.model.view.load().entries().cloned().collect()
     }
 
     /// Re-evaluates `pending`, publishes one new view if any bit (or
@@ -183,37 +179,41 @@ impl ModelWriter<'_> {
     ) -> usize {
         let mut flips = 0;
         while !pending.is_empty() || filtering.is_some() {
+            // One evaluation (and one change) per entry, however often it
+            // was queued.
+            pending.sort_unstable_by_key(|e| Arc::as_ptr(e) as usize);
+            pending.dedup_by(|a, b| Arc::ptr_eq(a, b));
             let thresholds = **self.model.thresholds.load();
             let now = clock.now();
             let view = self.model.view.load();
-            let mut bits: Option<BusySet> = None;
+            let mut changes = Vec::new();
             let mut seen = Vec::with_capacity(pending.len());
             for entry in pending.drain(..) {
                 // Acquire: sees the slot stores released by the bump we read.
                 let before = entry.version.load(Ordering::Acquire);
-                let busy = entry.evaluate(&thresholds, clock, now);
-                // Relaxed: the mirror is only written under this lock.
-                let position = entry.position.load(Ordering::Relaxed);
-                if entry.busy.load(Ordering::Relaxed) != busy && position != usize::MAX {
-                    bits.get_or_insert_with(|| view.busy.clone()).set(position, busy);
-                    flips += 1;
+                let now_busy = entry.evaluate_signals(&thresholds, clock, now);
+                let was = entry.published();
+                // An entry no longer listed (it left, or a restart replaced
+                // it) sets no bit.
+                if was != now_busy {
+                    if let Some(place) = view.find_entry(&entry) {
+                        flips += usize::from(was.is_some() != now_busy.is_some());
+                        changes.push(Change { slot: place.slot, local: place.local, was, now: now_busy });
+                    }
                 }
-                seen.push((entry, before, busy));
+                seen.push((entry, before, now_busy));
             }
             let next_filtering = filtering.take().unwrap_or(view.filtering);
-            let changed = bits.is_some() || next_filtering != view.filtering;
-            let next = changed.then(|| {
-                let busy = bits.unwrap_or_else(|| view.busy.clone());
-                ModelView::new(view.instances.clone(), view.ids.clone(), busy, next_filtering)
-            });
+            let changed = !changes.is_empty() || next_filtering != view.filtering;
+            let next = changed.then(|| view.with_changes(&mut changes, next_filtering));
             drop(view); // before the swap, which would otherwise pay this guard's debt
             if let Some(next) = next {
                 self.replace(next);
             }
             for (entry, before, busy) in seen {
-                // Release: a writer whose bump follows ours acquires this and
-                // compares against the bit we just published.
-                entry.busy.store(busy, Ordering::Release);
+                // Release (inside): a writer whose bump follows ours
+                // acquires this and compares against the bit just published.
+                entry.set_published(busy);
                 // AcqRel RMW: reads the latest version; if it moved, a writer
                 // changed the inputs after our evaluation read them.
                 if entry.version.fetch_add(0, Ordering::AcqRel) != before {

@@ -1,0 +1,131 @@
+//! The chunked view against a flat reference: random registrations, restarts,
+//! departures, reports and threshold changes on a monitor whose chunks hold
+//! a few instances, checked after every step.
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::load::{LoadReport, RankLoad};
+use crate::thresholds::BusyThresholds;
+use crate::WorkerMonitor;
+
+const MODEL: &str = "m";
+
+fn decode(blocks: u32) -> RankLoad {
+    RankLoad { active_decode_blocks: blocks, kv_total_blocks: 100, ..Default::default() }
+}
+
+fn waiting(requests: u32) -> RankLoad {
+    RankLoad { waiting_requests: requests, kv_total_blocks: 100, ..Default::default() }
+}
+
+fn thresholds(on: bool) -> BusyThresholds {
+    match on {
+        true => BusyThresholds {
+            active_decode_blocks_threshold: Some(0.5),
+            active_waiting_requests_threshold: Some(2),
+            ..Default::default()
+        },
+        false => BusyThresholds::default(),
+    }
+}
+
+/// What the view must show: every instance in id order with its bit and
+/// the signals it was published busy with.
+fn check(view: &ModelView, expected: &BTreeMap<WorkerId, Option<BusySignals>>, capacity: usize) {
+    let bits: Vec<(WorkerId, bool)> = view.bits().collect();
+    let want: Vec<(WorkerId, bool)> = expected.iter().map(|(&id, s)| (id, s.is_some())).collect();
+    assert_eq!(bits, want);
+    assert_eq!(view.len(), expected.len());
+    assert_eq!(view.busy_count(), expected.values().filter(|s| s.is_some()).count());
+    let reasons = expected.values().flatten().fold(BusySignals::default(), |all, s| all.union(*s));
+    assert_eq!(view.reasons(), reasons);
+    // Round-robin's list: the free instances in order (all, unfiltered).
+    let eligible: Vec<WorkerId> = (0..view.eligible).map(|k| view.nth_eligible_id(k)).collect();
+    let free: Vec<WorkerId> = want.iter().filter(|(_, busy)| !view.filtering || !busy).map(|(id, _)| *id).collect();
+    assert_eq!(eligible, free);
+    let positions: Vec<WorkerId> = (0..view.eligible).map(|k| view.id(view.nth_eligible(k))).collect();
+    assert_eq!(positions, free);
+    for (position, (id, _)) in want.iter().enumerate() {
+        let place = view.find(*id).expect("listed");
+        assert_eq!(view.place(position), place);
+        assert_eq!(view.entry(position).id, *id);
+        assert!(view.find_entry(view.entry(position)).is_some());
+    }
+    assert_eq!(view.find(WorkerId::MAX), None);
+    // Chunks: none empty, none over capacity, no two neighbours that fit in half of one.
+    let sizes: Vec<usize> = view.slots.iter().map(|s| s.chunk.len()).collect();
+    assert!(sizes.iter().all(|&n| n > 0 && n <= capacity), "{sizes:?}");
+    assert!(sizes.windows(2).all(|w| w[0] + w[1] > capacity / 2), "{sizes:?}");
+    // Every position is visited once from any start, wrapping.
+    if !want.is_empty() {
+        let start = want.len() / 2;
+        let mut seen = Vec::new();
+        view.for_each_from(start, |p, place, chunk| {
+            assert_eq!(view.place(p), place);
+            seen.push(chunk.id(place.local));
+        });
+        let order: Vec<WorkerId> = want[start..].iter().chain(&want[..start]).map(|(id, _)| *id).collect();
+        assert_eq!(seen, order);
+    }
+}
+
+#[test]
+fn the_chunked_view_always_matches_a_flat_reference() {
+    for (seed, capacity) in [(1, 1), (2, 2), (3, 4), (4, 7), (5, 16)] {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let monitor = WorkerMonitor::with_chunk_capacity(Default::default(), capacity);
+        monitor.add_model(MODEL);
+        let mut on = rng.bool();
+        monitor.set_thresholds(MODEL, thresholds(on)).unwrap();
+        // id -> (incarnation, signals when busy)
+        let mut expected: BTreeMap<WorkerId, (u64, Option<BusySignals>)> = BTreeMap::new();
+        let mut seq = 0;
+        for step in 0..1_500 {
+            let id = rng.u64(..40);
+            match rng.u8(..10) {
+                0..=2 => {
+                    let incarnation = expected.get(&id).map_or(0, |(i, _)| i + u64::from(rng.bool()));
+                    monitor.register(id, MODEL, 1, incarnation).unwrap();
+                    let restarted = expected.get(&id).is_some_and(|(i, _)| *i != incarnation);
+                    let signals = expected.get(&id).and_then(|(_, s)| *s).filter(|_| !restarted);
+                    expected.insert(id, (incarnation, signals));
+                }
+                3 => {
+                    monitor.deregister(id);
+                    expected.remove(&id);
+                }
+                4 if rng.u8(..10) == 0 => {
+                    on = !on;
+                    monitor.set_thresholds(MODEL, thresholds(on)).unwrap();
+                    // Slots stay, the decision changes: re-derive below from reports.
+                    for (id, (_, signals)) in expected.iter_mut() {
+                        *signals = monitor.is_busy(*id).then(|| monitor.busy_reasons(*id));
+                    }
+                }
+                _ => {
+                    let Some(&(incarnation, _)) = expected.get(&id) else { continue };
+                    seq += 1;
+                    let load = match rng.u8(..3) {
+                        0 => decode(90),
+                        1 => waiting(5),
+                        _ => decode(10),
+                    };
+                    monitor.apply(&LoadReport { worker: id, incarnation, seq, load, ..Default::default() }).unwrap();
+                    let fired = thresholds(on).validate().unwrap().evaluate(&load);
+                    // A worker that stays busy keeps the signals it was
+                    // published busy with (no publication without a flip).
+                    let published = match (expected[&id].1, fired.any()) {
+                        (Some(before), true) => Some(before),
+                        (_, busy) => busy.then_some(fired),
+                    };
+                    expected.insert(id, (incarnation, published));
+                }
+            }
+            let view = monitor.model_state(MODEL).unwrap().view().load_full();
+            let flat: BTreeMap<WorkerId, Option<BusySignals>> = expected.iter().map(|(&id, (_, s))| (id, *s)).collect();
+            check(&view, &flat, capacity);
+            assert_eq!(monitor.model_busy_reasons(MODEL), view.reasons(), "step {step}");
+        }
+    }
+}
