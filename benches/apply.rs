@@ -1,4 +1,5 @@
-//! `WorkerMonitor::apply`: the event plane's hot path.
+//! `WorkerMonitor::apply`: the event plane's hot path; and `register`, its
+//! cold path (a worker joining and leaving a model of `n`).
 //!
 //! Three kinds of report, for a few worker counts, in one group per count:
 //! - `unchanged`: the same values as the last report (only the sequence
@@ -13,7 +14,7 @@ use std::hint::black_box;
 
 mod common;
 
-use common::{decode_load, free_pool};
+use common::{decode_load, free_pool, MODEL};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use loadgate::{
     monitor::{Applied, Publisher},
@@ -61,5 +62,24 @@ fn apply(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, apply);
+/// A worker joining and leaving a model of `n` (the cold path of a mass
+/// reconnect): its registration and its departure, each one publication.
+fn registration(c: &mut Criterion) {
+    let mut group = c.benchmark_group("register");
+    for n in WORKER_COUNTS {
+        let monitor = free_pool(n);
+        // A new id, after the others (the pool's ids are 0..n).
+        let id = 1 << 40;
+        group.bench_with_input(BenchmarkId::new("join_and_leave", n), &n, |b, _| {
+            b.iter(|| {
+                let joined = black_box(&monitor).register(id, MODEL, 1, 0);
+                debug_assert!(joined.is_ok());
+                black_box(&monitor).deregister(id)
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, apply, registration);
 criterion_main!(benches);

@@ -16,6 +16,34 @@ mod imp {
     /// One thread's cache of a [`Swap`] reached through `A`: holds the last
     /// `Arc` and revalidates with one plain pointer load (arc-swap's `Cache`).
     pub(crate) type SwapCache<A, T> = arc_swap::Cache<A, Arc<T>>;
+
+    /// A concurrent hash map whose reads take no lock and whose writes
+    /// copy nothing (papaya; Fx hash: its keys are registered by the
+    /// operator's workers, not chosen by clients).
+    pub(crate) struct Map<K, V>(papaya::HashMap<K, V, rustc_hash::FxBuildHasher>);
+
+    impl<K: std::hash::Hash + Eq, V> Map<K, V> {
+        pub(crate) fn new() -> Self {
+            Map(papaya::HashMap::with_hasher(rustc_hash::FxBuildHasher))
+        }
+        /// Calls `f` with the value of `key`, borrowed (no count is touched).
+        #[inline]
+        pub(crate) fn with<R>(&self, key: &K, f: impl FnOnce(Option<&V>) -> R) -> R {
+            f(self.0.pin().get(key))
+        }
+        pub(crate) fn insert(&self, key: K, value: V) {
+            self.0.pin().insert(key, value);
+        }
+        pub(crate) fn remove(&self, key: &K) {
+            self.0.pin().remove(key);
+        }
+        pub(crate) fn len(&self) -> usize {
+            self.0.len()
+        }
+        pub(crate) fn for_each(&self, mut f: impl FnMut(&K, &V)) {
+            self.0.pin().iter().for_each(|(k, v)| f(k, v));
+        }
+    }
 }
 
 #[cfg(all(loom, feature = "loom"))]
@@ -70,6 +98,34 @@ mod imp {
     impl<A: Clone, T> Clone for SwapCache<A, T> {
         fn clone(&self) -> Self {
             Self { source: self.source.clone(), cached: self.cached.clone() }
+        }
+    }
+
+    /// loom stand-in for the papaya map: a loom mutex around a `HashMap`,
+    /// held only to copy a value out (so that readers of different keys
+    /// still interleave freely in the models).
+    pub(crate) struct Map<K, V>(loom::sync::Mutex<std::collections::HashMap<K, V>>);
+
+    impl<K: std::hash::Hash + Eq + Clone, V: Clone> Map<K, V> {
+        pub(crate) fn new() -> Self {
+            Map(loom::sync::Mutex::new(std::collections::HashMap::new()))
+        }
+        pub(crate) fn with<R>(&self, key: &K, f: impl FnOnce(Option<&V>) -> R) -> R {
+            let value = self.0.lock().unwrap().get(key).cloned();
+            f(value.as_ref())
+        }
+        pub(crate) fn insert(&self, key: K, value: V) {
+            self.0.lock().unwrap().insert(key, value);
+        }
+        pub(crate) fn remove(&self, key: &K) {
+            self.0.lock().unwrap().remove(key);
+        }
+        pub(crate) fn len(&self) -> usize {
+            self.0.lock().unwrap().len()
+        }
+        pub(crate) fn for_each(&self, mut f: impl FnMut(&K, &V)) {
+            let all: Vec<(K, V)> = self.0.lock().unwrap().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            all.iter().for_each(|(k, v)| f(k, v));
         }
     }
 

@@ -1,8 +1,8 @@
 //! [`WorkerMonitor`]: the worker registry, per-rank load slots, per-model
 //! thresholds, and publication of each model's busy set.
 //!
-//! - `registry`: which workers and models exist (arc-swap, replaced whole on
-//!   registration);
+//! - `registry`: which workers (a concurrent map: a registration copies
+//!   nothing) and models (arc-swap, replaced whole when one appears) exist;
 //! - `entry`: one worker's slots, its published mirror and its evaluation;
 //! - `publication`: the protocol that turns a changed evaluation into a new
 //!   view without losing a concurrent change (its module docs carry the
@@ -22,7 +22,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::load::{LoadReport, WorkerId};
-use crate::sync::{lock, Arc, Mutex, Ordering, Swap};
+use crate::sync::{lock, Arc, Mutex, Ordering};
 use crate::thresholds::{BusySignals, BusyThresholds, ThresholdError, Thresholds};
 
 use self::clock::MonitorClock;
@@ -68,7 +68,7 @@ pub struct MonitorConfig {
 /// assert!(monitor.is_busy(7));
 /// ```
 pub struct WorkerMonitor {
-    registry: Swap<Registry>,
+    registry: Registry,
     /// Serialises registry changes (cold path: registration, new models).
     registry_write: Mutex<()>,
     clock: MonitorClock,
@@ -79,10 +79,9 @@ pub struct WorkerMonitor {
 
 impl fmt::Debug for WorkerMonitor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let reg = self.registry.load();
         f.debug_struct("WorkerMonitor")
-            .field("workers", &reg.workers.len())
-            .field("models", &reg.models.len())
+            .field("workers", &self.registry.workers.len())
+            .field("models", &self.registry.models.load().len())
             .field("staleness_ns", &self.clock.staleness_ns())
             .finish()
     }
@@ -139,7 +138,7 @@ impl WorkerMonitor {
     pub fn with_clock(config: MonitorConfig, clock: quanta::Clock) -> Result<Self, ThresholdError> {
         let default_thresholds = config.default_thresholds.validate()?;
         Ok(WorkerMonitor {
-            registry: Swap::from_pointee(Registry::default()),
+            registry: Registry::default(),
             registry_write: Mutex::new(()),
             clock: MonitorClock::new(clock, config.staleness),
             default_thresholds,
@@ -184,8 +183,9 @@ impl WorkerMonitor {
             return Err(RegisterError::EmptyModel);
         }
         let _registry = lock(&self.registry_write);
-        let mut next = Registry::clone(&self.registry.load());
-        let outcome = match next.workers.get(&worker) {
+        let registry = &self.registry;
+        let old = registry.with_worker(worker, WorkerRecord::clone);
+        let outcome = match &old {
             Some(rec) if rec.entry.incarnation == incarnation => {
                 return if &*rec.model.name == model && rec.entry.dp_size == dp_size {
                     Ok(Registered::Same)
@@ -196,17 +196,14 @@ impl WorkerMonitor {
             Some(_) => Registered::Restarted,
             None => Registered::New,
         };
-        let state = match next.models.get(model) {
-            Some(state) => state.clone(),
-            None => {
-                let state = self.new_model(Arc::from(model));
-                next.models.insert(state.name.clone(), state.clone());
-                state
-            }
-        };
+        // A new model is published once it lists its first worker, so a
+        // router never finds it without an instance.
+        let known = registry.model(model);
+        let fresh = known.is_none();
+        let state = known.unwrap_or_else(|| self.new_model(Arc::from(model)));
         let entry = Arc::new(WorkerEntry::new(worker, incarnation, dp_size));
         let mut forgotten = None;
-        match next.workers.remove(&worker) {
+        match old {
             // A restart in the same model: one publication swaps the entries,
             // so routers never see the worker missing.
             Some(old) if Arc::ptr_eq(&old.model, &state) => {
@@ -214,7 +211,7 @@ impl WorkerMonitor {
             }
             Some(old) => {
                 if relist(&old.model, Some(&old.entry), None) {
-                    forgotten = forget(&mut next, &old.model);
+                    forgotten = Some(old.model);
                 }
                 relist(&state, None, Some(&entry));
             }
@@ -222,10 +219,14 @@ impl WorkerMonitor {
                 relist(&state, None, Some(&entry));
             }
         }
-        next.workers.insert(worker, WorkerRecord { entry, model: state });
-        self.registry.store(Arc::new(next));
+        registry.workers.insert(worker, WorkerRecord { entry, model: state.clone() });
+        if fresh {
+            registry.edit_models(|models| {
+                models.insert(state.name.clone(), state);
+            });
+        }
         if let Some(model) = forgotten {
-            model.retire();
+            self.forget(&model);
         }
         Ok(outcome)
     }
@@ -249,22 +250,30 @@ impl WorkerMonitor {
 
     fn remove_worker(&self, worker: WorkerId, incarnation: Option<u64>) -> bool {
         let _registry = lock(&self.registry_write);
-        let current = self.registry.load();
-        match current.workers.get(&worker) {
-            Some(rec) if incarnation.is_none_or(|i| i == rec.entry.incarnation) => {}
-            _ => return false,
-        }
-        let mut next = Registry::clone(&current);
-        drop(current);
-        let Some(rec) = next.workers.remove(&worker) else {
+        let Some(rec) = self.registry.with_worker(worker, WorkerRecord::clone) else {
             return false;
         };
-        let forgotten = if relist(&rec.model, Some(&rec.entry), None) { forget(&mut next, &rec.model) } else { None };
-        self.registry.store(Arc::new(next));
-        if let Some(model) = forgotten {
-            model.retire();
+        if incarnation.is_some_and(|i| i != rec.entry.incarnation) {
+            return false;
+        }
+        let empty = relist(&rec.model, Some(&rec.entry), None);
+        self.registry.workers.remove(&worker);
+        if empty {
+            self.forget(&rec.model);
         }
         true
+    }
+
+    /// Forgets `model` unless it is kept, then retires it (cold path, under
+    /// the registry lock, once its last worker has left).
+    fn forget(&self, model: &Arc<ModelState>) {
+        if model.is_kept() {
+            return;
+        }
+        self.registry.edit_models(|models| {
+            models.remove(&model.name);
+        });
+        model.retire();
     }
 
     fn new_model(&self, name: Arc<str>) -> Arc<ModelState> {
@@ -283,17 +292,15 @@ impl WorkerMonitor {
             return false;
         }
         let _registry = lock(&self.registry_write);
-        let current = self.registry.load();
-        if let Some(state) = current.models.get(model) {
+        if let Some(state) = self.registry.model(model) {
             state.keep();
             return false;
         }
-        let mut next = Registry::clone(&current);
-        drop(current);
         let state = self.new_model(Arc::from(model));
         state.keep();
-        next.models.insert(state.name.clone(), state);
-        self.registry.store(Arc::new(next));
+        self.registry.edit_models(|models| {
+            models.insert(state.name.clone(), state.clone());
+        });
         true
     }
 
@@ -322,7 +329,7 @@ impl WorkerMonitor {
     /// assert_eq!(monitor.models(), ["kept"]);
     /// ```
     pub fn model_count(&self) -> usize {
-        self.registry.load().models.len()
+        self.registry.models.load().len()
     }
 
     /// Applies one load report. Hot path: a report that flips no busy bit
@@ -339,7 +346,7 @@ impl WorkerMonitor {
 
     /// The current incarnation of `worker`, if it is registered.
     pub fn incarnation(&self, worker: WorkerId) -> Option<u64> {
-        self.registry.load().workers.get(&worker).map(|rec| rec.entry.incarnation)
+        self.registry.with_worker(worker, |rec| rec.entry.incarnation)
     }
 
     /// Adds to (or, negative, removes from) the router-tracked load of one
@@ -400,17 +407,17 @@ impl WorkerMonitor {
         publisher: Publisher,
         update: impl FnOnce(&RankSlot, u64) -> SlotUpdate,
     ) -> Result<Applied, ApplyError> {
-        let registry = self.registry.load();
-        let rec = registry.lookup(worker, rank)?;
-        if incarnation != rec.entry.incarnation {
-            return Ok(Applied::OtherIncarnation);
-        }
-        let now = self.clock.now();
-        match update(rec.entry.slot(rank, publisher), now) {
-            SlotUpdate::Stale => Ok(Applied::Stale),
-            SlotUpdate::Contended => Ok(Applied::Contended),
-            SlotUpdate::Stored => Ok(self.changed(&rec.entry, &rec.model, now)),
-        }
+        self.registry.with_rank(worker, rank, |rec| {
+            if incarnation != rec.entry.incarnation {
+                return Applied::OtherIncarnation;
+            }
+            let now = self.clock.now();
+            match update(rec.entry.slot(rank, publisher), now) {
+                SlotUpdate::Stale => Applied::Stale,
+                SlotUpdate::Contended => Applied::Contended,
+                SlotUpdate::Stored => self.changed(&rec.entry, &rec.model, now),
+            }
+        })
     }
 
     /// After an input of `entry` changed: bump the version, evaluate, and
@@ -445,10 +452,10 @@ impl WorkerMonitor {
     /// Returns how many busy bits flipped in the views it published. Call it
     /// periodically when a staleness window is set.
     pub fn expire_stale(&self) -> usize {
-        let registry = self.registry.load_full();
+        let models = self.registry.models.load_full();
         let now = self.clock.now();
         let mut flips = 0;
-        for model in registry.models.values() {
+        for model in models.values() {
             let thresholds = **model.thresholds.load();
             let view = model.view().load_full();
             let candidates: Vec<Arc<WorkerEntry>> = view
@@ -491,8 +498,7 @@ impl WorkerMonitor {
         edit: impl FnOnce(&mut BusyThresholds),
     ) -> Result<Thresholds, SetThresholdsError> {
         let _registry = lock(&self.registry_write);
-        let registry = self.registry.load_full();
-        let state = registry.models.get(model).ok_or_else(|| SetThresholdsError::UnknownModel(model.to_owned()))?;
+        let state = self.registry.model(model).ok_or_else(|| SetThresholdsError::UnknownModel(model.to_owned()))?;
         let mut writer = state.lock();
         let mut config = state.thresholds.load().to_config();
         edit(&mut config);
@@ -506,43 +512,41 @@ impl WorkerMonitor {
 
     /// A model's thresholds, or `None` for an unknown model.
     pub fn thresholds(&self, model: &str) -> Option<Thresholds> {
-        self.registry.load().models.get(model).map(|m| **m.thresholds.load())
+        self.registry.model(model).map(|m| **m.thresholds.load())
     }
 
     /// Every known model with its thresholds, sorted by name.
     pub fn all_thresholds(&self) -> Vec<(String, Thresholds)> {
-        let registry = self.registry.load();
-        let mut all: Vec<_> = registry.models.values().map(|m| (m.name.to_string(), **m.thresholds.load())).collect();
+        let models = self.registry.models.load();
+        let mut all: Vec<_> = models.values().map(|m| (m.name.to_string(), **m.thresholds.load())).collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
     }
 
     /// Every known model name (with or without workers), sorted.
     pub fn models(&self) -> Vec<String> {
-        let registry = self.registry.load();
-        let mut names: Vec<String> = registry.models.keys().map(|m| m.to_string()).collect();
+        let models = self.registry.models.load();
+        let mut names: Vec<String> = models.keys().map(|m| m.to_string()).collect();
         names.sort();
         names
     }
 
     /// Whether `model` is known.
     pub fn has_model(&self, model: &str) -> bool {
-        self.registry.load().models.contains_key(model)
+        self.registry.models.load().contains_key(model)
     }
 
     /// Whether `worker` is in its model's published busy set.
     pub fn is_busy(&self, worker: WorkerId) -> bool {
-        let registry = self.registry.load();
-        registry.workers.get(&worker).is_some_and(|rec| {
+        self.registry.with_worker(worker, |rec| {
             let view = rec.model.view().load();
             view.find(worker).is_some_and(|place| view.chunk(place).is_busy(place.local))
-        })
+        }) == Some(true)
     }
 
     /// The signals that made `worker` busy at its last evaluation.
     pub fn busy_reasons(&self, worker: WorkerId) -> BusySignals {
-        let registry = self.registry.load();
-        registry.workers.get(&worker).map_or_else(BusySignals::default, |rec| rec.entry.reasons())
+        self.registry.with_worker(worker, |rec| rec.entry.reasons()).unwrap_or_default()
     }
 
     /// The union of the signals every busy instance of `model` was
@@ -550,15 +554,13 @@ impl WorkerMonitor {
     /// overloaded): read from the published view, whatever the number of
     /// instances.
     pub fn model_busy_reasons(&self, model: &str) -> BusySignals {
-        let registry = self.registry.load();
-        registry.models.get(model).map_or_else(BusySignals::default, |state| state.view().load().reasons())
+        self.registry.model(model).map_or_else(BusySignals::default, |state| state.view().load().reasons())
     }
 
     /// The published busy set of `model` (by instance position), and the
     /// instance ids in the same order.
     pub fn busy_set(&self, model: &str) -> Option<(Vec<WorkerId>, BusySet)> {
-        let registry = self.registry.load();
-        let state = registry.models.get(model)?;
+        let state = self.registry.model(model)?;
         let view = state.view().load();
         let (ids, bits): (Vec<WorkerId>, Vec<bool>) = view.bits().unzip();
         let mut busy = BusySet::new(ids.len());
@@ -568,11 +570,9 @@ impl WorkerMonitor {
 
     /// Every registered worker, sorted by id.
     pub fn workers(&self) -> Vec<WorkerInfo> {
-        let registry = self.registry.load();
-        let mut all: Vec<WorkerInfo> = registry
-            .workers
-            .values()
-            .map(|rec| WorkerInfo {
+        let mut all = Vec::with_capacity(self.registry.workers.len());
+        self.registry.workers.for_each(|_, rec| {
+            all.push(WorkerInfo {
                 id: rec.entry.id,
                 incarnation: rec.entry.incarnation,
                 model: rec.model.name.to_string(),
@@ -580,28 +580,25 @@ impl WorkerMonitor {
                 // Acquire: pairs with the mirror's Release store.
                 busy: rec.entry.busy.load(Ordering::Acquire),
             })
-            .collect();
+        });
         all.sort_by_key(|w| w.id);
         all
     }
 
     /// The latest observed load of every rank of every worker, for metrics.
     pub fn rank_snapshots(&self) -> Vec<RankSnapshot> {
-        let registry = self.registry.load();
         let now = self.clock.now();
-        let mut all: Vec<RankSnapshot> = registry
-            .workers
-            .values()
-            .flat_map(|rec| (0..rec.entry.dp_size).map(move |rank| rec.entry.snapshot(rank, &self.clock, now)))
-            .collect();
+        let mut all = Vec::new();
+        self.registry.workers.for_each(|_, rec| {
+            all.extend((0..rec.entry.dp_size).map(|rank| rec.entry.snapshot(rank, &self.clock, now)));
+        });
         all.sort_by_key(|s| (s.worker, s.rank));
         all
     }
 
     /// The effective load of `worker` summed over its ranks.
     pub fn worker_load(&self, worker: WorkerId) -> Option<WorkerLoad> {
-        let registry = self.registry.load();
-        registry.workers.get(&worker).map(|rec| self.load_of(&rec.entry))
+        self.registry.with_worker(worker, |rec| self.load_of(&rec.entry))
     }
 
     /// Sum of the effective load over a worker's ranks (no lock, no
@@ -614,17 +611,8 @@ impl WorkerMonitor {
     /// The model's state, for the router (cold path: a router resolves each
     /// model once, and again when the state it holds was retired).
     pub(crate) fn model_state(&self, model: &str) -> Option<Arc<ModelState>> {
-        self.registry.load().models.get(model).cloned()
+        self.registry.model(model)
     }
-}
-
-/// Removes `model` from `next` unless it is kept; returns it when removed, to
-/// be retired once `next` is stored (cold path, under the registry lock).
-fn forget(next: &mut Registry, model: &Arc<ModelState>) -> Option<Arc<ModelState>> {
-    if model.is_kept() {
-        return None;
-    }
-    next.models.remove(&model.name).map(|_| model.clone())
 }
 
 /// Publishes `model`'s view without `remove` and with `add`; returns whether

@@ -1,5 +1,6 @@
-//! The registry: which workers and models exist, published whole through
-//! arc-swap and replaced (cold path) on every registration.
+//! The registry: which workers and models exist. Workers live in a
+//! concurrent map (a registration inserts one, copying nothing); models in
+//! a small map replaced whole (cold path: a model appears or is forgotten).
 
 use std::collections::HashMap;
 
@@ -7,14 +8,16 @@ use crate::load::WorkerId;
 use crate::monitor::entry::WorkerEntry;
 use crate::monitor::error::ApplyError;
 use crate::monitor::publication::ModelState;
-use crate::sync::Arc;
+use crate::sync::{Arc, Map, Swap};
 
-/// Every worker and every model, as of one registration.
-#[derive(Clone, Default)]
+/// Every worker and every model.
 pub(crate) struct Registry {
-    pub(crate) workers: HashMap<WorkerId, WorkerRecord, RegistryHash>,
-    pub(crate) models: HashMap<Arc<str>, Arc<ModelState>, RegistryHash>,
+    pub(crate) workers: Map<WorkerId, WorkerRecord>,
+    pub(crate) models: Swap<Models>,
 }
+
+/// Every known model by name.
+pub(crate) type Models = HashMap<Arc<str>, Arc<ModelState>, RegistryHash>;
 
 /// The registry's hash: every report looks up a worker id and every
 /// [`WorkerRouter::route`](crate::WorkerRouter::route) a model name, so SipHash's cost
@@ -30,14 +33,46 @@ pub(crate) struct WorkerRecord {
     pub(crate) model: Arc<ModelState>,
 }
 
+impl Default for Registry {
+    fn default() -> Self {
+        Registry { workers: Map::new(), models: Swap::from_pointee(Models::default()) }
+    }
+}
+
 impl Registry {
-    /// The record of `worker`, if `rank` is one of its ranks.
+    /// Calls `f` with the record of `worker`, if `rank` is one of its ranks.
     #[inline]
-    pub(crate) fn lookup(&self, worker: WorkerId, rank: u32) -> Result<&WorkerRecord, ApplyError> {
-        let rec = self.workers.get(&worker).ok_or(ApplyError::UnknownWorker(worker))?;
-        if rank >= rec.entry.dp_size {
-            return Err(ApplyError::RankOutOfRange { worker, rank, dp_size: rec.entry.dp_size });
-        }
-        Ok(rec)
+    pub(crate) fn with_rank<R>(
+        &self,
+        worker: WorkerId,
+        rank: u32,
+        f: impl FnOnce(&WorkerRecord) -> R,
+    ) -> Result<R, ApplyError> {
+        self.workers.with(&worker, |rec| {
+            let rec = rec.ok_or(ApplyError::UnknownWorker(worker))?;
+            if rank >= rec.entry.dp_size {
+                return Err(ApplyError::RankOutOfRange { worker, rank, dp_size: rec.entry.dp_size });
+            }
+            Ok(f(rec))
+        })
+    }
+
+    /// Calls `f` with the record of `worker`, if it is registered.
+    #[inline]
+    pub(crate) fn with_worker<R>(&self, worker: WorkerId, f: impl FnOnce(&WorkerRecord) -> R) -> Option<R> {
+        self.workers.with(&worker, |rec| rec.map(f))
+    }
+
+    /// The state of `model`, if known.
+    pub(crate) fn model(&self, model: &str) -> Option<Arc<ModelState>> {
+        self.models.load().get(model).cloned()
+    }
+
+    /// Publishes the models with `edit` applied (cold path, under the
+    /// registry lock).
+    pub(crate) fn edit_models(&self, edit: impl FnOnce(&mut Models)) {
+        let mut next = Models::clone(&self.models.load());
+        edit(&mut next);
+        self.models.store(Arc::new(next));
     }
 }
