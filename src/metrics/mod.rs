@@ -14,6 +14,7 @@
 //! | [`AdmissionMetrics`], [`AdmissionSource`], [`AdmissionLimits`], [`AddGateError`] | the figures of every admission gate one process holds, labelled by `worker_id` |
 //! | [`RejectionMetrics::render_frontend`], [`render_worker`], [`WorkerAdmissionStats`] | a complete exposition on their own, for a server without a registry |
 //! | [`MetricsFormat`], [`RejectionMetrics::render_frontend_as`], [`render_worker_as`], [`openmetrics_to_prometheus`] | the exposition in the format the scraper asked for (OpenMetrics or the Prometheus text format 0.0.4) |
+//! | [`StripedHistogram`] | a drop-in for prometheus-client's `Histogram` (same buckets, same text) whose recording takes no lock |
 //!
 //! # Plugging into the caller's registry
 //!
@@ -127,9 +128,11 @@ mod exposition;
 mod format;
 mod frontend;
 mod gates;
+mod histogram;
 mod labels;
 mod rejections;
 mod source;
+mod stripe;
 #[cfg(test)]
 mod tests;
 
@@ -137,6 +140,7 @@ pub use error::AddGateError;
 pub use exposition::LabelText;
 pub use format::{openmetrics_to_prometheus, MetricsFormat};
 pub use gates::{render_worker, render_worker_as, AdmissionMetrics};
+pub use histogram::StripedHistogram;
 pub use labels::{Endpoint, Reason};
 pub use rejections::RejectionMetrics;
 pub use source::{AdmissionLimits, AdmissionSource, WorkerAdmissionStats};
