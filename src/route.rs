@@ -54,7 +54,8 @@ pub enum RouteError {
     /// Instances are registered but none is eligible (all busy or excluded).
     /// Pool-wide: retrying elsewhere cannot help. HTTP: the overload status.
     Overloaded,
-    /// The model is known but no instance is registered. HTTP 503.
+    /// The model is known but no instance is registered, or every one is
+    /// out of routing ([`WorkerMonitor::set_out_of_routing`]). HTTP 503.
     Unavailable,
     /// The model has never been seen. HTTP 404.
     UnknownModel,
@@ -301,7 +302,7 @@ impl WorkerRouter {
         let eligible = Eligible::new(view, exclude);
         let count = eligible.count();
         if count == 0 {
-            return Err(if view.is_empty() { RouteError::Unavailable } else { RouteError::Overloaded });
+            return Err(no_instance(view));
         }
         let position = match (cost, &self.policy) {
             (Some(cost), _) => self.lowest(routed, &eligible, |entry| cost(entry.id, &self.monitor.load_of(entry))),
@@ -368,9 +369,21 @@ impl WorkerRouter {
 fn round_robin(routed: &RoutedModel, view: &ModelView) -> Result<WorkerId, RouteError> {
     let count = view.eligible;
     if count == 0 {
-        return Err(if view.is_empty() { RouteError::Unavailable } else { RouteError::Overloaded });
+        return Err(no_instance(view));
     }
     Ok(view.nth_eligible_id(routed.turn() % count))
+}
+
+/// Why a view offers no instance: none registered, or every one out of
+/// routing (nothing alive to take the request), is unavailable; otherwise
+/// the model is overloaded (its instances in routing are busy or excluded).
+#[cold]
+fn no_instance(view: &ModelView) -> RouteError {
+    if view.is_empty() || view.all_out() {
+        RouteError::Unavailable
+    } else {
+        RouteError::Overloaded
+    }
 }
 
 /// Where the least-loaded and cost policies start their scan (ties go to
@@ -520,7 +533,7 @@ impl<'a> Eligible<'a> {
                 continue; // listed twice
             }
             if let Some(place) = view.find(*id) {
-                if !view.filtering || !view.chunk(place).is_busy(place.local) {
+                if view.chunk(place).is_eligible(place.local) {
                     excluded += 1;
                 }
             }
@@ -556,9 +569,8 @@ impl<'a> Eligible<'a> {
     /// `start` and wrapping.
     #[inline]
     fn for_each_from(&self, start: usize, mut f: impl FnMut(usize, &WorkerEntry)) {
-        let filtering = self.view.filtering;
         self.view.for_each_from(start, |p, place, chunk| {
-            let free = !filtering || !chunk.is_busy(place.local);
+            let free = chunk.is_eligible(place.local);
             if free && !(self.excluded != 0 && self.exclude.contains(&chunk.id(place.local))) {
                 f(p, chunk.entry(place.local));
             }

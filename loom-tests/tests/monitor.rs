@@ -144,6 +144,34 @@ fn a_registration_races_a_flip() {
     assert_eq!(SEEN.load(Ordering::Relaxed), 0b1111, "some reachable state was never seen");
 }
 
+/// Taking worker 2 out of routing races a report that makes it busy: both
+/// land (its busy bit and its out-of-routing bit are separate), and routers
+/// skip it; bringing it back leaves it busy.
+#[test]
+fn out_of_routing_races_a_flip_of_the_same_worker() {
+    run_model_with("monitor/out_of_routing_races_a_flip_of_the_same_worker", 3, || {
+        let monitor = monitor(0.5, &[(1, 10), (2, 10), (3, 90)]);
+        let taking_out = {
+            let monitor = monitor.clone();
+            thread::spawn(move || assert!(monitor.set_out_of_routing(2, true)))
+        };
+        let flipping = {
+            let monitor = monitor.clone();
+            thread::spawn(move || assert_eq!(monitor.apply(&report(2, 2, 70)), Ok(Applied::Flipped)))
+        };
+        let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
+        let routed = router.route(MODEL, &[1]);
+        assert!(matches!(routed, Ok(2) | Err(RouteError::Overloaded)), "routed {routed:?}");
+        taking_out.join().unwrap();
+        flipping.join().unwrap();
+        assert!(monitor.is_out_of_routing(2) && monitor.is_busy(2), "one of the two changes was lost");
+        assert_eq!(router.route(MODEL, &[]), Ok(1));
+        assert!(monitor.set_out_of_routing(2, false));
+        assert!(monitor.is_busy(2), "bringing it back cleared its busy bit");
+        assert_eq!(router.route(MODEL, &[1]), Err(RouteError::Overloaded));
+    });
+}
+
 /// A restart of worker 3 (a new incarnation: fresh slots, so free) races a
 /// report that makes it busy in its old incarnation: the old entry's flip
 /// never lands on the new one, so worker 3 ends free.

@@ -26,6 +26,9 @@ pub(crate) struct WorkerEntry {
     /// The signals it was last published busy with (beside `busy`, which
     /// says whether they count); written only under the model's lock.
     published: AtomicU32,
+    /// Out of routing as last published; written only under the model's
+    /// lock.
+    out: AtomicBool,
 }
 
 impl WorkerEntry {
@@ -40,6 +43,7 @@ impl WorkerEntry {
             busy: AtomicBool::new(false),
             reasons: AtomicU32::new(0),
             published: AtomicU32::new(0),
+            out: AtomicBool::new(false),
         }
     }
 
@@ -73,6 +77,19 @@ impl WorkerEntry {
     pub(crate) fn published(&self) -> Option<BusySignals> {
         // Relaxed: written and read under the model's lock.
         self.busy.load(Ordering::Relaxed).then(|| decode(self.published.load(Ordering::Relaxed)))
+    }
+
+    /// Whether it is published out of routing (under the model's lock).
+    pub(crate) fn is_out(&self) -> bool {
+        // Relaxed: written and read under the model's lock.
+        self.out.load(Ordering::Relaxed)
+    }
+
+    /// Records that it was just published out of routing, or back in it
+    /// (under the model's lock).
+    pub(crate) fn set_out(&self, out: bool) {
+        // Relaxed: read only under the model's lock.
+        self.out.store(out, Ordering::Relaxed);
     }
 
     /// Records what was just published for it (under the model's lock):

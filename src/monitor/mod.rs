@@ -544,6 +544,68 @@ impl WorkerMonitor {
         }) == Some(true)
     }
 
+    /// Takes `worker` out of routing (`out`), or brings it back: routers skip
+    /// an instance out of routing as they skip a busy one, whatever its
+    /// model's thresholds, and a model whose every instance is out of
+    /// routing routes as [`RouteError::Unavailable`](crate::RouteError::Unavailable)
+    /// (nothing alive to take a request) rather than overloaded. For the
+    /// embedder's own liveness verdicts: a worker whose event connection
+    /// went silent, one a connection just failed to. The state belongs to
+    /// the registration: a restart (a new incarnation) starts in routing.
+    /// Returns whether the published state changed.
+    ///
+    /// Cold path: the model's lock and one publication (a copy of the
+    /// worker's chunk), as a busy flip.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use loadgate::{Policy, RouteError, WorkerMonitor, WorkerRouter};
+    /// use std::sync::Arc;
+    ///
+    /// let monitor = Arc::new(WorkerMonitor::new(Default::default()).unwrap());
+    /// monitor.register(1, "m", 1, 0).unwrap();
+    /// monitor.register(2, "m", 1, 0).unwrap();
+    /// let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
+    /// assert!(monitor.set_out_of_routing(1, true));
+    /// assert_eq!(router.route("m", &[]), Ok(2));
+    /// assert_eq!(router.route("m", &[2]), Err(RouteError::Overloaded));
+    /// monitor.set_out_of_routing(2, true);
+    /// assert_eq!(router.route("m", &[]), Err(RouteError::Unavailable));
+    /// ```
+    pub fn set_out_of_routing(&self, worker: WorkerId, out: bool) -> bool {
+        let Some(rec) = self.registry.with_worker(worker, WorkerRecord::clone) else {
+            return false;
+        };
+        let changed = rec.model.lock().set_out(&rec.entry, out);
+        changed
+    }
+
+    /// Whether `worker` is published out of routing.
+    pub fn is_out_of_routing(&self, worker: WorkerId) -> bool {
+        self.registry.with_worker(worker, |rec| {
+            let view = rec.model.view().load();
+            view.find_entry(&rec.entry).is_some_and(|place| view.chunk(place).is_out(place.local))
+        }) == Some(true)
+    }
+
+    /// Whether `model` has an instance in routing that is not in `except`
+    /// (cold path: a scan of the model, for a request whose own failures
+    /// may have used up every live worker).
+    pub fn has_routable(&self, model: &str, except: &[WorkerId]) -> bool {
+        let Some(state) = self.registry.model(model) else {
+            return false;
+        };
+        let view = state.view().load();
+        let mut found = false;
+        if !view.is_empty() {
+            view.for_each_from(0, |_, place, chunk| {
+                found |= !chunk.is_out(place.local) && !except.contains(&chunk.id(place.local));
+            });
+        }
+        found
+    }
+
     /// The signals that made `worker` busy at its last evaluation.
     pub fn busy_reasons(&self, worker: WorkerId) -> BusySignals {
         self.registry.with_worker(worker, |rec| rec.entry.reasons()).unwrap_or_default()

@@ -55,7 +55,7 @@
 
 use crate::monitor::clock::MonitorClock;
 use crate::monitor::entry::WorkerEntry;
-use crate::monitor::view::{Change, ModelView, CHUNK_MAX};
+use crate::monitor::view::{Change, ModelView, Toggle, CHUNK_MAX};
 use crate::sync::{lock, Arc, AtomicBool, Mutex, Ordering, Swap};
 use crate::thresholds::Thresholds;
 
@@ -163,6 +163,25 @@ impl ModelWriter<'_> {
         empty
     }
 
+    /// Publishes `entry` out of routing (or back in it) if that changes
+    /// its published state; returns whether it did. An entry no longer
+    /// listed changes nothing.
+    pub(crate) fn set_out(&mut self, entry: &Arc<WorkerEntry>, out: bool) -> bool {
+        if entry.is_out() == out {
+            return false;
+        }
+        let view = self.model.view.load();
+        let Some(place) = view.find_entry(entry) else {
+            return false;
+        };
+        let mut change = [Change { slot: place.slot, local: place.local, what: Toggle::Out(out) }];
+        let next = view.with_changes(&mut change, view.filtering);
+        drop(view); // before the swap, which would otherwise pay this guard's debt
+        self.replace(next);
+        entry.set_out(out);
+        true
+    }
+
     /// The instances of the published view.
     pub(crate) fn instances(&self) -> Vec<Arc<WorkerEntry>> {
         self.model.view.load().entries().cloned().collect()
@@ -198,7 +217,11 @@ impl ModelWriter<'_> {
                 if was != now_busy {
                     if let Some(place) = view.find_entry(&entry) {
                         flips += usize::from(was.is_some() != now_busy.is_some());
-                        changes.push(Change { slot: place.slot, local: place.local, was, now: now_busy });
+                        changes.push(Change {
+                            slot: place.slot,
+                            local: place.local,
+                            what: Toggle::Busy { was, now: now_busy },
+                        });
                     }
                 }
                 seen.push((entry, before, now_busy));

@@ -24,6 +24,7 @@ impl ModelView {
             debug_assert!(chunk.len() > 0);
             view.reasons = view.reasons.plus(chunk.reasons());
             view.busy += chunk.busy_count();
+            view.out += chunk.out_count();
             let slot = Slot { eligible_before: view.eligible, start: view.len, first: chunk.id(0), chunk };
             view.eligible += slot.chunk.eligible();
             view.len += slot.chunk.len();

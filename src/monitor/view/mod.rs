@@ -16,7 +16,7 @@ use crate::monitor::entry::WorkerEntry;
 use crate::sync::Arc;
 use crate::thresholds::BusySignals;
 
-pub(crate) use self::chunk::{Change, Chunk, CHUNK_MAX};
+pub(crate) use self::chunk::{Change, Chunk, Toggle, CHUNK_MAX};
 use self::reasons::ReasonCounts;
 
 /// A model's instances (sorted by id) and busy bits, always consistent with
@@ -42,6 +42,8 @@ pub(crate) struct ModelView {
     pub(crate) filtering: bool,
     len: usize,
     busy: usize,
+    /// Instances out of routing.
+    out: usize,
     reasons: ReasonCounts,
     /// The most instances a chunk of this model holds (a fuller one splits).
     capacity: usize,
@@ -76,6 +78,7 @@ impl ModelView {
             filtering,
             len: 0,
             busy: 0,
+            out: 0,
             reasons: ReasonCounts::default(),
             capacity,
         }
@@ -97,6 +100,13 @@ impl ModelView {
     #[cfg(test)]
     pub(crate) fn busy_count(&self) -> usize {
         self.busy
+    }
+
+    /// True when every instance is out of routing (none is alive to take a
+    /// request, busy or not); false with no instances.
+    #[inline]
+    pub(crate) fn all_out(&self) -> bool {
+        self.len > 0 && self.out == self.len
     }
 
     /// The union of the signals the busy instances were published busy with.

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use super::*;
 use crate::load::{LoadReport, RankLoad};
 use crate::thresholds::BusyThresholds;
-use crate::WorkerMonitor;
+use crate::{Policy, RouteError, WorkerMonitor, WorkerRouter};
 
 const MODEL: &str = "m";
 
@@ -32,17 +32,23 @@ fn thresholds(on: bool) -> BusyThresholds {
 
 /// What the view must show: every instance in id order with its bit and
 /// the signals it was published busy with.
-fn check(view: &ModelView, expected: &BTreeMap<WorkerId, Option<BusySignals>>, capacity: usize) {
+fn check(view: &ModelView, expected: &BTreeMap<WorkerId, (Option<BusySignals>, bool)>, capacity: usize) {
     let bits: Vec<(WorkerId, bool)> = view.bits().collect();
-    let want: Vec<(WorkerId, bool)> = expected.iter().map(|(&id, s)| (id, s.is_some())).collect();
+    let want: Vec<(WorkerId, bool)> = expected.iter().map(|(&id, (s, _))| (id, s.is_some())).collect();
     assert_eq!(bits, want);
     assert_eq!(view.len(), expected.len());
-    assert_eq!(view.busy_count(), expected.values().filter(|s| s.is_some()).count());
-    let reasons = expected.values().flatten().fold(BusySignals::default(), |all, s| all.union(*s));
+    assert_eq!(view.busy_count(), expected.values().filter(|(s, _)| s.is_some()).count());
+    let reasons = expected.values().filter_map(|(s, _)| *s).fold(BusySignals::default(), |all, s| all.union(s));
     assert_eq!(view.reasons(), reasons);
-    // Round-robin's list: the free instances in order (all, unfiltered).
+    let out = expected.values().filter(|(_, out)| *out).count();
+    assert_eq!(view.all_out(), out > 0 && out == expected.len());
+    // Round-robin's list: the instances in routing and (filtering) free, in order.
     let eligible: Vec<WorkerId> = (0..view.eligible).map(|k| view.nth_eligible_id(k)).collect();
-    let free: Vec<WorkerId> = want.iter().filter(|(_, busy)| !view.filtering || !busy).map(|(id, _)| *id).collect();
+    let free: Vec<WorkerId> = expected
+        .iter()
+        .filter(|(_, (busy, out))| !out && (!view.filtering || busy.is_none()))
+        .map(|(id, _)| *id)
+        .collect();
     assert_eq!(eligible, free);
     let positions: Vec<WorkerId> = (0..view.eligible).map(|k| view.id(view.nth_eligible(k))).collect();
     assert_eq!(positions, free);
@@ -74,37 +80,46 @@ fn check(view: &ModelView, expected: &BTreeMap<WorkerId, Option<BusySignals>>, c
 fn the_chunked_view_always_matches_a_flat_reference() {
     for (seed, capacity) in [(1, 1), (2, 2), (3, 4), (4, 7), (5, 16)] {
         let mut rng = fastrand::Rng::with_seed(seed);
-        let monitor = WorkerMonitor::with_chunk_capacity(Default::default(), capacity);
+        let monitor = Arc::new(WorkerMonitor::with_chunk_capacity(Default::default(), capacity));
+        let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
         monitor.add_model(MODEL);
         let mut on = rng.bool();
         monitor.set_thresholds(MODEL, thresholds(on)).unwrap();
-        // id -> (incarnation, signals when busy)
-        let mut expected: BTreeMap<WorkerId, (u64, Option<BusySignals>)> = BTreeMap::new();
+        // id -> (incarnation, signals when busy, out of routing)
+        let mut expected: BTreeMap<WorkerId, (u64, Option<BusySignals>, bool)> = BTreeMap::new();
         let mut seq = 0;
         for step in 0..1_500 {
             let id = rng.u64(..40);
             match rng.u8(..10) {
                 0..=2 => {
-                    let incarnation = expected.get(&id).map_or(0, |(i, _)| i + u64::from(rng.bool()));
+                    let incarnation = expected.get(&id).map_or(0, |(i, _, _)| i + u64::from(rng.bool()));
                     monitor.register(id, MODEL, 1, incarnation).unwrap();
-                    let restarted = expected.get(&id).is_some_and(|(i, _)| *i != incarnation);
-                    let signals = expected.get(&id).and_then(|(_, s)| *s).filter(|_| !restarted);
-                    expected.insert(id, (incarnation, signals));
+                    // A restart starts afresh: free and in routing.
+                    let kept = expected.get(&id).filter(|(i, _, _)| *i == incarnation);
+                    let (signals, out) = kept.map_or((None, false), |(_, s, out)| (*s, *out));
+                    expected.insert(id, (incarnation, signals, out));
                 }
                 3 => {
                     monitor.deregister(id);
                     expected.remove(&id);
                 }
-                4 if rng.u8(..10) == 0 => {
+                4 if rng.bool() => {
+                    let out = rng.bool();
+                    let Some(state) = expected.get_mut(&id) else { continue };
+                    assert_eq!(monitor.set_out_of_routing(id, out), state.2 != out);
+                    state.2 = out;
+                    assert_eq!(monitor.is_out_of_routing(id), out);
+                }
+                5 if rng.u8(..5) == 0 => {
                     on = !on;
                     monitor.set_thresholds(MODEL, thresholds(on)).unwrap();
                     // Slots stay, the decision changes: re-derive below from reports.
-                    for (id, (_, signals)) in expected.iter_mut() {
+                    for (id, (_, signals, _)) in expected.iter_mut() {
                         *signals = monitor.is_busy(*id).then(|| monitor.busy_reasons(*id));
                     }
                 }
                 _ => {
-                    let Some(&(incarnation, _)) = expected.get(&id) else { continue };
+                    let Some(&(incarnation, _, out)) = expected.get(&id) else { continue };
                     seq += 1;
                     let load = match rng.u8(..3) {
                         0 => decode(90),
@@ -119,13 +134,20 @@ fn the_chunked_view_always_matches_a_flat_reference() {
                         (Some(before), true) => Some(before),
                         (_, busy) => busy.then_some(fired),
                     };
-                    expected.insert(id, (incarnation, published));
+                    expected.insert(id, (incarnation, published, out));
                 }
             }
             let view = monitor.model_state(MODEL).unwrap().view().load_full();
-            let flat: BTreeMap<WorkerId, Option<BusySignals>> = expected.iter().map(|(&id, (_, s))| (id, *s)).collect();
+            let flat: BTreeMap<WorkerId, (Option<BusySignals>, bool)> =
+                expected.iter().map(|(&id, (_, s, out))| (id, (*s, *out))).collect();
             check(&view, &flat, capacity);
             assert_eq!(monitor.model_busy_reasons(MODEL), view.reasons(), "step {step}");
+            // The router's verdict when nothing is eligible.
+            if view.eligible == 0 && !view.is_empty() {
+                let routed = router.route(MODEL, &[]);
+                let all_out = flat.values().all(|(_, out)| *out);
+                assert_eq!(routed, Err(if all_out { RouteError::Unavailable } else { RouteError::Overloaded }));
+            }
         }
     }
 }
