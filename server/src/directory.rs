@@ -18,19 +18,25 @@
 //!   for [`PROOF_REFUSAL_QUARANTINE`], doubling with each refusal in a row
 //!   up to [`PROOF_REFUSAL_MAX`], back to the start once it answers.
 //!
-//! The proxy passes both as exclusions to the router. The common case (no
-//! worker out of routing) costs two atomic loads.
+//! Out of routing is published to the [`WorkerMonitor`]
+//! ([`WorkerMonitor::set_out_of_routing`]): a bit beside the worker's busy
+//! bit in its model's view, so a request pays nothing for it (no lock, no
+//! scan, no exclusion list), and a change costs one publication. Each
+//! entry's transitions are serialised (its own lock, cold path), and a
+//! quarantine ends by [`WorkerDirectory::run_expiry`], a task that sleeps
+//! until the next deadline.
 //!
 //! At the crate root because two roles share it: the event plane's listener
 //! (`events/`) writes it as workers register and leave, and the frontend's
 //! proxy reads it for every request.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use loadgate::WorkerId;
+use loadgate::{WorkerId, WorkerMonitor};
+use tokio::sync::Notify;
 
 /// A worker's HTTP endpoint as the proxy needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,6 +70,12 @@ pub const PROOF_REFUSAL_MAX: Duration = Duration::from_secs(30);
 pub struct WorkerDirectory {
     // A read-write lock: many concurrent readers, rare writers.
     workers: RwLock<HashMap<WorkerId, Entry>>,
+    /// Where out of routing is published.
+    monitor: Arc<WorkerMonitor>,
+    /// Quarantines to end, by deadline (ms since `epoch`).
+    quarantines: Mutex<BTreeSet<(u64, WorkerId)>>,
+    /// Wakes [`run_expiry`](Self::run_expiry) for a new quarantine.
+    quarantined: Notify,
     /// Where quarantine times count from.
     epoch: Instant,
     /// Entries marked silent.
@@ -78,10 +90,14 @@ pub struct WorkerDirectory {
     refusing_proofs: AtomicUsize,
 }
 
-impl Default for WorkerDirectory {
-    fn default() -> Self {
+impl WorkerDirectory {
+    /// An empty directory that publishes out of routing to `monitor`.
+    pub fn new(monitor: Arc<WorkerMonitor>) -> Self {
         WorkerDirectory {
             workers: RwLock::default(),
+            monitor,
+            quarantines: Mutex::default(),
+            quarantined: Notify::new(),
             epoch: Instant::now(),
             silent: AtomicUsize::new(0),
             quarantine_horizon_ms: AtomicU64::new(0),
@@ -103,6 +119,9 @@ struct Entry {
     quarantined_until_ms: AtomicU64,
     /// Proof refusals in a row (0: its last answer was not one).
     proof_refusals: AtomicU32,
+    /// Out of routing as last published to the monitor; its lock
+    /// serialises this entry's transitions.
+    published_out: Mutex<bool>,
 }
 
 impl Entry {
@@ -113,6 +132,7 @@ impl Entry {
             silent: AtomicBool::new(false),
             quarantined_until_ms: AtomicU64::new(0),
             proof_refusals: AtomicU32::new(0),
+            published_out: Mutex::new(false),
         }
     }
 
@@ -134,7 +154,7 @@ impl WorkerDirectory {
             return false;
         }
         let old = workers.insert(worker, Entry::new(address(http_addr, dp_size, false), false));
-        self.forget_flags(old);
+        self.forget_flags(worker, old);
         true
     }
 
@@ -142,8 +162,9 @@ impl WorkerDirectory {
     /// `--worker URL`: static, so the event plane refuses its id.
     pub fn insert_static(&self, worker: WorkerId, http_addr: &str, dp_size: u32) {
         let entry = Entry::new(address(http_addr, dp_size, false), true);
-        let old = self.workers.write().unwrap_or_else(|e| e.into_inner()).insert(worker, entry);
-        self.forget_flags(old);
+        let mut workers = self.workers.write().unwrap_or_else(|e| e.into_inner());
+        let old = workers.insert(worker, entry);
+        self.forget_flags(worker, old);
     }
 
     /// Records (or replaces) the endpoint of an engine named by `--engine`:
@@ -152,21 +173,29 @@ impl WorkerDirectory {
     /// `assembles`: see [`WorkerAddress::assembles`].
     pub fn insert_engine(&self, worker: WorkerId, base_url: &str, dp_size: u32, assembles: bool) {
         let entry = Entry::new(WorkerAddress { assembles, ..address(base_url, dp_size, true) }, true);
-        let old = self.workers.write().unwrap_or_else(|e| e.into_inner()).insert(worker, entry);
-        self.forget_flags(old);
+        let mut workers = self.workers.write().unwrap_or_else(|e| e.into_inner());
+        let old = workers.insert(worker, entry);
+        self.forget_flags(worker, old);
     }
 
     /// Forgets `worker`; returns whether it was known.
     pub fn remove(&self, worker: WorkerId) -> bool {
-        let old = self.workers.write().unwrap_or_else(|e| e.into_inner()).remove(&worker);
+        let mut workers = self.workers.write().unwrap_or_else(|e| e.into_inner());
+        let old = workers.remove(&worker);
         let known = old.is_some();
-        self.forget_flags(old);
+        self.forget_flags(worker, old);
         known
     }
 
-    /// A replaced or removed entry no longer counts as silent or refusing.
-    fn forget_flags(&self, old: Option<Entry>) {
+    /// A replaced or removed entry no longer counts as silent or refusing,
+    /// and no longer keeps its worker out of routing (a registration that
+    /// comes back starts in routing). Called with the write lock held, so
+    /// no transition of the new entry (under the read lock) comes between.
+    fn forget_flags(&self, worker: WorkerId, old: Option<Entry>) {
         let Some(old) = old else { return };
+        if *old.published_out.lock().unwrap_or_else(PoisonError::into_inner) {
+            self.monitor.set_out_of_routing(worker, false);
+        }
         // Relaxed: the counts only gate the proxy's scans; see `excluded`.
         if old.silent.load(Ordering::Relaxed) {
             self.silent.fetch_sub(1, Ordering::Relaxed);
@@ -192,7 +221,64 @@ impl WorkerDirectory {
         } else {
             self.silent.fetch_sub(1, Ordering::Relaxed);
         }
+        self.publish(worker, entry);
         true
+    }
+
+    /// Publishes whether `entry` is out of routing now, if that changed
+    /// (cold path: one publication in the monitor).
+    fn publish(&self, worker: WorkerId, entry: &Entry) {
+        let mut published = entry.published_out.lock().unwrap_or_else(PoisonError::into_inner);
+        let out = entry.excluded(self.now_ms());
+        if *published != out {
+            self.monitor.set_out_of_routing(worker, out);
+            *published = out;
+        }
+    }
+
+    /// Schedules the end of a quarantine until `until` (ms since `epoch`).
+    fn schedule(&self, worker: WorkerId, until: u64) {
+        self.quarantines.lock().unwrap_or_else(PoisonError::into_inner).insert((until, worker));
+        self.quarantined.notify_one();
+    }
+
+    /// Brings quarantined workers back into routing as their quarantines
+    /// end; runs until the runtime stops (the frontend spawns it once).
+    pub async fn run_expiry(self: Arc<Self>) {
+        loop {
+            let next = self.expire_due();
+            let wake = self.quarantined.notified();
+            match next {
+                Some(until) => {
+                    let at = self.epoch + Duration::from_millis(until);
+                    tokio::select! {
+                        () = tokio::time::sleep_until(at.into()) => {}
+                        () = wake => {}
+                    }
+                }
+                None => wake.await,
+            }
+        }
+    }
+
+    /// Publishes the workers whose quarantine ended; returns the next
+    /// deadline (ms since `epoch`).
+    fn expire_due(&self) -> Option<u64> {
+        let now = self.now_ms();
+        let due: Vec<(u64, WorkerId)> = {
+            let mut quarantines = self.quarantines.lock().unwrap_or_else(PoisonError::into_inner);
+            let later = quarantines.split_off(&(now + 1, 0));
+            std::mem::replace(&mut *quarantines, later).into_iter().collect()
+        };
+        if !due.is_empty() {
+            let workers = self.workers.read().unwrap_or_else(|e| e.into_inner());
+            for (_, worker) in due {
+                if let Some(entry) = workers.get(&worker) {
+                    self.publish(worker, entry);
+                }
+            }
+        }
+        self.quarantines.lock().unwrap_or_else(PoisonError::into_inner).first().map(|(until, _)| *until)
     }
 
     /// Takes `worker` out of routing for [`UNREACHABLE_QUARANTINE`] (a
@@ -205,6 +291,8 @@ impl WorkerDirectory {
             entry.quarantined_until_ms.fetch_max(until, Ordering::Relaxed);
             self.quarantine_horizon_ms.fetch_max(until, Ordering::Relaxed);
             self.quarantined_total.fetch_add(1, Ordering::Relaxed);
+            self.publish(worker, entry);
+            self.schedule(worker, until);
         }
     }
 
@@ -225,6 +313,8 @@ impl WorkerDirectory {
         let until = self.now_ms() + out.as_millis() as u64;
         entry.quarantined_until_ms.fetch_max(until, Ordering::Relaxed);
         self.quarantine_horizon_ms.fetch_max(until, Ordering::Relaxed);
+        self.publish(worker, entry);
+        self.schedule(worker, until);
         Some(out)
     }
 
@@ -245,7 +335,8 @@ impl WorkerDirectory {
     }
 
     /// The workers out of routing now (silent or quarantined); empty, and
-    /// without taking the lock, in the common case.
+    /// without taking the lock, in the common case. For `/health` and
+    /// `/metrics`: requests read out of routing from the monitor's views.
     pub fn out_of_routing(&self) -> Vec<WorkerId> {
         let now_ms = self.now_ms();
         // Relaxed: advisory, as `Entry::excluded`.
@@ -329,9 +420,18 @@ fn address(http_addr: &str, dp_size: u32, engine: bool) -> WorkerAddress {
 mod tests {
     use super::*;
 
+    /// A directory over a monitor where workers 1 to 7 serve model `m`.
+    fn directory() -> (Arc<WorkerDirectory>, Arc<WorkerMonitor>) {
+        let monitor = Arc::new(WorkerMonitor::new(Default::default()).unwrap());
+        for worker in 1..=7 {
+            monitor.register(worker, "m", 1, 0).unwrap();
+        }
+        (Arc::new(WorkerDirectory::new(monitor.clone())), monitor)
+    }
+
     #[test]
     fn addresses_become_urls() {
-        let d = WorkerDirectory::default();
+        let (d, _) = directory();
         d.insert(1, "127.0.0.1:80", 2);
         d.insert(2, "http://127.0.0.1:81/", 1);
         assert_eq!(d.get(1).unwrap().base_url.as_ref(), "http://127.0.0.1:80");
@@ -344,7 +444,7 @@ mod tests {
 
     #[test]
     fn static_workers_are_not_replaced_by_the_event_plane() {
-        let d = WorkerDirectory::default();
+        let (d, _) = directory();
         d.insert_static(3, "127.0.0.1:80", 1);
         assert!(d.is_static(3));
         assert!(!d.insert(3, "127.0.0.1:99", 1), "an event registration may not take a static id");
@@ -357,7 +457,7 @@ mod tests {
 
     #[test]
     fn engines_are_static_but_not_health_checked() {
-        let d = WorkerDirectory::default();
+        let (d, _) = directory();
         d.insert_static(1, "127.0.0.1:80", 1);
         d.insert_engine(2, "http://127.0.0.1:8080", 2, true);
         assert!(d.is_static(2), "the event plane may not take an engine's id");
@@ -374,7 +474,7 @@ mod tests {
 
     #[test]
     fn silent_and_quarantined_workers_are_out_of_routing_until_cleared() {
-        let d = WorkerDirectory::default();
+        let (d, _) = directory();
         d.insert(1, "127.0.0.1:80", 1);
         d.insert(2, "127.0.0.1:81", 1);
         assert!(d.out_of_routing().is_empty());
@@ -395,7 +495,7 @@ mod tests {
 
     #[test]
     fn a_worker_refusing_proofs_leaves_routing_for_longer_each_time_until_it_answers() {
-        let directory = WorkerDirectory::default();
+        let (directory, _) = directory();
         directory.insert(1, "127.0.0.1:1", 1);
         let outs: Vec<_> = (0..7).map(|_| directory.proof_refused(1).unwrap()).collect();
         let secs: Vec<u64> = outs.iter().map(Duration::as_secs).collect();
@@ -408,5 +508,44 @@ mod tests {
         // Forgetting the worker forgets its refusals.
         directory.remove(1);
         assert_eq!(directory.refusing_proofs.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn out_of_routing_is_published_to_the_monitor_and_forgotten_with_the_entry() {
+        let (d, monitor) = directory();
+        d.insert(1, "127.0.0.1:80", 1);
+        d.insert(2, "127.0.0.1:81", 1);
+        assert!(d.set_silent(1, true));
+        assert!(monitor.is_out_of_routing(1) && !monitor.is_out_of_routing(2));
+        assert!(d.set_silent(1, false));
+        assert!(!monitor.is_out_of_routing(1));
+        d.quarantine(2);
+        assert!(monitor.is_out_of_routing(2), "a quarantine takes effect at once");
+        // A registration that comes back (a reconnect) starts in routing.
+        d.set_silent(1, true);
+        d.insert(1, "127.0.0.1:80", 1);
+        assert!(!monitor.is_out_of_routing(1));
+        d.remove(2);
+        assert!(!monitor.is_out_of_routing(2), "a removed entry keeps no worker out");
+    }
+
+    /// Margins: the quarantine is 1 s; its end is published once the
+    /// directory's clock passes the deadline (so never earlier than 1 s
+    /// less a millisecond of rounding), and a busy 2-core machine gets 5 s
+    /// to wake the task.
+    #[tokio::test]
+    async fn a_quarantine_ends_by_itself() {
+        let (d, monitor) = directory();
+        d.insert(3, "127.0.0.1:80", 1);
+        tokio::spawn(d.clone().run_expiry());
+        let started = Instant::now();
+        d.quarantine(3);
+        assert!(monitor.is_out_of_routing(3));
+        while monitor.is_out_of_routing(3) {
+            assert!(started.elapsed() < Duration::from_secs(5), "still quarantined after 5 s");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(started.elapsed() >= UNREACHABLE_QUARANTINE - Duration::from_millis(2), "{:?}", started.elapsed());
+        assert!(d.out_of_routing().is_empty());
     }
 }

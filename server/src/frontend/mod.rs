@@ -183,7 +183,9 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
         default_thresholds: args.default_thresholds(),
     };
     let monitor = Arc::new(WorkerMonitor::new(config).map_err(|e| anyhow::anyhow!("invalid threshold: {e}"))?);
-    let directory = Arc::new(WorkerDirectory::default());
+    let directory = Arc::new(WorkerDirectory::new(monitor.clone()));
+    // Quarantined workers come back into routing as their time ends.
+    tokio::spawn(directory.clone().run_expiry());
     // One secret for the event plane and the requests to workers.
     let secrets = crate::secret::Secrets::load(args.event_secret_file.as_deref())?.map(Arc::new);
     let frontend = Arc::new(Frontend::new(&args, monitor.clone(), directory.clone(), secrets.clone())?);

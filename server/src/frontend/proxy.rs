@@ -93,14 +93,16 @@ impl Exclusions {
     }
 
     /// The router's exclusions: the workers that refused or failed this
-    /// request, and those out of routing now (silent or quarantined).
-    /// Borrowed, without allocating, in the common case.
-    fn for_router<'a>(&self, migration: &'a Migration, out_of_routing: &[WorkerId]) -> Cow<'a, [WorkerId]> {
-        if self.unreachable.is_empty() && out_of_routing.is_empty() {
+    /// request (those out of routing for every request, silent or
+    /// quarantined, are skipped by the router itself: the directory
+    /// publishes them in the monitor's views). Borrowed, without
+    /// allocating, in the common case.
+    fn for_router<'a>(&self, migration: &'a Migration) -> Cow<'a, [WorkerId]> {
+        if self.unreachable.is_empty() {
             return Cow::Borrowed(migration.refusals());
         }
         let mut all = migration.refusals().to_vec();
-        all.extend(self.unreachable.iter().chain(out_of_routing).filter(|w| !migration.refusals().contains(w)));
+        all.extend(self.unreachable.iter().filter(|w| !migration.refusals().contains(w)));
         Cow::Owned(all)
     }
 }
@@ -157,13 +159,10 @@ async fn route_and_send(frontend: &Arc<Frontend>, model: &str, request: &Outgoin
     let mut migration = Migration::new(frontend.migration_limit);
     let mut excluded = Exclusions::default();
     loop {
-        let out_of_routing = frontend.directory.out_of_routing();
-        let exclude = excluded.for_router(&migration, &out_of_routing);
+        let exclude = excluded.for_router(&migration);
         let worker = match frontend.router.route(model, &exclude) {
             Ok(worker) => worker,
-            Err(RouteError::Overloaded) => {
-                return no_worker_left(frontend, endpoint, model, &migration, &excluded, &out_of_routing)
-            }
+            Err(RouteError::Overloaded) => return no_worker_left(frontend, endpoint, model, &migration, &excluded),
             Err(error) => return route_error(frontend, model, error, &excluded),
         };
         drop(exclude);
@@ -242,25 +241,22 @@ fn route_error(frontend: &Frontend, model: &str, error: RouteError, excluded: &E
     }
 }
 
-/// The router found no eligible worker left for this request. Busy workers,
-/// or workers that refused it at their cap, are alive: the overload status.
-/// When every worker of the model failed or is out of routing: 504 if the
-/// last failure was a timeout, else 503 Unavailable.
+/// The router found no eligible worker left for this request, and some in
+/// routing (with every one out of routing it answers Unavailable). Busy
+/// workers, or workers that refused it at their cap, are alive: the
+/// overload status. When every worker in routing failed this request: 504
+/// if the last failure was a timeout, else 503 Unavailable.
 fn no_worker_left(
     frontend: &Frontend,
     endpoint: Endpoint,
     model: &str,
     migration: &Migration,
     excluded: &Exclusions,
-    out_of_routing: &[WorkerId],
 ) -> Response {
-    // The router found instances, so with nothing failed or out of routing
-    // some are alive: the common shed path skips the lookup (and its copy
-    // of the instance list).
-    let alive = (excluded.unreachable.is_empty() && out_of_routing.is_empty()) || {
-        let ids = frontend.monitor.busy_set(model).map(|(ids, _)| ids).unwrap_or_default();
-        ids.iter().any(|id| !excluded.unreachable.contains(id) && !out_of_routing.contains(id))
-    };
+    // With nothing failed, the workers in routing the router found are
+    // alive: the common shed path (all busy) reads nothing more. A request
+    // whose own failures may have used them up scans the model once.
+    let alive = excluded.unreachable.is_empty() || frontend.monitor.has_routable(model, &excluded.unreachable);
     if !alive {
         return excluded.timed_out().map_or_else(|| frontend.unavailable(), failed_answer);
     }

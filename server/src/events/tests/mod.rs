@@ -83,7 +83,7 @@ impl Plane {
         silence: Duration,
     ) -> Plane {
         let monitor = Arc::new(WorkerMonitor::new(config).unwrap());
-        let directory = Arc::new(WorkerDirectory::default());
+        let directory = Arc::new(WorkerDirectory::new(monitor.clone()));
         let config = PlaneConfig { grace: GRACE, secrets, limits, silence };
         let plane = EventPlane::start(listener, monitor.clone(), directory.clone(), config).unwrap();
         Plane { monitor, directory, plane }

@@ -25,7 +25,8 @@ struct Cli {
 fn frontend(flags: &[&str]) -> Arc<Frontend> {
     let cli = Cli::parse_from(std::iter::once("frontend").chain(flags.iter().copied()));
     let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
-    Arc::new(Frontend::new(&cli.args, monitor, Arc::new(WorkerDirectory::default()), None).unwrap())
+    let directory = Arc::new(WorkerDirectory::new(monitor.clone()));
+    Arc::new(Frontend::new(&cli.args, monitor, directory, None).unwrap())
 }
 
 /// A stand-in for the proxy: answers `POST /v1/completions` with 200 (an

@@ -78,7 +78,7 @@ async fn fake_worker(id: u64, answer: Answer, seen: Seen) -> (String, tokio::tas
 fn frontend(flags: &[&str], secrets: Option<Arc<Secrets>>) -> Arc<Frontend> {
     let cli = Cli::parse_from(std::iter::once("frontend").chain(flags.iter().copied()));
     let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
-    let directory = Arc::new(WorkerDirectory::default());
+    let directory = Arc::new(WorkerDirectory::new(monitor.clone()));
     Arc::new(Frontend::new(&cli.args, monitor, directory, secrets).unwrap())
 }
 
