@@ -14,8 +14,9 @@ use crate::thresholds::BusySignals;
 /// The most instances a chunk can hold.
 pub(crate) const CHUNK_MAX: usize = 1024;
 
-/// Words of busy bits in a chunk.
-const WORDS: usize = CHUNK_MAX / 64;
+/// Words of each bitmap in a chunk: room for one more instance than a
+/// chunk holds, as a full chunk that gains a member splits only after.
+const WORDS: usize = CHUNK_MAX / 64 + 1;
 
 /// The instances of one chunk, in id order: shared by every view until they
 /// change (a registration), so a flip copies none of them.

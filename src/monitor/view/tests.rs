@@ -151,3 +151,29 @@ fn the_chunked_view_always_matches_a_flat_reference() {
         }
     }
 }
+
+/// Full chunks of the real capacity split as members join (a chunk briefly
+/// holds one more than its capacity) and merge as they leave.
+#[test]
+fn full_chunks_split_and_merge_at_the_real_capacity() {
+    let monitor = Arc::new(WorkerMonitor::with_chunk_capacity(Default::default(), CHUNK_MAX));
+    monitor.add_model(MODEL);
+    monitor.set_thresholds(MODEL, thresholds(true)).unwrap();
+    let n = 2 * CHUNK_MAX as WorkerId + 5;
+    // Every other id first, then the gaps: inserts land inside full chunks.
+    let order = (0..n).filter(|id| id % 2 == 0).chain((0..n).filter(|id| id % 2 == 1));
+    for id in order {
+        monitor.register(id, MODEL, 1, 0).unwrap();
+        if id % 3 == 0 {
+            monitor.apply(&LoadReport { worker: id, incarnation: 0, seq: 1, load: decode(90), ..Default::default() }).unwrap();
+        }
+    }
+    let signals = |id: WorkerId| (id % 3 == 0).then_some(BusySignals { decode: true, ..Default::default() });
+    let mut expected: BTreeMap<WorkerId, (Option<BusySignals>, bool)> = (0..n).map(|id| (id, (signals(id), false))).collect();
+    check(&monitor.model_state(MODEL).unwrap().view().load_full(), &expected, CHUNK_MAX);
+    for id in (0..n).filter(|id| id % 4 != 1) {
+        monitor.deregister(id);
+        expected.remove(&id);
+    }
+    check(&monitor.model_state(MODEL).unwrap().view().load_full(), &expected, CHUNK_MAX);
+}
