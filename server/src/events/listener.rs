@@ -19,8 +19,7 @@
 //!   that never answers cannot evict a worker's handshake
 //!   (`listener/admission.rs`); an established
 //!   connection silent for `--event-idle-timeout-ms` is closed (a worker
-//!   host that vanished without a FIN must not hold its id forever), and
-//!   accepted sockets have TCP keepalive on.
+//!   host that vanished without a FIN must not hold its id forever).
 //! - Liveness: a worker whose connection sends nothing for
 //!   [`PlaneConfig::silence`] (`--event-silence-ms`, bounded by the load
 //!   staleness window) leaves routing at once (it is marked silent in the
@@ -32,6 +31,33 @@
 //!   pause; the listener never waits for a new connection to retry.
 //!
 //! A bad frame closes only its own connection.
+//!
+//! # No TCP keepalive
+//!
+//! Accepted event sockets have no TCP keepalive: silence is judged here,
+//! by the handshake deadline, `--event-silence-ms` and
+//! `--event-idle-timeout-ms`, never by the kernel. Until issue 22 they had
+//! it (first probe after 5 s of silence, then every second, 3 probes), and
+//! it closed healthy connections: 10,000 workers that connected in one loop
+//! and then sent nothing (with the idle timeout raised past 8 s) lost 40 to
+//! 50 % of their connections with ETIMEDOUT 8 s after registering. The
+//! loop is paced by the listen backlog (129 connections accepted, then the
+//! next SYN waits for its 1 s retransmission), so the connections go
+//! silent in groups; the kernel's timer wheel rounds a 5 s timer up to a
+//! 512 ms bucket and a 1 s one to 64 ms, and sockets whose probe was
+//! answered re-arm together, so thousands of keepalive timers expired in
+//! the same tick. On loopback each probe (and answer) waits in the CPU's
+//! input backlog, which holds `net.core.netdev_max_backlog` (1,000)
+//! packets: 1,001 probes of a tick arrived and the rest were dropped (drop
+//! reason `CPU_BACKLOG`, `/proc/net/softnet_stat` column 2). A socket whose
+//! three probes were all dropped was aborted (`TCPAbortOnTimeout`,
+//! `tcp_send_reset` reason `TCP_KEEPALIVE_TIMEOUT`), and most of those
+//! RSTs were dropped too, leaving the workers' sides ESTABLISHED (a NIC's
+//! bounded queues could drop such a burst alike). The probes added nothing:
+//! a worker heartbeats every `--heartbeat-ms`, a silent worker leaves
+//! routing after `--event-silence-ms`, and a peer that vanished is closed
+//! by the idle timeout. `server/tests/event_burst.rs` guards it;
+//! `docs/benchmarks.md` has the measurement.
 //!
 //! Here: the connections' I/O (fair rounds of reads, close). Which new
 //! connection is taken, and when, is in `listener/admission.rs`; what each
@@ -64,6 +90,7 @@ pub(super) use self::admission::ANSWER_SHARE;
 use super::limits::PlaneLimits;
 use super::ownership::Ownership;
 use super::plane_log::PlaneLog;
+use super::stats::PlaneStats;
 use crate::directory::WorkerDirectory;
 use crate::secret::Secrets;
 use crate::throttle::LogThrottle;
@@ -81,6 +108,8 @@ pub struct PlaneConfig {
     /// How long an established connection may send nothing before its
     /// worker leaves routing (it rejoins with its next frame).
     pub silence: Duration,
+    /// What the plane applied (for `/metrics`).
+    pub stats: Arc<PlaneStats>,
 }
 
 /// Frontend side: one mio thread serving every worker connection on the
@@ -103,11 +132,6 @@ const ACCEPTS_PER_ROUND: usize = 64;
 const ACCEPT_RETRY: Duration = Duration::from_millis(50);
 /// At most one accept-failure warning this often.
 const ACCEPT_WARNING_EVERY: Duration = Duration::from_secs(5);
-/// TCP keepalive on accepted sockets: first probe after this much silence,
-/// then every [`KEEPALIVE_INTERVAL`], [`KEEPALIVE_RETRIES`] times.
-const KEEPALIVE_TIME: Duration = Duration::from_secs(5);
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
-const KEEPALIVE_RETRIES: u32 = 3;
 
 impl EventPlane {
     /// Serves `listener` on a new thread: Register frames register the worker

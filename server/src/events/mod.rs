@@ -21,6 +21,8 @@
 //!   stay silent and how many may wait in the handshake; `plane_log.rs`
 //!   caps the warn lines peers can cause (`crate::throttle`).
 //! - Bind policy (`bind.rs`): without the secret, loopback only.
+//! - Counters (`stats.rs`): [`PlaneStats`], the Load frames applied and the
+//!   busy flips they caused, for `/metrics`.
 //!
 //! The two sides share nothing but the frame format, `loadgate::wire`.
 
@@ -31,6 +33,7 @@ mod listener;
 mod ownership;
 mod plane_log;
 mod publisher;
+mod stats;
 #[cfg(test)]
 mod tests;
 
@@ -38,3 +41,4 @@ pub use self::bind::event_bind_host;
 pub use self::limits::PlaneLimits;
 pub use self::listener::{EventPlane, PlaneConfig};
 pub use self::publisher::{EventPublisher, Registration, ReportSeq};
+pub use self::stats::PlaneStats;

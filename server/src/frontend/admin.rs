@@ -17,6 +17,7 @@ use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
 
 use crate::directory::WorkerDirectory;
+use crate::events::PlaneStats;
 use crate::frontend::observe::RequestMetrics;
 use crate::frontend::reply;
 use crate::frontend::state::Frontend;
@@ -70,9 +71,10 @@ pub async fn health(State(frontend): State<Arc<Frontend>>) -> Response {
 /// (`RejectionMetrics::render_frontend`), what in-flight requests hold, the
 /// request counters and histograms of the observe layer
 /// (`observe::RequestMetrics`, none when called without the layer), the
-/// upstream and liveness counters and the engines' failed scrapes. In
-/// OpenMetrics (ending with the one `# EOF`) when `Accept` asks for it, else
-/// in the Prometheus text format 0.0.4 (`MetricsFormat::from_accept`).
+/// upstream, liveness and event-plane counters and the engines' failed
+/// scrapes. In OpenMetrics (ending with the one `# EOF`) when `Accept` asks
+/// for it, else in the Prometheus text format 0.0.4
+/// (`MetricsFormat::from_accept`).
 pub async fn metrics(
     State(frontend): State<Arc<Frontend>>,
     requests: Option<Extension<Arc<RequestMetrics>>>,
@@ -118,6 +120,7 @@ pub async fn metrics(
         "Requests to workers that failed, by kind (connect, timeouts, broken)",
     );
     register_liveness(&mut registry, &frontend.directory);
+    register_event_plane(&mut registry, &frontend.event_stats);
     let scrape_failures = Counter::<u64>::default();
     // Relaxed: a counter read on its own.
     scrape_failures.inc_by(frontend.engine_scrape_failures.load(Ordering::Relaxed));
@@ -172,4 +175,20 @@ fn register_liveness(registry: &mut Registry, directory: &WorkerDirectory) {
         "Registered workers out of routing now (silent or quarantined)",
         ConstGauge::new(out),
     );
+}
+
+/// Registers the event plane's counters (their values now).
+fn register_event_plane(registry: &mut Registry, stats: &PlaneStats) {
+    for (name, help, value) in [
+        ("loadgate_frontend_event_loads_applied", "Load frames the event plane applied", stats.loads_applied()),
+        (
+            "loadgate_frontend_event_busy_flips",
+            "Applied Load frames that flipped their worker's busy bit",
+            stats.busy_flips(),
+        ),
+    ] {
+        let counter = Counter::<u64>::default();
+        counter.inc_by(value);
+        registry.register(name, help, counter);
+    }
 }

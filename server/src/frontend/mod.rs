@@ -227,7 +227,8 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
         .flatten()
         .min()
         .map_or(limits.event_idle_timeout, Duration::from_millis);
-    let plane_config = PlaneConfig { grace: DEREGISTER_GRACE, secrets: secrets.clone(), limits, silence };
+    let stats = frontend.event_stats.clone();
+    let plane_config = PlaneConfig { grace: DEREGISTER_GRACE, secrets: secrets.clone(), limits, silence, stats };
     let plane = EventPlane::start(event_listener, monitor.clone(), directory.clone(), plane_config)?;
     let listener = http_server::bind(&args.http_host, args.http_port)
         .await

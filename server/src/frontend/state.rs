@@ -11,6 +11,7 @@ use loadgate::{
 };
 
 use crate::directory::WorkerDirectory;
+use crate::events::PlaneStats;
 use crate::frontend::args::{Args, RetryAfterMode, RouterMode};
 use crate::frontend::inflight::{InFlight, Tracking};
 use crate::frontend::reply;
@@ -43,6 +44,8 @@ pub struct Frontend {
     pub(crate) upstream_stats: FailureCounts,
     /// Failed scrapes of `--engine` engines since start.
     pub(crate) engine_scrape_failures: AtomicU64,
+    /// What the event plane applied (its thread counts, `/metrics` reads).
+    pub(crate) event_stats: Arc<PlaneStats>,
     /// `Retry-After` of refusals (`--retry-after-mode`).
     pub(crate) retry_hint: Arc<RetryHint>,
     /// Set on SIGTERM: `/health` answers 503 while in-flight responses drain.
@@ -74,6 +77,7 @@ impl Frontend {
             upstream,
             upstream_stats: FailureCounts::default(),
             engine_scrape_failures: AtomicU64::new(0),
+            event_stats: Arc::default(),
             monitor,
             directory,
             metrics: RejectionMetrics::default(),

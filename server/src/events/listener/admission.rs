@@ -33,7 +33,6 @@ use mio::net::TcpStream;
 use mio::{Interest, Token};
 
 use super::{Auth, Close, Conn, PlaneServer, ACCEPTS_PER_ROUND, ACCEPT_RETRY};
-use super::{KEEPALIVE_INTERVAL, KEEPALIVE_RETRIES, KEEPALIVE_TIME};
 use crate::events::handshake::{challenge_frame, fresh_nonce, HANDSHAKE_TIMEOUT};
 use crate::events::limits::Limit;
 
@@ -141,15 +140,10 @@ impl PlaneServer {
     }
 
     /// Takes one accepted connection (there is room for it), challenged
-    /// (with a secret) and watched.
+    /// (with a secret) and watched. No TCP keepalive: the deadlines watch
+    /// silence (see "No TCP keepalive" in `listener.rs`).
     fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr) {
         let _ = stream.set_nodelay(true);
-        let keepalive = socket2::TcpKeepalive::new()
-            .with_time(KEEPALIVE_TIME)
-            .with_interval(KEEPALIVE_INTERVAL)
-            .with_retries(KEEPALIVE_RETRIES);
-        // Best effort: the idle timeout bounds a dead peer's hold anyway.
-        let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
         let auth = match &self.config.secrets {
             None => Auth::Unregistered,
             Some(_) => {

@@ -64,6 +64,10 @@ impl PlaneServer {
                         tracing::debug!(worker, incarnation, "load of a replaced incarnation dropped");
                         Ok(())
                     }
+                    Ok(applied @ (Applied::Stored | Applied::Flipped)) => {
+                        self.config.stats.load_applied(applied == Applied::Flipped);
+                        Ok(())
+                    }
                     Ok(_) => Ok(()),
                     Err(e) => Err(Close::Bad(e.to_string())),
                 }

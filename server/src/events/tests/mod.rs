@@ -84,7 +84,7 @@ impl Plane {
     ) -> Plane {
         let monitor = Arc::new(WorkerMonitor::new(config).unwrap());
         let directory = Arc::new(WorkerDirectory::new(monitor.clone()));
-        let config = PlaneConfig { grace: GRACE, secrets, limits, silence };
+        let config = PlaneConfig { grace: GRACE, secrets, limits, silence, stats: Default::default() };
         let plane = EventPlane::start(listener, monitor.clone(), directory.clone(), config).unwrap();
         Plane { monitor, directory, plane }
     }
