@@ -18,30 +18,43 @@ mod imp {
     pub(crate) type SwapCache<A, T> = arc_swap::Cache<A, Arc<T>>;
 
     /// A concurrent hash map whose reads take no lock and whose writes
-    /// copy nothing (papaya; Fx hash: its keys are registered by the
+    /// copy nothing (scc's `HashIndex`, read-optimised: a read is a probe
+    /// under an epoch guard; Fx hash: its keys are registered by the
     /// operator's workers, not chosen by clients).
-    pub(crate) struct Map<K, V>(papaya::HashMap<K, V, rustc_hash::FxBuildHasher>);
+    pub(crate) struct Map<K: 'static, V: 'static>(scc::HashIndex<K, V, rustc_hash::FxBuildHasher>);
 
-    impl<K: std::hash::Hash + Eq, V> Map<K, V> {
+    impl<K: std::hash::Hash + Eq + Clone + 'static, V: Clone + 'static> Map<K, V> {
         pub(crate) fn new() -> Self {
-            Map(papaya::HashMap::with_hasher(rustc_hash::FxBuildHasher))
+            Map(scc::HashIndex::with_hasher(rustc_hash::FxBuildHasher))
         }
         /// Calls `f` with the value of `key`, borrowed (no count is touched).
         #[inline]
         pub(crate) fn with<R>(&self, key: &K, f: impl FnOnce(Option<&V>) -> R) -> R {
-            f(self.0.pin().get(key))
+            let mut f = Some(f);
+            match self.0.peek_with(key, |_, value| (f.take().expect("called once"))(Some(value))) {
+                Some(found) => found,
+                None => (f.take().expect("not called"))(None),
+            }
         }
+        /// Inserts or replaces (readers see the old value or the new one,
+        /// never none).
         pub(crate) fn insert(&self, key: K, value: V) {
-            self.0.pin().insert(key, value);
+            match self.0.entry(key) {
+                scc::hash_index::Entry::Occupied(entry) => entry.update(value),
+                scc::hash_index::Entry::Vacant(entry) => {
+                    entry.insert_entry(value);
+                }
+            }
         }
         pub(crate) fn remove(&self, key: &K) {
-            self.0.pin().remove(key);
+            self.0.remove(key);
         }
         pub(crate) fn len(&self) -> usize {
             self.0.len()
         }
         pub(crate) fn for_each(&self, mut f: impl FnMut(&K, &V)) {
-            self.0.pin().iter().for_each(|(k, v)| f(k, v));
+            let guard = scc::ebr::Guard::new();
+            self.0.iter(&guard).for_each(|(k, v)| f(k, v));
         }
     }
 }

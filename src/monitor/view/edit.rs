@@ -35,23 +35,45 @@ impl ModelView {
     }
 
     /// This view with `changes` (at most one per instance) applied, under
-    /// `filtering`. Only the chunks with a change are copied, unless
-    /// `filtering` changes (a threshold change: every chunk lists its free
-    /// positions again).
+    /// `filtering`. Only the chunks with a change are copied; the others'
+    /// slots are copied with their counts adjusted, without reading the
+    /// chunks. A change of `filtering` (a threshold change) lists every
+    /// chunk's free positions again.
     pub(crate) fn with_changes(&self, changes: &mut [Change], filtering: bool) -> ModelView {
         changes.sort_unstable_by_key(|c| (c.slot, c.local));
         let mut rest = &changes[..];
-        let chunks = self.slots.iter().enumerate().map(|(index, slot)| {
+        let mut mine = |index: usize| {
             let count = rest.iter().take_while(|c| c.slot == index).count();
             let (mine, after) = rest.split_at(count);
             rest = after;
-            match (mine, filtering == self.filtering) {
-                ([], true) => slot.chunk.clone(),
-                ([], false) => shared(slot.chunk.refiltered(filtering)),
-                (mine, _) => shared(slot.chunk.with_changes(mine, filtering)),
+            mine
+        };
+        if filtering != self.filtering {
+            let chunks = self.slots.iter().enumerate().map(|(index, slot)| match mine(index) {
+                [] => shared(slot.chunk.refiltered(filtering)),
+                changes => shared(slot.chunk.with_changes(changes, filtering)),
+            });
+            return ModelView::assemble(chunks.collect(), filtering, self.capacity);
+        }
+        let mut slots = self.slots.to_vec();
+        let (mut eligible, mut busy, mut out, mut reasons) = (self.eligible, self.busy, self.out, self.reasons);
+        let mut gained = 0isize;
+        for (index, slot) in slots.iter_mut().enumerate() {
+            slot.eligible_before = slot.eligible_before.wrapping_add_signed(gained);
+            let changes = mine(index);
+            if changes.is_empty() {
+                continue;
             }
-        });
-        ModelView::assemble(chunks.collect(), filtering, self.capacity)
+            let (old, new) = (&self.slots[index].chunk, slot.chunk.with_changes(changes, filtering));
+            gained += new.eligible() as isize - old.eligible() as isize;
+            busy = busy + new.busy_count() - old.busy_count();
+            out = out + new.out_count() - old.out_count();
+            reasons = reasons.minus(old.reasons()).plus(new.reasons());
+            slot.chunk = shared(new);
+        }
+        eligible = eligible.wrapping_add_signed(gained);
+        let slots = slots.into_boxed_slice();
+        ModelView { eligible, slots, filtering, len: self.len, busy, out, reasons, capacity: self.capacity }
     }
 
     /// This view without `remove` (when listed) and with `add`; an `add` of
@@ -91,7 +113,11 @@ impl ModelView {
     /// `4n / capacity` chunks, however members come and go).
     fn settle(&self, chunks: &mut Vec<Shared>, slot: usize, chunk: Chunk) {
         if chunk.len() > self.capacity {
-            let (low, high) = chunk.entries().split_at(chunk.len() / 2);
+            // Halves, so that inserts anywhere stay cheap; but the last
+            // chunk keeps a full one, so that ids registered in order fill
+            // their chunks.
+            let at = if slot + 1 == chunks.len() { self.capacity } else { chunk.len() / 2 };
+            let (low, high) = chunk.entries().split_at(at);
             chunks[slot] = shared(Chunk::of(low.to_vec(), self.filtering));
             chunks.insert(slot + 1, shared(Chunk::of(high.to_vec(), self.filtering)));
             return;

@@ -31,6 +31,14 @@ impl ReasonCounts {
         self
     }
 
+    /// The difference of two counts (`other` counted in `self`).
+    pub(crate) fn minus(mut self, other: ReasonCounts) -> ReasonCounts {
+        for (count, less) in self.0.iter_mut().zip(other.0) {
+            *count -= less;
+        }
+        self
+    }
+
     /// The signals that hold at least one instance busy.
     pub(crate) fn signals(&self) -> BusySignals {
         let [decode, prefill, prefill_frac, waiting] = self.0.map(|count| count > 0);
@@ -57,6 +65,7 @@ mod tests {
         counts.remove(both);
         assert_eq!(counts.signals(), decode);
         assert_eq!(counts.plus(counts).0, [2, 0, 0, 0]);
+        assert_eq!(counts.plus(counts).minus(counts), counts);
         counts.remove(decode);
         assert_eq!(counts.signals(), BusySignals::default());
     }
