@@ -33,11 +33,23 @@ runtime runs one worker thread. The server's CPU time during each counted
 window is read from /proc, so each round also gives server CPU per response
 (a figure that does not depend on whether the client kept the server busy).
 
+A fleet (--before-fleet / --after-fleet N, default 1): N - 1 more simulated
+workers of the same model, registered by this script over the event plane
+(today's wire format, with the handshake when a secret is set) and each
+reporting one busy load once, so that the frontend sheds with N busy
+workers. With a fleet, both frontends get the same --max-event-connections,
+--max-workers (N + 64), --event-idle-timeout-ms and --event-silence-ms
+(10 minutes: one report keeps a simulated worker busy for the whole run).
+Passing the same binary as --before-bin and --after-bin with two fleets
+measures what the fleet's size costs a 529.
+
 Standard library only. Prints per-round figures, medians, ratios, a
 markdown table for docs/benchmarks.md and the command that reproduces it.
 """
 
 import argparse
+import hashlib
+import hmac
 import json
 import os
 import queue
@@ -244,6 +256,69 @@ class Hold:
             pass
 
 
+WIRE_MAGIC = 0xB2
+KIND_REGISTER, KIND_LOAD, KIND_CHALLENGE, KIND_PROOF, KIND_WELCOME = 1, 2, 4, 5, 6
+FLEET_IDS = 1 << 40  # the simulated fleet's worker ids start here
+FLEET_HOLD_MS = "600000"
+
+
+def frame(kind, payload):
+    return bytes([WIRE_MAGIC, kind]) + len(payload).to_bytes(2, "big") + payload
+
+
+def read_frame(sock):
+    head = b""
+    while len(head) < 4:
+        chunk = sock.recv(4 - len(head))
+        if not chunk:
+            raise ConnectionError("event connection closed")
+        head += chunk
+    length = int.from_bytes(head[2:4], "big")
+    body = b""
+    while len(body) < length:
+        chunk = sock.recv(length - len(body))
+        if not chunk:
+            raise ConnectionError("event connection closed")
+        body += chunk
+    return head[1], body
+
+
+def register_fleet(events, count, secret, timeout=120.0):
+    """Opens `count` event connections, each registering one worker of model
+    `bench` and reporting it busy (all of 100 KV blocks), and returns the
+    sockets (held open for the run). Connects in batches, so the listen
+    backlog is never flooded."""
+    host, port = events.rsplit(":", 1)
+    socks = []
+    deadline = time.monotonic() + timeout
+    for i in range(count):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"fleet: only {i} of {count} workers registered in {timeout:.0f} s")
+        worker = FLEET_IDS + i
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if secret:
+            kind, nonce = read_frame(sock)
+            if kind != KIND_CHALLENGE:
+                raise RuntimeError(f"fleet: expected a Challenge, got kind {kind}")
+            mine = os.urandom(32)
+            mac = hmac.new(secret.encode(), b"loadgate-event-proof-v1" + nonce + mine, hashlib.sha256).digest()
+            sock.sendall(frame(KIND_PROOF, mine + mac))
+            kind, _ = read_frame(sock)
+            if kind != KIND_WELCOME:
+                raise RuntimeError(f"fleet: expected a Welcome, got kind {kind}")
+        model, addr = b"bench", b"127.0.0.1:9"
+        register = (worker.to_bytes(8, "big") + (1).to_bytes(8, "big") + (1).to_bytes(4, "big")
+                    + len(model).to_bytes(2, "big") + model + len(addr).to_bytes(2, "big") + addr)
+        load = (worker.to_bytes(8, "big") + (1).to_bytes(8, "big") + (0).to_bytes(4, "big") + (1).to_bytes(8, "big")
+                + (100).to_bytes(4, "big") + (100).to_bytes(4, "big") + bytes(4) + (2048).to_bytes(4, "big") + bytes(4))
+        sock.sendall(frame(KIND_REGISTER, register) + frame(KIND_LOAD, load))
+        socks.append(sock)
+        if i % 200 == 199:
+            time.sleep(0.02)
+    return socks
+
+
 def frontend_flags(binary):
     out = subprocess.run(
         [binary, "frontend", "--help"], capture_output=True, text=True, timeout=30, env=clean_env()
@@ -266,6 +341,11 @@ def start_frontend(key, binary, args, log_dir):
     env = clean_env(extra)
     fe_argv = [binary, "frontend", "--http-port", "0", "--event-port", "0",
                "--active-decode-blocks-threshold", "0.0"]
+    fleet = args.before_fleet if key == "b" else args.after_fleet
+    if max(args.before_fleet, args.after_fleet) > 1:
+        room = str(max(args.before_fleet, args.after_fleet) + 64)
+        fe_argv += ["--max-event-connections", room, "--max-workers", room,
+                    "--event-idle-timeout-ms", FLEET_HOLD_MS, "--event-silence-ms", FLEET_HOLD_MS]
     if "--http-host" in flags:
         fe_argv += ["--http-host", "127.0.0.1"]
     if "--admin-port" in flags:
@@ -277,6 +357,10 @@ def start_frontend(key, binary, args, log_dir):
     worker = Child(f"{key}_worker", pinned(args.client_cpus, wk_argv), env, log_dir)
     worker_addr = worker.wait_line(r"listening http=(\S+)", 30).group(1)
     hold = Hold(addr, 20)
+    started = time.monotonic()
+    fleet_socks = register_fleet(events, fleet - 1, extra.get("LOADGATE_EVENT_SECRET")) if fleet > 1 else []
+    if fleet > 1:
+        log(f"target {key}: {fleet - 1} more busy workers registered in {time.monotonic() - started:.1f} s")
     # Informational: does the worker refuse a request without the frontend's
     # proof (401 once the worker checks proofs; 200 before)?
     try:
@@ -288,8 +372,10 @@ def start_frontend(key, binary, args, log_dir):
         setup = "LOADGATE_EVENT_SECRET=<48 random chars> " + setup
     log(f"target {key}: {binary}: flags {sorted(flags)}, secret {'set' if extra else 'none'}, "
         f"a request straight to its worker without proof got {direct}")
+    if fleet > 1:
+        setup += f"  + {fleet - 1} simulated busy workers (run.py --{'before' if key == 'b' else 'after'}-fleet {fleet})"
     return {"server": fe, "worker": worker, "addr": addr, "hold": hold, "setup": setup,
-            "flags": sorted(flags), "secret": bool(extra), "direct_to_worker": direct}
+            "flags": sorted(flags), "secret": bool(extra), "direct_to_worker": direct, "fleet": fleet_socks}
 
 
 def probe(target, timeout=30.0):
@@ -390,6 +476,8 @@ def main():
     p.add_argument("--server-cpus", default="0" if two_cores else "", help="taskset list for the servers ('' = no pinning)")
     p.add_argument("--client-cpus", default="1" if two_cores else "", help="taskset list for the client and the worker")
     p.add_argument("--log-dir", help="raw logs (default: /tmp/reject_path-<time>)")
+    p.add_argument("--before-fleet", type=int, default=1, help="busy workers behind target b (default 1: the held one)")
+    p.add_argument("--after-fleet", type=int, default=1, help="busy workers behind target c (default 1: the held one)")
     args = p.parse_args()
 
     TARGETS["b"] = f"frontend {args.before_label}"
@@ -455,6 +543,8 @@ def main():
         for t in targets.values():
             if t.get("hold"):
                 t["hold"].close()
+            for sock in t.get("fleet") or []:
+                sock.close()
         stop_all()
 
     report(args, order, rounds, command, log_dir, targets)
