@@ -51,7 +51,8 @@ impl fmt::Debug for Policy {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum RouteError {
-    /// Instances are registered but none is eligible (all busy or excluded).
+    /// Instances are in routing but none is eligible (busy or excluded; any
+    /// others out of routing).
     /// Pool-wide: retrying elsewhere cannot help. HTTP: the overload status.
     Overloaded,
     /// The model is known but no instance is registered, or every one is
@@ -76,8 +77,9 @@ impl std::error::Error for RouteError {}
 /// Routes requests of any model known to a [`WorkerMonitor`].
 ///
 /// Selection takes no lock and allocates nothing: one registry load and a
-/// lookup (skip both with [`WorkerRouter::model`]), one view load, a word select
-/// (skip the view load too with [`ModelRouter::local`]).
+/// lookup (skip both with [`WorkerRouter::model`]), one view load, one index
+/// into a chunk's free positions (skip the view load too with
+/// [`ModelRouter::local`]).
 ///
 /// # Examples
 ///
@@ -443,7 +445,8 @@ impl ModelRouter {
 /// Same choices as [`ModelRouter::route`], and as fresh: each call checks the
 /// published view with one plain pointer load and reloads it only when it
 /// changed, so a call costs no more than the round-robin cursor's increment
-/// and a word select. It takes `&mut self`: give each thread its own clone.
+/// and an index into a chunk's free positions. It takes `&mut self`: give
+/// each thread its own clone.
 ///
 /// # Examples
 ///

@@ -114,7 +114,7 @@ mod imp {
         }
     }
 
-    /// loom stand-in for the papaya map: a loom mutex around a `HashMap`,
+    /// loom stand-in for the scc map: a loom mutex around a `HashMap`,
     /// held only to copy a value out (so that readers of different keys
     /// still interleave freely in the models).
     pub(crate) struct Map<K, V>(loom::sync::Mutex<std::collections::HashMap<K, V>>);

@@ -21,16 +21,21 @@
 //! Out of routing is published to the [`WorkerMonitor`]
 //! ([`WorkerMonitor::set_out_of_routing`]): a bit beside the worker's busy
 //! bit in its model's view, so a request pays nothing for it (no lock, no
-//! scan, no exclusion list), and a change costs one publication. Each
-//! entry's transitions are serialised (its own lock, cold path), and a
-//! quarantine ends by [`WorkerDirectory::run_expiry`], a task that sleeps
-//! until the next deadline.
+//! scan, no exclusion list), and a change costs one publication. A change
+//! of flags, a replaced or removed entry, and a registration in the monitor
+//! (a new incarnation starts in routing) each *sync* the worker: under a
+//! lock of its own (one of a few stripes by id), the monitor is set to what
+//! the current entry says now; so whatever the order of two syncs, the last
+//! one publishes the latest flags. No directory lock is held while the
+//! monitor publishes. A quarantine ends by [`WorkerDirectory::expiry`], a
+//! task that sleeps until the next deadline.
 //!
 //! At the crate root because two roles share it: the event plane's listener
 //! (`events/`) writes it as workers register and leave, and the frontend's
 //! proxy reads it for every request.
 
 use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
@@ -64,6 +69,13 @@ pub const PROOF_REFUSAL_QUARANTINE: Duration = Duration::from_secs(1);
 /// routing at a time (then one request tries it again).
 pub const PROOF_REFUSAL_MAX: Duration = Duration::from_secs(30);
 
+/// The longest the quarantine-expiry task sleeps with nothing due (so it
+/// ends this soon after its directory is dropped).
+pub const EXPIRY_IDLE: Duration = Duration::from_secs(5);
+
+/// Locks that serialise the workers' syncs with the monitor, by id.
+const SYNC_STRIPES: usize = 64;
+
 /// Maps worker ids to their HTTP endpoints. Written on registration and
 /// deregistration (cold), read once per proxied request.
 #[derive(Debug)]
@@ -74,11 +86,13 @@ pub struct WorkerDirectory {
     monitor: Arc<WorkerMonitor>,
     /// Quarantines to end, by deadline (ms since `epoch`).
     quarantines: Mutex<BTreeSet<(u64, WorkerId)>>,
-    /// Wakes [`run_expiry`](Self::run_expiry) for a new quarantine.
-    quarantined: Notify,
+    /// Wakes [`expiry`](Self::expiry) for a new quarantine.
+    quarantined: Arc<Notify>,
+    /// Serialise each worker's syncs with the monitor (by id).
+    syncs: [Mutex<()>; SYNC_STRIPES],
     /// Where quarantine times count from.
     epoch: Instant,
-    /// Entries marked silent.
+    /// Entries marked silent (gates `out_of_routing`'s scan).
     silent: AtomicUsize,
     /// The latest quarantine deadline given, ms since `epoch` (0: none).
     quarantine_horizon_ms: AtomicU64,
@@ -97,7 +111,8 @@ impl WorkerDirectory {
             workers: RwLock::default(),
             monitor,
             quarantines: Mutex::default(),
-            quarantined: Notify::new(),
+            quarantined: Arc::new(Notify::new()),
+            syncs: std::array::from_fn(|_| Mutex::new(())),
             epoch: Instant::now(),
             silent: AtomicUsize::new(0),
             quarantine_horizon_ms: AtomicU64::new(0),
@@ -119,9 +134,6 @@ struct Entry {
     quarantined_until_ms: AtomicU64,
     /// Proof refusals in a row (0: its last answer was not one).
     proof_refusals: AtomicU32,
-    /// Out of routing as last published to the monitor; its lock
-    /// serialises this entry's transitions.
-    published_out: Mutex<bool>,
 }
 
 impl Entry {
@@ -132,7 +144,6 @@ impl Entry {
             silent: AtomicBool::new(false),
             quarantined_until_ms: AtomicU64::new(0),
             proof_refusals: AtomicU32::new(0),
-            published_out: Mutex::new(false),
         }
     }
 
@@ -154,6 +165,7 @@ impl WorkerDirectory {
             return false;
         }
         let old = workers.insert(worker, Entry::new(address(http_addr, dp_size, false), false));
+        drop(workers);
         self.forget_flags(worker, old);
         true
     }
@@ -162,8 +174,7 @@ impl WorkerDirectory {
     /// `--worker URL`: static, so the event plane refuses its id.
     pub fn insert_static(&self, worker: WorkerId, http_addr: &str, dp_size: u32) {
         let entry = Entry::new(address(http_addr, dp_size, false), true);
-        let mut workers = self.workers.write().unwrap_or_else(|e| e.into_inner());
-        let old = workers.insert(worker, entry);
+        let old = self.workers.write().unwrap_or_else(|e| e.into_inner()).insert(worker, entry);
         self.forget_flags(worker, old);
     }
 
@@ -173,30 +184,26 @@ impl WorkerDirectory {
     /// `assembles`: see [`WorkerAddress::assembles`].
     pub fn insert_engine(&self, worker: WorkerId, base_url: &str, dp_size: u32, assembles: bool) {
         let entry = Entry::new(WorkerAddress { assembles, ..address(base_url, dp_size, true) }, true);
-        let mut workers = self.workers.write().unwrap_or_else(|e| e.into_inner());
-        let old = workers.insert(worker, entry);
+        let old = self.workers.write().unwrap_or_else(|e| e.into_inner()).insert(worker, entry);
         self.forget_flags(worker, old);
     }
 
     /// Forgets `worker`; returns whether it was known.
     pub fn remove(&self, worker: WorkerId) -> bool {
-        let mut workers = self.workers.write().unwrap_or_else(|e| e.into_inner());
-        let old = workers.remove(&worker);
+        let old = self.workers.write().unwrap_or_else(|e| e.into_inner()).remove(&worker);
         let known = old.is_some();
         self.forget_flags(worker, old);
         known
     }
 
     /// A replaced or removed entry no longer counts as silent or refusing,
-    /// and no longer keeps its worker out of routing (a registration that
-    /// comes back starts in routing). Called with the write lock held, so
-    /// no transition of the new entry (under the read lock) comes between.
+    /// and no longer keeps its worker out of routing (the worker is synced
+    /// with what replaced it, if anything).
     fn forget_flags(&self, worker: WorkerId, old: Option<Entry>) {
         let Some(old) = old else { return };
-        if *old.published_out.lock().unwrap_or_else(PoisonError::into_inner) {
-            self.monitor.set_out_of_routing(worker, false);
-        }
-        // Relaxed: the counts only gate the proxy's scans; see `excluded`.
+        self.sync(worker);
+        // Relaxed: the counts only gate `out_of_routing`'s scan and
+        // `proof_accepted`'s lookup; see `excluded`.
         if old.silent.load(Ordering::Relaxed) {
             self.silent.fetch_sub(1, Ordering::Relaxed);
         }
@@ -208,32 +215,38 @@ impl WorkerDirectory {
     /// Marks `worker`'s event connection silent (out of routing) or
     /// speaking again; returns whether that changed anything.
     pub fn set_silent(&self, worker: WorkerId, silent: bool) -> bool {
-        let workers = self.workers.read().unwrap_or_else(|e| e.into_inner());
-        let Some(entry) = workers.get(&worker) else { return false };
-        // Relaxed: the flag is advisory (see `Entry::excluded`); the swap
-        // makes each change counted once.
-        if entry.silent.swap(silent, Ordering::Relaxed) == silent {
-            return false;
+        {
+            let workers = self.workers.read().unwrap_or_else(|e| e.into_inner());
+            let Some(entry) = workers.get(&worker) else { return false };
+            // Relaxed: the flag is advisory (see `Entry::excluded`); the
+            // swap makes each change counted once.
+            if entry.silent.swap(silent, Ordering::Relaxed) == silent {
+                return false;
+            }
+            if silent {
+                self.silent.fetch_add(1, Ordering::Relaxed);
+                self.silenced_total.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.silent.fetch_sub(1, Ordering::Relaxed);
+            }
         }
-        if silent {
-            self.silent.fetch_add(1, Ordering::Relaxed);
-            self.silenced_total.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.silent.fetch_sub(1, Ordering::Relaxed);
-        }
-        self.publish(worker, entry);
+        self.sync(worker);
         true
     }
 
-    /// Publishes whether `entry` is out of routing now, if that changed
-    /// (cold path: one publication in the monitor).
-    fn publish(&self, worker: WorkerId, entry: &Entry) {
-        let mut published = entry.published_out.lock().unwrap_or_else(PoisonError::into_inner);
-        let out = entry.excluded(self.now_ms());
-        if *published != out {
-            self.monitor.set_out_of_routing(worker, out);
-            *published = out;
-        }
+    /// Sets the monitor's out-of-routing bit of `worker` to what its entry
+    /// says now (in routing with no entry). Each worker's syncs are
+    /// serialised, and each reads the flags after taking its turn, so the
+    /// last one publishes the latest flags whatever the order of the
+    /// changes. No directory lock is held while the monitor publishes.
+    /// Call it after registering the worker in the monitor too: a new
+    /// incarnation starts in routing there.
+    pub fn sync(&self, worker: WorkerId) {
+        let stripe = &self.syncs[(worker % SYNC_STRIPES as u64) as usize];
+        let _turn = stripe.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = self.now_ms();
+        let out = self.workers.read().unwrap_or_else(|e| e.into_inner()).get(&worker).is_some_and(|e| e.excluded(now));
+        self.monitor.set_out_of_routing(worker, out);
     }
 
     /// Schedules the end of a quarantine until `until` (ms since `epoch`).
@@ -242,21 +255,30 @@ impl WorkerDirectory {
         self.quarantined.notify_one();
     }
 
-    /// Brings quarantined workers back into routing as their quarantines
-    /// end; runs until the runtime stops (the frontend spawns it once).
-    pub async fn run_expiry(self: Arc<Self>) {
-        loop {
-            let next = self.expire_due();
-            let wake = self.quarantined.notified();
-            match next {
-                Some(until) => {
-                    let at = self.epoch + Duration::from_millis(until);
-                    tokio::select! {
-                        () = tokio::time::sleep_until(at.into()) => {}
-                        () = wake => {}
-                    }
+    /// A task that brings quarantined workers back into routing as their
+    /// quarantines end (the frontend spawns it once). It holds the
+    /// directory weakly: once the directory is dropped, it ends within
+    /// [`EXPIRY_IDLE`].
+    ///
+    /// Deadlines are on the directory's clock (`std::time::Instant`); the
+    /// task only sleeps on tokio's, so a paused tokio clock wakes it early,
+    /// and it sleeps again.
+    pub fn expiry(self: &Arc<Self>) -> impl Future<Output = ()> + Send + 'static {
+        let (directory, wake) = (Arc::downgrade(self), self.quarantined.clone());
+        async move {
+            loop {
+                let pause = match directory.upgrade() {
+                    Some(directory) => match directory.expire_due() {
+                        Some(until) => Duration::from_millis(until.saturating_sub(directory.now_ms())),
+                        None => EXPIRY_IDLE,
+                    },
+                    None => return,
+                };
+                // A quarantine scheduled since `expire_due` left a permit.
+                tokio::select! {
+                    () = tokio::time::sleep(pause.min(EXPIRY_IDLE)) => {}
+                    () = wake.notified() => {}
                 }
-                None => wake.await,
             }
         }
     }
@@ -270,13 +292,8 @@ impl WorkerDirectory {
             let later = quarantines.split_off(&(now + 1, 0));
             std::mem::replace(&mut *quarantines, later).into_iter().collect()
         };
-        if !due.is_empty() {
-            let workers = self.workers.read().unwrap_or_else(|e| e.into_inner());
-            for (_, worker) in due {
-                if let Some(entry) = workers.get(&worker) {
-                    self.publish(worker, entry);
-                }
-            }
+        for (_, worker) in due {
+            self.sync(worker);
         }
         self.quarantines.lock().unwrap_or_else(PoisonError::into_inner).first().map(|(until, _)| *until)
     }
@@ -285,15 +302,16 @@ impl WorkerDirectory {
     /// connection to it failed).
     pub fn quarantine(&self, worker: WorkerId) {
         let until = self.now_ms() + UNREACHABLE_QUARANTINE.as_millis() as u64;
-        let workers = self.workers.read().unwrap_or_else(|e| e.into_inner());
-        if let Some(entry) = workers.get(&worker) {
+        {
+            let workers = self.workers.read().unwrap_or_else(|e| e.into_inner());
+            let Some(entry) = workers.get(&worker) else { return };
             // Relaxed: advisory, as `Entry::excluded`.
             entry.quarantined_until_ms.fetch_max(until, Ordering::Relaxed);
             self.quarantine_horizon_ms.fetch_max(until, Ordering::Relaxed);
             self.quarantined_total.fetch_add(1, Ordering::Relaxed);
-            self.publish(worker, entry);
-            self.schedule(worker, until);
         }
+        self.sync(worker);
+        self.schedule(worker, until);
     }
 
     /// Takes `worker` out of routing after it refused a request proof:
@@ -301,19 +319,22 @@ impl WorkerDirectory {
     /// this one, at most [`PROOF_REFUSAL_MAX`]. Returns for how long (`None`:
     /// not registered).
     pub fn proof_refused(&self, worker: WorkerId) -> Option<Duration> {
-        let workers = self.workers.read().unwrap_or_else(|e| e.into_inner());
-        let entry = workers.get(&worker)?;
-        // Relaxed: advisory, as `Entry::excluded`; the count gates only the
-        // reset in `proof_accepted`.
-        let before = entry.proof_refusals.fetch_add(1, Ordering::Relaxed);
-        if before == 0 {
-            self.refusing_proofs.fetch_add(1, Ordering::Relaxed);
-        }
-        let out = PROOF_REFUSAL_QUARANTINE.saturating_mul(1 << before.min(5)).min(PROOF_REFUSAL_MAX);
-        let until = self.now_ms() + out.as_millis() as u64;
-        entry.quarantined_until_ms.fetch_max(until, Ordering::Relaxed);
-        self.quarantine_horizon_ms.fetch_max(until, Ordering::Relaxed);
-        self.publish(worker, entry);
+        let (out, until) = {
+            let workers = self.workers.read().unwrap_or_else(|e| e.into_inner());
+            let entry = workers.get(&worker)?;
+            // Relaxed: advisory, as `Entry::excluded`; the count gates only
+            // the reset in `proof_accepted`.
+            let before = entry.proof_refusals.fetch_add(1, Ordering::Relaxed);
+            if before == 0 {
+                self.refusing_proofs.fetch_add(1, Ordering::Relaxed);
+            }
+            let out = PROOF_REFUSAL_QUARANTINE.saturating_mul(1 << before.min(5)).min(PROOF_REFUSAL_MAX);
+            let until = self.now_ms() + out.as_millis() as u64;
+            entry.quarantined_until_ms.fetch_max(until, Ordering::Relaxed);
+            self.quarantine_horizon_ms.fetch_max(until, Ordering::Relaxed);
+            (out, until)
+        };
+        self.sync(worker);
         self.schedule(worker, until);
         Some(out)
     }
@@ -537,7 +558,7 @@ mod tests {
     async fn a_quarantine_ends_by_itself() {
         let (d, monitor) = directory();
         d.insert(3, "127.0.0.1:80", 1);
-        tokio::spawn(d.clone().run_expiry());
+        tokio::spawn(d.expiry());
         let started = Instant::now();
         d.quarantine(3);
         assert!(monitor.is_out_of_routing(3));

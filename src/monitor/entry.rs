@@ -54,19 +54,9 @@ impl WorkerEntry {
     }
 
     /// Evaluates the worker at `now`: busy only when every declared rank is
-    /// busy. Returns the busy bit and the union of the signals that fired,
-    /// and records those signals as the worker's reasons.
-    pub(crate) fn evaluate(&self, thresholds: &Thresholds, clock: &MonitorClock, now: u64) -> bool {
-        self.evaluate_signals(thresholds, clock, now).is_some()
-    }
-
-    /// As [`evaluate`](Self::evaluate): the signals when busy, `None` when free.
-    pub(crate) fn evaluate_signals(
-        &self,
-        thresholds: &Thresholds,
-        clock: &MonitorClock,
-        now: u64,
-    ) -> Option<BusySignals> {
+    /// busy. Returns the union of the signals that fired when busy (`None`
+    /// when free), and records those signals as the worker's reasons.
+    pub(crate) fn evaluate(&self, thresholds: &Thresholds, clock: &MonitorClock, now: u64) -> Option<BusySignals> {
         let (busy, signals) = self.signals(thresholds, clock, now);
         // Relaxed: diagnostic labels only; last writer wins.
         self.reasons.store(encode(signals), Ordering::Relaxed);
@@ -90,6 +80,17 @@ impl WorkerEntry {
     pub(crate) fn set_out(&self, out: bool) {
         // Relaxed: read only under the model's lock.
         self.out.store(out, Ordering::Relaxed);
+    }
+
+    /// Whether `now` (an evaluation: its signals when busy) is what was last
+    /// published for it: no publication needed. Outside the model's lock.
+    #[inline]
+    pub(crate) fn matches_published(&self, now: Option<BusySignals>) -> bool {
+        // Acquire: pairs with the mirror's Release store in `set_published`,
+        // so the signals stored before it are seen too.
+        let busy = self.busy.load(Ordering::Acquire);
+        // Relaxed: ordered by the Acquire above.
+        busy == now.is_some() && (!busy || decode(self.published.load(Ordering::Relaxed)) == now.unwrap_or_default())
     }
 
     /// Records what was just published for it (under the model's lock):
@@ -148,11 +149,13 @@ impl WorkerEntry {
     }
 }
 
-fn encode(s: BusySignals) -> u32 {
+/// The signals as bits (for atomics).
+pub(crate) fn encode(s: BusySignals) -> u32 {
     u32::from(s.decode) | u32::from(s.prefill) << 1 | u32::from(s.prefill_frac) << 2 | u32::from(s.waiting) << 3
 }
 
-fn decode(bits: u32) -> BusySignals {
+/// The signals of [`encode`]'s bits.
+pub(crate) fn decode(bits: u32) -> BusySignals {
     BusySignals { decode: bits & 1 != 0, prefill: bits & 2 != 0, prefill_frac: bits & 4 != 0, waiting: bits & 8 != 0 }
 }
 

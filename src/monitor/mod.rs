@@ -15,6 +15,7 @@ pub(crate) mod entry;
 mod error;
 mod publication;
 mod query;
+mod reasons;
 mod registry;
 pub(crate) mod view;
 
@@ -431,8 +432,7 @@ impl WorkerMonitor {
         entry.version.fetch_add(1, Ordering::AcqRel);
         let thresholds = **model.thresholds.load();
         let busy = entry.evaluate(&thresholds, &self.clock, now);
-        // Acquire: pairs with the Release store under the lock.
-        if entry.busy.load(Ordering::Acquire) == busy {
+        if entry.matches_published(busy) {
             return Applied::Stored;
         }
         self.publish(model, entry)
@@ -460,9 +460,8 @@ impl WorkerMonitor {
             let view = model.view().load_full();
             let candidates: Vec<Arc<WorkerEntry>> = view
                 .entries()
-                // Acquire: pairs with the mirror's Release store. The
-                // reasons are refreshed even when the bit stays.
-                .filter(|e| e.evaluate(&thresholds, &self.clock, now) != e.busy.load(Ordering::Acquire))
+                // The reasons are refreshed even when the bit stays.
+                .filter(|e| !e.matches_published(e.evaluate(&thresholds, &self.clock, now)))
                 .cloned()
                 .collect();
             if !candidates.is_empty() {
@@ -616,7 +615,7 @@ impl WorkerMonitor {
     /// overloaded): read from the published view, whatever the number of
     /// instances.
     pub fn model_busy_reasons(&self, model: &str) -> BusySignals {
-        self.registry.model(model).map_or_else(BusySignals::default, |state| state.view().load().reasons())
+        self.registry.model(model).map_or_else(BusySignals::default, |state| state.signals())
     }
 
     /// The published busy set of `model` (by instance position), and the
@@ -632,9 +631,9 @@ impl WorkerMonitor {
 
     /// Every registered worker, sorted by id.
     pub fn workers(&self) -> Vec<WorkerInfo> {
-        let mut all = Vec::with_capacity(self.registry.workers.len());
-        self.registry.workers.for_each(|_, rec| {
-            all.push(WorkerInfo {
+        self.records()
+            .iter()
+            .map(|rec| WorkerInfo {
                 id: rec.entry.id,
                 incarnation: rec.entry.incarnation,
                 model: rec.model.name.to_string(),
@@ -642,20 +641,27 @@ impl WorkerMonitor {
                 // Acquire: pairs with the mirror's Release store.
                 busy: rec.entry.busy.load(Ordering::Acquire),
             })
-        });
-        all.sort_by_key(|w| w.id);
-        all
+            .collect()
     }
 
     /// The latest observed load of every rank of every worker, for metrics.
     pub fn rank_snapshots(&self) -> Vec<RankSnapshot> {
         let now = self.clock.now();
-        let mut all = Vec::new();
-        self.registry.workers.for_each(|_, rec| {
-            all.extend((0..rec.entry.dp_size).map(|rank| rec.entry.snapshot(rank, &self.clock, now)));
-        });
-        all.sort_by_key(|s| (s.worker, s.rank));
-        all
+        let records = self.records();
+        let ranks = records.iter().flat_map(|rec| (0..rec.entry.dp_size).map(move |rank| (rec, rank)));
+        ranks.map(|(rec, rank)| rec.entry.snapshot(rank, &self.clock, now)).collect()
+    }
+
+    /// Every registered worker's current record, once each, by id (cold
+    /// path). The concurrent map's scan may visit a record twice while the
+    /// map grows, or both records of a restart; each id found is looked up
+    /// again for its current one.
+    fn records(&self) -> Vec<WorkerRecord> {
+        let mut ids = Vec::with_capacity(self.registry.workers.len());
+        self.registry.workers.for_each(|&id, _| ids.push(id));
+        ids.sort_unstable();
+        ids.dedup();
+        ids.into_iter().filter_map(|id| self.registry.with_worker(id, WorkerRecord::clone)).collect()
     }
 
     /// The effective load of `worker` summed over its ranks.

@@ -55,9 +55,11 @@
 
 use crate::monitor::clock::MonitorClock;
 use crate::monitor::entry::WorkerEntry;
+use crate::monitor::entry::{decode, encode};
+use crate::monitor::reasons::ReasonCounts;
 use crate::monitor::view::{Change, ModelView, Toggle, CHUNK_MAX};
-use crate::sync::{lock, Arc, AtomicBool, Mutex, Ordering, Swap};
-use crate::thresholds::Thresholds;
+use crate::sync::{lock, Arc, AtomicBool, AtomicU32, Mutex, Ordering, Swap};
+use crate::thresholds::{BusySignals, Thresholds};
 
 /// The most instances a chunk of a model's view holds: small under loom,
 /// so that a model of a few workers spans several chunks.
@@ -74,10 +76,22 @@ pub(crate) struct ModelState {
     /// Forgotten by the monitor (its last worker left); a router that still
     /// holds this state looks the model up again.
     retired: AtomicBool,
+    /// The union of the signals its busy instances hold them busy with
+    /// (`entry::encode`): a 529's reasons in one load.
+    signals: AtomicU32,
     /// Serialises publication for this model (cold path: bit flips,
-    /// threshold changes, registration), and holds the view replaced last
-    /// (see [`ModelWriter::replace`]).
-    write: Mutex<Option<Arc<ModelView>>>,
+    /// threshold changes, registration), and holds what only the writer
+    /// keeps.
+    write: Mutex<Written>,
+}
+
+/// What a model's writer keeps under its lock.
+#[derive(Default)]
+struct Written {
+    /// The view replaced last (see [`ModelWriter::replace`]).
+    retired: Option<Arc<ModelView>>,
+    /// The busy instances per signal: `signals` is their union.
+    reasons: ReasonCounts,
 }
 
 impl ModelState {
@@ -90,8 +104,18 @@ impl ModelState {
             view: Swap::from_pointee(ModelView::empty(thresholds.is_enabled(), capacity)),
             kept: AtomicBool::new(false),
             retired: AtomicBool::new(false),
-            write: Mutex::new(None),
+            signals: AtomicU32::new(0),
+            write: Mutex::new(Written::default()),
         }
+    }
+
+    /// The union of the signals its busy instances were last evaluated busy
+    /// with (why a request to it is rejected as overloaded).
+    #[inline]
+    pub(crate) fn signals(&self) -> BusySignals {
+        // Relaxed: diagnostic labels; stored under the write lock after
+        // each change of the counts.
+        decode(self.signals.load(Ordering::Relaxed))
     }
 
     /// Marks the model kept (cold path, under the registry lock).
@@ -129,14 +153,14 @@ impl ModelState {
 
     /// Takes the model's write lock (cold path).
     pub(crate) fn lock(&self) -> ModelWriter<'_> {
-        ModelWriter { model: self, retired: lock(&self.write) }
+        ModelWriter { model: self, written: lock(&self.write) }
     }
 }
 
 /// The model's write lock held: the only way to publish a view.
 pub(crate) struct ModelWriter<'a> {
     model: &'a ModelState,
-    retired: crate::sync::MutexGuard<'a, Option<Arc<ModelView>>>,
+    written: crate::sync::MutexGuard<'a, Written>,
 }
 
 impl ModelWriter<'_> {
@@ -150,14 +174,29 @@ impl ModelWriter<'_> {
     /// hands back arc-swap's own reference: publishing touches no count of
     /// the view that routers are still reading.
     fn replace(&mut self, next: ModelView) {
-        *self.retired = Some(self.model.view.swap(Arc::new(next)));
+        self.written.retired = Some(self.model.view.swap(Arc::new(next)));
+    }
+
+    /// Counts an instance as no longer busy with `was` and now busy with
+    /// `now` in the model's reasons.
+    fn recount(&mut self, was: Option<BusySignals>, now: Option<BusySignals>) {
+        let reasons = &mut self.written.reasons;
+        was.into_iter().for_each(|signals| reasons.remove(signals));
+        now.into_iter().for_each(|signals| reasons.add(signals));
+        // Relaxed: see `ModelState::signals`.
+        self.model.signals.store(encode(reasons.signals()), Ordering::Relaxed);
     }
 
     /// Publishes the view without `remove` and with `add` (see
     /// [`ModelView::with_member`]); returns whether the model has no
     /// instance left.
     pub(crate) fn relist(&mut self, remove: Option<&Arc<WorkerEntry>>, add: Option<&Arc<WorkerEntry>>) -> bool {
-        let next = self.model.view.load().with_member(remove, add);
+        let view = self.model.view.load();
+        if let Some(gone) = remove.filter(|entry| view.find_entry(entry).is_some()) {
+            self.recount(gone.published(), None);
+        }
+        let next = view.with_member(remove, add);
+        drop(view); // before the swap, which would otherwise pay this guard's debt
         let empty = next.is_empty();
         self.replace(next);
         empty
@@ -206,22 +245,24 @@ impl ModelWriter<'_> {
             let now = clock.now();
             let view = self.model.view.load();
             let mut changes = Vec::new();
+            let mut recounts = Vec::new();
             let mut seen = Vec::with_capacity(pending.len());
             for entry in pending.drain(..) {
                 // Acquire: sees the slot stores released by the bump we read.
                 let before = entry.version.load(Ordering::Acquire);
-                let now_busy = entry.evaluate_signals(&thresholds, clock, now);
+                let now_busy = entry.evaluate(&thresholds, clock, now);
                 let was = entry.published();
                 // An entry no longer listed (it left, or a restart replaced
-                // it) sets no bit.
+                // it) sets no bit and counts no reason. A busy entry whose
+                // signals changed changes the reasons, not the view.
                 if was != now_busy {
                     if let Some(place) = view.find_entry(&entry) {
-                        flips += usize::from(was.is_some() != now_busy.is_some());
-                        changes.push(Change {
-                            slot: place.slot,
-                            local: place.local,
-                            what: Toggle::Busy { was, now: now_busy },
-                        });
+                        if was.is_some() != now_busy.is_some() {
+                            flips += 1;
+                            let what = Toggle::Busy(now_busy.is_some());
+                            changes.push(Change { slot: place.slot, local: place.local, what });
+                        }
+                        recounts.push((was, now_busy));
                     }
                 }
                 seen.push((entry, before, now_busy));
@@ -232,6 +273,9 @@ impl ModelWriter<'_> {
             drop(view); // before the swap, which would otherwise pay this guard's debt
             if let Some(next) = next {
                 self.replace(next);
+            }
+            for (was, now) in recounts {
+                self.recount(was, now);
             }
             for (entry, before, busy) in seen {
                 // Release (inside): a writer whose bump follows ours

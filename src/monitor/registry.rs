@@ -11,6 +11,11 @@ use crate::monitor::publication::ModelState;
 use crate::sync::{Arc, Map, Swap};
 
 /// Every worker and every model.
+///
+/// scc's `HashIndex` frees a removed record once no reader can hold it and
+/// a later write reaches its bucket: a deregistered worker's entry (its
+/// slots) and model state may stay allocated until then, bounded by the
+/// map's size.
 pub(crate) struct Registry {
     pub(crate) workers: Map<WorkerId, WorkerRecord>,
     pub(crate) models: Swap<Models>,

@@ -120,6 +120,7 @@ pub(crate) async fn register_engines(
                 frontend.directory.remove(worker);
                 anyhow::bail!("--engine {spec} refused: {e}");
             }
+            frontend.directory.sync(worker);
             tracing::info!(worker, %model, dp_size, kind = %spec.kind, url = %spec.base_url, "engine registered");
             engine.workers.push((worker, model));
         }
@@ -264,7 +265,11 @@ impl Engine {
         );
         let incarnation = self.incarnation.wrapping_add(1);
         for (worker, model) in &self.workers {
-            if let Err(error) = frontend.monitor.register(*worker, model, ranks, incarnation) {
+            let registered = frontend.monitor.register(*worker, model, ranks, incarnation);
+            // A new incarnation starts in routing in the monitor: sync it
+            // with the directory's flags (kept until `insert_engine` below).
+            frontend.directory.sync(*worker);
+            if let Err(error) = registered {
                 tracing::warn!(engine = %self.spec, worker, %error, "engine could not be registered again: out of routing");
                 if !self.out {
                     self.leave(frontend);

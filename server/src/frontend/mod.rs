@@ -185,7 +185,7 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
     let monitor = Arc::new(WorkerMonitor::new(config).map_err(|e| anyhow::anyhow!("invalid threshold: {e}"))?);
     let directory = Arc::new(WorkerDirectory::new(monitor.clone()));
     // Quarantined workers come back into routing as their time ends.
-    tokio::spawn(directory.clone().run_expiry());
+    tokio::spawn(directory.expiry());
     // One secret for the event plane and the requests to workers.
     let secrets = crate::secret::Secrets::load(args.event_secret_file.as_deref())?.map(Arc::new);
     let frontend = Arc::new(Frontend::new(&args, monitor.clone(), directory.clone(), secrets.clone())?);

@@ -72,6 +72,8 @@ pub(crate) async fn register_http_worker(frontend: &Frontend, url: &str, limits:
         frontend.directory.remove(worker);
         anyhow::bail!("--worker {base} refused: {e}");
     }
+    // A health check may have flagged it before the monitor had it.
+    frontend.directory.sync(worker);
     tracing::info!(worker, model, dp_size, %base, "worker registered from --worker");
     Ok(())
 }

@@ -6,10 +6,8 @@ use crossbeam_utils::CachePadded;
 
 use crate::load::WorkerId;
 use crate::monitor::entry::WorkerEntry;
-use crate::monitor::view::reasons::ReasonCounts;
 use crate::padded::Padded;
 use crate::sync::Arc;
-use crate::thresholds::BusySignals;
 
 /// The most instances a chunk can hold.
 pub(crate) const CHUNK_MAX: usize = 1024;
@@ -45,7 +43,6 @@ pub(crate) struct Chunk {
     bits: Bits,
     /// Whether busy instances are skipped (the model has a threshold).
     filtering: bool,
-    reasons: ReasonCounts,
 }
 
 /// One instance's change, as the writer publishes it.
@@ -61,9 +58,8 @@ pub(crate) struct Change {
 /// What changes for one instance.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Toggle {
-    /// Its busy bit (or, busy before and after, its signals): busy before
-    /// with `was`, busy now with `now`.
-    Busy { was: Option<BusySignals>, now: Option<BusySignals> },
+    /// Busy (true) or free.
+    Busy(bool),
     /// Out of routing (true) or back in it.
     Out(bool),
 }
@@ -140,20 +136,16 @@ impl Chunk {
     pub(crate) fn of(entries: Vec<Arc<WorkerEntry>>, filtering: bool) -> Chunk {
         debug_assert!(entries.len() <= CHUNK_MAX);
         let mut bits = Bits::NONE;
-        let mut reasons = ReasonCounts::default();
         for (local, entry) in entries.iter().enumerate() {
-            if let Some(signals) = entry.published() {
-                bits.set_busy(local, true);
-                reasons.add(signals);
-            }
+            bits.set_busy(local, entry.published().is_some());
             bits.set_out(local, entry.is_out());
         }
-        Chunk::assemble(Members::new(entries), bits, filtering, reasons)
+        Chunk::assemble(Members::new(entries), bits, filtering)
     }
 
-    fn assemble(members: Arc<CachePadded<Members>>, bits: Bits, filtering: bool, reasons: ReasonCounts) -> Chunk {
+    fn assemble(members: Arc<CachePadded<Members>>, bits: Bits, filtering: bool) -> Chunk {
         let free = FreePositions::of(&bits, members.ids.len(), filtering);
-        Chunk { free, members, bits, filtering, reasons }
+        Chunk { free, members, bits, filtering }
     }
 
     /// This chunk with `changes` (sorted by position, one per position)
@@ -162,19 +154,14 @@ impl Chunk {
     /// changes: a threshold change lists the free positions again).
     pub(crate) fn with_changes(&self, changes: &[Change], filtering: bool) -> Chunk {
         let mut bits = self.bits;
-        let mut reasons = self.reasons;
         for change in changes {
             match change.what {
-                Toggle::Busy { was, now } => {
-                    was.into_iter().for_each(|signals| reasons.remove(signals));
-                    now.into_iter().for_each(|signals| reasons.add(signals));
-                    bits.set_busy(change.local, now.is_some());
-                }
+                Toggle::Busy(busy) => bits.set_busy(change.local, busy),
                 Toggle::Out(out) => bits.set_out(change.local, out),
             }
         }
         if filtering != self.filtering {
-            return Chunk::assemble(self.members.clone(), bits, filtering, reasons);
+            return Chunk::assemble(self.members.clone(), bits, filtering);
         }
         let len = self.len();
         let flips = changes.iter().filter_map(|c| {
@@ -197,7 +184,7 @@ impl Chunk {
             (FreePositions::Narrow(old), false) => FreePositions::Narrow(splice(old, flips, count)),
             (FreePositions::Wide(old), false) => FreePositions::Wide(splice(old, flips, count)),
         };
-        Chunk { free, members: self.members.clone(), bits, filtering, reasons }
+        Chunk { free, members: self.members.clone(), bits, filtering }
     }
 
     /// This chunk with the member at `at` taken out (`remove`) and `insert`
@@ -210,23 +197,15 @@ impl Chunk {
         entries.extend_from_slice(&old[..at]);
         entries.extend(insert.cloned());
         entries.extend_from_slice(&old[at + usize::from(remove)..]);
-        let mut reasons = self.reasons;
-        if remove && self.is_busy(at) {
-            reasons.remove(old[at].published().unwrap_or_default());
-        }
-        let inserted = insert.map(|entry| {
-            let published = entry.published();
-            published.into_iter().for_each(|signals| reasons.add(signals));
-            (published.is_some(), entry.is_out())
-        });
+        let inserted = insert.map(|entry| (entry.published().is_some(), entry.is_out()));
         let bits = self.bits.spliced(old.len(), at, remove, inserted);
-        Chunk::assemble(Members::new(entries), bits, filtering, reasons)
+        Chunk::assemble(Members::new(entries), bits, filtering)
     }
 
     /// The same members and bits under `filtering` (cold path: a threshold
     /// change).
     pub(crate) fn refiltered(&self, filtering: bool) -> Chunk {
-        Chunk::assemble(self.members.clone(), self.bits, filtering, self.reasons)
+        Chunk::assemble(self.members.clone(), self.bits, filtering)
     }
 
     /// Number of instances.
@@ -236,7 +215,7 @@ impl Chunk {
     }
 
     /// Number of busy instances.
-    #[inline]
+    #[cfg(test)]
     pub(crate) fn busy_count(&self) -> usize {
         self.bits.busy_count as usize
     }
@@ -292,11 +271,6 @@ impl Chunk {
     #[inline]
     pub(crate) fn search(&self, id: WorkerId) -> Result<usize, usize> {
         self.members.ids.binary_search(&id)
-    }
-
-    /// The signals of the busy instances, counted.
-    pub(crate) fn reasons(&self) -> ReasonCounts {
-        self.reasons
     }
 }
 
@@ -361,7 +335,8 @@ where
 /// fetches as few lines as possible of a freshly published list.
 #[derive(Debug)]
 pub(crate) enum FreePositions {
-    /// Every instance may be taken (no filtering, or none busy).
+    /// Every instance may be taken (none out of routing, and no filtering
+    /// or none busy).
     All,
     /// A chunk of at most 256 instances.
     Narrow(Padded<u8>),
@@ -436,7 +411,6 @@ mod tests {
 
     #[test]
     fn changes_splice_the_free_list_as_a_rebuild_would_list_it() {
-        let decode = BusySignals { decode: true, ..Default::default() };
         let mut rng = fastrand::Rng::with_seed(5);
         for len in [1, 5, 64, 255, 256, 257, 1000, CHUNK_MAX] {
             let mut chunk = Chunk::of(entries(0..len as WorkerId), true);
@@ -449,10 +423,7 @@ mod tests {
                     .map(|&local| {
                         let what = match rng.u8(..3) {
                             0 => Toggle::Out(rng.bool()),
-                            _ => Toggle::Busy {
-                                was: chunk.is_busy(local).then_some(decode),
-                                now: rng.bool().then_some(decode),
-                            },
+                            _ => Toggle::Busy(rng.bool()),
                         };
                         Change { slot: 0, local, what }
                     })
@@ -462,7 +433,6 @@ mod tests {
                 let busy = (0..len).filter(|&p| chunk.is_busy(p)).count();
                 assert_eq!(chunk.busy_count(), busy);
                 assert_eq!(chunk.out_count(), (0..len).filter(|&p| chunk.is_out(p)).count());
-                assert_eq!(chunk.reasons().signals().decode, busy > 0);
                 let rebuilt = chunk.refiltered(true);
                 assert_eq!(listed(&rebuilt), listed(&chunk));
                 let all = chunk.eligible() == len;

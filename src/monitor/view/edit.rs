@@ -20,17 +20,18 @@ impl ModelView {
     fn assemble(chunks: Vec<Shared>, filtering: bool, capacity: usize) -> ModelView {
         let mut view = ModelView::empty(filtering, capacity);
         let mut slots = Vec::with_capacity(chunks.len());
+        let mut eligible_before = Vec::with_capacity(chunks.len());
         for chunk in chunks {
             debug_assert!(chunk.len() > 0);
-            view.reasons = view.reasons.plus(chunk.reasons());
-            view.busy += chunk.busy_count();
             view.out += chunk.out_count();
-            let slot = Slot { eligible_before: view.eligible, start: view.len, first: chunk.id(0), chunk };
+            eligible_before.push(u32::try_from(view.eligible).expect("fewer than 2^32 instances"));
+            let slot = Slot { start: view.len, first: chunk.id(0), chunk };
             view.eligible += slot.chunk.eligible();
             view.len += slot.chunk.len();
             slots.push(slot);
         }
         view.slots = slots.into_boxed_slice();
+        view.eligible_before = eligible_before.into_boxed_slice();
         view
     }
 
@@ -56,24 +57,23 @@ impl ModelView {
             return ModelView::assemble(chunks.collect(), filtering, self.capacity);
         }
         let mut slots = self.slots.to_vec();
-        let (mut eligible, mut busy, mut out, mut reasons) = (self.eligible, self.busy, self.out, self.reasons);
+        let mut eligible_before = self.eligible_before.to_vec();
+        let (mut eligible, mut out) = (self.eligible, self.out);
         let mut gained = 0isize;
-        for (index, slot) in slots.iter_mut().enumerate() {
-            slot.eligible_before = slot.eligible_before.wrapping_add_signed(gained);
+        for (index, (slot, before)) in slots.iter_mut().zip(&mut eligible_before).enumerate() {
+            *before = before.wrapping_add_signed(gained as i32);
             let changes = mine(index);
             if changes.is_empty() {
                 continue;
             }
             let (old, new) = (&self.slots[index].chunk, slot.chunk.with_changes(changes, filtering));
             gained += new.eligible() as isize - old.eligible() as isize;
-            busy = busy + new.busy_count() - old.busy_count();
             out = out + new.out_count() - old.out_count();
-            reasons = reasons.minus(old.reasons()).plus(new.reasons());
             slot.chunk = shared(new);
         }
         eligible = eligible.wrapping_add_signed(gained);
-        let slots = slots.into_boxed_slice();
-        ModelView { eligible, slots, filtering, len: self.len, busy, out, reasons, capacity: self.capacity }
+        let (slots, eligible_before) = (slots.into_boxed_slice(), eligible_before.into_boxed_slice());
+        ModelView { eligible, slots, eligible_before, filtering, len: self.len, out, capacity: self.capacity }
     }
 
     /// This view without `remove` (when listed) and with `add`; an `add` of

@@ -2,26 +2,23 @@
 //! built of [`Chunk`]s so that a flip copies one chunk, not the model.
 //!
 //! - `chunk`: a run of instances with their bits and free list;
-//! - `edit`: the writer's side (flips, members joining and leaving);
-//! - `reasons`: the busy signals, counted per chunk.
+//! - `edit`: the writer's side (flips, members joining and leaving).
 
 mod chunk;
 mod edit;
-mod reasons;
 
 use crossbeam_utils::CachePadded;
 
 use crate::load::WorkerId;
 use crate::monitor::entry::WorkerEntry;
 use crate::sync::Arc;
-use crate::thresholds::BusySignals;
 
 pub(crate) use self::chunk::{Change, Chunk, Toggle, CHUNK_MAX};
-use self::reasons::ReasonCounts;
 
-/// A model's instances (sorted by id) and busy bits, always consistent with
-/// each other; the monitor publishes a new one through arc-swap when a bit,
-/// the instances or `filtering` change, and routers reach it with one load.
+/// A model's instances (sorted by id) with their busy and out-of-routing
+/// bits, always consistent with each other; the monitor publishes a new one
+/// through arc-swap when a bit, the instances or `filtering` change, and
+/// routers reach it with one load.
 ///
 /// The instances are split into chunks of consecutive ids, each published
 /// whole and shared by every view until one of its bits or members changes:
@@ -34,17 +31,18 @@ use self::reasons::ReasonCounts;
 /// share a line with the fields.
 #[repr(C, align(128))]
 pub(crate) struct ModelView {
-    /// Instances a request with no exclusions may take: the free ones when
-    /// filtering, else all.
+    /// Instances a request with no exclusions may take: those in routing
+    /// (and free, when filtering).
     pub(crate) eligible: usize,
     slots: Box<[Slot]>,
+    /// Per chunk, the eligible instances in the chunks before it
+    /// (contiguous: round-robin finds its chunk by a branchless count).
+    eligible_before: Box<[u32]>,
     /// True when the model has at least one threshold configured.
     pub(crate) filtering: bool,
     len: usize,
-    busy: usize,
     /// Instances out of routing.
     out: usize,
-    reasons: ReasonCounts,
     /// The most instances a chunk of this model holds (a fuller one splits).
     capacity: usize,
 }
@@ -52,8 +50,6 @@ pub(crate) struct ModelView {
 /// One chunk and where it sits in the model.
 #[derive(Clone)]
 struct Slot {
-    /// Eligible instances in the chunks before this one.
-    eligible_before: usize,
     /// Instances in the chunks before this one.
     start: usize,
     /// The chunk's lowest id.
@@ -75,11 +71,10 @@ impl ModelView {
         ModelView {
             eligible: 0,
             slots: Box::default(),
+            eligible_before: Box::default(),
             filtering,
             len: 0,
-            busy: 0,
             out: 0,
-            reasons: ReasonCounts::default(),
             capacity,
         }
     }
@@ -99,7 +94,7 @@ impl ModelView {
     /// Number of busy instances.
     #[cfg(test)]
     pub(crate) fn busy_count(&self) -> usize {
-        self.busy
+        self.slots.iter().map(|s| s.chunk.busy_count()).sum()
     }
 
     /// True when every instance is out of routing (none is alive to take a
@@ -109,32 +104,35 @@ impl ModelView {
         self.len > 0 && self.out == self.len
     }
 
-    /// The union of the signals the busy instances were published busy with.
-    pub(crate) fn reasons(&self) -> BusySignals {
-        self.reasons.signals()
-    }
-
     /// The id of the `k`-th instance a request with no exclusions may take
     /// (`k < eligible`): one index into a chunk's free positions.
     #[inline(always)]
     pub(crate) fn nth_eligible_id(&self, k: usize) -> WorkerId {
-        let slot = match &*self.slots {
-            [only] => only,
-            slots => &slots[slots.partition_point(|s| s.eligible_before <= k) - 1],
-        };
-        slot.chunk.id(slot.chunk.free.nth(k - slot.eligible_before))
+        let index = self.chunk_of_eligible(k);
+        let chunk = &self.slots[index].chunk;
+        chunk.id(chunk.free.nth(k - self.eligible_before[index] as usize))
     }
 
     /// The position (in the model) of the `k`-th instance a request with no
     /// exclusions may take (`k < eligible`).
     #[inline]
     pub(crate) fn nth_eligible(&self, k: usize) -> usize {
-        let index = match &*self.slots {
-            [_] => 0,
-            slots => slots.partition_point(|s| s.eligible_before <= k) - 1,
-        };
+        let index = self.chunk_of_eligible(k);
         let slot = &self.slots[index];
-        slot.start + slot.chunk.free.nth(k - slot.eligible_before)
+        slot.start + slot.chunk.free.nth(k - self.eligible_before[index] as usize)
+    }
+
+    /// The chunk that holds the `k`-th eligible instance (`k < eligible`):
+    /// the last whose eligible prefix is at most `k`, i.e. the number of
+    /// chunks after the first with a prefix at most `k` (the prefixes never
+    /// decrease), counted without a branch per chunk.
+    #[inline(always)]
+    fn chunk_of_eligible(&self, k: usize) -> usize {
+        let k = k as u32; // below `eligible`, below 2^32
+        match &self.eligible_before[..] {
+            [_] => 0,
+            before => before[1..].iter().map(|&b| u32::from(b <= k)).sum::<u32>() as usize,
+        }
     }
 
     /// Where the instance at `position` (`< len`) is.

@@ -140,6 +140,8 @@ impl PlaneServer {
         if !new && !self.directory.insert(worker, http_addr, dp_size) {
             return Err(Close::Refused(format!("worker id {worker} is registered by --worker")));
         }
+        // Its entry's flags, in the monitor's view of this incarnation.
+        self.directory.sync(worker);
         // Checked above: no other live connection holds it.
         let _ = self.ownership.claim(worker, incarnation, token);
         conn.worker = Some((worker, incarnation));

@@ -1,10 +1,10 @@
-//! [`ReasonCounts`]: how many busy instances each busy signal holds.
+//! [`ReasonCounts`]: how many busy instances of a model each busy signal
+//! holds (kept by the model's writer; their union answers a 529's reasons).
 
 use crate::thresholds::BusySignals;
 
-/// Per signal, the busy instances that signal made busy when they were
-/// published busy: a model's rejection reasons without a scan of its
-/// instances.
+/// Per signal, the busy instances that signal holds busy (as last
+/// evaluated): a model's rejection reasons without a scan of its instances.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct ReasonCounts([u32; 4]);
 
@@ -16,27 +16,14 @@ impl ReasonCounts {
         }
     }
 
-    /// Forgets the signals of an instance no longer published busy.
+    /// Forgets the signals of an instance no longer published busy (each
+    /// counted before: saturating, so a broken invariant cannot wrap a count
+    /// into a reason reported forever).
     pub(crate) fn remove(&mut self, signals: BusySignals) {
         for (count, fired) in self.0.iter_mut().zip(bits(signals)) {
-            *count -= u32::from(fired);
+            debug_assert!(*count >= u32::from(fired), "a signal removed more often than added");
+            *count = count.saturating_sub(u32::from(fired));
         }
-    }
-
-    /// The sum of two counts.
-    pub(crate) fn plus(mut self, other: ReasonCounts) -> ReasonCounts {
-        for (count, more) in self.0.iter_mut().zip(other.0) {
-            *count += more;
-        }
-        self
-    }
-
-    /// The difference of two counts (`other` counted in `self`).
-    pub(crate) fn minus(mut self, other: ReasonCounts) -> ReasonCounts {
-        for (count, less) in self.0.iter_mut().zip(other.0) {
-            *count -= less;
-        }
-        self
     }
 
     /// The signals that hold at least one instance busy.
@@ -64,8 +51,6 @@ mod tests {
         assert_eq!(counts.signals(), both);
         counts.remove(both);
         assert_eq!(counts.signals(), decode);
-        assert_eq!(counts.plus(counts).0, [2, 0, 0, 0]);
-        assert_eq!(counts.plus(counts).minus(counts), counts);
         counts.remove(decode);
         assert_eq!(counts.signals(), BusySignals::default());
     }
