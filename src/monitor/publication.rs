@@ -177,12 +177,15 @@ impl ModelWriter<'_> {
         self.written.retired = Some(self.model.view.swap(Arc::new(next)));
     }
 
-    /// Counts an instance as no longer busy with `was` and now busy with
-    /// `now` in the model's reasons.
-    fn recount(&mut self, was: Option<BusySignals>, now: Option<BusySignals>) {
+    /// Counts instances as no longer busy with their first signals and now
+    /// busy with their second in the model's reasons, then publishes the
+    /// union once.
+    fn recount(&mut self, changes: impl IntoIterator<Item = (Option<BusySignals>, Option<BusySignals>)>) {
         let reasons = &mut self.written.reasons;
-        was.into_iter().for_each(|signals| reasons.remove(signals));
-        now.into_iter().for_each(|signals| reasons.add(signals));
+        for (was, now) in changes {
+            was.into_iter().for_each(|signals| reasons.remove(signals));
+            now.into_iter().for_each(|signals| reasons.add(signals));
+        }
         // Relaxed: see `ModelState::signals`.
         self.model.signals.store(encode(reasons.signals()), Ordering::Relaxed);
     }
@@ -193,7 +196,7 @@ impl ModelWriter<'_> {
     pub(crate) fn relist(&mut self, remove: Option<&Arc<WorkerEntry>>, add: Option<&Arc<WorkerEntry>>) -> bool {
         let view = self.model.view.load();
         if let Some(gone) = remove.filter(|entry| view.find_entry(entry).is_some()) {
-            self.recount(gone.published(), None);
+            self.recount([(gone.published(), None)]);
         }
         let next = view.with_member(remove, add);
         drop(view); // before the swap, which would otherwise pay this guard's debt
@@ -274,8 +277,8 @@ impl ModelWriter<'_> {
             if let Some(next) = next {
                 self.replace(next);
             }
-            for (was, now) in recounts {
-                self.recount(was, now);
+            if !recounts.is_empty() {
+                self.recount(recounts);
             }
             for (entry, before, busy) in seen {
                 // Release (inside): a writer whose bump follows ours
