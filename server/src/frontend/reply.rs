@@ -9,22 +9,76 @@
 
 use std::time::Duration;
 
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use loadgate::{rejection::overload_status_code, Rejection};
+use loadgate::{metrics::Reason, rejection::overload_status_code, Rejection};
 
 pub use crate::api_error::{bad_request, client_error, error_with_param, openai_error, set_retry_after};
 use crate::openai::INVALID_REQUEST_ERROR;
 
+/// The header naming why a request was refused with the overload status:
+/// the reasons counted in `loadgate_frontend_rejection_reason_total`, comma
+/// separated, in the order counted, each once (`busy` when none was).
+pub const REJECTED_REASON: &str = "x-loadgate-rejected-reason";
+
+/// The value of [`REJECTED_REASON`] when no reason was recorded.
+pub const NO_REASON: &str = "busy";
+
+/// The reasons of one overload refusal, each once, in the order first
+/// given; fixed size (there are few reasons), no allocation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RejectedReasons {
+    reasons: [Option<Reason>; RejectedReasons::CAPACITY],
+    len: usize,
+}
+
+impl RejectedReasons {
+    /// More than the reasons there are (8); any past it are dropped.
+    const CAPACITY: usize = 12;
+
+    /// `reasons`, duplicates dropped, order kept.
+    pub fn collect(reasons: impl IntoIterator<Item = Reason>) -> Self {
+        let mut kept = RejectedReasons::default();
+        for reason in reasons {
+            if kept.len < Self::CAPACITY && !kept.iter().any(|r| r == reason) {
+                kept.reasons[kept.len] = Some(reason);
+                kept.len += 1;
+            }
+        }
+        kept
+    }
+
+    /// The reasons, in order.
+    pub fn iter(&self) -> impl Iterator<Item = Reason> + '_ {
+        self.reasons[..self.len].iter().flatten().copied()
+    }
+
+    /// The header value: the labels, comma separated; [`NO_REASON`] when
+    /// there are none.
+    pub fn header_value(&self) -> HeaderValue {
+        let mut labels = self.iter().map(Reason::label);
+        match (labels.next(), self.len) {
+            (None, _) => HeaderValue::from_static(NO_REASON),
+            (Some(only), 1) => HeaderValue::from_static(only),
+            (Some(first), _) => {
+                let joined = labels.fold(first.to_owned(), |all, label| all + "," + label);
+                HeaderValue::try_from(joined).unwrap_or(HeaderValue::from_static(NO_REASON))
+            }
+        }
+    }
+}
+
 /// Every eligible worker is busy (or refused): the overload status (529 by
-/// default), the retry hint, and the Overloaded body.
-pub fn overloaded(retry_after: Duration) -> Response {
+/// default), the retry hint, the Overloaded body, and the reasons in
+/// [`REJECTED_REASON`].
+pub fn overloaded(retry_after: Duration, reasons: &RejectedReasons) -> Response {
     let status = StatusCode::from_u16(overload_status_code()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
     let refusal = Rejection::Overloaded;
     let mut response = openai_error(status, refusal.error_type(), refusal.message());
     set_retry_after(&mut response, retry_after);
+    response.headers_mut().insert(REJECTED_REASON, reasons.header_value());
     response
 }
 
@@ -91,7 +145,12 @@ mod tests {
             (openai_error(StatusCode::BAD_GATEWAY, SERVER_ERROR, "gone"), 502, SERVER_ERROR, None),
             (openai_error(StatusCode::GATEWAY_TIMEOUT, SERVER_ERROR, "slow"), 504, SERVER_ERROR, None),
             (unavailable(Duration::from_secs(1)), 503, "Unavailable", None),
-            (overloaded(Duration::from_secs(1)), overload_status_code(), "Overloaded", None),
+            (
+                overloaded(Duration::from_secs(1), &RejectedReasons::default()),
+                overload_status_code(),
+                "Overloaded",
+                None,
+            ),
         ];
         for (response, status, kind, param) in cases {
             let (sent, content_type, error) = parts(response).await;
@@ -103,6 +162,47 @@ mod tests {
             if let Some(param) = param {
                 assert!(error["message"].as_str().unwrap().contains(param), "{error}");
             }
+        }
+    }
+
+    #[tokio::test]
+    async fn an_overload_names_its_reasons_once_each_in_order() {
+        use Reason::*;
+        let cases: [(&[Reason], &str); 5] = [
+            (&[], "busy"),
+            (&[DecodeBlocks], "decode_blocks"),
+            (&[WorkerCapacity, Excluded], "worker_capacity,excluded"),
+            (
+                &[PrefillTokens, WaitingRequests, PrefillTokens, Excluded, WaitingRequests],
+                "prefill_tokens,waiting_requests,excluded",
+            ),
+            (
+                &[
+                    DecodeBlocks,
+                    PrefillTokens,
+                    PrefillTokensFrac,
+                    WaitingRequests,
+                    WorkerCapacity,
+                    Excluded,
+                    DecodeBlocks,
+                ],
+                "decode_blocks,prefill_tokens,prefill_tokens_frac,waiting_requests,worker_capacity,excluded",
+            ),
+        ];
+        for (given, expected) in cases {
+            let reasons = RejectedReasons::collect(given.iter().copied());
+            let kept: Vec<&str> = reasons.iter().map(Reason::label).collect();
+            assert_eq!(kept.join(","), expected.replace("busy", ""), "{given:?}");
+            let response = overloaded(Duration::from_millis(1500), &reasons);
+            assert_eq!(response.headers()[REJECTED_REASON], expected, "{given:?}");
+            assert_eq!(response.headers()[header::RETRY_AFTER], "2");
+            assert_eq!(response.headers()["retry-after-ms"], "1500");
+            // The body is the one it always was.
+            let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+            assert_eq!(
+                serde_json::from_slice::<Value>(&body).unwrap(),
+                json!({"error": {"message": "All workers are busy, please retry later", "type": "Overloaded", "param": null, "code": overload_status_code()}})
+            );
         }
     }
 }

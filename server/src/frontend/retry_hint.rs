@@ -1,6 +1,8 @@
 //! [`RetryHint`]: how long a refused client should wait (`Retry-After` and
 //! `retry-after-ms`), computed so that refused clients come back spread over
-//! the time the frontend needs to take them, not all at once.
+//! the time the frontend needs to take them, not all at once, and never
+//! before a default OpenAI SDK client (2 retries, honouring `retry-after-ms`
+//! when in (0, 60 s]) has outlasted a short overload.
 //!
 //! A constant hint makes every client refused in one burst retry in the same
 //! instant, a retry storm by construction. Instead the frontend hands out
@@ -13,29 +15,44 @@
 //!   answered so far, so the first answers count fully; 1 s before any).
 //!   Attempts a worker refused or failed are not answers: they take a
 //!   millisecond and would make requests look short. One slot is
-//!   `1 / capacity = W / max(in_flight, 1)`.
+//!   `slot = 1 / capacity = W / max(in_flight, 1)`.
+//! - The floor of a refusal is
+//!   `floor = min(max(1 s, waiting · slot), 30 s)`, where `waiting` is the
+//!   number of requests in the model's waiting line (0 without one):
+//!   `waiting · slot` is the line's expected wait, and a client told to come
+//!   back sooner would only find the line still ahead of it. The 1 s minimum
+//!   makes a default OpenAI SDK client (2 retries) outlast at least 2 s of
+//!   overload: with hints of 50–150 ms it gave up after 0.17 s.
 //! - Each refusal takes the next slot:
-//!   `next = max(next, now + 50 ms) + slot`. The k-th client refused in a
-//!   burst is told to wait 50 ms and about k slots: retries arrive at about
-//!   the rate requests finish. Slots in the past are forgotten, so the queue
-//!   drains by itself as time passes.
+//!   `next = min(max(next, now + floor) + slot, now + 30 s)`. The k-th client
+//!   refused in a burst is told to wait the floor and about k slots: retries
+//!   arrive at about the rate requests finish. Slots in the past are
+//!   forgotten, so the queue drains by itself as time passes. The queue is
+//!   the frontend's, like `W` and `in_flight`: a refusal behind a long
+//!   waiting line pushes it for every model.
 //! - The queue never reaches past `now + 30 s`: a client that ignores its
 //!   hint cannot push everyone else's out for minutes.
 //! - The hint is a point drawn uniformly within the slot taken,
-//!   `[next - slot, next)`, less `now`: jittered, yet no two clients share a
-//!   slot, so retries never bunch (stratified jitter). It is never under
-//!   50 ms (no busy retry). At the cap the slots coincide, and the hint is
-//!   `30 s · U(0.75, 1)`.
+//!   `[max(next - slot, now + floor), next)`, less `now`: jittered, yet no
+//!   two clients share a slot, so retries never bunch (stratified jitter).
+//!   At the cap the slots coincide, and the hint is drawn uniformly in
+//!   `[max(floor, 22.5 s), 30 s]` (`30 s · U(0.75, 1)` when the floor is
+//!   lower; exactly 30 s when the line's expected wait reaches the cap).
+//!
+//! So every hint is in `[floor, 30 s]`: at least 1 s (the first two a
+//! client gets add up to at least 2 s), never less than the waiting line's
+//! expected wait (up to the cap), at most 30 s.
 //!
 //! A refusal costs two atomic loads and one compare-and-swap loop, no lock.
-//! `--retry-after-mode constant` always answers 1 s (the behaviour before,
-//! kept to measure the difference).
+//! `--retry-after-mode constant` always answers 1 s (the behaviour before
+//! issue 10, kept to measure the difference).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// The shortest hint: a client never retries sooner.
-pub const MIN_RETRY_AFTER: Duration = Duration::from_millis(50);
+/// The shortest hint: a client never retries sooner, so a default OpenAI
+/// SDK client (2 retries) outlasts at least 2 s of overload.
+pub const MIN_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The longest hint.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
@@ -100,20 +117,22 @@ impl RetryHint {
         Duration::from_nanos(self.mean_ns.load(Ordering::Relaxed))
     }
 
-    /// The hint for one refusal now, with `in_flight` requests dispatched.
-    pub fn refused(&self, in_flight: u64) -> Duration {
+    /// The hint for one refusal now, with `in_flight` requests dispatched
+    /// and `waiting` requests in the model's waiting line (0 without one).
+    pub fn refused(&self, in_flight: u64, waiting: u64) -> Duration {
         if !self.computed {
             return CONSTANT_RETRY_AFTER;
         }
         let now = nanos(self.epoch.elapsed());
-        let slot = (self.mean().as_nanos() as u64 / in_flight.max(1)).max(1);
-        // Relaxed: the slot counter orders nothing else; the CAS makes each
-        // refusal take a distinct slot.
-        let earliest = now.saturating_add(nanos(MIN_RETRY_AFTER));
+        let slot = (nanos(self.mean()) / in_flight.max(1)).max(1);
+        let floor = floor_ns(slot, waiting);
+        let earliest = now.saturating_add(floor);
         // The queue never reaches past the longest hint: a client that
         // ignores its hint and hammers cannot push everyone else's out for
         // minutes (they would all get the cap, in step).
         let latest = now.saturating_add(nanos(MAX_RETRY_AFTER));
+        // Relaxed: the slot counter orders nothing else; the CAS makes each
+        // refusal take a distinct slot.
         let mut current = self.next_slot_ns.load(Ordering::Relaxed);
         let (taken, capped) = loop {
             let wanted = current.max(earliest).saturating_add(slot);
@@ -123,16 +142,25 @@ impl RetryHint {
                 Err(seen) => current = seen,
             }
         };
+        let floor = Duration::from_nanos(floor);
         // A point drawn uniformly within its own slot: jittered, yet no two
         // clients share a slot, so retries never bunch (stratified jitter).
         if !capped {
             let start = taken.saturating_sub(slot).max(earliest);
             let wait = Duration::from_nanos(start - now + fastrand::u64(..=taken - start));
-            return wait.clamp(MIN_RETRY_AFTER, MAX_RETRY_AFTER);
+            return wait.clamp(floor, MAX_RETRY_AFTER);
         }
-        // At the cap, the slots coincide: spread those hints below it.
-        MAX_RETRY_AFTER.mul_f64(CAP_JITTER.0 + fastrand::f64() * (CAP_JITTER.1 - CAP_JITTER.0)).max(MIN_RETRY_AFTER)
+        // At the cap, the slots coincide: spread those hints below it, never
+        // under the floor.
+        let low = MAX_RETRY_AFTER.mul_f64(CAP_JITTER.0).max(floor);
+        let high = MAX_RETRY_AFTER.mul_f64(CAP_JITTER.1);
+        (low + (high - low).mul_f64(fastrand::f64())).clamp(floor, MAX_RETRY_AFTER)
     }
+}
+
+/// The floor of a refusal, ns: `min(max(1 s, waiting · slot), 30 s)`.
+fn floor_ns(slot: u64, waiting: u64) -> u64 {
+    waiting.saturating_mul(slot).clamp(nanos(MIN_RETRY_AFTER), nanos(MAX_RETRY_AFTER))
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -143,12 +171,106 @@ fn nanos(d: Duration) -> u64 {
 mod tests {
     use super::*;
 
+    const MS: Duration = Duration::from_millis(1);
+
+    /// A computed hint whose mean is exactly `mean` (the first answer
+    /// counts fully).
+    fn hint_with_mean(mean: Duration) -> RetryHint {
+        let hint = RetryHint::new(true);
+        hint.finished(mean);
+        assert_eq!(hint.mean(), mean);
+        hint
+    }
+
     #[test]
     fn constant_mode_always_answers_one_second() {
         let hint = RetryHint::new(false);
         hint.finished(Duration::from_millis(10));
-        for _ in 0..100 {
-            assert_eq!(hint.refused(3), CONSTANT_RETRY_AFTER);
+        for (in_flight, waiting) in [(3, 0), (0, 0), (1, 1_000_000), (u64::MAX, u64::MAX)] {
+            for _ in 0..100 {
+                assert_eq!(hint.refused(in_flight, waiting), CONSTANT_RETRY_AFTER);
+            }
+        }
+    }
+
+    #[test]
+    fn the_floor_formula() {
+        let ms = |n: u64| n * 1_000_000;
+        // max(1 s, waiting · slot), then at most 30 s.
+        assert_eq!(floor_ns(ms(10), 0), ms(1000));
+        assert_eq!(floor_ns(ms(10), 99), ms(1000));
+        assert_eq!(floor_ns(ms(10), 100), ms(1000));
+        assert_eq!(floor_ns(ms(10), 101), ms(1010));
+        assert_eq!(floor_ns(ms(10), 2999), ms(29_990));
+        assert_eq!(floor_ns(ms(10), 3000), ms(30_000));
+        assert_eq!(floor_ns(ms(10), 3001), ms(30_000));
+        assert_eq!(floor_ns(u64::MAX, u64::MAX), ms(30_000));
+    }
+
+    #[test]
+    fn every_hint_is_at_least_one_second_and_a_lone_one_just_above() {
+        // Tiny slots (100 µs requests, 1000 in flight): only the floor counts.
+        let hint = hint_with_mean(Duration::from_micros(100));
+        let first = hint.refused(1000, 0);
+        assert!(first >= MIN_RETRY_AFTER, "{first:?}");
+        assert!(first < MIN_RETRY_AFTER + MS, "a lone refusal waits the floor and one slot: {first:?}");
+        // Whatever the load, never under 1 s.
+        for (in_flight, waiting) in [(0, 0), (1, 0), (1000, 0), (u64::MAX, 0), (u64::MAX, 5), (1000, 9_000)] {
+            for _ in 0..200 {
+                let h = hint.refused(in_flight, waiting);
+                assert!(
+                    (MIN_RETRY_AFTER..=MAX_RETRY_AFTER).contains(&h),
+                    "in flight {in_flight}, waiting {waiting}: {h:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_default_sdk_client_outlasts_two_seconds() {
+        // A client refused, waiting its hint, refused again: its first two
+        // hints add up to at least 2 s, even with the shortest slots.
+        let hint = hint_with_mean(Duration::from_micros(10));
+        let first = hint.refused(u64::MAX, 0);
+        let second = hint.refused(u64::MAX, 0);
+        assert!(first >= MIN_RETRY_AFTER && second >= MIN_RETRY_AFTER, "{first:?} {second:?}");
+        assert!(first + second >= 2 * MIN_RETRY_AFTER, "{first:?} + {second:?}");
+        assert!(first + second < 2 * MIN_RETRY_AFTER + 10 * MS, "{first:?} + {second:?}");
+    }
+
+    #[test]
+    fn never_less_than_the_waiting_lines_expected_wait() {
+        // 100 ms requests, 10 in flight: one slot is 10 ms.
+        let hint = hint_with_mean(Duration::from_millis(100));
+        // 300 waiting: 3 s expected; a fresh queue's first slot starts there.
+        let deep = hint.refused(10, 300);
+        assert!(deep >= Duration::from_secs(3), "{deep:?}");
+        assert!(deep <= Duration::from_secs(3) + 10 * MS, "{deep:?}");
+        let fresh = hint_with_mean(Duration::from_millis(100));
+        // 50 waiting: 0.5 s expected, under the 1 s minimum, which wins.
+        let shallow = fresh.refused(10, 50);
+        assert!(shallow >= MIN_RETRY_AFTER && shallow <= MIN_RETRY_AFTER + 10 * MS, "{shallow:?}");
+        // Later refusals queue behind it, and never under the line's wait.
+        let fresh = hint_with_mean(Duration::from_millis(100));
+        for k in 1..=100u32 {
+            let h = fresh.refused(10, 200);
+            assert!(h >= Duration::from_secs(2), "{k}: {h:?}");
+            assert!(h <= Duration::from_secs(2) + k * 10 * MS, "{k}: {h:?}");
+        }
+    }
+
+    #[test]
+    fn an_expected_wait_past_the_cap_is_the_cap() {
+        let hint = hint_with_mean(Duration::from_millis(100));
+        // 10 ms slots, 5000 waiting: 50 s expected, capped at 30 s.
+        for _ in 0..50 {
+            assert_eq!(hint.refused(10, 5000), MAX_RETRY_AFTER);
+        }
+        // Just under the cap (29 s): capped hints are in [29 s, 30 s].
+        let hint = hint_with_mean(Duration::from_millis(100));
+        for _ in 0..200 {
+            let h = hint.refused(10, 2900);
+            assert!(h >= Duration::from_secs(29) && h <= MAX_RETRY_AFTER, "{h:?}");
         }
     }
 
@@ -164,10 +286,13 @@ mod tests {
         }
         let mean = hint.mean();
         assert!(mean > Duration::from_millis(95) && mean < Duration::from_millis(105), "{mean:?}");
-        let hints: Vec<Duration> = (0..300).map(|_| hint.refused(10)).collect();
-        // The k-th refusal waits about k slots (± jitter): 300 refusals span about 3 s.
+        let hints: Vec<Duration> = (0..300).map(|_| hint.refused(10, 0)).collect();
+        // The k-th refusal waits 1 s and about k slots (± jitter): 300
+        // refusals span about 1 s to 4 s.
+        let early = hints[..50].iter().max().copied().unwrap_or_default();
+        assert!(early < Duration::from_millis(1600), "early refusals wait about the floor: {early:?}");
         let last = hints[250..].iter().min().copied().unwrap_or_default();
-        assert!(last > Duration::from_millis(1500), "late refusals wait longer: {last:?}");
+        assert!(last > Duration::from_millis(2500), "late refusals wait longer: {last:?}");
         assert!(hints.iter().all(|h| (MIN_RETRY_AFTER..=MAX_RETRY_AFTER).contains(h)));
         // At most a few retries fall in any 10 ms window (one slot each, jitter aside).
         let mut ms: Vec<u128> = hints.iter().map(|h| h.as_millis() / 10).collect();
@@ -182,10 +307,11 @@ mod tests {
         hint.finished(Duration::from_secs(2));
         // One client ignoring its hints: 5000 refusals at once.
         for _ in 0..5000 {
-            assert!(hint.refused(20) <= MAX_RETRY_AFTER);
+            let h = hint.refused(20, 0);
+            assert!((MIN_RETRY_AFTER..=MAX_RETRY_AFTER).contains(&h), "{h:?}");
         }
-        let burst: Vec<Duration> = (0..100).map(|_| hint.refused(20)).collect();
-        assert!(burst.iter().all(|h| *h <= MAX_RETRY_AFTER && *h >= MAX_RETRY_AFTER.mul_f64(0.74)), "{burst:?}");
+        let burst: Vec<Duration> = (0..100).map(|_| hint.refused(20, 0)).collect();
+        assert!(burst.iter().all(|h| *h <= MAX_RETRY_AFTER && *h >= MAX_RETRY_AFTER.mul_f64(0.75)), "{burst:?}");
         let distinct: std::collections::BTreeSet<u128> = burst.iter().map(|h| h.as_millis() / 10).collect();
         assert!(distinct.len() > 50, "capped hints are jittered: {} distinct 10 ms windows of 100", distinct.len());
     }
@@ -195,16 +321,17 @@ mod tests {
         let hint = RetryHint::new(true);
         // Slow requests and nothing in flight: a slot is the whole mean, 1 s.
         for _ in 0..100 {
-            assert!(hint.refused(0) <= MAX_RETRY_AFTER);
+            assert!(hint.refused(0, 0) <= MAX_RETRY_AFTER);
         }
-        let capped = hint.refused(0);
-        assert!(capped >= MAX_RETRY_AFTER.mul_f64(0.74) && capped <= MAX_RETRY_AFTER, "{capped:?}");
-        let fresh = RetryHint::new(true);
-        for _ in 0..64 {
-            fresh.finished(Duration::from_micros(100));
+        let capped = hint.refused(0, 0);
+        assert!(capped >= MAX_RETRY_AFTER.mul_f64(0.75) && capped <= MAX_RETRY_AFTER, "{capped:?}");
+        // A queue whose slots have all passed starts again from the floor.
+        let hint = hint_with_mean(Duration::from_micros(100));
+        for _ in 0..1000 {
+            hint.refused(1, 0);
         }
-        // Tiny slots: just above the floor.
-        let tiny = fresh.refused(1000);
-        assert!(tiny >= MIN_RETRY_AFTER && tiny < Duration::from_millis(70), "{tiny:?}");
+        std::thread::sleep(Duration::from_millis(1200));
+        let again = hint.refused(1000, 0);
+        assert!(again >= MIN_RETRY_AFTER && again < MIN_RETRY_AFTER + MS, "{again:?}");
     }
 }

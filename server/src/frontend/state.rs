@@ -133,7 +133,8 @@ impl Frontend {
     /// `dynamo_frontend_model_rejection_total`, with the busy signals that
     /// made the workers busy and the `causes` of this request's own
     /// exclusions (`worker_capacity` when workers refused at their cap,
-    /// `excluded` when every free worker had refused it).
+    /// `excluded` when every free worker had refused it). The reasons
+    /// counted, each once, are named in `x-loadgate-rejected-reason`.
     pub(crate) fn reject_overloaded(
         &self,
         model: &str,
@@ -141,8 +142,9 @@ impl Frontend {
         causes: impl IntoIterator<Item = Reason>,
     ) -> Response {
         let busy = Reason::from_signals(self.monitor.model_busy_reasons(model));
-        self.metrics.record(model, endpoint, busy.chain(causes));
-        reply::overloaded(self.retry_after())
+        let reasons = reply::RejectedReasons::collect(busy.chain(causes));
+        self.metrics.record(model, endpoint, reasons.iter());
+        reply::overloaded(self.retry_after(), &reasons)
     }
 
     /// Answers 503 Unavailable with the retry hint.
@@ -150,9 +152,17 @@ impl Frontend {
         reply::unavailable(self.retry_after())
     }
 
-    /// How long a refused client should wait before it retries.
+    /// How long a refused client should wait before it retries (no waiting
+    /// line counted).
     pub(crate) fn retry_after(&self) -> Duration {
-        self.retry_hint.refused(self.inflight.totals().requests)
+        self.retry_after_waiting(0)
+    }
+
+    /// How long a refused client should wait before it retries, with
+    /// `waiting` requests in the model's waiting line: never less than
+    /// their expected wait (see `retry_hint`).
+    pub(crate) fn retry_after_waiting(&self, waiting: u64) -> Duration {
+        self.retry_hint.refused(self.inflight.totals().requests, waiting)
     }
 }
 
