@@ -125,6 +125,7 @@ pub mod rejection;
 pub mod route;
 mod sync;
 pub mod thresholds;
+pub mod waiting;
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod web;
@@ -140,6 +141,7 @@ pub use monitor::{MonitorConfig, WorkerMonitor};
 pub use rejection::Rejection;
 pub use route::{LocalRouter, ModelRouter, Policy, RouteError, WorkerRouter};
 pub use thresholds::BusyThresholds;
+pub use waiting::{LineLimits, Ticket, Wait, WaitError};
 #[cfg(feature = "axum")]
 pub use web::Routed;
 #[cfg(feature = "tower")]

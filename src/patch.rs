@@ -52,6 +52,13 @@ pub const PREFILL_FRAC_FIELD: &str = "active_prefill_tokens_threshold_frac";
 /// Field name of the waiting-requests threshold.
 pub const WAITING_FIELD: &str = "active_waiting_requests_threshold";
 
+/// Field name of the model's waiting-line timeout, ms (not a threshold:
+/// the frontend keeps it; 0 is no line, `null` the frontend's default).
+pub const QUEUE_TIMEOUT_FIELD: &str = "router_queue_timeout_ms";
+
+/// The longest waiting-line timeout a patch may set: a day.
+pub const MAX_QUEUE_TIMEOUT_MS: u64 = 86_400_000;
+
 /// What a request does to one threshold.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub enum Change<T> {
@@ -88,6 +95,9 @@ pub struct ThresholdPatch {
     pub prefill_frac: Change<f64>,
     /// `active_waiting_requests_threshold`.
     pub waiting: Change<u64>,
+    /// `router_queue_timeout_ms` (not applied by [`apply`](Self::apply):
+    /// the waiting line's timeout is the frontend's to keep).
+    pub queue_timeout_ms: Change<u64>,
 }
 
 impl ThresholdPatch {
@@ -97,6 +107,7 @@ impl ThresholdPatch {
             && self.prefill == Change::Unchanged
             && self.prefill_frac == Change::Unchanged
             && self.waiting == Change::Unchanged
+            && self.queue_timeout_ms == Change::Unchanged
     }
 
     /// Applies every change to `thresholds` (fields left absent stay).
@@ -162,6 +173,7 @@ pub fn parse_threshold_patch(body: &[u8]) -> Result<ThresholdPatch, PatchError> 
         prefill: Change::Unchanged,
         prefill_frac: Change::Unchanged,
         waiting: Change::Unchanged,
+        queue_timeout_ms: Change::Unchanged,
     };
     let mut model = None;
     for (key, value) in &fields {
@@ -173,6 +185,17 @@ pub fn parse_threshold_patch(body: &[u8]) -> Result<ThresholdPatch, PatchError> 
             DECODE_FIELD => patch.decode = fraction(value, DECODE_FIELD, 1.0, "a number between 0 and 1")?,
             PREFILL_FIELD => patch.prefill = unsigned(value, PREFILL_FIELD)?,
             WAITING_FIELD => patch.waiting = unsigned(value, WAITING_FIELD)?,
+            QUEUE_TIMEOUT_FIELD => {
+                patch.queue_timeout_ms = match unsigned(value, QUEUE_TIMEOUT_FIELD)? {
+                    Change::Set(ms) if ms > MAX_QUEUE_TIMEOUT_MS => {
+                        return Err(PatchError::InvalidValue {
+                            field: QUEUE_TIMEOUT_FIELD,
+                            expected: "a whole number of milliseconds from 0 to 86400000",
+                        })
+                    }
+                    change => change,
+                }
+            }
             PREFILL_FRAC_FIELD => {
                 patch.prefill_frac =
                     fraction(value, PREFILL_FRAC_FIELD, MAX_PREFILL_FRAC, "a number between 0 and 1000000")?
@@ -243,6 +266,12 @@ mod tests {
                 active_waiting_requests_threshold: None,
             }
         );
+        let q = parse(r#"{"model":"m","router_queue_timeout_ms":250}"#).unwrap();
+        assert_eq!(q.queue_timeout_ms, Change::Set(250));
+        assert!(!q.is_read());
+        assert_eq!(parse(r#"{"model":"m","router_queue_timeout_ms":null}"#).unwrap().queue_timeout_ms, Change::Clear);
+        assert!(parse(r#"{"model":"m","router_queue_timeout_ms":86400001}"#).is_err());
+        assert!(parse(r#"{"model":"m","router_queue_timeout_ms":-1}"#).is_err());
         let w = parse(r#"{"model":"m","active_waiting_requests_threshold":3}"#).unwrap();
         assert_eq!(w.waiting, Change::Set(3));
         w.apply(&mut t);

@@ -11,6 +11,7 @@ use crate::monitor::entry::WorkerEntry;
 use crate::monitor::view::ModelView;
 use crate::monitor::{ModelState, WorkerLoad, WorkerMonitor};
 use crate::sync::{lock, Arc, AtomicUsize, Mutex, Ordering, Swap, SwapCache};
+use crate::waiting::{Line, Ticket, Wait, WaitError};
 
 /// A caller-supplied cost: lower is better (the hook a KV-aware router uses to
 /// prefer the worker with the best prefix overlap).
@@ -258,6 +259,39 @@ impl WorkerRouter {
         })?
     }
 
+    /// Routes `model` as [`route`](Self::route) does, or waits in the
+    /// model's line (see [`crate::waiting`]) until an instance frees for
+    /// it; `timer` (the caller's runtime's sleep until `ticket.deadline`)
+    /// ends the wait with [`WaitError::Deadline`]. Cancel-safe: dropping
+    /// the future leaves the line.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::{Duration, Instant};
+    /// use loadgate::{Policy, Ticket, WaitError, WorkerMonitor, WorkerRouter};
+    ///
+    /// let monitor = Arc::new(WorkerMonitor::new(Default::default()).unwrap());
+    /// monitor.register(1, "m", 1, 0).unwrap();
+    /// let router = WorkerRouter::new(monitor, Policy::RoundRobin);
+    /// let ticket = Ticket::new(100, Instant::now() + Duration::from_secs(1));
+    /// // Any executor; a worker is free, so the first poll routes.
+    /// let routed = futures_executor_block_on(router.wait("m", &[], ticket, std::future::pending()));
+    /// assert_eq!(routed, Ok(1));
+    /// # fn futures_executor_block_on<F: std::future::Future>(f: F) -> F::Output {
+    /// #     let mut f = std::pin::pin!(f);
+    /// #     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    /// #     loop { if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) { return v; } }
+    /// # }
+    /// ```
+    pub fn wait<T>(&self, model: &str, exclude: &[WorkerId], ticket: Ticket, timer: T) -> Wait<T> {
+        match self.model(model) {
+            Ok(routed) => Wait::new(routed, exclude, ticket, timer),
+            Err(e) => Wait::failed(WaitError::from(e), ticket, timer),
+        }
+    }
+
     /// A handle that routes `model` without the per-call model lookup.
     ///
     /// # Errors
@@ -429,6 +463,21 @@ impl ModelRouter {
         }
     }
 
+    /// As [`WorkerRouter::wait`] for this handle's model.
+    pub fn wait<T>(&self, exclude: &[WorkerId], ticket: Ticket, timer: T) -> Wait<T> {
+        Wait::new(self.clone(), exclude, ticket, timer)
+    }
+
+    /// The model's waiting line.
+    pub(crate) fn line(&self) -> &Line {
+        &self.routed.state.line
+    }
+
+    /// The model's published view.
+    pub(crate) fn view(&self) -> &Swap<ModelView> {
+        self.routed.state.view()
+    }
+
     /// A handle for one thread (or one task) that keeps the model's last
     /// published view and only reloads it when a new one is published.
     pub fn local(&self) -> LocalRouter {
@@ -520,6 +569,12 @@ impl std::ops::Deref for ViewSource {
 }
 
 /// The eligible positions of a view: free (when filtering) and not excluded.
+/// How many instances of `view` are eligible once `exclude` is left out
+/// (the waiting line's count of free instances).
+pub(crate) fn eligible_count(view: &ModelView, exclude: &[WorkerId]) -> usize {
+    Eligible::new(view, exclude).count()
+}
+
 struct Eligible<'a> {
     view: &'a ModelView,
     exclude: &'a [WorkerId],

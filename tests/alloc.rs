@@ -92,7 +92,9 @@ fn blocks(active: u32, total: u32) -> RankLoad {
 /// 100 workers (two bitmap words) of model "m" with 2 ranks, a quarter busy,
 /// and models "empty" (no worker) and "hot" (every worker busy).
 fn pool(staleness: Option<Duration>) -> Arc<WorkerMonitor> {
-    let monitor = Arc::new(WorkerMonitor::new(MonitorConfig { staleness, default_thresholds: decode(0.5) }).unwrap());
+    let monitor = Arc::new(
+        WorkerMonitor::new(MonitorConfig { staleness, default_thresholds: decode(0.5), ..Default::default() }).unwrap(),
+    );
     for w in 0..100u64 {
         monitor.register(w, "m", 2, 0).unwrap();
         let used = if w % 4 == 0 { 60 } else { (w % 50) as u32 };

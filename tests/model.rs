@@ -367,6 +367,7 @@ impl System {
         let config = MonitorConfig {
             staleness: staleness_ms.map(Duration::from_millis),
             default_thresholds: to_real(default_thresholds),
+            ..Default::default()
         };
         let monitor = Arc::new(WorkerMonitor::with_clock(config, clock).unwrap());
         let cost: CostFn = Arc::new(cost);

@@ -372,7 +372,7 @@ mod thresholds {
 
     #[test]
     fn invalid_config_makes_a_monitor_error() {
-        let config = MonitorConfig { staleness: None, default_thresholds: decode(f64::NAN) };
+        let config = MonitorConfig { staleness: None, default_thresholds: decode(f64::NAN), ..Default::default() };
         assert!(matches!(WorkerMonitor::new(config).unwrap_err(), ThresholdError::DecodeBlocks(_)));
     }
 }
@@ -694,7 +694,7 @@ mod staleness {
 
     fn stale_monitor(window: Duration) -> (Arc<WorkerMonitor>, Arc<quanta::Mock>) {
         let (clock, mock) = quanta::Clock::mock();
-        let config = MonitorConfig { staleness: Some(window), default_thresholds: decode(0.5) };
+        let config = MonitorConfig { staleness: Some(window), default_thresholds: decode(0.5), ..Default::default() };
         let monitor = Arc::new(WorkerMonitor::with_clock(config, clock).unwrap());
         monitor.register(1, "m", 1, 0).unwrap();
         (monitor, mock)
@@ -721,7 +721,11 @@ mod staleness {
     fn expiry_refreshes_the_reasons_of_a_worker_that_stays_busy() {
         let (clock, mock) = quanta::Clock::mock();
         let thresholds = BusyThresholds { active_prefill_tokens_threshold: Some(10), ..decode(0.5) };
-        let config = MonitorConfig { staleness: Some(Duration::from_secs(3)), default_thresholds: thresholds };
+        let config = MonitorConfig {
+            staleness: Some(Duration::from_secs(3)),
+            default_thresholds: thresholds,
+            ..Default::default()
+        };
         let monitor = WorkerMonitor::with_clock(config, clock).unwrap();
         monitor.register(1, "m", 1, 0).unwrap();
         monitor.apply(&report(1, 0, 1, blocks(60, 100))).unwrap();
@@ -762,7 +766,11 @@ mod staleness {
     #[test]
     fn a_stale_rank_of_a_multi_rank_worker_frees_it() {
         let (clock, mock) = quanta::Clock::mock();
-        let config = MonitorConfig { staleness: Some(Duration::from_millis(100)), default_thresholds: decode(0.5) };
+        let config = MonitorConfig {
+            staleness: Some(Duration::from_millis(100)),
+            default_thresholds: decode(0.5),
+            ..Default::default()
+        };
         let monitor = WorkerMonitor::with_clock(config, clock).unwrap();
         monitor.register(1, "m", 2, 0).unwrap();
         monitor.apply(&report(1, 0, 1, blocks(60, 100))).unwrap();
@@ -777,9 +785,11 @@ mod staleness {
     #[test]
     fn without_a_window_reports_never_go_stale() {
         let (clock, mock) = quanta::Clock::mock();
-        let monitor =
-            WorkerMonitor::with_clock(MonitorConfig { staleness: None, default_thresholds: decode(0.5) }, clock)
-                .unwrap();
+        let monitor = WorkerMonitor::with_clock(
+            MonitorConfig { staleness: None, default_thresholds: decode(0.5), ..Default::default() },
+            clock,
+        )
+        .unwrap();
         monitor.register(1, "m", 1, 0).unwrap();
         monitor.apply(&report(1, 0, 1, blocks(60, 100))).unwrap();
         mock.increment(Duration::from_secs(1_000_000));
@@ -827,7 +837,11 @@ mod live_thresholds {
     #[test]
     fn a_local_router_sees_threshold_changes_and_expiry_at_once() {
         let (clock, mock) = quanta::Clock::mock();
-        let config = MonitorConfig { staleness: Some(Duration::from_secs(1)), default_thresholds: decode(0.5) };
+        let config = MonitorConfig {
+            staleness: Some(Duration::from_secs(1)),
+            default_thresholds: decode(0.5),
+            ..Default::default()
+        };
         let monitor = Arc::new(WorkerMonitor::with_clock(config, clock).unwrap());
         monitor.register(1, "m", 1, 0).unwrap();
         let mut local = WorkerRouter::new(monitor.clone(), Policy::RoundRobin).model("m").unwrap().local();
@@ -889,7 +903,7 @@ mod live_thresholds {
 
     #[test]
     fn default_thresholds_apply_to_every_new_model() {
-        let config = MonitorConfig { staleness: None, default_thresholds: decode(0.5) };
+        let config = MonitorConfig { staleness: None, default_thresholds: decode(0.5), ..Default::default() };
         let monitor = WorkerMonitor::new(config).unwrap();
         monitor.register(1, "x", 1, 0).unwrap();
         assert!(monitor.add_model("y"));
@@ -2388,7 +2402,7 @@ mod forgotten_models {
 
     #[test]
     fn nothing_of_a_forgotten_model_leaks_into_its_return() {
-        let config = MonitorConfig { staleness: None, default_thresholds: decode(0.5) };
+        let config = MonitorConfig { staleness: None, default_thresholds: decode(0.5), ..Default::default() };
         let monitor = Arc::new(WorkerMonitor::new(config).unwrap());
         monitor.register(1, "m", 1, 0).unwrap();
         monitor.apply(&report(1, 0, 1, blocks(90, 100))).unwrap();

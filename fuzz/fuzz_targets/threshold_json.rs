@@ -13,6 +13,7 @@ const DECODE: &str = "active_decode_blocks_threshold";
 const PREFILL: &str = "active_prefill_tokens_threshold";
 const FRAC: &str = "active_prefill_tokens_threshold_frac";
 const WAITING: &str = "active_waiting_requests_threshold";
+const QUEUE_TIMEOUT: &str = "router_queue_timeout_ms";
 
 /// Bodies that are mostly well formed, so the fuzzer spends its time on the
 /// field rules rather than on JSON syntax.
@@ -29,6 +30,7 @@ enum Key {
     Prefill,
     Frac,
     Waiting,
+    QueueTimeout,
     Other(String),
 }
 
@@ -61,6 +63,7 @@ impl Body {
                         Key::Prefill => PREFILL.to_owned(),
                         Key::Frac => FRAC.to_owned(),
                         Key::Waiting => WAITING.to_owned(),
+                        Key::QueueTimeout => QUEUE_TIMEOUT.to_owned(),
                         Key::Other(k) => k,
                     };
                     out.push_str(&Value::String(key).to_string());
@@ -101,6 +104,7 @@ fn reference(value: &Value) -> Option<ThresholdPatch> {
         prefill: Change::Unchanged,
         prefill_frac: Change::Unchanged,
         waiting: Change::Unchanged,
+        queue_timeout_ms: Change::Unchanged,
     };
     let mut model = None;
     for (key, value) in fields {
@@ -126,6 +130,22 @@ fn reference(value: &Value) -> Option<ThresholdPatch> {
                 } else {
                     patch.prefill_frac = change;
                 }
+            }
+            QUEUE_TIMEOUT => {
+                patch.queue_timeout_ms = match value {
+                    Value::Null => Change::Clear,
+                    _ => {
+                        let text = number_text(value)?;
+                        if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+                            return None;
+                        }
+                        let ms: u64 = text.parse().ok()?;
+                        if ms > 86_400_000 {
+                            return None;
+                        }
+                        Change::Set(ms)
+                    }
+                };
             }
             PREFILL | WAITING => {
                 let change = match value {
@@ -187,6 +207,7 @@ fn to_json(patch: &ThresholdPatch) -> Vec<u8> {
     };
     put(PREFILL, whole(patch.prefill));
     put(WAITING, whole(patch.waiting));
+    put(QUEUE_TIMEOUT, whole(patch.queue_timeout_ms));
     serde_json::to_vec(&Value::Object(fields)).unwrap()
 }
 

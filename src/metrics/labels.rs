@@ -32,6 +32,7 @@ impl Endpoint {
 
 /// Why a request was rejected (the `reason` label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Reason {
     /// Decode-block utilisation over its threshold.
     DecodeBlocks,
@@ -45,17 +46,23 @@ pub enum Reason {
     WorkerCapacity,
     /// Every free worker had already refused this request.
     Excluded,
+    /// The request waited in the model's waiting line until its deadline.
+    Deadline,
+    /// The model's waiting line was full (by count or by queued tokens).
+    QueueFull,
 }
 
 impl Reason {
     /// Every reason, in counter-index order.
-    pub(super) const ALL: [Reason; 6] = [
+    pub(super) const ALL: [Reason; 8] = [
         Reason::DecodeBlocks,
         Reason::PrefillTokens,
         Reason::PrefillTokensFrac,
         Reason::WaitingRequests,
         Reason::WorkerCapacity,
         Reason::Excluded,
+        Reason::Deadline,
+        Reason::QueueFull,
     ];
 
     /// The label value.
@@ -67,6 +74,8 @@ impl Reason {
             Reason::WaitingRequests => "waiting_requests",
             Reason::WorkerCapacity => "worker_capacity",
             Reason::Excluded => "excluded",
+            Reason::Deadline => "deadline",
+            Reason::QueueFull => "queue_full",
         }
     }
 

@@ -25,6 +25,7 @@ use std::time::Duration;
 use crate::load::{LoadReport, WorkerId};
 use crate::sync::{lock, Arc, Mutex, Ordering};
 use crate::thresholds::{BusySignals, BusyThresholds, ThresholdError, Thresholds};
+use crate::waiting::{LineLimits, LineStats};
 
 use self::clock::MonitorClock;
 use self::entry::WorkerEntry;
@@ -46,6 +47,8 @@ pub struct MonitorConfig {
     pub staleness: Option<Duration>,
     /// Thresholds every model starts with (the frontend's command-line flags).
     pub default_thresholds: BusyThresholds,
+    /// How much each model's waiting line holds (see [`crate::waiting`]).
+    pub line: LineLimits,
 }
 
 /// Decides which workers are busy and publishes each model's busy set.
@@ -74,6 +77,8 @@ pub struct WorkerMonitor {
     registry_write: Mutex<()>,
     clock: MonitorClock,
     default_thresholds: Thresholds,
+    /// What each model's waiting line holds.
+    line: LineLimits,
     /// The most instances a chunk of a model's view holds.
     chunk_capacity: usize,
 }
@@ -143,6 +148,7 @@ impl WorkerMonitor {
             registry_write: Mutex::new(()),
             clock: MonitorClock::new(clock, config.staleness),
             default_thresholds,
+            line: config.line,
             chunk_capacity: publication::CHUNK_CAPACITY,
         })
     }
@@ -278,7 +284,7 @@ impl WorkerMonitor {
     }
 
     fn new_model(&self, name: Arc<str>) -> Arc<ModelState> {
-        Arc::new(ModelState::new(name, self.default_thresholds, self.chunk_capacity))
+        Arc::new(ModelState::new(name, self.default_thresholds, self.line, self.chunk_capacity))
     }
 
     /// Makes `model` known without any worker (so its thresholds can be set
@@ -416,7 +422,15 @@ impl WorkerMonitor {
             match update(rec.entry.slot(rank, publisher), now) {
                 SlotUpdate::Stale => Applied::Stale,
                 SlotUpdate::Contended => Applied::Contended,
-                SlotUpdate::Stored => self.changed(&rec.entry, &rec.model, now),
+                SlotUpdate::Stored => {
+                    let applied = self.changed(&rec.entry, &rec.model, now);
+                    // The worker's own word on its load, not the router's
+                    // tracking: the waiting line may give it a waiter again.
+                    if publisher == Publisher::Worker {
+                        rec.model.line.reported(worker, rec.model.view());
+                    }
+                    applied
+                }
             }
         })
     }
@@ -608,6 +622,11 @@ impl WorkerMonitor {
     /// The signals that made `worker` busy at its last evaluation.
     pub fn busy_reasons(&self, worker: WorkerId) -> BusySignals {
         self.registry.with_worker(worker, |rec| rec.entry.reasons()).unwrap_or_default()
+    }
+
+    /// What `model`'s waiting line holds (`None` for an unknown model).
+    pub fn line_stats(&self, model: &str) -> Option<LineStats> {
+        self.registry.model(model).map(|state| state.line.stats())
     }
 
     /// The union of the signals every busy instance of `model` was

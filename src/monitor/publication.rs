@@ -60,6 +60,7 @@ use crate::monitor::reasons::ReasonCounts;
 use crate::monitor::view::{Change, ModelView, Toggle, CHUNK_MAX};
 use crate::sync::{lock, Arc, AtomicBool, AtomicU32, Mutex, Ordering, Swap};
 use crate::thresholds::{BusySignals, Thresholds};
+use crate::waiting::{Line, LineLimits};
 
 /// The most instances a chunk of a model's view holds: small under loom,
 /// so that a model of a few workers spans several chunks.
@@ -79,6 +80,8 @@ pub(crate) struct ModelState {
     /// The union of the signals its busy instances hold them busy with
     /// (`entry::encode`): a 529's reasons in one load.
     signals: AtomicU32,
+    /// Requests waiting for an instance to free (see [`crate::waiting`]).
+    pub(crate) line: Line,
     /// Serialises publication for this model (cold path: bit flips,
     /// threshold changes, registration), and holds what only the writer
     /// keeps.
@@ -97,7 +100,7 @@ struct Written {
 impl ModelState {
     /// A model with no instances, whose view's chunks hold at most
     /// `capacity` instances ([`CHUNK_CAPACITY`] but in tests).
-    pub(crate) fn new(name: Arc<str>, thresholds: Thresholds, capacity: usize) -> Self {
+    pub(crate) fn new(name: Arc<str>, thresholds: Thresholds, line: LineLimits, capacity: usize) -> Self {
         ModelState {
             name,
             thresholds: Swap::from_pointee(thresholds),
@@ -105,6 +108,7 @@ impl ModelState {
             kept: AtomicBool::new(false),
             retired: AtomicBool::new(false),
             signals: AtomicU32::new(0),
+            line: Line::new(line),
             write: Mutex::new(Written::default()),
         }
     }
@@ -175,6 +179,8 @@ impl ModelWriter<'_> {
     /// the view that routers are still reading.
     fn replace(&mut self, next: ModelView) {
         self.written.retired = Some(self.model.view.swap(Arc::new(next)));
+        // After the store: a waiter may now find an instance free.
+        self.model.line.published(&self.model.view);
     }
 
     /// Counts instances as no longer busy with their first signals and now

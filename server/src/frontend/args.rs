@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
-use loadgate::{migration::DEFAULT_MIGRATION_LIMIT, BusyThresholds, Policy};
+use loadgate::{migration::DEFAULT_MIGRATION_LIMIT, BusyThresholds, LineLimits, Policy};
 
 use crate::engines::scrape::ScrapeArgs;
 use crate::engines::spec::EngineSpec;
@@ -143,6 +143,19 @@ pub struct Args {
     /// A worker rank is busy when the requests waiting in its engine's queue exceed this.
     #[arg(long, env = "LOADGATE_FRONTEND_ACTIVE_WAITING_REQUESTS_THRESHOLD")]
     pub active_waiting_requests_threshold: Option<u64>,
+    /// The longest a request may wait (ms) for a busy model's worker to free, in the model's
+    /// waiting line, before its 529; 0 (the default) answers 529 at once, as the reference
+    /// does. A model's own value can be set with `POST /busy_threshold`
+    /// (`router_queue_timeout_ms`).
+    #[arg(long, env = "LOADGATE_FRONTEND_ROUTER_QUEUE_TIMEOUT_MS", value_name = "MS", default_value_t = 0, value_parser = crate::flag_limits::ms(0))]
+    pub router_queue_timeout_ms: u64,
+    /// The most requests waiting in one model's line (past it: 529, reason `queue_full`).
+    #[arg(long, env = "LOADGATE_FRONTEND_ROUTER_QUEUE_LIMIT", value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub router_queue_limit: u64,
+    /// The most prompt tokens waiting in one model's line (past it: 529, reason `queue_full`);
+    /// unset: no token limit.
+    #[arg(long, env = "LOADGATE_FRONTEND_ROUTER_QUEUE_TOKEN_LIMIT", value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub router_queue_token_limit: Option<u64>,
     /// Compatibility: `none` disables busy detection (clears every threshold).
     #[arg(long, env = "DYN_ADMISSION_CONTROL", value_enum)]
     pub admission_control: Option<AdmissionControl>,
@@ -252,6 +265,14 @@ impl Args {
     }
 
     /// The router policy `--router-mode` names.
+    /// What each model's waiting line holds.
+    pub(crate) fn line_limits(&self) -> LineLimits {
+        LineLimits {
+            max_waiting: usize::try_from(self.router_queue_limit).unwrap_or(usize::MAX),
+            max_tokens: self.router_queue_token_limit.unwrap_or(u64::MAX),
+        }
+    }
+
     pub(crate) fn policy(&self) -> Policy {
         match self.router_mode {
             RouterMode::RoundRobin => Policy::RoundRobin,

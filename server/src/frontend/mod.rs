@@ -30,6 +30,7 @@ mod args;
 mod engines;
 mod health_check;
 mod inflight;
+mod line;
 mod observe;
 mod proxy;
 mod register;
@@ -181,6 +182,7 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
     let config = MonitorConfig {
         staleness: args.load_staleness_ms.map(Duration::from_millis),
         default_thresholds: args.default_thresholds(),
+        line: args.line_limits(),
     };
     let monitor = Arc::new(WorkerMonitor::new(config).map_err(|e| anyhow::anyhow!("invalid threshold: {e}"))?);
     let directory = Arc::new(WorkerDirectory::new(monitor.clone()));

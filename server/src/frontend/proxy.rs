@@ -4,6 +4,7 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -14,12 +15,13 @@ use axum::Extension;
 use loadgate::engines::CompletionRoute;
 use loadgate::{
     metrics::{Endpoint, Reason},
-    Migration, RouteError, WorkerId,
+    Migration, RouteError, WaitError, WorkerId,
 };
 
 use crate::frontend::inflight::Held;
+use crate::frontend::line::wait_in_line;
 use crate::frontend::observe::{ModelLabel, RequestId, REQUEST_ID_HEADER};
-use crate::frontend::reply;
+use crate::frontend::reply::{self, RejectedReasons};
 use crate::frontend::request::read_head;
 use crate::frontend::state::Frontend;
 use crate::openai::{InvalidRequest, SERVER_ERROR};
@@ -158,12 +160,32 @@ async fn route_and_send(frontend: &Arc<Frontend>, model: &str, request: &Outgoin
     let mut digest = None;
     let mut migration = Migration::new(frontend.migration_limit);
     let mut excluded = Exclusions::default();
+    // The waiting line, if the model has one: the request may wait until
+    // this deadline (however many workers it tries) for a worker to free.
+    let line = frontend.queue.timeout(model).map(|timeout| Instant::now() + timeout);
     loop {
         let exclude = excluded.for_router(&migration);
-        let worker = match frontend.router.route(model, &exclude) {
+        // Only a request no worker refused at its cap waits: no publication
+        // would wake it (the worker that refused is not busy).
+        let wait_until = line.filter(|_| migration.refusals().is_empty());
+        let routed = match wait_until {
+            Some(deadline) => {
+                let timeout = deadline.saturating_duration_since(Instant::now());
+                let (routed, _waited) =
+                    wait_in_line(&frontend.router, &frontend.queue, model, &exclude, request.prompt, timeout).await;
+                routed
+            }
+            None => frontend.router.route(model, &exclude).map_err(WaitError::from),
+        };
+        let worker = match routed {
             Ok(worker) => worker,
-            Err(RouteError::Overloaded) => return no_worker_left(frontend, endpoint, model, &migration, &excluded),
-            Err(error) => return route_error(frontend, model, error, &excluded),
+            Err(reason @ (WaitError::Deadline | WaitError::QueueFull)) if wait_until.is_some() => {
+                return refused_from_line(frontend, endpoint, model, reason);
+            }
+            Err(WaitError::Unavailable) => return route_error(frontend, model, RouteError::Unavailable, &excluded),
+            Err(WaitError::UnknownModel) => return route_error(frontend, model, RouteError::UnknownModel, &excluded),
+            // Overloaded without a line (`WaitError::from` maps it to a full line).
+            Err(_) => return no_worker_left(frontend, endpoint, model, &migration, &excluded),
         };
         drop(exclude);
         let digest = match digest {
@@ -264,6 +286,16 @@ fn no_worker_left(
     let excluded_free = (!migration.refusals().is_empty()).then_some(Reason::Excluded);
     let capacity = excluded.at_capacity.then_some(Reason::WorkerCapacity);
     frontend.reject_overloaded(model, endpoint, excluded_free.into_iter().chain(capacity))
+}
+
+/// The overload answer of a request the waiting line gave no worker: its
+/// deadline passed, or the line was full. Counted under that reason alone
+/// (the busy signals that sent it to the line were not what refused it).
+fn refused_from_line(frontend: &Frontend, endpoint: Endpoint, model: &str, error: WaitError) -> Response {
+    let reason = if error == WaitError::Deadline { Reason::Deadline } else { Reason::QueueFull };
+    frontend.metrics.record(model, endpoint, [reason]);
+    let waiting = frontend.monitor.line_stats(model).map_or(0, |stats| stats.waiting as u64);
+    reply::overloaded(frontend.retry_after_waiting(waiting), &RejectedReasons::collect([reason]))
 }
 
 /// The answer after the last worker tried failed: 504 for a timeout, else 502.

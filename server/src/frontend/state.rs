@@ -14,6 +14,7 @@ use crate::directory::WorkerDirectory;
 use crate::events::PlaneStats;
 use crate::frontend::args::{Args, RetryAfterMode, RouterMode};
 use crate::frontend::inflight::{InFlight, Tracking};
+use crate::frontend::line::QueueTimeouts;
 use crate::frontend::reply;
 use crate::frontend::retry_hint::RetryHint;
 use crate::http_server::BodyBudget;
@@ -50,6 +51,8 @@ pub struct Frontend {
     pub(crate) retry_hint: Arc<RetryHint>,
     /// Set on SIGTERM: `/health` answers 503 while in-flight responses drain.
     pub(crate) draining: AtomicBool,
+    /// How long a request may wait in its model's line (`--router-queue-timeout-ms`).
+    pub(crate) queue: QueueTimeouts,
 }
 
 impl Frontend {
@@ -92,6 +95,7 @@ impl Frontend {
             ),
             secrets,
             draining: AtomicBool::new(false),
+            queue: QueueTimeouts::new(Duration::from_millis(args.router_queue_timeout_ms)),
         })
     }
 

@@ -4,6 +4,7 @@
 //! (`admin_app` in `mod.rs`), behind the bearer token when one is set.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::State;
@@ -13,7 +14,10 @@ use axum::Json;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use loadgate::patch::{parse_threshold_patch, DECODE_FIELD, PREFILL_FIELD, PREFILL_FRAC_FIELD, WAITING_FIELD};
+use loadgate::patch::{
+    parse_threshold_patch, Change, ThresholdPatch, DECODE_FIELD, PREFILL_FIELD, PREFILL_FRAC_FIELD,
+    QUEUE_TIMEOUT_FIELD, WAITING_FIELD,
+};
 use loadgate::{monitor::SetThresholdsError, thresholds::Thresholds};
 
 use crate::frontend::reply::plain_error;
@@ -26,8 +30,9 @@ pub const MAX_BODY: usize = 64 * 1024;
 /// the client gets the answer rather than a reset while it is still sending.
 const DRAIN_LIMIT: usize = 1024 * 1024;
 
-/// One model's thresholds as JSON (`null` where unset).
-pub fn thresholds_json(model: &str, thresholds: &Thresholds) -> Value {
+/// One model's thresholds as JSON (`null` where unset), and its waiting
+/// line's timeout in ms (0: no line).
+pub fn thresholds_json(model: &str, thresholds: &Thresholds, queue_timeout_ms: u64) -> Value {
     let config = thresholds.to_config();
     json!({
         "model": model,
@@ -35,13 +40,18 @@ pub fn thresholds_json(model: &str, thresholds: &Thresholds) -> Value {
         PREFILL_FIELD: config.active_prefill_tokens_threshold,
         PREFILL_FRAC_FIELD: config.active_prefill_tokens_threshold_frac,
         WAITING_FIELD: config.active_waiting_requests_threshold,
+        QUEUE_TIMEOUT_FIELD: queue_timeout_ms,
     })
 }
 
 /// `GET /busy_threshold`: every known model's thresholds.
 pub async fn read_all(State(frontend): State<Arc<Frontend>>) -> Response {
-    let all: Vec<Value> =
-        frontend.monitor.all_thresholds().iter().map(|(model, t)| thresholds_json(model, t)).collect();
+    let all: Vec<Value> = frontend
+        .monitor
+        .all_thresholds()
+        .iter()
+        .map(|(m, t)| thresholds_json(m, t, frontend.queue.millis(m)))
+        .collect();
     Json(json!({ "thresholds": all })).into_response()
 }
 
@@ -66,17 +76,27 @@ pub async fn update(State(frontend): State<Arc<Frontend>>, headers: HeaderMap, b
         Ok(patch) => patch,
         Err(e) => return plain_error(StatusCode::BAD_REQUEST, e.to_string()),
     };
-    let result = if patch.is_read() {
+    let thresholds_only = ThresholdPatch { queue_timeout_ms: Change::Unchanged, ..patch.clone() };
+    let result = if thresholds_only.is_read() {
         frontend.monitor.thresholds(&patch.model).ok_or_else(|| SetThresholdsError::UnknownModel(patch.model.clone()))
     } else {
         frontend.monitor.update_thresholds(&patch.model, |t| patch.apply(t))
     };
     match result {
         Ok(thresholds) => {
-            if !patch.is_read() {
+            if !thresholds_only.is_read() {
                 tracing::info!(model = %patch.model, ?thresholds, "busy thresholds changed");
             }
-            Json(thresholds_json(&patch.model, &thresholds)).into_response()
+            match patch.queue_timeout_ms {
+                Change::Unchanged => {}
+                Change::Set(ms) => frontend.queue.set(&patch.model, Some(Duration::from_millis(ms))),
+                Change::Clear => frontend.queue.set(&patch.model, None),
+            }
+            if patch.queue_timeout_ms != Change::Unchanged {
+                let ms = frontend.queue.millis(&patch.model);
+                tracing::info!(model = %patch.model, router_queue_timeout_ms = ms, "waiting line timeout changed");
+            }
+            Json(thresholds_json(&patch.model, &thresholds, frontend.queue.millis(&patch.model))).into_response()
         }
         Err(e @ SetThresholdsError::UnknownModel(_)) => plain_error(StatusCode::NOT_FOUND, e.to_string()),
         Err(e) => plain_error(StatusCode::BAD_REQUEST, e.to_string()),

@@ -1,0 +1,137 @@
+//! [`QueueTimeouts`] and [`wait_in_line`]: the frontend's use of the core's
+//! waiting line (`loadgate::waiting`). A request that finds every worker of
+//! its model busy may wait up to its model's timeout for one to free;
+//! `--router-queue-timeout-ms` sets it for every model, `POST
+//! /busy_threshold` (`router_queue_timeout_ms`) per model. 0 is no line:
+//! the instant 529.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::RwLock;
+use std::time::{Duration, Instant};
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use loadgate::metrics::StripedHistogram;
+use loadgate::{Ticket, WaitError, WorkerId, WorkerMonitor, WorkerRouter};
+
+/// Bounds of the waiting-time histogram, seconds.
+const WAIT_BUCKETS: [f64; 12] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+
+/// How long each model's requests may wait, and how long they waited.
+#[derive(Debug)]
+pub(crate) struct QueueTimeouts {
+    /// `--router-queue-timeout-ms` (zero: no line).
+    default: Duration,
+    /// Set by `POST /busy_threshold`, per model.
+    by_model: RwLock<HashMap<String, Duration>>,
+    /// Whether `by_model` holds anything: without, a shed request reads
+    /// only `default` (no lock on the reject path).
+    any: AtomicBool,
+    /// Seconds each request that joined a line waited in it.
+    waited: StripedHistogram,
+}
+
+impl QueueTimeouts {
+    pub(crate) fn new(default: Duration) -> Self {
+        QueueTimeouts {
+            default,
+            by_model: RwLock::default(),
+            any: AtomicBool::new(false),
+            waited: StripedHistogram::new(WAIT_BUCKETS),
+        }
+    }
+
+    /// The longest a request of `model` may wait; `None`: no line.
+    #[inline]
+    pub(crate) fn timeout(&self, model: &str) -> Option<Duration> {
+        // Relaxed: a model's own timeout set a moment ago may be missed by a
+        // request routed at that moment; the map itself is read under its lock.
+        let timeout = if self.any.load(Ordering::Relaxed) {
+            let by_model = self.by_model.read().unwrap_or_else(|e| e.into_inner());
+            by_model.get(model).copied().unwrap_or(self.default)
+        } else {
+            self.default
+        };
+        (!timeout.is_zero()).then_some(timeout)
+    }
+
+    /// The model's own timeout, or (`None`) the flag's again.
+    pub(crate) fn set(&self, model: &str, timeout: Option<Duration>) {
+        let mut by_model = self.by_model.write().unwrap_or_else(|e| e.into_inner());
+        match timeout {
+            Some(timeout) => by_model.insert(model.to_owned(), timeout),
+            None => by_model.remove(model),
+        };
+        // Relaxed: written under the map's lock; see `timeout`.
+        self.any.store(!by_model.is_empty(), Ordering::Relaxed);
+    }
+
+    /// The timeout `model` has now, in ms (0: no line), for the admin API.
+    pub(crate) fn millis(&self, model: &str) -> u64 {
+        self.timeout(model).map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    /// Forgets the timeouts of models the monitor no longer knows.
+    pub(crate) fn retain_known(&self, monitor: &WorkerMonitor) {
+        if !self.any.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut by_model = self.by_model.write().unwrap_or_else(|e| e.into_inner());
+        by_model.retain(|model, _| monitor.has_model(model));
+        self.any.store(!by_model.is_empty(), Ordering::Relaxed);
+    }
+
+    /// Registers the waiting-time histogram and each model's line: requests
+    /// and tokens waiting, dispatches from the line.
+    pub(crate) fn register(&self, registry: &mut Registry, monitor: &WorkerMonitor) {
+        registry.register(
+            "loadgate_frontend_queue_wait_seconds",
+            "Time requests spent in a waiting line (served or refused)",
+            self.waited.clone(),
+        );
+        let waiting = Family::<[(&'static str, String); 1], Gauge>::default();
+        let tokens = Family::<[(&'static str, String); 1], Gauge>::default();
+        let dispatched = Family::<[(&'static str, String); 1], Counter<u64>>::default();
+        for model in monitor.models() {
+            let Some(stats) = monitor.line_stats(&model) else { continue };
+            let labels = [("model", model)];
+            waiting.get_or_create(&labels).set(i64::try_from(stats.waiting).unwrap_or(i64::MAX));
+            tokens.get_or_create(&labels).set(i64::try_from(stats.tokens).unwrap_or(i64::MAX));
+            dispatched.get_or_create(&labels).inc_by(stats.dispatched);
+        }
+        registry.register("loadgate_frontend_queue_waiting", "Requests waiting in a model's line now", waiting);
+        registry.register("loadgate_frontend_queue_tokens", "Prompt tokens waiting in a model's line now", tokens);
+        registry.register(
+            "loadgate_frontend_queue_dispatched",
+            "Requests dispatched from a model's waiting line",
+            dispatched,
+        );
+    }
+}
+
+/// Routes `model` through its line: at once when nobody waits and a worker
+/// is eligible, else after waiting up to `timeout` for one to free.
+/// Returns the worker (or why none) and how long the request waited.
+pub(crate) async fn wait_in_line(
+    router: &WorkerRouter,
+    timeouts: &QueueTimeouts,
+    model: &str,
+    exclude: &[WorkerId],
+    tokens: u64,
+    timeout: Duration,
+) -> (Result<WorkerId, WaitError>, Duration) {
+    let start = Instant::now();
+    let deadline = start + timeout;
+    let timer = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
+    let result = router.wait(model, exclude, Ticket::new(tokens, deadline), timer).await;
+    let waited = start.elapsed();
+    // Requests that never joined (routed at once) wait well under a
+    // millisecond: counted too, so the histogram shows the share served
+    // at once.
+    timeouts.waited.observe(waited.as_secs_f64());
+    (result, waited)
+}

@@ -1,0 +1,279 @@
+//! The waiting line end to end: a real `loadgate frontend` process with
+//! `--router-queue-timeout-ms`, and a worker the test controls — a fake
+//! HTTP worker that counts what it receives, registered and reported over a
+//! real event connection by the test, so each load report is the test's.
+//!
+//! Margins: the frontend's silence and idle timeouts are raised to 60 s, so
+//! no report comes but the test's; a request "still waiting" is checked
+//! 400 ms after it was sent (a loaded 2-core machine delivers a request in
+//! well under that); the deadline test allows the issue's ±100 ms.
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::{encoded, metric, metrics_text, register, FakeWorker, Frontend};
+use loadgate::wire::Frame;
+use loadgate::RankLoad;
+use serde_json::json;
+
+const MODEL: &str = "line-model";
+const WORKER: u64 = 7;
+
+/// A frontend whose model is busy above half its KV blocks, with `extra`
+/// flags; no report reaches it but the test's.
+fn frontend(extra: &[&str]) -> Frontend {
+    let mut flags = vec![
+        "--active-decode-blocks-threshold",
+        "0.5",
+        "--event-silence-ms",
+        "60000",
+        "--event-idle-timeout-ms",
+        "60000",
+    ];
+    flags.extend_from_slice(extra);
+    Frontend::start(None, &flags)
+}
+
+/// The fake worker and the test's event connection for it.
+struct Controlled {
+    http: FakeWorker,
+    events: TcpStream,
+    seq: u64,
+}
+
+impl Controlled {
+    async fn register(frontend: &Frontend) -> Controlled {
+        let http = FakeWorker::start();
+        let mut events = TcpStream::connect(frontend.events).expect("event port");
+        let frame = register(WORKER, 1, 1, MODEL, &http.addr.to_string());
+        std::io::Write::write_all(&mut events, &encoded(&frame)).expect("register");
+        frontend.wait_workers(1, Duration::from_secs(10)).await;
+        Controlled { http, events, seq: 0 }
+    }
+
+    /// One load report: 90 of 100 blocks (busy) or 10 (free).
+    fn report(&mut self, busy: bool) {
+        self.seq += 1;
+        let blocks = if busy { 90 } else { 10 };
+        let load = RankLoad { active_decode_blocks: blocks, kv_total_blocks: 100, ..Default::default() };
+        let frame = Frame::Load { worker: WORKER, incarnation: 1, rank: 0, seq: self.seq, load };
+        std::io::Write::write_all(&mut self.events, &encoded(&frame)).expect("report");
+    }
+}
+
+/// Sends one completion; returns its status, reason header and how long it took.
+fn send(
+    frontend: &Frontend,
+    client: reqwest::Client,
+) -> impl std::future::Future<Output = (u16, Option<String>, Duration)> {
+    let url = format!("{}/v1/completions", frontend.http);
+    async move { send_to(url, client).await }
+}
+
+async fn send_to(url: String, client: reqwest::Client) -> (u16, Option<String>, Duration) {
+    let start = Instant::now();
+    let body = json!({"model": MODEL, "prompt": "hello there", "max_tokens": 4});
+    let response = client.post(url).json(&body).send().await.expect("send");
+    let reason = response.headers().get("x-loadgate-rejected-reason").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    (response.status().as_u16(), reason, start.elapsed())
+}
+
+async fn waiting(frontend: &Frontend) -> f64 {
+    metric(&metrics_text(&frontend.client, &frontend.http).await, "loadgate_frontend_queue_waiting").unwrap_or(-1.0)
+}
+
+/// Waits (bounded: 5 s) until the line holds `n` requests.
+async fn wait_waiting(frontend: &Frontend, n: f64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while waiting(frontend).await != n {
+        assert!(Instant::now() < deadline, "the line never held {n} (holds {})", waiting(frontend).await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits (bounded: 5 s) until the fake worker has received `n` requests.
+async fn wait_received(worker: &FakeWorker, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while worker.requests() < n {
+        assert!(Instant::now() < deadline, "the worker received {} of {n}", worker.requests());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_request_is_served_when_its_worker_frees() {
+    let _box = common::shared().await;
+    let fe = frontend(&["--router-queue-timeout-ms", "10000"]);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let request = tokio::spawn(send(&fe, fe.client.clone()));
+    wait_waiting(&fe, 1.0).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!request.is_finished(), "the request waits while the worker is busy");
+    assert_eq!(worker.http.requests(), 0);
+    worker.report(false);
+    let (status, _, took) = tokio::time::timeout(Duration::from_secs(5), request).await.expect("served").unwrap();
+    assert_eq!(status, 200, "served after {took:?}");
+    assert_eq!(worker.http.requests(), 1);
+    wait_waiting(&fe, 0.0).await;
+    let text = metrics_text(&fe.client, &fe.http).await;
+    assert_eq!(metric(&text, "loadgate_frontend_queue_dispatched_total"), Some(1.0), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_its_deadline_a_request_gets_the_overload_status_with_reason_deadline() {
+    let _box = common::exclusive().await;
+    let fe = frontend(&["--router-queue-timeout-ms", "1000"]);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let (status, reason, took) = send(&fe, fe.client.clone()).await;
+    assert_eq!(status, 529);
+    assert_eq!(reason.as_deref(), Some("deadline"));
+    let ms = took.as_millis();
+    assert!((900..=1100).contains(&ms), "refused {ms} ms after it was sent; the deadline is 1000 ms (±100)");
+    assert_eq!(worker.http.requests(), 0);
+    wait_waiting(&fe, 0.0).await;
+    let text = metrics_text(&fe.client, &fe.http).await;
+    let refused = metric_with(&text, "loadgate_frontend_rejection_reason_total", "reason=\"deadline\"");
+    assert_eq!(refused, Some(1.0), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_leaves_the_line() {
+    let _box = common::shared().await;
+    let fe = frontend(&["--router-queue-timeout-ms", "20000"]);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let impatient = reqwest::Client::builder().timeout(Duration::from_millis(600)).build().unwrap();
+    let request = tokio::spawn(send(&fe, impatient));
+    wait_waiting(&fe, 1.0).await;
+    // The client gives up at 600 ms (reqwest panics in `send`'s expect: the
+    // task ends with an error, which is the point).
+    assert!(tokio::time::timeout(Duration::from_secs(5), request).await.expect("client gave up").is_err());
+    wait_waiting(&fe, 0.0).await;
+    worker.report(false);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(worker.http.requests(), 0, "nobody left to serve");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_freed_worker_takes_one_waiter_per_report_of_its_own() {
+    let _box = common::shared().await;
+    let fe = frontend(&["--router-queue-timeout-ms", "20000"]);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let client = common::client_within(Duration::from_secs(30));
+    let requests: Vec<_> = (0..50).map(|_| tokio::spawn(send(&fe, client.clone()))).collect();
+    wait_waiting(&fe, 50.0).await;
+    // Each report that finds the worker free lets exactly one waiter go:
+    // the fake worker never reports the load those requests add, so more
+    // would all be past the threshold.
+    for k in 1..=5 {
+        worker.report(false);
+        wait_received(&worker.http, k).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(worker.http.requests(), k, "report {k}: one waiter per report");
+    }
+    wait_waiting(&fe, 45.0).await;
+    // Busy again: nobody more goes, however long they wait.
+    worker.report(true);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(worker.http.requests(), 5);
+    // Free, repeatedly: the rest drain, one per report.
+    for k in 6..=50 {
+        worker.report(false);
+        wait_received(&worker.http, k).await;
+    }
+    for request in requests {
+        assert_eq!(request.await.unwrap().0, 200);
+    }
+    assert_eq!(worker.http.requests(), 50);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_line_refuses_at_once_with_reason_queue_full() {
+    let _box = common::shared().await;
+    let fe = frontend(&["--router-queue-timeout-ms", "20000", "--router-queue-limit", "2"]);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let waiters: Vec<_> = (0..2).map(|_| tokio::spawn(send(&fe, fe.client.clone()))).collect();
+    wait_waiting(&fe, 2.0).await;
+    let (status, reason, took) = send(&fe, fe.client.clone()).await;
+    assert_eq!((status, reason.as_deref()), (529, Some("queue_full")));
+    assert!(took < Duration::from_secs(2), "at once, not after waiting: {took:?}");
+    worker.report(false);
+    worker.report(false);
+    for waiter in waiters {
+        assert_eq!(waiter.await.unwrap().0, 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_sets_and_clears_a_models_timeout() {
+    let _box = common::shared().await;
+    let fe = frontend(&[]);
+    let mut worker = Controlled::register(&fe).await;
+    let admin = fe.admin.clone().expect("admin listener");
+    let post = |body: serde_json::Value| {
+        let (client, url) = (fe.client.clone(), format!("{admin}/busy_threshold"));
+        async move {
+            let r = client.post(url).json(&body).send().await.unwrap();
+            (r.status().as_u16(), r.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+    let (status, body) = post(json!({"model": MODEL, "router_queue_timeout_ms": 5000})).await;
+    assert_eq!((status, body["router_queue_timeout_ms"].as_u64()), (200, Some(5000)), "{body}");
+    // Thresholds untouched.
+    assert_eq!(body["active_decode_blocks_threshold"].as_f64(), Some(0.5));
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let request = tokio::spawn(send(&fe, fe.client.clone()));
+    wait_waiting(&fe, 1.0).await;
+    worker.report(false);
+    assert_eq!(request.await.unwrap().0, 200);
+    let (status, body) = post(json!({"model": MODEL, "router_queue_timeout_ms": null})).await;
+    assert_eq!((status, body["router_queue_timeout_ms"].as_u64()), (200, Some(0)), "{body}");
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let (status, reason, took) = send(&fe, fe.client.clone()).await;
+    assert_eq!(status, 529);
+    assert_ne!(reason.as_deref(), Some("deadline"));
+    assert!(took < Duration::from_millis(500), "cleared: the instant 529 again ({took:?})");
+    let (status, _) = post(json!({"model": "no-such-model", "router_queue_timeout_ms": 10})).await;
+    assert_eq!(status, 404);
+    let (status, _) = post(json!({"model": MODEL, "router_queue_timeout_ms": -1})).await;
+    assert_eq!(status, 400);
+}
+
+/// Waits (bounded: 5 s) until the model's worker is busy.
+async fn wait_for_busy(frontend: &Frontend) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = metrics_text(&frontend.client, &frontend.http).await;
+        if metric(&text, "loadgate_frontend_worker_busy").is_some_and(|v| v >= 1.0) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the worker never became busy:\n{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The sum of the samples of `name` whose labels contain `filter`.
+fn metric_with(text: &str, name: &str, filter: &str) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines().filter(|l| !l.starts_with('#') && l.contains(filter)) {
+        let Some((series, value)) = line.rsplit_once(' ') else { continue };
+        if series.split('{').next() == Some(name) {
+            *found.get_or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+        }
+    }
+    found
+}

@@ -1,0 +1,201 @@
+//! The waiting line: a request that finds no eligible worker may wait, up
+//! to its deadline, for one to free instead of taking an instant
+//! rejection.
+//!
+//! Each model has one line, in deadline order (earliest first, then first
+//! come). [`WorkerRouter::wait`](crate::WorkerRouter::wait) (and
+//! [`ModelRouter::wait`](crate::ModelRouter::wait)) return a [`Wait`]
+//! future: it routes at once when nobody waits and a worker is eligible;
+//! otherwise it joins the line (or is refused with [`WaitError::QueueFull`]
+//! when the line holds [`LineLimits::max_waiting`] requests or
+//! [`LineLimits::max_tokens`] prompt tokens). Runtime-agnostic: any
+//! executor polls it, and the caller's timer future bounds it.
+//!
+//! # Wake-ups, not polling
+//!
+//! A waiter sleeps until the monitor publishes a view of its model or a
+//! worker of its model reports. Then the line counts the *free* workers —
+//! eligible, and not dispatched to by the line since their last report —
+//! and wakes that many waiters, in order; each woken waiter routes (with
+//! its router's policy) among the free workers when its task runs. So a
+//! worker that flips free takes one waiter per report of its own: its next
+//! report (with the load of the request it took) says whether it can take
+//! another. The first worker to free does not receive the whole line.
+//!
+//! While a model has waiters every request of it joins the line, behind
+//! those with earlier deadlines: no newcomer overtakes them.
+//!
+//! # No lost wake-up
+//!
+//! A joiner increments the line's count with a read-modify-write, then
+//! loads the view; a publisher stores the view, then reads the count with
+//! a read-modify-write. The two RMWs are ordered: either the publisher's
+//! reads the joiner's increment (and it takes the line's lock and wakes),
+//! or the joiner's reads from the publisher's, so the joiner's view load
+//! sees the new view (and the joiner wakes itself).
+//!
+//! # Leaving
+//!
+//! A waiter leaves when it is routed, when its timer fires
+//! ([`WaitError::Deadline`]), or when its future is dropped (the client
+//! went away): at once, under the lock, with its tokens. A woken waiter
+//! that leaves without a worker passes its wake-up on.
+
+mod queue;
+#[cfg(test)]
+mod tests;
+mod wait;
+
+use std::fmt;
+use std::task::Waker;
+use std::time::Instant;
+
+use crossbeam_utils::CachePadded;
+
+use crate::load::WorkerId;
+use crate::monitor::view::ModelView;
+use crate::sync::{lock, AtomicUsize, Mutex, MutexGuard, Ordering};
+
+pub use wait::Wait;
+
+use queue::Queue;
+
+/// How much a model's waiting line holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LineLimits {
+    /// The most requests waiting at once.
+    pub max_waiting: usize,
+    /// The most prompt tokens waiting at once.
+    pub max_tokens: u64,
+}
+
+impl Default for LineLimits {
+    /// 1,024 requests, no token limit.
+    fn default() -> Self {
+        LineLimits { max_waiting: 1024, max_tokens: u64::MAX }
+    }
+}
+
+/// One request's place in a line: its prompt tokens and its deadline
+/// (which orders the line; the caller's timer enforces it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    /// Prompt tokens, counted against [`LineLimits::max_tokens`].
+    pub tokens: u64,
+    /// The latest the request may still be dispatched.
+    pub deadline: Instant,
+}
+
+impl Ticket {
+    /// A ticket for `tokens` prompt tokens due by `deadline`.
+    pub fn new(tokens: u64, deadline: Instant) -> Self {
+        Ticket { tokens, deadline }
+    }
+}
+
+/// Why a [`Wait`] ended without a worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WaitError {
+    /// The deadline passed (the timer fired) before a worker freed.
+    /// An overload rejection.
+    Deadline,
+    /// The line was full, by count or by tokens. An overload rejection.
+    QueueFull,
+    /// No instance is registered or in routing (HTTP 503).
+    Unavailable,
+    /// The model has never been seen (HTTP 404).
+    UnknownModel,
+}
+
+impl fmt::Display for WaitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WaitError::Deadline => "no worker freed before the request's deadline",
+            WaitError::QueueFull => "the waiting line is full",
+            WaitError::Unavailable => "No worker is available for this model",
+            WaitError::UnknownModel => "Unknown model",
+        })
+    }
+}
+
+impl std::error::Error for WaitError {}
+
+/// What a model's line holds now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LineStats {
+    /// Requests waiting.
+    pub waiting: usize,
+    /// Their prompt tokens.
+    pub tokens: u64,
+    /// Requests dispatched from the line, ever.
+    pub dispatched: u64,
+}
+
+/// A model's waiting line (in the model's state, beside its view).
+pub(crate) struct Line {
+    /// Waiters in the line: read by every request of a line-using router
+    /// (nobody waiting: route at once) and, with an RMW, by every
+    /// publication (see the module docs).
+    waiting: CachePadded<AtomicUsize>,
+    limits: LineLimits,
+    queue: Mutex<Queue>,
+}
+
+impl Line {
+    pub(crate) fn new(limits: LineLimits) -> Self {
+        Line { waiting: CachePadded::new(AtomicUsize::new(0)), limits, queue: Mutex::new(Queue::default()) }
+    }
+
+    /// Whether anyone waits.
+    #[inline]
+    pub(crate) fn is_waiting(&self) -> bool {
+        // Acquire: a request that sees waiters joins the line; one that
+        // sees none routes at once (a race with a joiner only lets it
+        // route beside the line, never lose a wake-up: joiners wake
+        // themselves, see the module docs).
+        self.waiting.load(Ordering::Acquire) != 0
+    }
+
+    /// What the line holds now.
+    pub(crate) fn stats(&self) -> LineStats {
+        let queue = lock(&self.queue);
+        LineStats { waiting: queue.len(), tokens: queue.tokens(), dispatched: queue.dispatched() }
+    }
+
+    /// After a publication of the model's view: wakes waiters if a worker
+    /// may be free for them. The caller stored the view first.
+    #[inline]
+    pub(crate) fn published(&self, view: &crate::sync::Swap<ModelView>) {
+        // AcqRel RMW, not a load: ordered against every joiner's
+        // increment (module docs: no lost wake-up).
+        if self.waiting.fetch_add(0, Ordering::AcqRel) == 0 {
+            return;
+        }
+        self.wake(lock(&self.queue), view);
+    }
+
+    /// After a report of `worker` (its own, not the router's tracking):
+    /// the line may give it a waiter again.
+    #[inline]
+    pub(crate) fn reported(&self, worker: WorkerId, view: &crate::sync::Swap<ModelView>) {
+        if !self.is_waiting() {
+            return;
+        }
+        let mut queue = lock(&self.queue);
+        if queue.reported(worker) {
+            self.wake(queue, view);
+        }
+    }
+
+    /// Wakes as many waiters as there are free workers, then releases the
+    /// lock and calls their wakers.
+    fn wake(&self, mut queue: MutexGuard<'_, Queue>, view: &crate::sync::Swap<ModelView>) {
+        let free = crate::route::eligible_count(&view.load(), queue.spent());
+        let mut wakers: Vec<Waker> = Vec::new();
+        queue.wake(free, &mut wakers);
+        drop(queue);
+        wakers.into_iter().for_each(Waker::wake);
+    }
+}

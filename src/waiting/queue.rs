@@ -1,0 +1,211 @@
+//! [`Queue`]: what a model's waiting line holds under its lock — the
+//! waiters in deadline order, their queued tokens, which of them are woken,
+//! and the workers the line dispatched to since their last report.
+
+use std::collections::BTreeMap;
+use std::task::Waker;
+use std::time::Instant;
+
+use super::{LineLimits, WaitError};
+use crate::load::WorkerId;
+
+/// A waiter's place: earliest deadline first, then first come.
+pub(super) type Key = (Instant, u64);
+
+/// One waiter.
+struct Waiter {
+    /// Its prompt tokens (counted against the token limit).
+    tokens: u64,
+    /// Told that a worker may be free for it: its next poll routes.
+    woken: bool,
+    /// How to wake its task.
+    waker: Waker,
+}
+
+/// The line's contents (under the line's lock).
+#[derive(Default)]
+pub(super) struct Queue {
+    waiters: BTreeMap<Key, Waiter>,
+    /// The sum of the waiters' tokens.
+    tokens: u64,
+    /// Waiters with `woken` set.
+    woken: usize,
+    /// Workers the line dispatched to since their last report, while it had
+    /// waiters: each stays out of the line's reach until it reports again.
+    spent: Vec<WorkerId>,
+    /// Numbers the waiters in arrival order.
+    arrivals: u64,
+    /// Requests the line dispatched, ever.
+    dispatched: u64,
+}
+
+impl Queue {
+    /// Waiters in the line.
+    pub(super) fn len(&self) -> usize {
+        self.waiters.len()
+    }
+
+    /// Their queued tokens.
+    pub(super) fn tokens(&self) -> u64 {
+        self.tokens
+    }
+
+    /// Requests dispatched from the line so far.
+    pub(super) fn dispatched(&self) -> u64 {
+        self.dispatched
+    }
+
+    /// The workers the line may not give a waiter until they report.
+    pub(super) fn spent(&self) -> &[WorkerId] {
+        &self.spent
+    }
+
+    /// Adds a waiter, or refuses it when the line is full by count or by
+    /// tokens.
+    pub(super) fn join(
+        &mut self,
+        deadline: Instant,
+        tokens: u64,
+        limits: LineLimits,
+        waker: &Waker,
+    ) -> Result<Key, WaitError> {
+        let over_tokens = self.tokens.checked_add(tokens).is_none_or(|sum| sum > limits.max_tokens);
+        if self.waiters.len() >= limits.max_waiting || over_tokens {
+            return Err(WaitError::QueueFull);
+        }
+        let key = (deadline, self.arrivals);
+        self.arrivals += 1;
+        self.tokens += tokens;
+        self.waiters.insert(key, Waiter { tokens, woken: false, waker: waker.clone() });
+        Ok(key)
+    }
+
+    /// Whether the waiter at `key` was woken (and so routes now).
+    pub(super) fn is_woken(&self, key: &Key) -> bool {
+        self.waiters.get(key).is_some_and(|w| w.woken)
+    }
+
+    /// Keeps the waker of the waiter's latest poll.
+    pub(super) fn set_waker(&mut self, key: &Key, waker: &Waker) {
+        if let Some(waiter) = self.waiters.get_mut(key) {
+            if !waiter.waker.will_wake(waker) {
+                waiter.waker = waker.clone();
+            }
+        }
+    }
+
+    /// A woken waiter found no worker after all: it waits for the next
+    /// wake-up.
+    pub(super) fn unwake(&mut self, key: &Key) {
+        if let Some(waiter) = self.waiters.get_mut(key).filter(|w| w.woken) {
+            waiter.woken = false;
+            self.woken -= 1;
+        }
+    }
+
+    /// Takes the waiter out (served, cancelled or past its deadline);
+    /// returns whether it had been woken. An empty line forgets the spent
+    /// workers: with nobody waiting, dispatches are not throttled.
+    pub(super) fn leave(&mut self, key: &Key) -> Option<bool> {
+        let waiter = self.waiters.remove(key)?;
+        self.tokens -= waiter.tokens;
+        if waiter.woken {
+            self.woken -= 1;
+        }
+        if self.waiters.is_empty() {
+            self.spent.clear();
+        }
+        Some(waiter.woken)
+    }
+
+    /// The waiter at `key` was routed to `worker`: it leaves, and `worker`
+    /// takes no other waiter until it reports.
+    pub(super) fn dispatched_to(&mut self, key: &Key, worker: WorkerId) {
+        if self.leave(key).is_some() {
+            self.dispatched += 1;
+            if !self.waiters.is_empty() && !self.spent.contains(&worker) {
+                self.spent.push(worker);
+            }
+        }
+    }
+
+    /// `worker` reported: the line may give it a waiter again. Returns
+    /// whether it was spent.
+    pub(super) fn reported(&mut self, worker: WorkerId) -> bool {
+        match self.spent.iter().position(|w| *w == worker) {
+            Some(i) => {
+                self.spent.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// With `free` workers the line may give out, wakes the first waiters
+    /// (in deadline order) not yet woken until `free` are woken; pushes
+    /// their wakers to `wake`, to call once the lock is released.
+    pub(super) fn wake(&mut self, free: usize, wake: &mut Vec<Waker>) {
+        if self.woken >= free {
+            return;
+        }
+        for waiter in self.waiters.values_mut() {
+            if self.woken >= free {
+                break;
+            }
+            if !waiter.woken {
+                waiter.woken = true;
+                self.woken += 1;
+                wake.push(waiter.waker.clone());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn noop() -> Waker {
+        Waker::noop().clone()
+    }
+
+    #[test]
+    fn wakes_in_deadline_order_up_to_the_free_workers() {
+        let mut q = Queue::default();
+        let now = Instant::now();
+        let limits = LineLimits::default();
+        let late = q.join(now + Duration::from_secs(2), 10, limits, &noop()).unwrap();
+        let early = q.join(now + Duration::from_secs(1), 10, limits, &noop()).unwrap();
+        let mut woken = Vec::new();
+        q.wake(1, &mut woken);
+        assert_eq!(woken.len(), 1);
+        assert!(q.is_woken(&early) && !q.is_woken(&late));
+        q.wake(1, &mut woken);
+        assert_eq!(woken.len(), 1, "one free worker, one woken waiter");
+        q.dispatched_to(&early, 7);
+        assert_eq!(q.spent(), [7]);
+        assert!(q.reported(7));
+        assert!(q.spent().is_empty());
+        q.dispatched_to(&late, 7);
+        assert!(q.spent().is_empty(), "an empty line throttles nothing");
+        assert_eq!((q.len(), q.tokens(), q.dispatched()), (0, 0, 2));
+    }
+
+    #[test]
+    fn limits_hold_on_both_sides() {
+        let mut q = Queue::default();
+        let now = Instant::now();
+        let limits = LineLimits { max_waiting: 2, max_tokens: 100 };
+        assert!(q.join(now, 60, limits, &noop()).is_ok());
+        assert_eq!(q.join(now, 41, limits, &noop()), Err(WaitError::QueueFull), "101 tokens");
+        let k = q.join(now, 40, limits, &noop()).unwrap();
+        assert_eq!(q.join(now, 0, limits, &noop()), Err(WaitError::QueueFull), "3 waiters");
+        assert_eq!(q.leave(&k), Some(false));
+        assert!(q.join(now, 40, limits, &noop()).is_ok());
+        assert_eq!(
+            q.join(now, u64::MAX, LineLimits { max_waiting: 9, max_tokens: u64::MAX }, &noop()),
+            Err(WaitError::QueueFull)
+        );
+    }
+}

@@ -1,0 +1,168 @@
+//! The waiting line with a real monitor and router, polled by hand.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use crate::{
+    BusyThresholds, LineLimits, LoadReport, MonitorConfig, Policy, RankLoad, Ticket, WaitError, WorkerMonitor,
+};
+use crate::{WorkerId, WorkerRouter};
+
+/// A timer the test fires.
+#[derive(Clone, Default)]
+struct Timer(Arc<AtomicBool>);
+
+impl Future for Timer {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+        if self.0.load(Ordering::SeqCst) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+/// Counts its wake-ups.
+#[derive(Default)]
+struct Count(AtomicUsize);
+
+impl Wake for Count {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+struct Pool {
+    monitor: Arc<WorkerMonitor>,
+    router: WorkerRouter,
+    seq: u64,
+}
+
+impl Pool {
+    fn new(workers: WorkerId, limits: LineLimits) -> Pool {
+        let config = MonitorConfig {
+            default_thresholds: BusyThresholds { active_decode_blocks_threshold: Some(0.5), ..Default::default() },
+            line: limits,
+            ..Default::default()
+        };
+        let monitor = Arc::new(WorkerMonitor::new(config).unwrap());
+        for w in 1..=workers {
+            monitor.register(w, "m", 1, 0).unwrap();
+        }
+        let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
+        Pool { monitor, router, seq: 0 }
+    }
+
+    fn report(&mut self, worker: WorkerId, busy: bool) {
+        self.seq += 1;
+        let load =
+            RankLoad { active_decode_blocks: if busy { 90 } else { 10 }, kv_total_blocks: 100, ..Default::default() };
+        self.monitor.apply(&LoadReport { worker, seq: self.seq, load, ..Default::default() }).unwrap();
+    }
+
+    fn waiting(&self) -> usize {
+        self.monitor.line_stats("m").unwrap().waiting
+    }
+}
+
+type Waiting = Pin<Box<crate::Wait<Timer>>>;
+
+fn wait(pool: &Pool, timer: &Timer) -> Waiting {
+    let ticket = Ticket::new(10, Instant::now() + Duration::from_secs(60));
+    Box::pin(pool.router.wait("m", &[], ticket, timer.clone()))
+}
+
+fn poll(w: &mut Waiting, wakes: &Arc<Count>) -> Poll<Result<WorkerId, WaitError>> {
+    let waker = Waker::from(wakes.clone());
+    w.as_mut().poll(&mut Context::from_waker(&waker))
+}
+
+#[test]
+fn routes_at_once_when_a_worker_is_free() {
+    let pool = Pool::new(2, LineLimits::default());
+    let mut w = wait(&pool, &Timer::default());
+    assert_eq!(poll(&mut w, &Arc::default()), Poll::Ready(Ok(1)));
+    assert_eq!(pool.waiting(), 0);
+}
+
+#[test]
+fn a_waiter_is_woken_by_the_report_that_frees_a_worker() {
+    let mut pool = Pool::new(1, LineLimits::default());
+    pool.report(1, true);
+    let wakes = Arc::new(Count::default());
+    let mut w = wait(&pool, &Timer::default());
+    assert_eq!(poll(&mut w, &wakes), Poll::Pending);
+    assert_eq!(pool.waiting(), 1);
+    pool.report(1, true);
+    assert_eq!(wakes.0.load(Ordering::SeqCst), 0, "still busy: nobody woken");
+    pool.report(1, false);
+    assert_eq!(wakes.0.load(Ordering::SeqCst), 1);
+    assert_eq!(poll(&mut w, &wakes), Poll::Ready(Ok(1)));
+    assert_eq!(pool.waiting(), 0);
+    assert_eq!(pool.monitor.line_stats("m").unwrap().dispatched, 1);
+}
+
+#[test]
+fn a_freed_worker_takes_one_waiter_per_report() {
+    let mut pool = Pool::new(1, LineLimits::default());
+    pool.report(1, true);
+    let wakes: Vec<Arc<Count>> = (0..3).map(|_| Arc::default()).collect();
+    let mut waiters: Vec<Waiting> = (0..3).map(|_| wait(&pool, &Timer::default())).collect();
+    for (w, c) in waiters.iter_mut().zip(&wakes) {
+        assert_eq!(poll(w, c), Poll::Pending);
+    }
+    pool.report(1, false);
+    let woken = |wakes: &[Arc<Count>]| wakes.iter().map(|c| c.0.load(Ordering::SeqCst)).collect::<Vec<_>>();
+    assert_eq!(woken(&wakes), [1, 0, 0], "the first in line only");
+    assert_eq!(poll(&mut waiters[0], &wakes[0]), Poll::Ready(Ok(1)));
+    // Polled without a wake-up: the others still wait (the worker is spent).
+    assert_eq!(poll(&mut waiters[2], &wakes[2]), Poll::Pending);
+    // A newcomer joins the line behind them rather than taking the worker.
+    let mut newcomer = wait(&pool, &Timer::default());
+    assert_eq!(poll(&mut newcomer, &Arc::default()), Poll::Pending);
+    assert_eq!(pool.waiting(), 3);
+    // Its next report (still free): the next waiter.
+    pool.report(1, false);
+    assert_eq!(woken(&wakes), [1, 1, 0]);
+    assert_eq!(poll(&mut waiters[1], &wakes[1]), Poll::Ready(Ok(1)));
+    assert_eq!(pool.waiting(), 2);
+}
+
+#[test]
+fn the_deadline_and_a_drop_leave_the_line_and_pass_the_wake_up_on() {
+    let mut pool = Pool::new(1, LineLimits::default());
+    pool.report(1, true);
+    let timer = Timer::default();
+    let (first, second) = (Arc::new(Count::default()), Arc::new(Count::default()));
+    let mut a = wait(&pool, &timer);
+    let mut b = wait(&pool, &Timer::default());
+    assert_eq!(poll(&mut a, &first), Poll::Pending);
+    assert_eq!(poll(&mut b, &second), Poll::Pending);
+    pool.report(1, false);
+    assert_eq!(first.0.load(Ordering::SeqCst), 1);
+    // Woken, but its deadline passed before it ran: the wake-up goes on.
+    timer.0.store(true, Ordering::SeqCst);
+    assert_eq!(poll(&mut a, &first), Poll::Ready(Err(WaitError::Deadline)));
+    assert_eq!(second.0.load(Ordering::SeqCst), 1);
+    assert_eq!(pool.waiting(), 1);
+    drop(b);
+    assert_eq!(pool.waiting(), 0);
+    assert_eq!(pool.monitor.line_stats("m").unwrap().tokens, 0);
+}
+
+#[test]
+fn a_full_line_refuses_at_once() {
+    let mut pool = Pool::new(1, LineLimits { max_waiting: 1, max_tokens: u64::MAX });
+    pool.report(1, true);
+    let mut a = wait(&pool, &Timer::default());
+    assert_eq!(poll(&mut a, &Arc::default()), Poll::Pending);
+    let mut b = wait(&pool, &Timer::default());
+    assert_eq!(poll(&mut b, &Arc::default()), Poll::Ready(Err(WaitError::QueueFull)));
+    let unknown = pool.router.wait("nope", &[], Ticket::new(0, Instant::now()), Timer::default());
+    assert_eq!(poll(&mut Box::pin(unknown), &Arc::default()), Poll::Ready(Err(WaitError::UnknownModel)));
+}
