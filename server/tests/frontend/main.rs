@@ -23,11 +23,11 @@ fn request(words: usize, max_tokens: u32, stream: bool) -> Value {
 }
 
 /// `Retry-After` when it agrees with `retry-after-ms` (whole seconds,
-/// rounded up) and both are within the documented bounds (50 ms to 30 s).
+/// rounded up) and both are within the documented bounds (1 s to 30 s).
 fn retry_hint(headers: &reqwest::header::HeaderMap) -> Option<String> {
     let secs: u64 = headers.get("retry-after")?.to_str().ok()?.parse().ok()?;
     let ms: u64 = headers.get("retry-after-ms")?.to_str().ok()?.parse().ok()?;
-    ((50..=30_000).contains(&ms) && secs == ms.div_ceil(1000)).then(|| secs.to_string())
+    ((1_000..=30_000).contains(&ms) && secs == ms.div_ceil(1000)).then(|| secs.to_string())
 }
 
 /// Fires `count` non-streaming requests `spacing` apart (open loop) and
@@ -414,6 +414,11 @@ async fn refused_request_migrates_then_overload_when_all_refuse() {
     let response = fe.complete(request(8, 2, false)).await;
     assert_eq!(response.status().as_u16(), 529);
     assert!(retry_hint(response.headers()).is_some(), "a 529 after refusals carries the retry hint");
+    // It names the reasons it counted, each once.
+    let reasons = response.headers().get("x-loadgate-rejected-reason").and_then(|v| v.to_str().ok()).unwrap_or("");
+    let mut named: Vec<&str> = reasons.split(',').collect();
+    named.sort_unstable();
+    assert_eq!(named, ["excluded", "worker_capacity"], "x-loadgate-rejected-reason: {reasons:?}");
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["error"]["type"], "Overloaded");
     assert_eq!(fe.metric("dynamo_frontend_model_rejection_total", "").await, 1.0);
