@@ -1,0 +1,174 @@
+//! loom: the waiting line ([`WorkerRouter::wait`]). A worker freed while a
+//! request joins the line serves it (no lost wake-up); a waiter dropped
+//! while the worker frees leaves the line and passes its wake-up on; the
+//! line's count bound holds on both sides (never more than the limit in,
+//! never one refused while there is room).
+//!
+//! loom sees the view's swap as a mutex (see `sync.rs`), so these models
+//! check the line's protocol around it — the joiner's own wake-up pass, the
+//! publisher's and the reporter's passes, the hand-over on a drop — in every
+//! interleaving of the line's lock and counters.
+#![cfg(loom)]
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use loadgate::{
+    BusyThresholds, LineLimits, LoadReport, MonitorConfig, Policy, RankLoad, Ticket, Wait, WaitError, WorkerId,
+    WorkerMonitor, WorkerRouter,
+};
+use loadgate_loom_tests::run_model_with;
+use loom::sync::atomic::{AtomicBool, Ordering};
+use loom::thread;
+
+const MODEL: &str = "m";
+
+/// A waker that records that it was woken.
+struct Flag(AtomicBool);
+
+impl Wake for Flag {
+    fn wake(self: Arc<Self>) {
+        // SeqCst: a test flag; the strongest ordering hides nothing.
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+type Pending = std::future::Pending<()>;
+
+/// One request of the line, with its own waker.
+struct Waiter {
+    wait: Pin<Box<Wait<Pending>>>,
+    woken: Arc<Flag>,
+}
+
+impl Waiter {
+    fn new(router: &WorkerRouter) -> Self {
+        let ticket = Ticket::new(1, Instant::now() + Duration::from_secs(60));
+        Waiter {
+            wait: Box::pin(router.wait(MODEL, &[], ticket, std::future::pending())),
+            woken: Arc::new(Flag(AtomicBool::new(false))),
+        }
+    }
+
+    fn poll(&mut self) -> Poll<Result<WorkerId, WaitError>> {
+        let waker = Waker::from(self.woken.clone());
+        self.wait.as_mut().poll(&mut Context::from_waker(&waker))
+    }
+
+    fn woken(&self) -> bool {
+        // SeqCst: as in `wake`.
+        self.woken.0.load(Ordering::SeqCst)
+    }
+}
+
+/// A monitor whose one worker (id 1) is busy, the line holding up to
+/// `limit`, and a round-robin router over it.
+fn busy_pool(limit: usize) -> (Arc<WorkerMonitor>, WorkerRouter) {
+    let (clock, _mock) = quanta::Clock::mock();
+    let config = MonitorConfig {
+        default_thresholds: BusyThresholds { active_decode_blocks_threshold: Some(0.5), ..Default::default() },
+        line: LineLimits { max_waiting: limit, max_tokens: u64::MAX },
+        ..Default::default()
+    };
+    let monitor = Arc::new(WorkerMonitor::with_clock(config, clock).unwrap());
+    monitor.register(1, MODEL, 1, 0).unwrap();
+    monitor.apply(&report(1, 90)).unwrap();
+    let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
+    (monitor, router)
+}
+
+/// Worker 1's own report of `blocks` of 100.
+fn report(seq: u64, blocks: u32) -> LoadReport {
+    let load = RankLoad { active_decode_blocks: blocks, kv_total_blocks: 100, ..Default::default() };
+    LoadReport { worker: 1, seq, load, ..Default::default() }
+}
+
+fn waiting(monitor: &WorkerMonitor) -> usize {
+    monitor.line_stats(MODEL).unwrap().waiting
+}
+
+/// The worker frees while a request joins the line: the request is routed
+/// at once, or it waits and the free report wakes it; never left asleep.
+#[test]
+fn a_worker_freed_while_a_request_joins_serves_it() {
+    run_model_with("waiting/a_worker_freed_while_a_request_joins_serves_it", 3, || {
+        let (monitor, router) = busy_pool(4);
+        let freer = {
+            let monitor = monitor.clone();
+            thread::spawn(move || {
+                monitor.apply(&report(2, 10)).unwrap();
+            })
+        };
+        let mut waiter = Waiter::new(&router);
+        let first = waiter.poll();
+        freer.join().unwrap();
+        match first {
+            Poll::Ready(routed) => assert_eq!(routed, Ok(1)),
+            Poll::Pending => {
+                assert!(waiter.woken(), "the free worker never woke the waiter");
+                assert_eq!(waiter.poll(), Poll::Ready(Ok(1)));
+            }
+        }
+        assert_eq!(waiting(&monitor), 0);
+    });
+}
+
+/// Two wait; the first is dropped (its client left) while the worker
+/// frees: the line ends with the second alone, woken, and it is served
+/// (the first's wake-up passed on if it had been woken).
+#[test]
+fn a_waiter_dropped_while_the_worker_frees_leaves_and_passes_its_turn() {
+    run_model_with("waiting/a_waiter_dropped_while_the_worker_frees_leaves_and_passes_its_turn", 3, || {
+        let (monitor, router) = busy_pool(4);
+        let mut first = Waiter::new(&router);
+        let mut second = Waiter::new(&router);
+        assert_eq!(first.poll(), Poll::Pending);
+        assert_eq!(second.poll(), Poll::Pending);
+        let freer = {
+            let monitor = monitor.clone();
+            thread::spawn(move || {
+                monitor.apply(&report(2, 10)).unwrap();
+            })
+        };
+        drop(first);
+        freer.join().unwrap();
+        assert_eq!(waiting(&monitor), 1, "the dropped waiter left");
+        assert!(second.woken(), "the wake-up was lost with the dropped waiter");
+        assert_eq!(second.poll(), Poll::Ready(Ok(1)));
+        let stats = monitor.line_stats(MODEL).unwrap();
+        assert_eq!((stats.waiting, stats.tokens, stats.dispatched), (0, 0, 1));
+    });
+}
+
+/// Two requests join a line of room `limit` at once: with room for one,
+/// exactly one joins and the other is refused; with room for two, both
+/// join.
+#[test]
+fn the_count_bound_holds_on_both_sides() {
+    for limit in [1, 2] {
+        run_model_with("waiting/the_count_bound_holds_on_both_sides", 3, move || {
+            let (monitor, router) = busy_pool(limit);
+            let other = {
+                let router = router.clone();
+                thread::spawn(move || Waiter::new(&router).poll_kept())
+            };
+            let (mine, _kept) = Waiter::new(&router).poll_kept();
+            let (theirs, _kept_too) = other.join().unwrap();
+            let joined = [mine, theirs].iter().filter(|p| p.is_pending()).count();
+            let refused = [mine, theirs].iter().filter(|p| **p == Poll::Ready(Err(WaitError::QueueFull))).count();
+            assert_eq!((joined, refused), (limit, 2 - limit), "{mine:?} {theirs:?}");
+            assert_eq!(waiting(&monitor), limit);
+        });
+    }
+}
+
+impl Waiter {
+    /// Polls once and keeps the waiter (a dropped one would leave).
+    fn poll_kept(mut self) -> (Poll<Result<WorkerId, WaitError>>, Waiter) {
+        let first = self.poll();
+        (first, self)
+    }
+}
