@@ -13,6 +13,9 @@ use tokio::time::Instant;
 use crate::loadgen::config::{request_body, BenchConfig};
 use crate::loadgen::report::{histogram, BenchReport, SecondBucket};
 
+/// The header a frontend's refusal names its reason in.
+const REJECTED_REASON: &str = "x-loadgate-rejected-reason";
+
 /// How one request ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Answer {
@@ -23,7 +26,7 @@ pub enum Answer {
 }
 
 /// One request's outcome.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Outcome {
     /// Arrival second (index of the timeline bucket).
     second: usize,
@@ -31,6 +34,8 @@ struct Outcome {
     ttft: Option<Duration>,
     latency: Duration,
     tokens: u64,
+    /// A refusal's `x-loadgate-rejected-reason`.
+    reason: Option<String>,
 }
 
 /// Runs one open-loop benchmark.
@@ -58,6 +63,7 @@ pub async fn run_bench(config: &BenchConfig) -> anyhow::Result<BenchReport> {
         ttft: histogram(3),
         latency: histogram(3),
         timeline: (0..seconds.max(1)).map(|_| SecondBucket::new()).collect(),
+        rejected_reasons: BTreeMap::new(),
     };
 
     let start = Instant::now();
@@ -136,6 +142,8 @@ fn record(report: &mut BenchReport, o: &Outcome) {
                 }
             } else {
                 bucket.rejected += 1;
+                let reason = o.reason.clone().unwrap_or_else(|| "-".to_owned());
+                *report.rejected_reasons.entry(reason).or_default() += 1;
             }
         }
     }
@@ -151,10 +159,20 @@ async fn one_request(
     done: mpsc::UnboundedSender<Outcome>,
 ) {
     let sent = client.post(&url).header("content-type", "application/json").body(body).send().await;
-    let mut outcome =
-        Outcome { second, answer: Answer::TransportError, ttft: None, latency: Duration::ZERO, tokens: 0 };
+    let mut outcome = Outcome {
+        second,
+        answer: Answer::TransportError,
+        ttft: None,
+        latency: Duration::ZERO,
+        tokens: 0,
+        reason: None,
+    };
     if let Ok(mut resp) = sent {
         let status = resp.status().as_u16();
+        if !resp.status().is_success() {
+            outcome.reason =
+                resp.headers().get(REJECTED_REASON).and_then(|v| v.to_str().ok()).map(|v| v.chars().take(64).collect());
+        }
         let mut text = Vec::new();
         let mut broken = false;
         loop {

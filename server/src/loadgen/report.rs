@@ -60,6 +60,8 @@ pub struct BenchReport {
     pub latency: Histogram<u64>,
     /// Per-second buckets by arrival time.
     pub timeline: Vec<SecondBucket>,
+    /// Non-2xx answers per `x-loadgate-rejected-reason` (`-` when the answer had none).
+    pub rejected_reasons: BTreeMap<String, u64>,
 }
 
 /// p50 / p90 / p99 / max of a histogram, in milliseconds.
@@ -142,6 +144,24 @@ impl BenchReport {
         self.ok() as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 
+    /// Accepted and completed requests whose TTFT was at most `objective`
+    /// (to the TTFT histogram's resolution, 0.1 %).
+    pub fn ok_within_ttft(&self, objective: Duration) -> u64 {
+        if self.ttft.is_empty() {
+            return 0;
+        }
+        let limit = u64::try_from(objective.as_micros()).unwrap_or(u64::MAX).min(self.ttft.high());
+        self.ttft.count_between(1, limit)
+    }
+
+    /// SLO goodput: requests that completed (2xx, whole answer) with TTFT
+    /// within `objective`, per second of the arrival window. Counted per
+    /// second of arrivals, not of the run's elapsed time, so a pool that
+    /// serves every request it is offered on time scores the offered rate.
+    pub fn slo_goodput(&self, objective: Duration) -> f64 {
+        self.ok_within_ttft(objective) as f64 / self.config.duration.as_secs_f64().max(1e-9)
+    }
+
     /// Percentage of sent requests refused.
     pub fn rejected_pct(&self) -> f64 {
         if self.sent == 0 {
@@ -206,5 +226,53 @@ impl BenchReport {
         out.push_str(&row("TTFT", s.ttft_ms));
         out.push_str(&row("latency", s.latency_ms));
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(ttfts_ms: &[u64], rejected: u64) -> BenchReport {
+        let config = BenchConfig {
+            url: String::new(),
+            model: String::new(),
+            rate: 1.0,
+            duration: Duration::from_secs(4),
+            prompt_tokens: 1,
+            output_tokens: 1,
+            stream: true,
+            drain_timeout: Duration::ZERO,
+            seed: 0,
+            progress: false,
+        };
+        let mut ttft = histogram(3);
+        for ms in ttfts_ms {
+            ttft.record(ms * 1000).unwrap();
+        }
+        let ok = ttfts_ms.len() as u64;
+        BenchReport {
+            config,
+            sent: ok + rejected,
+            by_status: [(200, ok), (529, rejected)].into_iter().filter(|(_, n)| *n > 0).collect(),
+            transport_errors: 0,
+            unfinished: 0,
+            output_tokens: 0,
+            elapsed: Duration::from_secs(10),
+            ttft,
+            latency: histogram(3),
+            timeline: Vec::new(),
+            rejected_reasons: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn slo_goodput_counts_completions_within_the_objective_per_second_of_arrivals() {
+        let r = report(&[10, 200, 500, 501, 3000, 40], 4);
+        assert_eq!(r.ok_within_ttft(Duration::from_millis(500)), 4, "500 ms is within, 501 ms is not");
+        assert_eq!(r.slo_goodput(Duration::from_millis(500)), 1.0, "4 in the 4 s window, not the 10 s elapsed");
+        assert_eq!(r.ok_within_ttft(Duration::from_millis(5)), 0);
+        assert_eq!(r.ok_within_ttft(Duration::from_secs(1 << 40)), 6, "a huge objective counts everything");
+        assert_eq!(report(&[], 3).slo_goodput(Duration::from_millis(500)), 0.0);
     }
 }
