@@ -4,6 +4,7 @@
 //! them.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// The model name the demo's simulated workers serve.
 pub(crate) const MODEL: &str = "demo-model";
@@ -48,6 +49,22 @@ pub struct Args {
     #[arg(long, env = "LOADGATE_DEMO_SCRAPE_INTERVAL_MS", default_value_t = 50, requires = "engines",
           value_parser = clap::value_parser!(u64).range(1..=100))]
     pub scrape_interval_ms: u64,
+    /// The objective of SLO goodput, the demo's headline: a request counts when it completes with
+    /// its time to first token within this many ms [default: 500; 1000 with --engines, where an idle
+    /// pool's p99 TTFT is about 0.3 s and a request that waits for one slot to free waits up to one
+    /// service time, about 0.8 s: the objective admits that one wait, not a queue].
+    #[arg(long, env = "LOADGATE_DEMO_SLO_TTFT_MS", value_parser = crate::flag_limits::ms(1))]
+    pub slo_ttft_ms: Option<u64>,
+    /// The waiting line's timeout in the third mode (the frontend's --router-queue-timeout-ms)
+    /// [default: the objective minus the p50 TTFT at 0.5x with static thresholds, at least 50 ms].
+    #[arg(long, env = "LOADGATE_DEMO_ROUTER_QUEUE_TIMEOUT_MS", value_parser = crate::flag_limits::ms(1))]
+    pub router_queue_timeout_ms: Option<u64>,
+    /// The waiting line's --router-queue-limit (requests) in the third mode [default: the frontend's].
+    #[arg(long, env = "LOADGATE_DEMO_ROUTER_QUEUE_LIMIT")]
+    pub router_queue_limit: Option<u64>,
+    /// The waiting line's --router-queue-token-limit in the third mode [default: the frontend's].
+    #[arg(long, env = "LOADGATE_DEMO_ROUTER_QUEUE_TOKEN_LIMIT")]
+    pub router_queue_token_limit: Option<u64>,
     /// Skip the saturation run and use this capacity (req/s).
     #[arg(long, env = "LOADGATE_DEMO_CAPACITY")]
     pub capacity: Option<f64>,
@@ -115,6 +132,11 @@ impl Args {
         self.router_mode.clone().unwrap_or_else(|| self.either("kv", "round-robin").to_owned())
     }
 
+    /// The objective of SLO goodput: the longest TTFT a request may have to count.
+    pub(crate) fn slo_ttft(&self) -> Duration {
+        Duration::from_millis(self.slo_ttft_ms.unwrap_or(self.either(500, 1000)))
+    }
+
     /// Where the plot goes.
     pub(crate) fn plot(&self) -> PathBuf {
         self.plot.clone().unwrap_or_else(|| self.either("loadgate-demo.svg", "loadgate-demo-llamacpp.svg").into())
@@ -145,6 +167,18 @@ mod tests {
         assert_eq!((args.duration(), args.drain_timeout()), (8.0, 3.0));
         assert_eq!((args.prompt_tokens(), args.output_tokens()), (112, 32));
         assert_eq!(args.plot(), PathBuf::from("loadgate-demo.svg"));
+        assert_eq!(args.slo_ttft(), Duration::from_millis(500));
+        assert_eq!(args.router_queue_timeout_ms, None, "computed from the static mode's 0.5x run");
+    }
+
+    #[test]
+    fn the_objective_and_the_line_have_flags() {
+        let args = parse(&["--slo-ttft-ms", "300", "--router-queue-timeout-ms", "120", "--router-queue-limit", "64"]);
+        let args = args.unwrap();
+        assert_eq!(args.slo_ttft(), Duration::from_millis(300));
+        assert_eq!((args.router_queue_timeout_ms, args.router_queue_limit), (Some(120), Some(64)));
+        assert_eq!(parse(&["--engines", "llamacpp"]).unwrap().slo_ttft(), Duration::from_millis(1000));
+        assert!(parse(&["--slo-ttft-ms", "0"]).is_err(), "an objective of 0 ms counts nothing");
     }
 
     #[test]

@@ -46,8 +46,6 @@ pub(crate) fn random_secret() -> anyhow::Result<String> {
     Ok(crate::secret::to_hex(&bytes))
 }
 
-/// Starts `loadgate <args>` with the event secret `secret` and returns it
-/// with its `listening ...` line.
 /// The arguments every demo frontend starts with: loopback listeners on
 /// free ports, no admin API, and `router_mode`.
 pub(crate) fn frontend_args(router_mode: &str) -> Vec<String> {
@@ -57,9 +55,22 @@ pub(crate) fn frontend_args(router_mode: &str) -> Vec<String> {
     args
 }
 
+/// Starts `loadgate <args>` with the event secret `secret` and returns it
+/// with its `listening ...` line. Frontend and worker variables of the
+/// demo's own environment (`DYN_*`, `LOADGATE_FRONTEND_*`,
+/// `LOADGATE_WORKER_*`) are not passed on.
 pub(crate) fn spawn_loadgate(args: &[String], secret: &str) -> anyhow::Result<(Process, String)> {
     let exe = std::env::current_exe().context("cannot find the loadgate binary")?;
-    let mut child = Command::new(exe)
+    let mut command = Command::new(exe);
+    // Each mode is the flags the demo gives and nothing else: a frontend or worker variable
+    // in the demo's environment (a threshold, a waiting line) would change every mode alike.
+    for (name, _) in std::env::vars_os() {
+        let name_str = name.to_string_lossy();
+        if ["DYN_", "LOADGATE_FRONTEND_", "LOADGATE_WORKER_"].iter().any(|p| name_str.starts_with(p)) {
+            command.env_remove(&name);
+        }
+    }
+    let mut child = command
         .args(args)
         .env("RUST_LOG", "warn")
         .env("LOADGATE_EVENT_SECRET", secret)

@@ -8,6 +8,7 @@ use crate::demo::args::{Args, LLAMA_MODEL};
 use crate::demo::child::{field, frontend_args, random_secret, spawn_loadgate, Process};
 use crate::demo::install::LlamaInstall;
 use crate::demo::llama_server::LlamaServer;
+use crate::demo::modes::Mode;
 
 /// Engines in the pool.
 pub(crate) const SERVERS: usize = 2;
@@ -27,14 +28,14 @@ pub(crate) struct EnginePool {
 
 impl EnginePool {
     /// Starts [`SERVERS`] servers (at once) and a frontend in front of
-    /// them; with `threshold`, the frontend sheds at
-    /// `--active-waiting-requests-threshold threshold`.
+    /// them in `mode`: unless [`Mode::Off`], the frontend sheds at
+    /// `--active-waiting-requests-threshold args.waiting_threshold`.
     ///
     /// # Errors
     ///
     /// A server or the frontend does not start, or the engines are not in
     /// routing within [`REGISTRATION_WAIT`].
-    pub(crate) fn start(install: &LlamaInstall, args: &Args, threshold: Option<u64>) -> anyhow::Result<Self> {
+    pub(crate) fn start(install: &LlamaInstall, args: &Args, mode: Mode) -> anyhow::Result<Self> {
         let servers = std::thread::scope(|s| {
             let starting: Vec<_> = (0..SERVERS).map(|_| s.spawn(|| LlamaServer::start(install, LLAMA_MODEL))).collect();
             starting
@@ -47,9 +48,11 @@ impl EnginePool {
         for server in &servers {
             frontend_args.extend(["--engine".to_owned(), format!("llamacpp={},model={LLAMA_MODEL}", server.url)]);
         }
-        if let Some(t) = threshold {
-            frontend_args.extend(["--active-waiting-requests-threshold".to_owned(), t.to_string()]);
+        if mode.sheds() {
+            frontend_args
+                .extend(["--active-waiting-requests-threshold".to_owned(), args.waiting_threshold.to_string()]);
         }
+        frontend_args.extend(mode.line_flags(args));
         let (frontend, line) = spawn_loadgate(&frontend_args, &random_secret()?)?;
         let pool = EnginePool { http: field(&line, "http")?, _frontend: frontend, _servers: servers };
         pool.wait_for_engines()?;

@@ -1,18 +1,27 @@
-//! `loadgate demo`: what shedding does to tail latency, side by side.
+//! `loadgate demo`: what shedding, and a waiting line, do to SLO goodput.
 //!
 //! One process starts a frontend and 4 simulated workers as child processes
 //! of the same binary (everything over real sockets on 127.0.0.1), measures
 //! the pool's capacity with a short closed-loop saturation run, then offers
-//! open-loop Poisson load at 0.5x, 1x, 2x and 3x capacity twice: shedding
-//! off, and with `--active-decode-blocks-threshold 0.85`. Every run gets a
-//! fresh frontend and fresh workers, so runs never contaminate each other.
-//! It prints one table and writes an SVG plot.
+//! open-loop Poisson load at 0.5x, 1x, 2x and 3x capacity in three modes
+//! (`modes.rs`): no shedding; static thresholds
+//! (`--active-decode-blocks-threshold 0.85`: 529 at once when every worker
+//! is busy); and the same thresholds with the frontend's waiting line
+//! (`--router-queue-timeout-ms`), whose timeout is the objective minus the
+//! p50 TTFT the static mode measured at 0.5x (so that mode runs first).
+//! Every run gets a fresh frontend and fresh workers, so runs never
+//! contaminate each other. The headline is SLO goodput: requests per second
+//! of arrivals that completed with TTFT within `--slo-ttft-ms`. It prints
+//! one table, the line's figures against the issue's targets, and writes an
+//! SVG plot.
 //!
 //! The engine physics make a KV-cache-bound pool: a request needs
 //! `ceil((prompt + generated) / 16)` blocks for its whole life, so a worker
 //! runs only a handful of sequences at once and everything beyond waits for
 //! blocks. Without shedding that wait grows without bound under overload and
-//! TTFT explodes; with shedding the frontend refuses instead.
+//! TTFT explodes; with static thresholds the frontend refuses instead, also
+//! requests that a moment later would have found room; the line holds those
+//! for as long as they can still meet the objective.
 //!
 //! `--engines llamacpp` runs the same comparison on two real llama.cpp
 //! servers (`engine_pool.rs`, `llama_server.rs`; `install.rs` finds what
@@ -26,6 +35,7 @@ mod child;
 mod engine_pool;
 mod install;
 mod llama_server;
+mod modes;
 mod pool;
 mod table;
 
@@ -38,10 +48,11 @@ use self::args::{LEVELS, LLAMA_MODEL, MODEL};
 use self::engine_pool::{EnginePool, SERVERS};
 use self::install::LlamaInstall;
 use self::llama_server::SLOTS;
+use self::modes::{line_timeout_ms, Mode, MIN_LINE_TIMEOUT_MS};
 use self::pool::Pool;
-use self::table::{rejected_at_capacity, table, verdict, Run};
+use self::table::{summary, table, Results, Run, Targets};
 use crate::flag_limits::seconds;
-use crate::loadgen::plot::comparison;
+use crate::loadgen::plot::{comparison, Headline};
 use crate::loadgen::{completions_url, run_bench, saturate, BenchConfig, Percentiles};
 
 /// Runs `loadgate demo`.
@@ -53,53 +64,80 @@ use crate::loadgen::{completions_url, run_bench, saturate, BenchConfig, Percenti
 pub fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let objective = args.slo_ttft().as_millis();
     match args.engines {
         None => {
+            let pool = format!(
+                "1 frontend + {} workers ({} KV blocks of 16 tokens, {} ms steps)",
+                args.workers, args.kv_total_blocks, args.decode_step_ms
+            );
             println!(
-                "loadgate demo: 1 frontend + {} workers ({} KV blocks of 16 tokens, {} ms steps), prompts {} + outputs {} tokens, streaming",
-                args.workers, args.kv_total_blocks, args.decode_step_ms, args.prompt_tokens(), args.output_tokens()
+                "loadgate demo: {pool}, prompts {} + outputs {} tokens, streaming; objective: TTFT <= {objective} ms",
+                args.prompt_tokens(),
+                args.output_tokens()
             );
             let est_slots = args.kv_total_blocks as usize * 16 / (args.prompt_tokens() + args.output_tokens()) as usize;
-            let saturation = Saturation {
-                clients: (2 * args.workers * est_slots.max(1)).max(8),
-                warmup: Duration::from_secs(1),
-                measure: Duration::from_secs(3),
+            let setup = Setup {
+                model: MODEL,
+                saturation: Saturation {
+                    clients: (2 * args.workers * est_slots.max(1)).max(8),
+                    warmup: Duration::from_secs(1),
+                    measure: Duration::from_secs(3),
+                },
+                shedding: format!("--active-decode-blocks-threshold {}", args.threshold),
+                pool,
             };
-            let shedding = format!("--active-decode-blocks-threshold {}", args.threshold);
-            let (off, on) = compare(&args, &runtime, MODEL, &saturation, &shedding, |shed| {
-                let pool = Pool::start(&args, shed.then_some(args.threshold))?;
+            let results = compare(&args, &runtime, &setup, |mode| {
+                let pool = Pool::start(&args, mode)?;
                 Ok((pool.http.clone(), pool))
             })?;
-            print!("{}", verdict(&off, &on));
-            plot(&args, &off, &on, &format!("decode blocks > {}", args.threshold))?;
+            print!("{}", summary(&results, &Targets::SIMULATED));
+            plot(&args, &setup, &results)?;
         }
         Some(Engines::LlamaCpp) => {
             let install = LlamaInstall::locate()?;
+            let pool = format!("1 frontend + {SERVERS} llama-servers ({SLOTS} slots of 512 tokens, 1 thread each)");
             println!(
-                "loadgate demo --engines llamacpp: 1 frontend + {SERVERS} llama-servers ({}, {SLOTS} slots of 512 \
-                 tokens, 1 thread each), scraped every {} ms, prompts {} words + outputs {} tokens, streaming",
+                "loadgate demo --engines llamacpp: {pool} ({}), scraped every {} ms, prompts {} words + outputs {} \
+                 tokens, streaming; objective: TTFT <= {objective} ms",
                 install.model.display(),
                 args.scrape_interval_ms,
                 args.prompt_tokens(),
                 args.output_tokens()
             );
-            // Twice the slots: every slot stays busy and each server always has requests waiting.
-            let saturation = Saturation {
-                clients: 2 * SERVERS * SLOTS as usize,
-                warmup: Duration::from_secs(3),
-                measure: Duration::from_secs(8),
+            let setup = Setup {
+                model: LLAMA_MODEL,
+                // Twice the slots: every slot stays busy and each server always has requests waiting.
+                saturation: Saturation {
+                    clients: 2 * SERVERS * SLOTS as usize,
+                    warmup: Duration::from_secs(3),
+                    measure: Duration::from_secs(8),
+                },
+                shedding: format!("--active-waiting-requests-threshold {}", args.waiting_threshold),
+                pool,
             };
-            let shedding = format!("--active-waiting-requests-threshold {}", args.waiting_threshold);
-            let (off, on) = compare(&args, &runtime, LLAMA_MODEL, &saturation, &shedding, |shed| {
-                let pool = EnginePool::start(&install, &args, shed.then_some(args.waiting_threshold))?;
+            let results = compare(&args, &runtime, &setup, |mode| {
+                let pool = EnginePool::start(&install, &args, mode)?;
                 Ok((pool.http.clone(), pool))
             })?;
-            print!("{}{}", verdict(&off, &on), rejected_at_capacity(&on));
-            plot(&args, &off, &on, &format!("waiting > {}", args.waiting_threshold))?;
+            print!("{}", summary(&results, &Targets::LLAMACPP));
+            plot(&args, &setup, &results)?;
         }
     }
     println!("total time: {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// What differs between simulated workers and real engines.
+struct Setup {
+    /// The model every request names.
+    model: &'static str,
+    /// The closed-loop run that measures capacity.
+    saturation: Saturation,
+    /// The static thresholds' frontend flag.
+    shedding: String,
+    /// The pool, in words (for the plot's headline).
+    pool: String,
 }
 
 /// The closed-loop run that measures capacity.
@@ -109,23 +147,22 @@ struct Saturation {
     measure: Duration,
 }
 
-/// Measures capacity (unless `--capacity`), then runs every load level with
-/// shedding off and on, each on a fresh pool from `start(shedding)` (its
-/// inference address and the value that keeps it alive); prints the table
-/// and returns the runs (off, on).
+/// Measures capacity (unless `--capacity`), then runs every load level in
+/// each mode, each on a fresh pool from `start(mode)` (its inference address
+/// and the value that keeps it alive): static thresholds first (their 0.5x
+/// p50 TTFT sets the line's timeout), then the line, then no shedding.
+/// Prints the table and returns the runs.
 fn compare<P>(
     args: &Args,
     runtime: &tokio::runtime::Runtime,
-    model: &str,
-    saturation: &Saturation,
-    shedding: &str,
-    start: impl Fn(bool) -> anyhow::Result<(String, P)>,
-) -> anyhow::Result<(Vec<Run>, Vec<Run>)> {
+    setup: &Setup,
+    start: impl Fn(Mode) -> anyhow::Result<(String, P)>,
+) -> anyhow::Result<Results> {
     let duration = seconds(args.duration(), "--duration", false)?;
     let drain_timeout = seconds(args.drain_timeout(), "--drain-timeout", true)?;
     let bench = |http: &str, rate: f64, seed: u64| BenchConfig {
         url: completions_url(http),
-        model: model.to_owned(),
+        model: setup.model.to_owned(),
         rate,
         duration,
         prompt_tokens: args.prompt_tokens(),
@@ -138,8 +175,8 @@ fn compare<P>(
     let capacity = match args.capacity {
         Some(c) => c,
         None => {
-            let (http, pool) = start(false)?;
-            let Saturation { clients, warmup, measure } = *saturation;
+            let (http, pool) = start(Mode::Off)?;
+            let Saturation { clients, warmup, measure } = setup.saturation;
             let c = runtime.block_on(saturate(&bench(&http, 1.0, args.seed), clients, warmup, measure))?;
             drop(pool);
             println!(
@@ -153,35 +190,85 @@ fn compare<P>(
     anyhow::ensure!(capacity.is_finite(), "--capacity must be a number of requests per second");
     anyhow::ensure!(capacity > 0.0, "the capacity is not positive (measured: the pool served nothing)");
 
-    let mut off = Vec::new();
-    let mut on = Vec::new();
-    for (shed, runs) in [(false, &mut off), (true, &mut on)] {
+    let objective = args.slo_ttft();
+    let levels = |mode: Mode| -> anyhow::Result<Vec<Run>> {
+        let mut runs = Vec::new();
         for (i, multiple) in LEVELS.iter().enumerate() {
-            let (http, pool) = start(shed)?;
+            let (http, pool) = start(mode)?;
             let report = runtime.block_on(run_bench(&bench(&http, multiple * capacity, args.seed + i as u64)))?;
             drop(pool);
             eprintln!(
-                "  shedding {:<4} {multiple:>3}x: goodput {:>5.1} req/s, rejected {:>5.1} %, p99 TTFT {:>8.1} ms, \
-                 unfinished at the drain deadline {}",
-                if shed { "on" } else { "off" },
-                report.goodput(),
+                "  {:<26} {multiple:>3}x: SLO goodput {:>5.1} req/s, rejected {:>5.1} %, p50/p99 TTFT {:>6.0} / {:>6.0} ms, \
+                 unanswered at the drain deadline {}",
+                mode.label(),
+                report.slo_goodput(objective),
                 report.rejected_pct(),
+                Percentiles::of(&report.ttft).p50,
                 Percentiles::of(&report.ttft).p99,
                 report.unfinished
             );
             runs.push(Run { report });
         }
-    }
-    print!("{}", table(capacity, shedding, &off, &on));
-    Ok((off, on))
+        Ok(runs)
+    };
+    let fixed = levels(Mode::Static)?;
+    let timeout_ms = match args.router_queue_timeout_ms {
+        Some(t) => {
+            println!("waiting line: timeout {t} ms (--router-queue-timeout-ms)");
+            t
+        }
+        None => {
+            let p50 = fixed.first().map_or(0.0, |r| Percentiles::of(&r.report.ttft).p50);
+            let (t, floored) = line_timeout_ms(objective, p50);
+            println!(
+                "waiting line: timeout {t} ms = objective {} ms - p50 TTFT {p50:.0} ms at {}x with static thresholds{}",
+                objective.as_millis(),
+                LEVELS[0],
+                if floored { format!(" (floored at {MIN_LINE_TIMEOUT_MS} ms)") } else { String::new() }
+            );
+            t
+        }
+    };
+    let line = levels(Mode::Line { timeout_ms })?;
+    let off = levels(Mode::Off)?;
+    let results = Results { capacity, objective, off, fixed, line, timeout_ms };
+    print!("{}", table(&results, &setup.shedding));
+    Ok(results)
 }
 
-/// Writes the plot of both settings (`rule`: what makes a worker busy, for
-/// the legend) and prints where.
-fn plot(args: &Args, off: &[Run], on: &[Run], rule: &str) -> anyhow::Result<()> {
+/// Writes the plot of the three modes and prints where.
+fn plot(args: &Args, setup: &Setup, results: &Results) -> anyhow::Result<()> {
     let path = args.plot();
-    let points = |runs: &[Run]| LEVELS.iter().zip(runs).map(|(m, r)| r.point(*m)).collect::<Vec<_>>();
-    comparison(&path, &points(off), &points(on), rule).with_context(|| format!("cannot write {}", path.display()))?;
+    let modes: Vec<(String, Vec<_>)> = results
+        .modes()
+        .iter()
+        .map(|(mode, runs)| {
+            (mode.label(), LEVELS.iter().zip(*runs).map(|(m, r)| r.point(*m, results.objective)).collect())
+        })
+        .collect();
+    let objective_ms = results.objective.as_secs_f64() * 1000.0;
+    let headline = Headline {
+        lines: vec![
+            format!(
+                "loadgate demo: SLO goodput (TTFT <= {objective_ms:.0} ms) at 0.5x-3x of the measured capacity, {:.1} req/s",
+                results.capacity
+            ),
+            format!(
+                "{}, router {}, prompts {} + outputs {} tokens; static thresholds: {}; line: --router-queue-timeout-ms {}; \
+                 {} s of arrivals per run",
+                setup.pool,
+                args.router_mode(),
+                args.prompt_tokens(),
+                args.output_tokens(),
+                setup.shedding,
+                results.timeout_ms,
+                args.duration()
+            ),
+        ],
+        capacity: results.capacity,
+        objective_ms,
+    };
+    comparison(&path, &headline, &modes).with_context(|| format!("cannot write {}", path.display()))?;
     println!("plot: {}", path.display());
     Ok(())
 }

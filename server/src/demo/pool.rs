@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::demo::args::{Args, MODEL};
 use crate::demo::child::{field, frontend_args, random_secret, spawn_loadgate, Process};
+use crate::demo::modes::Mode;
 
 /// A frontend and its workers, stopped when dropped.
 pub(crate) struct Pool {
@@ -16,14 +17,16 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    /// Starts a frontend (shedding at `--active-decode-blocks-threshold threshold` when given) and
-    /// `args.workers` workers, and waits until every worker has registered.
-    pub(crate) fn start(args: &Args, threshold: Option<f64>) -> anyhow::Result<Pool> {
+    /// Starts a frontend in `mode` (shedding at `--active-decode-blocks-threshold args.threshold`
+    /// unless [`Mode::Off`]) and `args.workers` workers, and waits until every worker has
+    /// registered.
+    pub(crate) fn start(args: &Args, mode: Mode) -> anyhow::Result<Pool> {
         let secret = random_secret()?;
         let mut frontend_args = frontend_args(&args.router_mode());
-        if let Some(t) = threshold {
-            frontend_args.extend(["--active-decode-blocks-threshold".to_owned(), t.to_string()]);
+        if mode.sheds() {
+            frontend_args.extend(["--active-decode-blocks-threshold".to_owned(), args.threshold.to_string()]);
         }
+        frontend_args.extend(mode.line_flags(args));
         let (frontend, line) = spawn_loadgate(&frontend_args, &secret)?;
         let http = field(&line, "http")?;
         let events = field(&line, "events")?;

@@ -1,63 +1,55 @@
-//! The demo's results: one [`Run`] per load level and shedding setting, the
-//! side-by-side table, and the verdict on the effect the demo exists to show.
+//! The demo's results: one [`Run`] per load level and mode, the three modes
+//! side by side in one table, and the issue's targets for the waiting line
+//! (printed as met or missed, never asserted).
+
+use std::fmt::Write as _;
+use std::time::Duration;
 
 use crate::demo::args::LEVELS;
+use crate::demo::modes::Mode;
 use crate::loadgen::plot::LoadPoint;
 use crate::loadgen::{BenchReport, Percentiles};
 
-/// One row of the table: one load level, one shedding setting.
+/// One cell group of the table: one load level, one mode.
 pub(crate) struct Run {
     pub(crate) report: BenchReport,
 }
 
 impl Run {
-    pub(crate) fn point(&self, multiple: f64) -> LoadPoint {
+    /// What the plot draws of this run at `multiple` x capacity.
+    pub(crate) fn point(&self, multiple: f64, objective: Duration) -> LoadPoint {
         LoadPoint {
             multiple,
-            goodput: self.report.goodput(),
+            slo_goodput: self.report.slo_goodput(objective),
             rejected_pct: self.report.rejected_pct(),
-            p99_ttft_ms: Percentiles::of(&self.report.ttft).p99,
-            p99_latency_ms: Percentiles::of(&self.report.latency).p99,
+            p99_ttft_ms: p99_ttft(&self.report),
         }
     }
 }
 
-/// The side-by-side table; `shedding` is the flag of the shedding runs.
-pub(crate) fn table(capacity: f64, shedding: &str, off: &[Run], on: &[Run]) -> String {
-    let mut out = String::new();
-    out.push_str(&format!("\ncapacity {capacity:.1} req/s; accepted requests only for TTFT and latency (ms)\n"));
-    out.push_str(&format!(
-        "{:<6}{:>8} | {:^52} | {:^52}\n",
-        "load",
-        "req/s",
-        "shedding off",
-        format!("shedding on ({shedding})")
-    ));
-    let head =
-        format!("{:>8}{:>7}{:>9}{:>9}{:>9}{:>10}", "goodput", "rej %", "TTFT p50", "TTFT p99", "lat p50", "lat p99");
-    out.push_str(&format!("{:<6}{:>8} | {head} | {head}\n", "", "offered"));
-    for ((multiple, off), on) in LEVELS.iter().zip(off).zip(on) {
-        let cell = |r: &BenchReport| {
-            let (t, l) = (Percentiles::of(&r.ttft), Percentiles::of(&r.latency));
-            format!(
-                "{:>8.1}{:>7.1}{:>9.0}{:>9.0}{:>9.0}{:>10.0}",
-                r.goodput(),
-                r.rejected_pct(),
-                t.p50,
-                t.p99,
-                l.p50,
-                l.p99
-            )
-        };
-        out.push_str(&format!(
-            "{:<6}{:>8.1} | {} | {}\n",
-            format!("{multiple}x"),
-            multiple * capacity,
-            cell(&off.report),
-            cell(&on.report)
-        ));
+fn p99_ttft(r: &BenchReport) -> f64 {
+    Percentiles::of(&r.ttft).p99
+}
+
+/// Every run of the demo, and what they are measured against.
+pub(crate) struct Results {
+    /// The measured (or given) capacity, req/s.
+    pub(crate) capacity: f64,
+    /// The objective of SLO goodput (TTFT).
+    pub(crate) objective: Duration,
+    /// The runs at each of [`LEVELS`], by mode.
+    pub(crate) off: Vec<Run>,
+    pub(crate) fixed: Vec<Run>,
+    pub(crate) line: Vec<Run>,
+    /// The line's timeout, ms.
+    pub(crate) timeout_ms: u64,
+}
+
+impl Results {
+    /// The modes in display order, with their runs.
+    pub(crate) fn modes(&self) -> [(Mode, &[Run]); 3] {
+        [(Mode::Off, &self.off), (Mode::Static, &self.fixed), (Mode::Line { timeout_ms: self.timeout_ms }, &self.line)]
     }
-    out
 }
 
 /// The report of the run at `multiple` x capacity.
@@ -65,28 +57,253 @@ fn at(runs: &[Run], multiple: f64) -> Option<&BenchReport> {
     runs.iter().zip(LEVELS).find(|(_, l)| *l == multiple).map(|(r, _)| &r.report)
 }
 
-/// What shedding costs at 1x: the share it refuses of a load the pool could serve.
-pub(crate) fn rejected_at_capacity(on: &[Run]) -> String {
-    at(on, 1.0).map_or_else(String::new, |r| format!("at 1x: rejected with shedding {:.1} %\n", r.rejected_pct()))
+/// The side-by-side table; `shedding` is the static thresholds' flag.
+pub(crate) fn table(results: &Results, shedding: &str) -> String {
+    let objective = results.objective.as_millis();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\ncapacity {:.1} req/s; objective: TTFT <= {objective} ms; static thresholds: {shedding}; \
+         line: --router-queue-timeout-ms {}",
+        results.capacity, results.timeout_ms
+    );
+    let _ = writeln!(
+        out,
+        "SLO/s: SLO goodput, requests completed with TTFT <= {objective} ms per second of arrivals; rej %: refused; \
+         p50/p99: TTFT of accepted requests, ms"
+    );
+    let modes = results.modes();
+    let _ = write!(out, "{:<6}{:>8}", "load", "req/s");
+    for (mode, _) in &modes {
+        let _ = write!(out, " | {:^27}", mode.label());
+    }
+    let head = format!("{:>7}{:>7}{:>6}{:>7}", "SLO/s", "rej %", "p50", "p99");
+    let _ = write!(out, "\n{:<6}{:>8}", "", "offered");
+    for _ in &modes {
+        let _ = write!(out, " | {head}");
+    }
+    out.push('\n');
+    for (i, multiple) in LEVELS.iter().enumerate() {
+        let _ = write!(out, "{:<6}{:>8.1}", format!("{multiple}x"), multiple * results.capacity);
+        for (_, runs) in &modes {
+            match runs.get(i) {
+                Some(Run { report: r }) => {
+                    let t = Percentiles::of(&r.ttft);
+                    let _ = write!(
+                        out,
+                        " | {:>7.1}{:>7.1}{:>6.0}{:>7.0}",
+                        r.slo_goodput(results.objective),
+                        r.rejected_pct(),
+                        t.p50,
+                        t.p99
+                    );
+                }
+                None => {
+                    let _ = write!(out, " | {:>27}", "-");
+                }
+            }
+        }
+        out.push('\n');
+    }
+    out.push_str(&notes(&modes));
+    out
 }
 
-/// Checks the effect the demo exists to show, at 2x capacity.
-pub(crate) fn verdict(off: &[Run], on: &[Run]) -> String {
-    let (Some(off2), Some(on2), Some(off1)) = (at(off, 2.0), at(on, 2.0), at(off, 1.0)) else {
-        return String::new();
+/// Requests left out at the drain deadline, and why each mode refused.
+fn notes(modes: &[(Mode, &[Run]); 3]) -> String {
+    let mut out = String::new();
+    let mut unfinished = Vec::new();
+    let mut reasons = Vec::new();
+    for (mode, runs) in modes {
+        let mut by_level = Vec::new();
+        for (multiple, Run { report: r }) in LEVELS.iter().zip(*runs) {
+            if r.unfinished > 0 {
+                unfinished.push(format!("{} {multiple}x {}", mode.label(), r.unfinished));
+            }
+            if !r.rejected_reasons.is_empty() {
+                let why: Vec<String> = r.rejected_reasons.iter().map(|(k, n)| format!("{k} {n}")).collect();
+                by_level.push(format!("{multiple}x {}", why.join(", ")));
+            }
+        }
+        if !by_level.is_empty() {
+            reasons.push(format!("  {}: {}", mode.label(), by_level.join("; ")));
+        }
+    }
+    if !unfinished.is_empty() {
+        let _ = writeln!(
+            out,
+            "unanswered at the drain deadline (left out: those p99s are lower bounds): {}",
+            unfinished.join(", ")
+        );
+    }
+    if !reasons.is_empty() {
+        let _ = writeln!(out, "refusals by x-loadgate-rejected-reason (- = none given):\n{}", reasons.join("\n"));
+    }
+    out
+}
+
+/// The issue's targets for the line: `None` where a setup has none.
+pub(crate) struct Targets {
+    /// Most rejected at 1x, %.
+    pub(crate) rejected_1x_pct: f64,
+    /// Least SLO goodput at 1x as a share of the better other mode's.
+    pub(crate) slo_vs_best_1x: Option<f64>,
+    /// The levels where the p99 TTFT of accepted requests must be within the objective.
+    pub(crate) p99_within_objective: &'static [f64],
+    /// Least SLO goodput at 2x and 3x as a share of the capacity.
+    pub(crate) slo_vs_capacity: Option<f64>,
+}
+
+impl Targets {
+    /// Simulated workers (issue 23).
+    pub(crate) const SIMULATED: Targets = Targets {
+        rejected_1x_pct: 2.0,
+        slo_vs_best_1x: Some(0.98),
+        p99_within_objective: &[2.0, 3.0],
+        slo_vs_capacity: Some(0.9),
     };
-    let p99 = |r: &BenchReport| Percentiles::of(&r.ttft).p99;
-    let ttft_ratio = p99(on2) / p99(off2).max(1e-9);
-    let goodput_ratio = on2.goodput() / off1.goodput().max(1e-9);
-    let mark = |ok: bool| if ok { "yes" } else { "NO" };
-    format!(
-        "\nat 2x: p99 TTFT with shedding / without = {:.0} / {:.0} ms = {ttft_ratio:.3} (<= 0.2: {})\n\
-         at 2x: goodput with shedding / goodput at 1x = {:.1} / {:.1} = {goodput_ratio:.2} (>= 0.9: {})\n",
-        p99(on2),
-        p99(off2),
-        mark(ttft_ratio <= 0.2),
-        on2.goodput(),
-        off1.goodput(),
-        mark(goodput_ratio >= 0.9),
-    )
+
+    /// `--engines llamacpp` (issue 23).
+    pub(crate) const LLAMACPP: Targets =
+        Targets { rejected_1x_pct: 5.0, slo_vs_best_1x: None, p99_within_objective: &[2.0], slo_vs_capacity: None };
+}
+
+/// The summary lines: the line's figures against the issue's targets.
+pub(crate) fn summary(results: &Results, targets: &Targets) -> String {
+    let objective = results.objective;
+    let slo = |r: &BenchReport| r.slo_goodput(objective);
+    let target = |bound: Option<String>, met: bool| match bound {
+        Some(b) => format!("(target {b}: {})", if met { "met" } else { "MISSED" }),
+        None => "(no target here)".to_owned(),
+    };
+    let mut out = String::from("\nthe line against the issue's targets (measured, not asserted):\n");
+    if let Some(line1) = at(&results.line, 1.0) {
+        let rejected = line1.rejected_pct();
+        let bound = targets.rejected_1x_pct;
+        let _ = writeln!(
+            out,
+            "  1x: rejected with the line {rejected:.1} % {}",
+            target(Some(format!("<= {bound} %")), rejected <= bound)
+        );
+        let best = [(Mode::Off, &results.off), (Mode::Static, &results.fixed)]
+            .into_iter()
+            .filter_map(|(m, runs)| at(runs, 1.0).map(|r| (m, slo(r))))
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        if let Some((mode, best)) = best {
+            let ratio = slo(line1) / best.max(1e-9);
+            let _ = writeln!(
+                out,
+                "  1x: SLO goodput with the line / best other mode ({}) = {:.1} / {best:.1} = {ratio:.2} {}",
+                mode.label(),
+                slo(line1),
+                target(
+                    targets.slo_vs_best_1x.map(|t| format!(">= {t:.2}")),
+                    targets.slo_vs_best_1x.is_some_and(|t| ratio >= t)
+                )
+            );
+        }
+    }
+    for multiple in [2.0, 3.0] {
+        let Some(r) = at(&results.line, multiple) else { continue };
+        let p99 = p99_ttft(r);
+        let objective_ms = objective.as_secs_f64() * 1000.0;
+        let within = targets.p99_within_objective.contains(&multiple);
+        let _ = writeln!(
+            out,
+            "  {multiple}x: p99 TTFT of accepted with the line {p99:.0} ms, objective {objective_ms:.0} ms {}",
+            target(within.then(|| "<= objective".to_owned()), p99 <= objective_ms)
+        );
+        let ratio = slo(r) / results.capacity;
+        let _ = writeln!(
+            out,
+            "  {multiple}x: SLO goodput with the line / capacity = {:.1} / {:.1} = {ratio:.2} {}",
+            slo(r),
+            results.capacity,
+            target(
+                targets.slo_vs_capacity.map(|t| format!(">= {t:.2}")),
+                targets.slo_vs_capacity.is_some_and(|t| ratio >= t)
+            )
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::loadgen::BenchConfig;
+
+    /// A run of 10 s of arrivals: `ok` requests accepted with TTFT `ttft_ms`, `rejected` refused.
+    fn run(ok: u64, ttft_ms: u64, rejected: u64) -> Run {
+        let config = BenchConfig {
+            url: String::new(),
+            model: String::new(),
+            rate: 1.0,
+            duration: Duration::from_secs(10),
+            prompt_tokens: 1,
+            output_tokens: 1,
+            stream: true,
+            drain_timeout: Duration::ZERO,
+            seed: 0,
+            progress: false,
+        };
+        let mut ttft = hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap();
+        ttft.record_n(ttft_ms * 1000, ok).unwrap();
+        let latency = ttft.clone();
+        let reasons: BTreeMap<String, u64> =
+            [("deadline".to_owned(), rejected)].into_iter().filter(|r| r.1 > 0).collect();
+        Run {
+            report: BenchReport {
+                config,
+                sent: ok + rejected,
+                by_status: [(200, ok), (529, rejected)].into_iter().filter(|(_, n)| *n > 0).collect(),
+                transport_errors: 0,
+                unfinished: 0,
+                output_tokens: 0,
+                elapsed: Duration::from_secs(11),
+                ttft,
+                latency,
+                timeline: Vec::new(),
+                rejected_reasons: reasons,
+            },
+        }
+    }
+
+    fn results() -> Results {
+        Results {
+            capacity: 36.0,
+            objective: Duration::from_millis(500),
+            off: vec![run(180, 20, 0), run(360, 400, 0), run(100, 3000, 0), run(50, 5000, 0)],
+            fixed: vec![run(180, 20, 0), run(310, 100, 50), run(350, 200, 370), run(355, 250, 725)],
+            line: vec![run(180, 20, 0), run(355, 300, 5), run(340, 490, 380), run(320, 600, 760)],
+            timeout_ms: 480,
+        }
+    }
+
+    #[test]
+    fn the_table_shows_three_modes_side_by_side() {
+        let t = table(&results(), "--active-decode-blocks-threshold 0.85");
+        assert!(
+            t.contains("no shedding") && t.contains("static thresholds") && t.contains("thresholds + line (480 ms)")
+        );
+        assert!(t.contains("objective: TTFT <= 500 ms"), "{t}");
+        let row = t.lines().find(|l| l.starts_with("2x")).unwrap();
+        assert_eq!(row.split('|').count(), 4, "{row}");
+        assert!(t.contains("thresholds + line (480 ms): 1x deadline 5"), "{t}");
+    }
+
+    #[test]
+    fn the_summary_marks_each_target_met_or_missed() {
+        let s = summary(&results(), &Targets::SIMULATED);
+        let line = |prefix: &str| s.lines().find(|l| l.trim_start().starts_with(prefix)).unwrap().to_owned();
+        assert!(line("1x: rejected").ends_with("(target <= 2 %: met)"), "{s}");
+        assert!(line("1x: SLO goodput").contains("(no shedding) = 35.5 / 36.0 = 0.99 (target >= 0.98: met)"), "{s}");
+        assert!(line("2x: p99").ends_with("(target <= objective: met)"), "{s}");
+        assert!(line("3x: p99").ends_with("(target <= objective: MISSED)"), "{s}");
+        assert!(line("3x: SLO goodput").contains("= 0.00 (target >= 0.90: MISSED)"), "{s}");
+        let s = summary(&results(), &Targets::LLAMACPP);
+        assert!(s.contains("3x: p99") && s.lines().filter(|l| l.ends_with("(no target here)")).count() == 4, "{s}");
+    }
 }

@@ -1,6 +1,7 @@
 //! SVG charts of benchmark runs (plotters, SVG backend only): one run's
 //! latency percentiles and rejection rate over time, and the demo's
-//! shedding-off versus shedding-on comparison across load levels.
+//! comparison of its modes (no shedding, static thresholds, thresholds with
+//! a waiting line) across load levels.
 
 use std::path::Path;
 
@@ -71,76 +72,191 @@ pub fn timeline(path: &Path, report: &BenchReport) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One load level of the demo, for one shedding setting.
+/// One load level of the demo, for one mode.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LoadPoint {
     /// Offered load as a multiple of capacity.
     pub multiple: f64,
-    /// Completed requests per second.
-    pub goodput: f64,
+    /// Requests completed with TTFT within the objective, per second of arrivals.
+    pub slo_goodput: f64,
     /// Percent of requests refused.
     pub rejected_pct: f64,
     /// p99 TTFT of accepted requests, ms.
     pub p99_ttft_ms: f64,
-    /// p99 end-to-end latency of accepted requests, ms.
-    pub p99_latency_ms: f64,
 }
 
-/// Draws the demo's comparison: p99 TTFT, goodput and rejection rate against
-/// offered load, shedding off versus on (`rule`: what makes a worker busy,
-/// shown in the legend).
+/// What the demo's comparison is drawn against.
+#[derive(Clone, Debug)]
+pub struct Headline {
+    /// Lines of text above the panels (the configuration).
+    pub lines: Vec<String>,
+    /// The measured capacity, req/s (a dashed line in the goodput panel).
+    pub capacity: f64,
+    /// The TTFT objective, ms (a dashed line in the TTFT panel).
+    pub objective_ms: f64,
+}
+
+/// The colours of up to three modes, in order.
+const MODE_COLORS: [RGBColor; 3] = [OFF, ON, RGBColor(20, 150, 70)];
+const LIGHT_GRID: RGBColor = RGBColor(238, 238, 238);
+const BOLD_GRID: RGBColor = RGBColor(215, 215, 215);
+
+fn circle<C>(c: C, color: RGBColor) -> Circle<C, i32> {
+    Circle::new(c, 4, color.filled())
+}
+
+fn triangle<C>(c: C, color: RGBColor) -> TriangleMarker<C, i32> {
+    TriangleMarker::new(c, 6, color.filled())
+}
+
+fn cross<C>(c: C, color: RGBColor) -> Cross<C, i32> {
+    Cross::new(c, 5, color.stroke_width(2))
+}
+
+/// Draws every mode's `value` as a line with point markers (mode `i` in
+/// `MODE_COLORS[i]`, with a circle, a triangle or a cross), legend included.
+macro_rules! draw_modes {
+    ($chart:expr, $modes:expr, $value:expr) => {
+        for (i, (label, points)) in $modes.iter().enumerate() {
+            let line: Vec<(f64, f64)> = points.iter().map(|p| (p.multiple, $value(p))).collect();
+            let color = MODE_COLORS[i % MODE_COLORS.len()];
+            macro_rules! with_marker {
+                ($marker:ident) => {{
+                    $chart
+                        .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))?
+                        .label(label.as_str())
+                        .legend(move |(x, y)| {
+                            EmptyElement::at((x, y))
+                                + PathElement::new(vec![(0, 0), (24, 0)], color.stroke_width(2))
+                                + $marker((12, 0), color)
+                        });
+                    $chart.draw_series(line.iter().map(|p| $marker(*p, color)))?;
+                }};
+            }
+            match i % MODE_COLORS.len() {
+                0 => with_marker!(circle),
+                1 => with_marker!(triangle),
+                _ => with_marker!(cross),
+            }
+        }
+    };
+}
+
+/// Draws the demo's comparison of its modes (`modes`: a label and one point
+/// per load level each): SLO goodput, p99 TTFT of accepted requests and the
+/// share refused, against offered load, under a headline with the
+/// configuration.
 ///
 /// # Errors
 ///
 /// The file cannot be written.
-pub fn comparison(path: &Path, off: &[LoadPoint], on: &[LoadPoint], rule: &str) -> anyhow::Result<()> {
-    let root = SVGBackend::new(path, (1200, 420)).into_drawing_area();
+pub fn comparison(path: &Path, headline: &Headline, modes: &[(String, Vec<LoadPoint>)]) -> anyhow::Result<()> {
+    let root = SVGBackend::new(path, (1500, 560)).into_drawing_area();
     root.fill(&WHITE)?;
-    let panels = root.split_evenly((1, 3));
-    let x_max = off.iter().chain(on).map(|p| p.multiple).fold(1.0, f64::max) + 0.25;
-    let on_label = format!("shedding on ({rule})");
-    let runs = [("shedding off", OFF, off), (on_label.as_str(), ON, on)];
+    let top = 16 + 22 * headline.lines.len() as i32;
+    let (head, body) = root.split_vertically(top);
+    for (i, line) in headline.lines.iter().enumerate() {
+        let size = if i == 0 { 19 } else { 15 };
+        head.draw_text(line, &("sans-serif", size).into_font().color(&BLACK), (16, 8 + 22 * i as i32))?;
+    }
+    let panels = body.split_evenly((1, 3));
+    let all = || modes.iter().flat_map(|(_, p)| p.iter());
+    let x_max = all().map(|p| p.multiple).fold(1.0, f64::max) + 0.25;
+    let x_desc = "offered load (x measured capacity)";
+    let font = |size: u32| ("sans-serif", size);
+    let times = |v: &f64| format!("{v}x");
 
-    let ttft_max = off.iter().chain(on).map(|p| p.p99_ttft_ms).fold(1.0, f64::max) * 2.0;
+    let y_max = all().map(|p| p.slo_goodput).fold(headline.capacity, f64::max).max(1.0) * 1.25;
     let mut chart = ChartBuilder::on(&panels[0])
-        .caption("p99 TTFT of accepted requests", ("sans-serif", 16))
-        .margin(10)
-        .x_label_area_size(34)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0f64..x_max, (1f64..ttft_max).log_scale())?;
-    chart.configure_mesh().x_desc("offered load (x capacity)").y_desc("ms (log)").draw()?;
-    for (name, color, points) in runs {
-        let line = points.iter().map(|p| (p.multiple, p.p99_ttft_ms.max(1.0)));
-        chart.draw_series(LineSeries::new(line, color.stroke_width(2)))?.label(name).legend(legend(color));
-    }
-    chart.configure_series_labels().position(SeriesLabelPosition::UpperLeft).border_style(BLACK).draw()?;
+        .caption("SLO goodput (higher is better)", font(17))
+        .margin(12)
+        .x_label_area_size(42)
+        .y_label_area_size(62)
+        .build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
+    chart
+        .configure_mesh()
+        .light_line_style(LIGHT_GRID)
+        .bold_line_style(BOLD_GRID)
+        .x_desc(x_desc)
+        .y_desc("TTFT within the objective (req/s)")
+        .x_label_formatter(&times)
+        .y_label_formatter(&|v| format!("{v:.0}"))
+        .axis_desc_style(font(14))
+        .label_style(font(12))
+        .draw()?;
+    let capacity = [(0.0, headline.capacity), (x_max, headline.capacity)];
+    chart
+        .draw_series(DashedLineSeries::new(capacity, 6, 4, GREY.stroke_width(1)))?
+        .label(format!("capacity {:.1} req/s", headline.capacity))
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], GREY.stroke_width(1)));
+    draw_modes!(chart, modes, |p: &LoadPoint| p.slo_goodput);
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BOLD_GRID)
+        .label_font(font(13))
+        .draw()?;
 
-    let goodput_max = off.iter().chain(on).map(|p| p.goodput).fold(1.0, f64::max) * 1.3;
+    let ttfts = || all().map(|p| p.p99_ttft_ms).filter(|v| *v > 0.0);
+    let lo = ttfts().fold(headline.objective_ms, f64::min).max(1.0) / 2.0;
+    let hi = ttfts().fold(headline.objective_ms, f64::max) * 2.5;
     let mut chart = ChartBuilder::on(&panels[1])
-        .caption("goodput (completed req/s)", ("sans-serif", 16))
-        .margin(10)
-        .x_label_area_size(34)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0f64..x_max, 0f64..goodput_max)?;
-    chart.configure_mesh().x_desc("offered load (x capacity)").draw()?;
-    for (name, color, points) in runs {
-        let line = points.iter().map(|p| (p.multiple, p.goodput));
-        chart.draw_series(LineSeries::new(line, color.stroke_width(2)))?.label(name).legend(legend(color));
-    }
-    chart.configure_series_labels().position(SeriesLabelPosition::LowerRight).border_style(BLACK).draw()?;
+        .caption("p99 TTFT of accepted requests (lower is better)", font(17))
+        .margin(12)
+        .x_label_area_size(42)
+        .y_label_area_size(62)
+        .build_cartesian_2d(0f64..x_max, (lo..hi).log_scale())?;
+    chart
+        .configure_mesh()
+        .light_line_style(LIGHT_GRID)
+        .bold_line_style(BOLD_GRID)
+        .x_desc(x_desc)
+        .y_desc("p99 TTFT (ms, log scale)")
+        .x_label_formatter(&times)
+        .y_label_formatter(&|v| format!("{v:.0}"))
+        .axis_desc_style(font(14))
+        .label_style(font(12))
+        .draw()?;
+    let objective = [(0.0, headline.objective_ms), (x_max, headline.objective_ms)];
+    chart
+        .draw_series(DashedLineSeries::new(objective, 6, 4, GREY.stroke_width(1)))?
+        .label(format!("objective {:.0} ms", headline.objective_ms))
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], GREY.stroke_width(1)));
+    draw_modes!(chart, modes, |p: &LoadPoint| p.p99_ttft_ms.max(lo));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BOLD_GRID)
+        .label_font(font(13))
+        .draw()?;
 
     let mut chart = ChartBuilder::on(&panels[2])
-        .caption("rejected, % of requests", ("sans-serif", 16))
-        .margin(10)
-        .x_label_area_size(34)
-        .y_label_area_size(50)
+        .caption("requests refused", font(17))
+        .margin(12)
+        .x_label_area_size(42)
+        .y_label_area_size(62)
         .build_cartesian_2d(0f64..x_max, 0f64..100f64)?;
-    chart.configure_mesh().x_desc("offered load (x capacity)").draw()?;
-    for (name, color, points) in runs {
-        let line = points.iter().map(|p| (p.multiple, p.rejected_pct));
-        chart.draw_series(LineSeries::new(line, color.stroke_width(2)))?.label(name).legend(legend(color));
-    }
-    chart.configure_series_labels().position(SeriesLabelPosition::UpperLeft).border_style(BLACK).draw()?;
+    chart
+        .configure_mesh()
+        .light_line_style(LIGHT_GRID)
+        .bold_line_style(BOLD_GRID)
+        .x_desc(x_desc)
+        .y_desc("refused (% of requests)")
+        .x_label_formatter(&times)
+        .y_label_formatter(&|v| format!("{v:.0}"))
+        .axis_desc_style(font(14))
+        .label_style(font(12))
+        .draw()?;
+    draw_modes!(chart, modes, |p: &LoadPoint| p.rejected_pct);
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BOLD_GRID)
+        .label_font(font(13))
+        .draw()?;
     root.present()?;
     Ok(())
 }
