@@ -192,7 +192,7 @@ pub fn comparison(path: &Path, headline: &Headline, modes: &[(String, Vec<LoadPo
     draw_modes!(chart, modes, |p: &LoadPoint| p.slo_goodput);
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(SeriesLabelPosition::LowerLeft)
         .background_style(WHITE.mix(0.85))
         .border_style(BOLD_GRID)
         .label_font(font(13))
