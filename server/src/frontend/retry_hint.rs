@@ -66,7 +66,8 @@ const INITIAL_MEAN: Duration = Duration::from_secs(1);
 /// The EWMA's window: α = 1/16 once 16 requests were answered.
 const WINDOW: u64 = 16;
 
-/// Hints at the cap are the cap times a uniform factor in this range.
+/// Hints at the cap are the cap times a uniform factor in this range (and
+/// never under the floor).
 const CAP_JITTER: (f64, f64) = (0.75, 1.0);
 
 /// Computes retry hints from the frontend's recent drain rate.
