@@ -168,7 +168,7 @@ mod tests {
     #[tokio::test]
     async fn an_overload_names_its_reasons_once_each_in_order() {
         use Reason::*;
-        let cases: [(&[Reason], &str); 5] = [
+        let cases: [(&[Reason], &str); 7] = [
             (&[], "busy"),
             (&[DecodeBlocks], "decode_blocks"),
             (&[WorkerCapacity, Excluded], "worker_capacity,excluded"),
@@ -187,6 +187,23 @@ mod tests {
                     DecodeBlocks,
                 ],
                 "decode_blocks,prefill_tokens,prefill_tokens_frac,waiting_requests,worker_capacity,excluded",
+            ),
+            (&[QueueFull, Deadline, QueueFull], "queue_full,deadline"),
+            (
+                &[
+                    DecodeBlocks,
+                    PrefillTokens,
+                    PrefillTokensFrac,
+                    WaitingRequests,
+                    WorkerCapacity,
+                    Excluded,
+                    Deadline,
+                    QueueFull,
+                    Excluded,
+                    Deadline,
+                ],
+                "decode_blocks,prefill_tokens,prefill_tokens_frac,waiting_requests,worker_capacity,excluded,deadline,\
+                 queue_full",
             ),
         ];
         for (given, expected) in cases {
