@@ -193,7 +193,7 @@ pub(crate) fn summary(results: &Results, targets: &Targets) -> String {
             let ratio = slo(line1) / best.max(1e-9);
             let _ = writeln!(
                 out,
-                "  1x: SLO goodput with the line / best other mode ({}) = {:.1} / {best:.1} = {ratio:.2} {}",
+                "  1x: SLO goodput with the line / best other mode ({}) = {:.1} / {best:.1} = {ratio:.3} {}",
                 mode.label(),
                 slo(line1),
                 target(
@@ -216,7 +216,7 @@ pub(crate) fn summary(results: &Results, targets: &Targets) -> String {
         let ratio = slo(r) / results.capacity;
         let _ = writeln!(
             out,
-            "  {multiple}x: SLO goodput with the line / capacity = {:.1} / {:.1} = {ratio:.2} {}",
+            "  {multiple}x: SLO goodput with the line / capacity = {:.1} / {:.1} = {ratio:.3} {}",
             slo(r),
             results.capacity,
             target(
@@ -299,10 +299,10 @@ mod tests {
         let s = summary(&results(), &Targets::SIMULATED);
         let line = |prefix: &str| s.lines().find(|l| l.trim_start().starts_with(prefix)).unwrap().to_owned();
         assert!(line("1x: rejected").ends_with("(target <= 2 %: met)"), "{s}");
-        assert!(line("1x: SLO goodput").contains("(no shedding) = 35.5 / 36.0 = 0.99 (target >= 0.98: met)"), "{s}");
+        assert!(line("1x: SLO goodput").contains("(no shedding) = 35.5 / 36.0 = 0.986 (target >= 0.98: met)"), "{s}");
         assert!(line("2x: p99").ends_with("(target <= objective: met)"), "{s}");
         assert!(line("3x: p99").ends_with("(target <= objective: MISSED)"), "{s}");
-        assert!(line("3x: SLO goodput").contains("= 0.00 (target >= 0.90: MISSED)"), "{s}");
+        assert!(line("3x: SLO goodput").contains("= 0.000 (target >= 0.90: MISSED)"), "{s}");
         let s = summary(&results(), &Targets::LLAMACPP);
         assert!(s.contains("3x: p99") && s.lines().filter(|l| l.ends_with("(no target here)")).count() == 4, "{s}");
     }
