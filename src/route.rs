@@ -11,7 +11,7 @@ use crate::monitor::entry::WorkerEntry;
 use crate::monitor::view::ModelView;
 use crate::monitor::{ModelState, WorkerLoad, WorkerMonitor};
 use crate::sync::{lock, Arc, AtomicUsize, Mutex, Ordering, Swap, SwapCache};
-use crate::waiting::{Line, Ticket, Wait, WaitError};
+use crate::waiting::{Ticket, Wait, WaitError};
 
 /// A caller-supplied cost: lower is better (the hook a KV-aware router uses to
 /// prefer the worker with the best prefix overlap).
@@ -129,8 +129,8 @@ struct RoutedModels {
 }
 
 /// One model as one router sees it.
-struct RoutedModel {
-    state: Arc<ModelState>,
+pub(crate) struct RoutedModel {
+    pub(crate) state: Arc<ModelState>,
     /// This router's rotation over the model's eligible instances.
     cursor: CachePadded<AtomicUsize>,
 }
@@ -285,10 +285,29 @@ impl WorkerRouter {
     /// #     loop { if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) { return v; } }
     /// # }
     /// ```
-    pub fn wait<T>(&self, model: &str, exclude: &[WorkerId], ticket: Ticket, timer: T) -> Wait<T> {
-        match self.model(model) {
-            Ok(routed) => Wait::new(routed, exclude, ticket, timer),
-            Err(e) => Wait::failed(WaitError::from(e), ticket, timer),
+    pub fn wait<T>(&self, model: &str, exclude: &[WorkerId], ticket: Ticket, timer: T) -> Wait<'_, T> {
+        match self.routed(model) {
+            Ok(routed) => Wait::new(self, routed, exclude, ticket, timer),
+            Err(e) => Wait::failed(self, WaitError::from(e), ticket, timer),
+        }
+    }
+
+    /// This router's state of `model` (a lookup; the monitor's the first
+    /// time).
+    fn routed(&self, model: &str) -> Result<Arc<RoutedModel>, RouteError> {
+        match self.models.by_name.load().get(model).filter(|r| !r.state.is_retired()) {
+            Some(routed) => Ok(routed.clone()),
+            None => self.add_model(model),
+        }
+    }
+
+    /// Routes the model of `routed` (as [`ModelRouter::route`]).
+    #[inline]
+    pub(crate) fn route_routed(&self, routed: &RoutedModel, exclude: &[WorkerId]) -> Result<WorkerId, RouteError> {
+        let cost = self.policy_cost();
+        match self.select(routed, &routed.state.view().load(), exclude, cost) {
+            Err(RouteError::Unavailable) => self.route_again(&routed.state.name, routed, exclude, cost),
+            chosen => chosen,
         }
     }
 
@@ -298,12 +317,7 @@ impl WorkerRouter {
     ///
     /// [`RouteError::UnknownModel`] if the model has never been seen.
     pub fn model(&self, model: &str) -> Result<ModelRouter, RouteError> {
-        let known = self.models.by_name.load().get(model).filter(|r| !r.state.is_retired()).cloned();
-        let routed = match known {
-            Some(routed) => routed,
-            None => self.add_model(model)?,
-        };
-        Ok(ModelRouter { router: self.clone(), routed })
+        Ok(ModelRouter { router: self.clone(), routed: self.routed(model)? })
     }
 
     #[inline]
@@ -454,28 +468,12 @@ impl ModelRouter {
     /// [`RouteError::UnknownModel`] once the monitor forgot the model.
     #[inline]
     pub fn route(&self, exclude: &[WorkerId]) -> Result<WorkerId, RouteError> {
-        let cost = self.router.policy_cost();
-        match self.router.select(&self.routed, &self.routed.state.view().load(), exclude, cost) {
-            Err(RouteError::Unavailable) => {
-                self.router.route_again(&self.routed.state.name, &self.routed, exclude, cost)
-            }
-            chosen => chosen,
-        }
+        self.router.route_routed(&self.routed, exclude)
     }
 
     /// As [`WorkerRouter::wait`] for this handle's model.
-    pub fn wait<T>(&self, exclude: &[WorkerId], ticket: Ticket, timer: T) -> Wait<T> {
-        Wait::new(self.clone(), exclude, ticket, timer)
-    }
-
-    /// The model's waiting line.
-    pub(crate) fn line(&self) -> &Line {
-        &self.routed.state.line
-    }
-
-    /// The model's published view.
-    pub(crate) fn view(&self) -> &Swap<ModelView> {
-        self.routed.state.view()
+    pub fn wait<T>(&self, exclude: &[WorkerId], ticket: Ticket, timer: T) -> Wait<'_, T> {
+        Wait::new(&self.router, self.routed.clone(), exclude, ticket, timer)
     }
 
     /// A handle for one thread (or one task) that keeps the model's last

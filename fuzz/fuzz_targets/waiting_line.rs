@@ -76,8 +76,8 @@ impl Wake for Flag {
 }
 
 /// A real waiter and its reference twin.
-struct Waiter {
-    wait: Pin<Box<Wait<Timer>>>,
+struct Waiter<'r> {
+    wait: Pin<Box<Wait<'r, Timer>>>,
     fired: Rc<Cell<bool>>,
     flag: Arc<Flag>,
     /// (deadline, arrival): the reference's order.
@@ -86,7 +86,7 @@ struct Waiter {
     woken: bool,
 }
 
-impl Waiter {
+impl Waiter<'_> {
     fn poll(&mut self) -> Poll<Result<WorkerId, WaitError>> {
         self.flag.0.store(false, Ordering::SeqCst);
         let waker = Waker::from(self.flag.clone());
@@ -94,20 +94,20 @@ impl Waiter {
     }
 }
 
-struct Model {
+struct Model<'r> {
     monitor: Arc<WorkerMonitor>,
-    router: WorkerRouter,
+    router: &'r WorkerRouter,
     workers: u64,
     base: Instant,
     /// The line, in no order (the key orders it).
-    line: Vec<Waiter>,
+    line: Vec<Waiter<'r>>,
     busy: Vec<bool>,
     spent: Vec<WorkerId>,
     seq: Vec<u64>,
     arrivals: u64,
 }
 
-impl Model {
+impl<'r> Model<'r> {
     fn free(&self) -> Vec<WorkerId> {
         (1..=self.workers).filter(|w| !self.busy[*w as usize] && !self.spent.contains(w)).collect()
     }
@@ -134,7 +134,7 @@ impl Model {
 
     /// Takes waiter `i` out of the reference line, forgetting the spent
     /// workers when it empties; `was` the woken flag.
-    fn remove(&mut self, i: usize) -> Waiter {
+    fn remove(&mut self, i: usize) -> Waiter<'r> {
         let waiter = self.line.swap_remove(i);
         if self.line.is_empty() {
             self.spent.clear();
@@ -192,7 +192,7 @@ fuzz_target!(|input: Input| {
     let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
     let mut m = Model {
         monitor,
-        router,
+        router: &router,
         workers,
         base: Instant::now(),
         line: Vec::new(),

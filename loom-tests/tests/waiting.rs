@@ -39,13 +39,13 @@ impl Wake for Flag {
 type Pending = std::future::Pending<()>;
 
 /// One request of the line, with its own waker.
-struct Waiter {
-    wait: Pin<Box<Wait<Pending>>>,
+struct Waiter<'r> {
+    wait: Pin<Box<Wait<'r, Pending>>>,
     woken: Arc<Flag>,
 }
 
-impl Waiter {
-    fn new(router: &WorkerRouter) -> Self {
+impl<'r> Waiter<'r> {
+    fn new(router: &'r WorkerRouter) -> Self {
         let ticket = Ticket::new(1, Instant::now() + Duration::from_secs(60));
         Waiter {
             wait: Box::pin(router.wait(MODEL, &[], ticket, std::future::pending())),
@@ -151,11 +151,10 @@ fn the_count_bound_holds_on_both_sides() {
     for limit in [1, 2] {
         run_model_with("waiting/the_count_bound_holds_on_both_sides", 3, move || {
             let (monitor, router) = busy_pool(limit);
-            let other = {
-                let router = router.clone();
-                thread::spawn(move || Waiter::new(&router).poll_kept())
-            };
-            let (mine, _kept) = Waiter::new(&router).poll_kept();
+            // 'static for the other thread: one small router per execution.
+            let router: &'static WorkerRouter = Box::leak(Box::new(router));
+            let other = thread::spawn(move || Waiter::new(router).poll_kept());
+            let (mine, _kept) = Waiter::new(router).poll_kept();
             let (theirs, _kept_too) = other.join().unwrap();
             let joined = [mine, theirs].iter().filter(|p| p.is_pending()).count();
             let refused = [mine, theirs].iter().filter(|p| **p == Poll::Ready(Err(WaitError::QueueFull))).count();
@@ -165,9 +164,9 @@ fn the_count_bound_holds_on_both_sides() {
     }
 }
 
-impl Waiter {
+impl<'r> Waiter<'r> {
     /// Polls once and keeps the waiter (a dropped one would leave).
-    fn poll_kept(mut self) -> (Poll<Result<WorkerId, WaitError>>, Waiter) {
+    fn poll_kept(mut self) -> (Poll<Result<WorkerId, WaitError>>, Waiter<'r>) {
         let first = self.poll();
         (first, self)
     }

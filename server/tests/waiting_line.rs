@@ -209,7 +209,10 @@ async fn a_full_line_refuses_at_once_with_reason_queue_full() {
     let (status, reason, took) = send(&fe, fe.client.clone()).await;
     assert_eq!((status, reason.as_deref()), (529, Some("queue_full")));
     assert!(took < Duration::from_secs(2), "at once, not after waiting: {took:?}");
+    // One waiter per report: the second report must come after the first
+    // dispatch (a report before it would find the worker not yet spent).
     worker.report(false);
+    wait_received(&worker.http, 1).await;
     worker.report(false);
     for waiter in waiters {
         assert_eq!(waiter.await.unwrap().0, 200);

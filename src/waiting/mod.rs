@@ -47,7 +47,6 @@ mod tests;
 mod wait;
 
 use std::fmt;
-use std::task::Waker;
 use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
@@ -189,13 +188,9 @@ impl Line {
         }
     }
 
-    /// Wakes as many waiters as there are free workers, then releases the
-    /// lock and calls their wakers.
+    /// Wakes as many waiters as there are free workers.
     fn wake(&self, mut queue: MutexGuard<'_, Queue>, view: &crate::sync::Swap<ModelView>) {
         let free = crate::route::eligible_count(&view.load(), queue.spent());
-        let mut wakers: Vec<Waker> = Vec::new();
-        queue.wake(free, &mut wakers);
-        drop(queue);
-        wakers.into_iter().for_each(Waker::wake);
+        queue.wake(free);
     }
 }

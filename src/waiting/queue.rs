@@ -2,7 +2,7 @@
 //! waiters in deadline order, their queued tokens, which of them are woken,
 //! and the workers the line dispatched to since their last report.
 
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::task::Waker;
 use std::time::Instant;
 
@@ -14,6 +14,7 @@ pub(super) type Key = (Instant, u64);
 
 /// One waiter.
 struct Waiter {
+    key: Key,
     /// Its prompt tokens (counted against the token limit).
     tokens: u64,
     /// Told that a worker may be free for it: its next poll routes.
@@ -25,7 +26,9 @@ struct Waiter {
 /// The line's contents (under the line's lock).
 #[derive(Default)]
 pub(super) struct Queue {
-    waiters: BTreeMap<Key, Waiter>,
+    /// In key order (arrivals almost always go to the back: same timeout,
+    /// later deadline).
+    waiters: VecDeque<Waiter>,
     /// The sum of the waiters' tokens.
     tokens: u64,
     /// Waiters with `woken` set.
@@ -76,18 +79,35 @@ impl Queue {
         let key = (deadline, self.arrivals);
         self.arrivals += 1;
         self.tokens += tokens;
-        self.waiters.insert(key, Waiter { tokens, woken: false, waker: waker.clone() });
+        let waiter = Waiter { key, tokens, woken: false, waker: waker.clone() };
+        if self.waiters.back().is_none_or(|last| last.key < key) {
+            self.waiters.push_back(waiter);
+        } else {
+            let at = self.waiters.partition_point(|w| w.key < key);
+            self.waiters.insert(at, waiter);
+        }
         Ok(key)
+    }
+
+    /// The waiter at `key`.
+    fn get_mut(&mut self, key: &Key) -> Option<&mut Waiter> {
+        let at = self.waiters.binary_search_by_key(key, |w| w.key).ok()?;
+        self.waiters.get_mut(at)
+    }
+
+    /// Whether every waiter is woken (true for an empty line).
+    pub(super) fn all_woken(&self) -> bool {
+        self.woken == self.waiters.len()
     }
 
     /// Whether the waiter at `key` was woken (and so routes now).
     pub(super) fn is_woken(&self, key: &Key) -> bool {
-        self.waiters.get(key).is_some_and(|w| w.woken)
+        self.waiters.binary_search_by_key(key, |w| w.key).is_ok_and(|at| self.waiters[at].woken)
     }
 
     /// Keeps the waker of the waiter's latest poll.
     pub(super) fn set_waker(&mut self, key: &Key, waker: &Waker) {
-        if let Some(waiter) = self.waiters.get_mut(key) {
+        if let Some(waiter) = self.get_mut(key) {
             if !waiter.waker.will_wake(waker) {
                 waiter.waker = waker.clone();
             }
@@ -97,7 +117,7 @@ impl Queue {
     /// A woken waiter found no worker after all: it waits for the next
     /// wake-up.
     pub(super) fn unwake(&mut self, key: &Key) {
-        if let Some(waiter) = self.waiters.get_mut(key).filter(|w| w.woken) {
+        if let Some(waiter) = self.get_mut(key).filter(|w| w.woken) {
             waiter.woken = false;
             self.woken -= 1;
         }
@@ -107,7 +127,8 @@ impl Queue {
     /// returns whether it had been woken. An empty line forgets the spent
     /// workers: with nobody waiting, dispatches are not throttled.
     pub(super) fn leave(&mut self, key: &Key) -> Option<bool> {
-        let waiter = self.waiters.remove(key)?;
+        let at = self.waiters.binary_search_by_key(key, |w| w.key).ok()?;
+        let waiter = self.waiters.remove(at)?;
         self.tokens -= waiter.tokens;
         if waiter.woken {
             self.woken -= 1;
@@ -142,20 +163,22 @@ impl Queue {
     }
 
     /// With `free` workers the line may give out, wakes the first waiters
-    /// (in deadline order) not yet woken until `free` are woken; pushes
-    /// their wakers to `wake`, to call once the lock is released.
-    pub(super) fn wake(&mut self, free: usize, wake: &mut Vec<Waker>) {
+    /// (in deadline order) not yet woken until `free` are woken. Their
+    /// wakers are called here, under the line's lock: a waker only
+    /// schedules its task (which then takes the lock), and calling it by
+    /// reference clones nothing.
+    pub(super) fn wake(&mut self, free: usize) {
         if self.woken >= free {
             return;
         }
-        for waiter in self.waiters.values_mut() {
+        for waiter in &mut self.waiters {
             if self.woken >= free {
                 break;
             }
             if !waiter.woken {
                 waiter.woken = true;
                 self.woken += 1;
-                wake.push(waiter.waker.clone());
+                waiter.waker.wake_by_ref();
             }
         }
     }
@@ -177,12 +200,10 @@ mod tests {
         let limits = LineLimits::default();
         let late = q.join(now + Duration::from_secs(2), 10, limits, &noop()).unwrap();
         let early = q.join(now + Duration::from_secs(1), 10, limits, &noop()).unwrap();
-        let mut woken = Vec::new();
-        q.wake(1, &mut woken);
-        assert_eq!(woken.len(), 1);
+        q.wake(1);
         assert!(q.is_woken(&early) && !q.is_woken(&late));
-        q.wake(1, &mut woken);
-        assert_eq!(woken.len(), 1, "one free worker, one woken waiter");
+        q.wake(1);
+        assert!(!q.is_woken(&late), "one free worker, one woken waiter");
         q.dispatched_to(&early, 7);
         assert_eq!(q.spent(), [7]);
         assert!(q.reported(7));

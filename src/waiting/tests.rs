@@ -40,7 +40,7 @@ impl Wake for Count {
 struct Pool {
     monitor: Arc<WorkerMonitor>,
     router: WorkerRouter,
-    seq: u64,
+    seq: std::sync::atomic::AtomicU64,
 }
 
 impl Pool {
@@ -55,14 +55,14 @@ impl Pool {
             monitor.register(w, "m", 1, 0).unwrap();
         }
         let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
-        Pool { monitor, router, seq: 0 }
+        Pool { monitor, router, seq: Default::default() }
     }
 
-    fn report(&mut self, worker: WorkerId, busy: bool) {
-        self.seq += 1;
+    fn report(&self, worker: WorkerId, busy: bool) {
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
         let load =
             RankLoad { active_decode_blocks: if busy { 90 } else { 10 }, kv_total_blocks: 100, ..Default::default() };
-        self.monitor.apply(&LoadReport { worker, seq: self.seq, load, ..Default::default() }).unwrap();
+        self.monitor.apply(&LoadReport { worker, seq, load, ..Default::default() }).unwrap();
     }
 
     fn waiting(&self) -> usize {
@@ -70,14 +70,14 @@ impl Pool {
     }
 }
 
-type Waiting = Pin<Box<crate::Wait<Timer>>>;
+type Waiting<'r> = Pin<Box<crate::Wait<'r, Timer>>>;
 
-fn wait(pool: &Pool, timer: &Timer) -> Waiting {
+fn wait<'r>(pool: &'r Pool, timer: &Timer) -> Waiting<'r> {
     let ticket = Ticket::new(10, Instant::now() + Duration::from_secs(60));
     Box::pin(pool.router.wait("m", &[], ticket, timer.clone()))
 }
 
-fn poll(w: &mut Waiting, wakes: &Arc<Count>) -> Poll<Result<WorkerId, WaitError>> {
+fn poll(w: &mut Waiting<'_>, wakes: &Arc<Count>) -> Poll<Result<WorkerId, WaitError>> {
     let waker = Waker::from(wakes.clone());
     w.as_mut().poll(&mut Context::from_waker(&waker))
 }
@@ -92,7 +92,7 @@ fn routes_at_once_when_a_worker_is_free() {
 
 #[test]
 fn a_waiter_is_woken_by_the_report_that_frees_a_worker() {
-    let mut pool = Pool::new(1, LineLimits::default());
+    let pool = Pool::new(1, LineLimits::default());
     pool.report(1, true);
     let wakes = Arc::new(Count::default());
     let mut w = wait(&pool, &Timer::default());
@@ -109,7 +109,7 @@ fn a_waiter_is_woken_by_the_report_that_frees_a_worker() {
 
 #[test]
 fn a_freed_worker_takes_one_waiter_per_report() {
-    let mut pool = Pool::new(1, LineLimits::default());
+    let pool = Pool::new(1, LineLimits::default());
     pool.report(1, true);
     let wakes: Vec<Arc<Count>> = (0..3).map(|_| Arc::default()).collect();
     let mut waiters: Vec<Waiting> = (0..3).map(|_| wait(&pool, &Timer::default())).collect();
@@ -135,7 +135,7 @@ fn a_freed_worker_takes_one_waiter_per_report() {
 
 #[test]
 fn the_deadline_and_a_drop_leave_the_line_and_pass_the_wake_up_on() {
-    let mut pool = Pool::new(1, LineLimits::default());
+    let pool = Pool::new(1, LineLimits::default());
     pool.report(1, true);
     let timer = Timer::default();
     let (first, second) = (Arc::new(Count::default()), Arc::new(Count::default()));
@@ -157,7 +157,7 @@ fn the_deadline_and_a_drop_leave_the_line_and_pass_the_wake_up_on() {
 
 #[test]
 fn a_full_line_refuses_at_once() {
-    let mut pool = Pool::new(1, LineLimits { max_waiting: 1, max_tokens: u64::MAX });
+    let pool = Pool::new(1, LineLimits { max_waiting: 1, max_tokens: u64::MAX });
     pool.report(1, true);
     let mut a = wait(&pool, &Timer::default());
     assert_eq!(poll(&mut a, &Arc::default()), Poll::Pending);

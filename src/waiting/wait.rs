@@ -21,8 +21,8 @@ use pin_project_lite::pin_project;
 use super::queue::{Key, Queue};
 use super::{Line, Ticket, WaitError};
 use crate::load::WorkerId;
-use crate::route::{ModelRouter, RouteError};
-use crate::sync::{lock, MutexGuard, Ordering};
+use crate::route::{RouteError, RoutedModel, WorkerRouter};
+use crate::sync::{lock, Arc, MutexGuard, Ordering};
 
 pin_project! {
     /// Routes a request, waiting in its model's line while no worker is
@@ -32,21 +32,23 @@ pin_project! {
     /// Made by [`ModelRouter::wait`](crate::ModelRouter::wait) and
     /// [`WorkerRouter::wait`](crate::WorkerRouter::wait).
     #[must_use = "a Wait does nothing unless polled"]
-    pub struct Wait<T> {
+    pub struct Wait<'r, T> {
         #[pin]
         timer: T,
-        router: Option<ModelRouter>,
+        router: &'r WorkerRouter,
+        // `None`: failed before it started (unknown model).
+        routed: Option<Arc<RoutedModel>>,
         exclude: Vec<WorkerId>,
         ticket: Ticket,
         phase: Phase,
     }
 
-    impl<T> PinnedDrop for Wait<T> {
+    impl<T> PinnedDrop for Wait<'_, T> {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            if let (Phase::Queued(key), Some(router)) = (&*this.phase, this.router.as_ref()) {
-                let line = router.line();
-                leave(line, router, lock(&line.queue), key);
+            if let (Phase::Queued(key), Some(routed)) = (&*this.phase, this.routed.as_deref()) {
+                let line = &routed.state.line;
+                leave(line, routed, lock(&line.queue), key);
             }
         }
     }
@@ -63,40 +65,46 @@ enum Phase {
     Done(Option<WaitError>),
 }
 
-impl<T> Wait<T> {
-    pub(crate) fn new(router: ModelRouter, exclude: &[WorkerId], ticket: Ticket, timer: T) -> Self {
-        Wait { timer, router: Some(router), exclude: exclude.to_vec(), ticket, phase: Phase::Start }
+impl<'r, T> Wait<'r, T> {
+    pub(crate) fn new(
+        router: &'r WorkerRouter,
+        routed: Arc<RoutedModel>,
+        exclude: &[WorkerId],
+        ticket: Ticket,
+        timer: T,
+    ) -> Self {
+        Wait { timer, router, routed: Some(routed), exclude: exclude.to_vec(), ticket, phase: Phase::Start }
     }
 
     /// A wait that resolves to `error` at its first poll.
-    pub(crate) fn failed(error: WaitError, ticket: Ticket, timer: T) -> Self {
-        Wait { timer, router: None, exclude: Vec::new(), ticket, phase: Phase::Done(Some(error)) }
+    pub(crate) fn failed(router: &'r WorkerRouter, error: WaitError, ticket: Ticket, timer: T) -> Self {
+        Wait { timer, router, routed: None, exclude: Vec::new(), ticket, phase: Phase::Done(Some(error)) }
     }
 }
 
-impl<T: Future<Output = ()>> Future for Wait<T> {
+impl<T: Future<Output = ()>> Future for Wait<'_, T> {
     type Output = Result<WorkerId, WaitError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let router = match (&mut *this.phase, this.router.as_ref()) {
+        let routed = match (&mut *this.phase, this.routed.as_deref()) {
             (Phase::Done(error), _) => {
                 let error = error.take().expect("Wait polled after it resolved");
                 return Poll::Ready(Err(error));
             }
-            (_, Some(router)) => router,
-            (_, None) => unreachable!("only a failed Wait has no router"),
+            (_, Some(routed)) => routed,
+            (_, None) => unreachable!("only a failed Wait has no model"),
         };
-        let line = router.line();
+        let router = Routing { router: this.router, routed };
+        let line = &routed.state.line;
         if this.timer.poll(cx).is_ready() {
             if let Phase::Queued(key) = &*this.phase {
-                leave(line, router, lock(&line.queue), key);
+                leave(line, routed, lock(&line.queue), key);
             }
             *this.phase = Phase::Done(None);
             return Poll::Ready(Err(WaitError::Deadline));
         }
-        let mut wakers = Vec::new();
-        let (mut queue, key) = match &*this.phase {
+        let (queue, key) = match &*this.phase {
             Phase::Queued(key) => (lock(&line.queue), *key),
             Phase::Start => {
                 if !line.is_waiting() {
@@ -109,6 +117,9 @@ impl<T: Future<Output = ()>> Future for Wait<T> {
                     }
                 }
                 let mut queue = lock(&line.queue);
+                // Every waiter already in the line woken (or none there):
+                // a worker may be free for this one too.
+                let all_woken = queue.all_woken();
                 let key = match queue.join(this.ticket.deadline, this.ticket.tokens, line.limits, cx.waker()) {
                     Ok(key) => key,
                     Err(full) => {
@@ -120,17 +131,20 @@ impl<T: Future<Output = ()>> Future for Wait<T> {
                 // see the module docs (no lost wake-up).
                 line.waiting.fetch_add(1, Ordering::AcqRel);
                 *this.phase = Phase::Queued(key);
-                // A publication may have come just before the increment:
-                // wake those ahead (and maybe this one) if workers are free.
-                wake_under(router, &mut queue, &mut wakers);
+                // A publication may have come just before the increment
+                // (the line was empty, so it woke nobody), or workers may
+                // be free beyond those woken: wake up to the free count,
+                // maybe this one. Otherwise a waiter ahead is not woken, so
+                // no worker is free (every publication and report since
+                // the line was not empty woke as many as were free).
+                if all_woken {
+                    wake_under(routed, &mut queue);
+                }
                 (queue, key)
             }
             Phase::Done(_) => unreachable!("handled above"),
         };
-        queue.set_waker(&key, cx.waker());
-        let result = dispatch(line, router, this.exclude, queue, &key, cx);
-        // Others' wakers, after the lock (our own, if there: one spurious poll).
-        wakers.into_iter().for_each(std::task::Waker::wake);
+        let result = dispatch(line, &router, this.exclude, queue, &key, cx);
         finish(this.phase, result)
     }
 }
@@ -143,11 +157,24 @@ fn finish(phase: &mut Phase, result: Poll<Result<WorkerId, WaitError>>) -> Poll<
     result
 }
 
+/// A router and the model it routes.
+struct Routing<'a> {
+    router: &'a WorkerRouter,
+    routed: &'a RoutedModel,
+}
+
+impl Routing<'_> {
+    #[inline]
+    fn route(&self, exclude: &[WorkerId]) -> Result<WorkerId, RouteError> {
+        self.router.route_routed(self.routed, exclude)
+    }
+}
+
 /// Under the lock: a woken waiter routes among the free workers (its own
 /// exclusions and the spent ones left out); any other waits.
 fn dispatch(
     line: &Line,
-    router: &ModelRouter,
+    router: &Routing<'_>,
     exclude: &[WorkerId],
     mut queue: MutexGuard<'_, Queue>,
     key: &Key,
@@ -157,9 +184,14 @@ fn dispatch(
         queue.set_waker(key, cx.waker());
         return Poll::Pending;
     }
-    let mut skip = exclude.to_vec();
-    skip.extend(queue.spent().iter().filter(|w| !exclude.contains(w)));
-    match router.route(&skip) {
+    let routed = if exclude.is_empty() {
+        router.route(queue.spent())
+    } else {
+        let mut skip = exclude.to_vec();
+        skip.extend(queue.spent().iter().filter(|w| !exclude.contains(w)));
+        router.route(&skip)
+    };
+    match routed {
         Ok(worker) => {
             queue.dispatched_to(key, worker);
             // AcqRel: the count changes only under the lock; an RMW like
@@ -173,7 +205,7 @@ fn dispatch(
             Poll::Pending
         }
         Err(other) => {
-            leave(line, router, queue, key);
+            leave(line, router.routed, queue, key);
             Poll::Ready(Err(WaitError::from(other)))
         }
     }
@@ -181,23 +213,19 @@ fn dispatch(
 
 /// Takes the waiter out of the line without a worker; a woken one passes
 /// its wake-up on.
-fn leave(line: &Line, router: &ModelRouter, mut queue: MutexGuard<'_, Queue>, key: &Key) {
+fn leave(line: &Line, routed: &RoutedModel, mut queue: MutexGuard<'_, Queue>, key: &Key) {
     let Some(was_woken) = queue.leave(key) else { return };
     // AcqRel: see `dispatch`.
     line.waiting.fetch_sub(1, Ordering::AcqRel);
     if was_woken {
-        let mut wakers = Vec::new();
-        wake_under(router, &mut queue, &mut wakers);
-        drop(queue);
-        wakers.into_iter().for_each(std::task::Waker::wake);
+        wake_under(routed, &mut queue);
     }
 }
 
-/// Wakes as many waiters as there are free workers (under the lock; the
-/// caller calls the wakers after releasing it).
-fn wake_under(router: &ModelRouter, queue: &mut Queue, wakers: &mut Vec<std::task::Waker>) {
-    let free = crate::route::eligible_count(&router.view().load(), queue.spent());
-    queue.wake(free, wakers);
+/// Wakes as many waiters as there are free workers (under the lock).
+fn wake_under(routed: &RoutedModel, queue: &mut Queue) {
+    let free = crate::route::eligible_count(&routed.state.view().load(), queue.spent());
+    queue.wake(free);
 }
 
 impl From<RouteError> for WaitError {

@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -20,7 +20,7 @@ use loadgate::{
 
 use crate::frontend::inflight::Held;
 use crate::frontend::line::wait_in_line;
-use crate::frontend::observe::{ModelLabel, RequestId, REQUEST_ID_HEADER};
+use crate::frontend::observe::{ModelLabel, RequestId, Waited, REQUEST_ID_HEADER};
 use crate::frontend::reply::{self, RejectedReasons};
 use crate::frontend::request::read_head;
 use crate::frontend::state::Frontend;
@@ -137,8 +137,12 @@ async fn proxy(frontend: Arc<Frontend>, endpoint: Endpoint, id: Option<RequestId
     };
     let payload = Payload::new(route, body, frontend.bodies.clone());
     let request = Outgoing { endpoint, prompt, payload, id: id.as_ref() };
-    let mut response = route_and_send(&frontend, &model, &request).await;
+    let mut waited = None;
+    let mut response = route_and_send(&frontend, &model, &request, &mut waited).await;
     response.extensions_mut().insert(ModelLabel(Arc::from(model.as_str())));
+    if let Some(waited) = waited {
+        response.extensions_mut().insert(Waited(waited));
+    }
     response
 }
 
@@ -153,7 +157,14 @@ struct Outgoing<'a> {
 
 /// Routes the request and sends it, migrating on refusals and failures,
 /// until a worker answers or none is left.
-async fn route_and_send(frontend: &Arc<Frontend>, model: &str, request: &Outgoing<'_>) -> Response {
+/// `waited` adds up the time spent in the model's waiting line (stays
+/// `None` when the model has no line).
+async fn route_and_send(
+    frontend: &Arc<Frontend>,
+    model: &str,
+    request: &Outgoing<'_>,
+    waited: &mut Option<Duration>,
+) -> Response {
     let endpoint = request.endpoint;
     // The request proof vouches for the body: hashed at the first dispatch
     // (a shed request is never hashed), once for every attempt.
@@ -171,8 +182,9 @@ async fn route_and_send(frontend: &Arc<Frontend>, model: &str, request: &Outgoin
         let routed = match wait_until {
             Some(deadline) => {
                 let timeout = deadline.saturating_duration_since(Instant::now());
-                let (routed, _waited) =
+                let (routed, took) =
                     wait_in_line(&frontend.router, &frontend.queue, model, &exclude, request.prompt, timeout).await;
+                *waited = Some(waited.unwrap_or_default() + took);
                 routed
             }
             None => frontend.router.route(model, &exclude).map_err(WaitError::from),

@@ -127,7 +127,7 @@ async fn busy_threshold_reads_sets_clears_and_takes_effect_at_once() {
     fe.wait_workers(1).await;
     let unset = json!({"model": MODEL, "active_decode_blocks_threshold": null,
         "active_prefill_tokens_threshold": null, "active_prefill_tokens_threshold_frac": null,
-        "active_waiting_requests_threshold": null});
+        "active_waiting_requests_threshold": null, "router_queue_timeout_ms": 0});
 
     // Read: GET lists every model; a POST with only the model reads it.
     let all: Value = fe.client.get(format!("{}/busy_threshold", fe.admin)).send().await.unwrap().json().await.unwrap();

@@ -14,7 +14,9 @@
 //!   `loadgate::access` (`tracked.rs`): `request_id`, `method`, `path`,
 //!   `status`, `model` (the proxy's [`ModelLabel`], quoted; `none` without
 //!   one), `duration_ms`, `ttft_ms` (to the first body frame), `bytes`,
-//!   `client_gone`, `body_error`.
+//!   `client_gone`, `body_error`, `waited_ms` (in the model's waiting line;
+//!   `none` when the model has no line) and `reason` (an overload
+//!   refusal's `x-loadgate-rejected-reason`, else `none`).
 //!
 //! The access log is off by default (`logging.rs`); `RUST_LOG=info` turns it
 //! on with everything else, `RUST_LOG=warn,loadgate::access=info` alone.
@@ -42,8 +44,8 @@ use axum::middleware::Next;
 use axum::response::Response;
 
 pub(crate) use self::metrics::RequestMetrics;
-pub(crate) use self::observer::ModelLabel;
 use self::observer::Observer;
+pub(crate) use self::observer::{ModelLabel, Waited};
 pub(crate) use self::request_id::{RequestId, REQUEST_ID_HEADER};
 use self::route::Route;
 use self::tracked::{Head, Pending};

@@ -14,6 +14,11 @@ pub(crate) const ACCESS_TARGET: &str = "loadgate::access";
 #[derive(Clone, Debug)]
 pub(crate) struct ModelLabel(pub(crate) Arc<str>);
 
+/// How long a proxied request waited in its model's waiting line (set by
+/// the proxy when the model has a line), for the access log.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Waited(pub(crate) std::time::Duration);
+
 /// What the layer shares between requests.
 #[derive(Debug)]
 pub(super) struct Observer {

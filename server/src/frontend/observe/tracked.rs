@@ -8,14 +8,15 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
-use axum::http::{header, Method, StatusCode};
+use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::response::Response;
 use http_body::{Body as _, Frame, SizeHint};
 
 use super::metrics::{ModelKey, ModelRow, Series, Timing};
-use super::observer::{ModelLabel, Observer, ACCESS_TARGET};
+use super::observer::{ModelLabel, Observer, Waited, ACCESS_TARGET};
 use super::request_id::RequestId;
 use super::route::{code_of, End, Route};
+use crate::frontend::reply::REJECTED_REASON;
 
 /// Longest path or model name written into an access-log line.
 const LOGGED_LEN: usize = 256;
@@ -91,6 +92,8 @@ impl Drop for Pending {
                 last_event: None,
                 bytes: 0,
                 inflight: false,
+                waited: None,
+                reason: None,
             };
             tracker.finish(End::ClientGone);
         }
@@ -114,11 +117,17 @@ struct Tracker {
     bytes: u64,
     /// Counted in its row's `inflight` gauge (an LLM request).
     inflight: bool,
+    /// Time in the model's waiting line (the proxy's [`Waited`]).
+    waited: Option<Duration>,
+    /// An overload refusal's reasons (its `x-loadgate-rejected-reason`).
+    reason: Option<HeaderValue>,
 }
 
 impl Tracker {
     fn start(observer: &Observer, head: Head, response: &Response) -> Self {
         let model = response.extensions().get::<ModelLabel>().map(|label| label.0.clone());
+        let waited = response.extensions().get::<Waited>().map(|w| w.0);
+        let reason = response.headers().get(REJECTED_REASON).cloned();
         let monitor = &observer.frontend.monitor;
         let key = match &model {
             Some(model) if monitor.has_model(model) => ModelKey::Known(model.clone()),
@@ -135,7 +144,7 @@ impl Tracker {
             row.inflight.inc();
         }
         let status = Some(response.status());
-        Tracker { head, status, model, row, stream, first: None, last_event: None, bytes: 0, inflight }
+        Tracker { head, status, model, row, stream, first: None, last_event: None, bytes: 0, inflight, waited, reason }
     }
 
     /// A 2xx response of an LLM route (the TTFT and ITL histograms).
@@ -187,6 +196,8 @@ impl Tracker {
             model = %Shown(self.model.as_deref().map(|m| Quoted(cut(m)))),
             duration_ms = millis(elapsed),
             ttft_ms = %Shown(self.first.map(millis)),
+            waited_ms = %Shown(self.waited.map(millis)),
+            reason = %Shown(self.reason.as_ref().and_then(|r| r.to_str().ok())),
             bytes = self.bytes,
             client_gone = end == End::ClientGone,
             body_error = end == End::Failed,
