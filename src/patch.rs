@@ -4,7 +4,7 @@
 //! # Format
 //!
 //! A JSON object with a required `"model"` (a non-empty string) and any of
-//! four optional fields:
+//! five optional fields:
 //!
 //! | field | value |
 //! |---|---|
@@ -12,9 +12,11 @@
 //! | `active_prefill_tokens_threshold` | a non-negative integer (`u64`) |
 //! | `active_prefill_tokens_threshold_frac` | a number in `[0, 1_000_000]` |
 //! | `active_waiting_requests_threshold` | a non-negative integer (`u64`) |
+//! | `router_queue_timeout_ms` | whole milliseconds, 0 to 86,400,000 (the frontend's waiting line; 0: none) |
 //!
 //! A field that is absent leaves the threshold unchanged, a number sets it,
-//! `null` clears it. A body with only `"model"` reads the thresholds. Any
+//! `null` clears it (for `router_queue_timeout_ms`: back to the frontend's
+//! default). A body with only `"model"` reads the thresholds. Any
 //! other key, a value of another type, or a number out of range is an error,
 //! never a silent default (a typo must not turn a change into a read).
 //!

@@ -306,8 +306,7 @@ fn no_worker_left(
 fn refused_from_line(frontend: &Frontend, endpoint: Endpoint, model: &str, error: WaitError) -> Response {
     let reason = if error == WaitError::Deadline { Reason::Deadline } else { Reason::QueueFull };
     frontend.metrics.record(model, endpoint, [reason]);
-    let waiting = frontend.monitor.line_stats(model).map_or(0, |stats| stats.waiting as u64);
-    reply::overloaded(frontend.retry_after_waiting(waiting), &RejectedReasons::collect([reason]))
+    reply::overloaded(frontend.retry_after_waiting(frontend.waiting(model)), &RejectedReasons::collect([reason]))
 }
 
 /// The answer after the last worker tried failed: 504 for a timeout, else 502.

@@ -148,7 +148,15 @@ impl Frontend {
         let busy = Reason::from_signals(self.monitor.model_busy_reasons(model));
         let reasons = reply::RejectedReasons::collect(busy.chain(causes));
         self.metrics.record(model, endpoint, reasons.iter());
-        reply::overloaded(self.retry_after(), &reasons)
+        reply::overloaded(self.retry_after_waiting(self.waiting(model)), &reasons)
+    }
+
+    /// Requests waiting in `model`'s line (0 without a line: nothing read).
+    pub(crate) fn waiting(&self, model: &str) -> u64 {
+        if self.queue.timeout(model).is_none() {
+            return 0;
+        }
+        self.monitor.line_stats(model).map_or(0, |stats| stats.waiting as u64)
     }
 
     /// Answers 503 Unavailable with the retry hint.
