@@ -89,46 +89,45 @@ impl Queue {
         Ok(key)
     }
 
-    /// The waiter at `key`.
-    fn get_mut(&mut self, key: &Key) -> Option<&mut Waiter> {
-        let at = self.waiters.binary_search_by_key(key, |w| w.key).ok()?;
-        self.waiters.get_mut(at)
-    }
-
     /// Whether every waiter is woken (true for an empty line).
     pub(super) fn all_woken(&self) -> bool {
         self.woken == self.waiters.len()
     }
 
-    /// Whether the waiter at `key` was woken (and so routes now).
-    pub(super) fn is_woken(&self, key: &Key) -> bool {
-        self.waiters.binary_search_by_key(key, |w| w.key).is_ok_and(|at| self.waiters[at].woken)
+    /// Where the waiter at `key` is.
+    pub(super) fn find(&self, key: &Key) -> Option<usize> {
+        self.waiters.binary_search_by_key(key, |w| w.key).ok()
+    }
+
+    /// Whether the waiter at `at` was woken (and so routes now).
+    pub(super) fn is_woken(&self, at: usize) -> bool {
+        self.waiters[at].woken
     }
 
     /// Keeps the waker of the waiter's latest poll.
-    pub(super) fn set_waker(&mut self, key: &Key, waker: &Waker) {
-        if let Some(waiter) = self.get_mut(key) {
-            if !waiter.waker.will_wake(waker) {
-                waiter.waker = waker.clone();
-            }
+    pub(super) fn set_waker(&mut self, at: usize, waker: &Waker) {
+        let waiter = &mut self.waiters[at];
+        if !waiter.waker.will_wake(waker) {
+            waiter.waker = waker.clone();
         }
     }
 
     /// A woken waiter found no worker after all: it waits for the next
     /// wake-up.
-    pub(super) fn unwake(&mut self, key: &Key) {
-        if let Some(waiter) = self.get_mut(key).filter(|w| w.woken) {
+    pub(super) fn unwake(&mut self, at: usize) {
+        let waiter = &mut self.waiters[at];
+        if waiter.woken {
             waiter.woken = false;
             self.woken -= 1;
         }
     }
 
-    /// Takes the waiter out (served, cancelled or past its deadline);
-    /// returns whether it had been woken. An empty line forgets the spent
-    /// workers: with nobody waiting, dispatches are not throttled.
-    pub(super) fn leave(&mut self, key: &Key) -> Option<bool> {
-        let at = self.waiters.binary_search_by_key(key, |w| w.key).ok()?;
-        let waiter = self.waiters.remove(at)?;
+    /// Takes the waiter at `at` out (served, cancelled or past its
+    /// deadline); returns whether it had been woken. An empty line forgets
+    /// the spent workers: with nobody waiting, dispatches are not
+    /// throttled.
+    pub(super) fn leave(&mut self, at: usize) -> bool {
+        let waiter = self.waiters.remove(at).expect("a waiter at this place");
         self.tokens -= waiter.tokens;
         if waiter.woken {
             self.woken -= 1;
@@ -136,17 +135,16 @@ impl Queue {
         if self.waiters.is_empty() {
             self.spent.clear();
         }
-        Some(waiter.woken)
+        waiter.woken
     }
 
-    /// The waiter at `key` was routed to `worker`: it leaves, and `worker`
+    /// The waiter at `at` was routed to `worker`: it leaves, and `worker`
     /// takes no other waiter until it reports.
-    pub(super) fn dispatched_to(&mut self, key: &Key, worker: WorkerId) {
-        if self.leave(key).is_some() {
-            self.dispatched += 1;
-            if !self.waiters.is_empty() && !self.spent.contains(&worker) {
-                self.spent.push(worker);
-            }
+    pub(super) fn dispatched_to(&mut self, at: usize, worker: WorkerId) {
+        self.leave(at);
+        self.dispatched += 1;
+        if !self.waiters.is_empty() && !self.spent.contains(&worker) {
+            self.spent.push(worker);
         }
     }
 
@@ -200,15 +198,16 @@ mod tests {
         let limits = LineLimits::default();
         let late = q.join(now + Duration::from_secs(2), 10, limits, &noop()).unwrap();
         let early = q.join(now + Duration::from_secs(1), 10, limits, &noop()).unwrap();
+        let at = |q: &Queue, key| q.find(&key).unwrap();
         q.wake(1);
-        assert!(q.is_woken(&early) && !q.is_woken(&late));
+        assert!(q.is_woken(at(&q, early)) && !q.is_woken(at(&q, late)));
         q.wake(1);
-        assert!(!q.is_woken(&late), "one free worker, one woken waiter");
-        q.dispatched_to(&early, 7);
+        assert!(!q.is_woken(at(&q, late)), "one free worker, one woken waiter");
+        q.dispatched_to(at(&q, early), 7);
         assert_eq!(q.spent(), [7]);
         assert!(q.reported(7));
         assert!(q.spent().is_empty());
-        q.dispatched_to(&late, 7);
+        q.dispatched_to(at(&q, late), 7);
         assert!(q.spent().is_empty(), "an empty line throttles nothing");
         assert_eq!((q.len(), q.tokens(), q.dispatched()), (0, 0, 2));
     }
@@ -222,7 +221,7 @@ mod tests {
         assert_eq!(q.join(now, 41, limits, &noop()), Err(WaitError::QueueFull), "101 tokens");
         let k = q.join(now, 40, limits, &noop()).unwrap();
         assert_eq!(q.join(now, 0, limits, &noop()), Err(WaitError::QueueFull), "3 waiters");
-        assert_eq!(q.leave(&k), Some(false));
+        assert!(!q.leave(q.find(&k).unwrap()));
         assert!(q.join(now, 40, limits, &noop()).is_ok());
         assert_eq!(
             q.join(now, u64::MAX, LineLimits { max_waiting: 9, max_tokens: u64::MAX }, &noop()),

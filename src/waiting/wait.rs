@@ -180,8 +180,9 @@ fn dispatch(
     key: &Key,
     cx: &mut Context<'_>,
 ) -> Poll<Result<WorkerId, WaitError>> {
-    if !queue.is_woken(key) {
-        queue.set_waker(key, cx.waker());
+    let at = queue.find(key).expect("a queued Wait is in the line");
+    if !queue.is_woken(at) {
+        queue.set_waker(at, cx.waker());
         return Poll::Pending;
     }
     let routed = if exclude.is_empty() {
@@ -193,15 +194,15 @@ fn dispatch(
     };
     match routed {
         Ok(worker) => {
-            queue.dispatched_to(key, worker);
+            queue.dispatched_to(at, worker);
             // AcqRel: the count changes only under the lock; an RMW like
             // the joiners' (module docs).
             line.waiting.fetch_sub(1, Ordering::AcqRel);
             Poll::Ready(Ok(worker))
         }
         Err(RouteError::Overloaded) => {
-            queue.unwake(key);
-            queue.set_waker(key, cx.waker());
+            queue.unwake(at);
+            queue.set_waker(at, cx.waker());
             Poll::Pending
         }
         Err(other) => {
@@ -214,7 +215,8 @@ fn dispatch(
 /// Takes the waiter out of the line without a worker; a woken one passes
 /// its wake-up on.
 fn leave(line: &Line, routed: &RoutedModel, mut queue: MutexGuard<'_, Queue>, key: &Key) {
-    let Some(was_woken) = queue.leave(key) else { return };
+    let Some(at) = queue.find(key) else { return };
+    let was_woken = queue.leave(at);
     // AcqRel: see `dispatch`.
     line.waiting.fetch_sub(1, Ordering::AcqRel);
     if was_woken {
