@@ -280,3 +280,70 @@ fn metric_with(text: &str, name: &str, filter: &str) -> Option<f64> {
     }
     found
 }
+
+/// A worker that refuses every request at its hard cap (the refusal
+/// header), counting them.
+struct RefusingWorker {
+    addr: std::net::SocketAddr,
+    requests: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl RefusingWorker {
+    fn start() -> RefusingWorker {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().unwrap();
+        let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = requests.clone();
+        // Bounded: at most 64 connections, each read for at most 2 s; the
+        // thread ends with the test process.
+        std::thread::spawn(move || {
+            for stream in listener.incoming().take(64) {
+                let Ok(mut stream) = stream else { continue };
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = stream.read(&mut buf) {
+                    seen.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&seen).to_ascii_lowercase();
+                    let Some(at) = text.find("\r\n\r\n") else { continue };
+                    let length: usize = text
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    if seen.len() >= at + 4 + length {
+                        break;
+                    }
+                }
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let body = r#"{"error":{"message":"Server overloaded: worker at capacity","type":"Overloaded","param":null,"code":529}}"#;
+                let answer = format!(
+                    "HTTP/1.1 529 Site Overloaded\r\ncontent-type: application/json\r\nx-loadgate-refusal: worker-at-capacity\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes());
+            }
+        });
+        RefusingWorker { addr, requests }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_every_worker_refused_at_its_cap_does_not_wait() {
+    let _box = common::shared().await;
+    let fe = frontend(&["--router-queue-timeout-ms", "10000"]);
+    let refusing = RefusingWorker::start();
+    let mut events = TcpStream::connect(fe.events).expect("event port");
+    std::io::Write::write_all(&mut events, &encoded(&register(WORKER, 1, 1, MODEL, &refusing.addr.to_string())))
+        .expect("register");
+    fe.wait_workers(1, Duration::from_secs(10)).await;
+    // Free by its reports, full at its cap: a refusal no publication would
+    // end, so the request is refused as before, at once.
+    let (status, reason, took) = send(&fe, fe.client.clone()).await;
+    assert_eq!(status, 529);
+    assert!(reason.as_deref().is_some_and(|r| r.contains("worker_capacity")), "{reason:?}");
+    assert!(took < Duration::from_secs(2), "refused at once, not after the 10 s line: {took:?}");
+    assert_eq!(refusing.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(waiting(&fe).await, 0.0);
+}
