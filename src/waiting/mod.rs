@@ -32,7 +32,39 @@
 //! a read-modify-write. The two RMWs are ordered: either the publisher's
 //! reads the joiner's increment (and it takes the line's lock and wakes),
 //! or the joiner's reads from the publisher's, so the joiner's view load
-//! sees the new view (and the joiner wakes itself).
+//! sees the new view (and the joiner wakes itself). A joiner with a waiter
+//! ahead that is not woken skips its own pass: no worker is free then
+//! (every publication and report since the line last emptied woke as many
+//! as were free).
+//!
+//! Wakers are called under the line's lock, by reference: a waker only
+//! schedules its task, which takes the lock when it runs.
+//!
+//! # Example
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::{Duration, Instant};
+//! use loadgate::{BusyThresholds, LoadReport, MonitorConfig, Policy, RankLoad, Ticket, WorkerMonitor, WorkerRouter};
+//! # fn poll<F: std::future::Future + ?Sized>(f: std::pin::Pin<&mut F>) -> std::task::Poll<F::Output> {
+//! #     f.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+//! # }
+//!
+//! let thresholds = BusyThresholds { active_decode_blocks_threshold: Some(0.5), ..Default::default() };
+//! let monitor = Arc::new(WorkerMonitor::new(MonitorConfig { default_thresholds: thresholds, ..Default::default() }).unwrap());
+//! monitor.register(1, "m", 1, 0).unwrap();
+//! let load = |blocks| RankLoad { active_decode_blocks: blocks, kv_total_blocks: 100, ..Default::default() };
+//! monitor.apply(&LoadReport { worker: 1, seq: 1, load: load(90), ..Default::default() }).unwrap(); // busy
+//! let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
+//!
+//! // In a handler: `router.wait(...).await`, with the runtime's sleep as the timer
+//! // (tokio: `tokio::time::sleep_until(deadline.into())`).
+//! let deadline = Instant::now() + Duration::from_millis(500);
+//! let mut wait = Box::pin(router.wait("m", &[], Ticket::new(128, deadline), std::future::pending::<()>()));
+//! assert!(poll(wait.as_mut()).is_pending()); // joined the line
+//! monitor.apply(&LoadReport { worker: 1, seq: 2, load: load(10), ..Default::default() }).unwrap(); // frees: wakes it
+//! assert_eq!(poll(wait.as_mut()), std::task::Poll::Ready(Ok(1)));
+//! ```
 //!
 //! # Leaving
 //!
