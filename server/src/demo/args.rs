@@ -50,9 +50,10 @@ pub struct Args {
           value_parser = clap::value_parser!(u64).range(1..=100))]
     pub scrape_interval_ms: u64,
     /// The objective of SLO goodput, the demo's headline: a request counts when it completes with
-    /// its time to first token within this many ms [default: 500; 1000 with --engines, where an idle
-    /// pool's p99 TTFT is about 0.3 s and a request that waits for one slot to free waits up to one
-    /// service time, about 0.8 s: the objective admits that one wait, not a queue].
+    /// its time to first token within this many ms [default: 500; 1000 with --engines, where the p99
+    /// TTFT at 0.5x was at most 0.3 s in docs/demo.md's runs and a request that waits for one slot to
+    /// free waits up to one service time, about 0.8 s: the objective admits that one wait, not a
+    /// queue].
     #[arg(long, env = "LOADGATE_DEMO_SLO_TTFT_MS", value_parser = crate::flag_limits::ms(1))]
     pub slo_ttft_ms: Option<u64>,
     /// The waiting line's timeout in the third mode (the frontend's --router-queue-timeout-ms)
