@@ -7,10 +7,10 @@
 //! request and the worker was just dispatched to:
 //!
 //! - **loadgate**: a new request joins (`WorkerRouter::wait`, first poll:
-//!   the line is not empty, so it joins and finds nothing free); the
-//!   thread's worker reports (a report that flips nothing: the line may
-//!   give it a waiter again, and wakes the first in line); the oldest
-//!   request is polled and routed. The wake-up includes the monitor's
+//!   the line is not empty, so it joins and finds nothing free); the worker
+//!   the thread's last request went to reports (a report that flips
+//!   nothing: the line may give it a waiter again, and wakes the first in
+//!   line); the oldest request is polled and routed. The wake-up includes the monitor's
 //!   `apply` of the report, which the frontend runs anyway.
 //! - **baseline**: the same line built from a tokio `Notify` and a
 //!   `Mutex<VecDeque>` in front of the same router: a new request is pushed
@@ -28,8 +28,9 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::hint::black_box;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -50,6 +51,9 @@ struct Line {
     monitor: Arc<WorkerMonitor>,
     router: WorkerRouter,
     deadline: Instant,
+    /// Every report's seq (increasing for each worker, whichever thread
+    /// sends it).
+    seq: AtomicU64,
 }
 
 impl Line {
@@ -67,52 +71,103 @@ impl Line {
             monitor.apply(&LoadReport { worker: id, seq: 1, load: busy, ..Default::default() }).expect("apply");
         }
         let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
-        Line { monitor, router, deadline: Instant::now() + Duration::from_secs(3600) }
+        Line { monitor, router, deadline: Instant::now() + Duration::from_secs(3600), seq: AtomicU64::new(2) }
     }
 
-    fn join(&self) -> Pin<Box<Wait<'_, Pending>>> {
-        Box::pin(self.router.wait(MODEL, &[], Ticket::new(1, self.deadline), std::future::pending()))
+    fn join(&self) -> Task<Wait<'_, Pending>> {
+        Task::start(self.router.wait(MODEL, &[], Ticket::new(1, self.deadline), std::future::pending()))
     }
 
-    fn report(&self, worker: WorkerId, seq: &mut u64, blocks: u32) {
-        *seq += 1;
+    /// `worker` reports `blocks` of 100 (a report two threads race may be
+    /// dropped as stale: the spinning thread reports again).
+    fn report(&self, worker: WorkerId, blocks: u32) {
+        // Relaxed: only numbers the reports.
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let load = RankLoad { active_decode_blocks: blocks, kv_total_blocks: 100, ..Default::default() };
-        self.monitor.apply(&LoadReport { worker, seq: *seq, load, ..Default::default() }).expect("apply");
+        self.monitor.apply(&LoadReport { worker, seq, load, ..Default::default() }).expect("apply");
     }
 }
 
-fn poll<F: Future + ?Sized>(f: Pin<&mut F>) -> Poll<F::Output> {
-    f.poll(&mut Context::from_waker(Waker::noop()))
+/// A waker that raises a flag, as an executor's would schedule the task.
+#[derive(Default)]
+struct Flag(AtomicBool);
+
+impl Wake for Flag {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        // Release: pairs with the Acquire in `Task::woken`.
+        self.0.store(true, Ordering::Release);
+    }
 }
 
-/// One thread's share of the loadgate line: its worker, its seq, its
-/// oldest request.
+/// A future with its own waker, polled (like by an executor) only once
+/// woken; one that was ready at its first poll keeps its output.
+struct Task<F: Future> {
+    flag: Arc<Flag>,
+    waker: Waker,
+    future: Pin<Box<F>>,
+    ready: Option<F::Output>,
+}
+
+impl<F: Future> Task<F> {
+    /// The future, polled once.
+    fn start(future: F) -> Self {
+        let flag = Arc::new(Flag::default());
+        let mut task = Task { waker: Waker::from(flag.clone()), flag, future: Box::pin(future), ready: None };
+        if let Poll::Ready(output) = task.poll() {
+            task.ready = Some(output);
+        }
+        task
+    }
+
+    fn woken(&self) -> bool {
+        // Acquire: pairs with the Release in `Flag::wake_by_ref`.
+        self.ready.is_some() || self.flag.0.load(Ordering::Acquire)
+    }
+
+    fn poll(&mut self) -> Poll<F::Output> {
+        if let Some(output) = self.ready.take() {
+            return Poll::Ready(output);
+        }
+        // Relaxed: the poll that follows reads the state under its own
+        // synchronisation.
+        self.flag.0.store(false, Ordering::Relaxed);
+        self.future.as_mut().poll(&mut Context::from_waker(&self.waker))
+    }
+}
+
+/// One thread's share of the loadgate line: the worker its last request
+/// went to (which reports next, as a real worker reports the load of the
+/// request it took), its oldest request.
 struct LineThread<'a> {
     line: &'a Line,
     worker: WorkerId,
-    seq: u64,
-    oldest: Option<Pin<Box<Wait<'a, Pending>>>>,
+    oldest: Option<Task<Wait<'a, Pending>>>,
 }
 
 impl<'a> LineThread<'a> {
     /// This thread's first request, waiting (every worker is busy).
     fn start(line: &'a Line, worker: WorkerId) -> LineThread<'a> {
-        let mut first = line.join();
-        assert!(poll(first.as_mut()).is_pending(), "every worker is busy at first");
-        LineThread { line, worker, seq: 1, oldest: Some(first) }
+        let first = line.join();
+        assert!(!first.woken(), "every worker is busy at first");
+        LineThread { line, worker, oldest: Some(first) }
     }
 
     fn cycle(&mut self) {
-        let mut new = self.line.join();
-        let _ = poll(new.as_mut());
-        self.line.report(self.worker, &mut self.seq, 10);
+        let new = self.line.join();
+        self.line.report(self.worker, 10);
         let mut oldest = self.oldest.replace(new).expect("a request waits");
         loop {
-            if let Poll::Ready(routed) = poll(oldest.as_mut()) {
-                black_box(routed.expect("routed"));
-                return;
+            if oldest.woken() {
+                if let Poll::Ready(routed) = oldest.poll() {
+                    self.worker = black_box(routed.expect("routed"));
+                    return;
+                }
             }
-            self.line.report(self.worker, &mut self.seq, 10);
+            self.line.report(self.worker, 10);
         }
     }
 }
@@ -127,36 +182,33 @@ struct Baseline {
 }
 
 impl Baseline {
-    fn join(&self, id: u64) -> Pin<Box<OwnedNotified>> {
+    fn join(&self, id: u64) -> Task<OwnedNotified> {
         self.queue.lock().unwrap().push_back(id);
-        let mut notified = Box::pin(self.notify.clone().notified_owned());
-        let _ = poll(notified.as_mut());
-        notified
+        Task::start(self.notify.clone().notified_owned())
     }
 }
 
 struct BaselineThread<'a> {
     base: &'a Baseline,
     worker: WorkerId,
-    seq: u64,
     next: u64,
-    oldest: Option<Pin<Box<OwnedNotified>>>,
+    oldest: Option<Task<OwnedNotified>>,
 }
 
 impl BaselineThread<'_> {
     fn cycle(&mut self) {
         self.next += 1;
         let new = self.base.join(self.next);
-        self.base.line.report(self.worker, &mut self.seq, 10);
+        self.base.line.report(self.worker, 10);
         self.base.notify.notify_one();
         let mut oldest = self.oldest.replace(new).expect("a request waits");
         loop {
-            if poll(oldest.as_mut()).is_ready() {
+            if oldest.woken() && oldest.poll().is_ready() {
                 black_box(self.base.queue.lock().unwrap().pop_front());
-                black_box(self.base.line.router.route(MODEL, &[]).expect("routed"));
+                self.worker = black_box(self.base.line.router.route(MODEL, &[]).expect("routed"));
                 return;
             }
-            self.base.line.report(self.worker, &mut self.seq, 10);
+            self.base.line.report(self.worker, 10);
             self.base.notify.notify_one();
         }
     }
@@ -203,15 +255,14 @@ fn bench(c: &mut Criterion) {
         group.bench_function(format!("notify_vecdeque/{threads}"), |b| {
             b.iter_custom(|iters| {
                 let line = Line::new(threads);
-                let mut seq = 1;
                 for worker in 0..threads as WorkerId {
-                    line.report(worker, &mut seq, 10);
+                    line.report(worker, 10);
                 }
                 let base = Baseline { line, notify: Arc::new(Notify::new()), queue: Mutex::new(VecDeque::new()) };
                 let make = |t: usize| {
                     let first = base.join(t as u64 * 1_000_000_000);
                     let next = t as u64 * 1_000_000_000;
-                    BaselineThread { base: &base, worker: t as WorkerId, seq: 10, next, oldest: Some(first) }
+                    BaselineThread { base: &base, worker: t as WorkerId, next, oldest: Some(first) }
                 };
                 timed(iters, threads, &make, BaselineThread::cycle)
             })

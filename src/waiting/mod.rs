@@ -85,7 +85,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::load::WorkerId;
 use crate::monitor::view::ModelView;
-use crate::sync::{lock, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::sync::{lock, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
 
 pub use wait::Wait;
 
@@ -171,12 +171,20 @@ pub(crate) struct Line {
     /// publication (see the module docs).
     waiting: CachePadded<AtomicUsize>,
     limits: LineLimits,
+    /// `Queue::spent_bits`, stored under the lock after each change: a
+    /// report of a worker whose bit is clear takes no lock.
+    spent_hint: AtomicU64,
     queue: Mutex<Queue>,
 }
 
 impl Line {
     pub(crate) fn new(limits: LineLimits) -> Self {
-        Line { waiting: CachePadded::new(AtomicUsize::new(0)), limits, queue: Mutex::new(Queue::default()) }
+        Line {
+            waiting: CachePadded::new(AtomicUsize::new(0)),
+            limits,
+            spent_hint: AtomicU64::new(0),
+            queue: Mutex::new(Queue::default()),
+        }
     }
 
     /// Whether anyone waits.
@@ -211,13 +219,23 @@ impl Line {
     /// the line may give it a waiter again.
     #[inline]
     pub(crate) fn reported(&self, worker: WorkerId, view: &crate::sync::Swap<ModelView>) {
-        if !self.is_waiting() {
+        // Relaxed: a hint; a report that misses a mark set at this moment
+        // (a dispatch racing the report) leaves it to the worker's next
+        // report, the same as if it had come first.
+        if !self.is_waiting() || self.spent_hint.load(Ordering::Relaxed) & queue::spent_bit(worker) == 0 {
             return;
         }
         let mut queue = lock(&self.queue);
         if queue.reported(worker) {
+            self.sync_hint(&queue);
             self.wake(queue, view);
         }
+    }
+
+    /// Stores the spent workers' bits after a change (under the lock).
+    fn sync_hint(&self, queue: &Queue) {
+        // Relaxed: see `reported`.
+        self.spent_hint.store(queue.spent_bits(), Ordering::Relaxed);
     }
 
     /// Wakes as many waiters as there are free workers.

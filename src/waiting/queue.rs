@@ -63,6 +63,12 @@ impl Queue {
         &self.spent
     }
 
+    /// The spent workers as bits (`1 << (id % 64)`), for a lock-free first
+    /// look by reporters.
+    pub(super) fn spent_bits(&self) -> u64 {
+        self.spent.iter().fold(0, |bits, w| bits | spent_bit(*w))
+    }
+
     /// Adds a waiter, or refuses it when the line is full by count or by
     /// tokens.
     pub(super) fn join(
@@ -180,6 +186,12 @@ impl Queue {
             }
         }
     }
+}
+
+/// A worker's bit in [`Queue::spent_bits`].
+#[inline]
+pub(super) fn spent_bit(worker: WorkerId) -> u64 {
+    1 << (worker % 64)
 }
 
 #[cfg(test)]

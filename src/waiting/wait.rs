@@ -195,6 +195,7 @@ fn dispatch(
     match routed {
         Ok(worker) => {
             queue.dispatched_to(at, worker);
+            line.sync_hint(&queue);
             // AcqRel: the count changes only under the lock; an RMW like
             // the joiners' (module docs).
             line.waiting.fetch_sub(1, Ordering::AcqRel);
@@ -217,6 +218,7 @@ fn dispatch(
 fn leave(line: &Line, routed: &RoutedModel, mut queue: MutexGuard<'_, Queue>, key: &Key) {
     let Some(at) = queue.find(key) else { return };
     let was_woken = queue.leave(at);
+    line.sync_hint(&queue);
     // AcqRel: see `dispatch`.
     line.waiting.fetch_sub(1, Ordering::AcqRel);
     if was_woken {
