@@ -97,6 +97,18 @@ impl<T: Future<Output = ()>> Future for Wait<'_, T> {
         };
         let router = Routing { router: this.router, routed };
         let line = &routed.state.line;
+        // Nobody waits: route at once, before the timer is ever polled (a
+        // runtime's sleep registers with its timer only when polled, so a
+        // request routed at once never touches the timer).
+        if matches!(this.phase, Phase::Start) && !line.is_waiting() {
+            match router.route(this.exclude) {
+                Err(RouteError::Overloaded) => {}
+                routed => {
+                    *this.phase = Phase::Done(None);
+                    return Poll::Ready(routed.map_err(WaitError::from));
+                }
+            }
+        }
         if this.timer.poll(cx).is_ready() {
             if let Phase::Queued(key) = &*this.phase {
                 leave(line, routed, lock(&line.queue), key);
@@ -107,15 +119,6 @@ impl<T: Future<Output = ()>> Future for Wait<'_, T> {
         let (queue, key) = match &*this.phase {
             Phase::Queued(key) => (lock(&line.queue), *key),
             Phase::Start => {
-                if !line.is_waiting() {
-                    match router.route(this.exclude) {
-                        Err(RouteError::Overloaded) => {}
-                        routed => {
-                            *this.phase = Phase::Done(None);
-                            return Poll::Ready(routed.map_err(WaitError::from));
-                        }
-                    }
-                }
                 let mut queue = lock(&line.queue);
                 // Every waiter already in the line woken (or none there):
                 // a worker may be free for this one too.
