@@ -113,6 +113,41 @@ fn cross<C>(c: C, color: RGBColor) -> Cross<C, i32> {
     Cross::new(c, 5, color.stroke_width(2))
 }
 
+/// The plot's font at `size` points.
+fn font(size: u32) -> (&'static str, u32) {
+    ("sans-serif", size)
+}
+
+/// One panel's grid, axes and labels, alike in every panel.
+macro_rules! style_mesh {
+    ($chart:expr, $x_desc:expr, $y_desc:expr, $times:expr) => {
+        $chart
+            .configure_mesh()
+            .light_line_style(LIGHT_GRID)
+            .bold_line_style(BOLD_GRID)
+            .x_desc($x_desc)
+            .y_desc($y_desc)
+            .x_label_formatter($times)
+            .y_label_formatter(&|v| format!("{v:.0}"))
+            .axis_desc_style(font(14))
+            .label_style(font(12))
+            .draw()?
+    };
+}
+
+/// One panel's legend at `$position`, alike in every panel.
+macro_rules! style_legend {
+    ($chart:expr, $position:expr) => {
+        $chart
+            .configure_series_labels()
+            .position($position)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BOLD_GRID)
+            .label_font(font(13))
+            .draw()?
+    };
+}
+
 /// Draws every mode's `value` as a line with point markers (mode `i` in
 /// `MODE_COLORS[i]`, with a circle, a triangle or a cross), legend included.
 macro_rules! draw_modes {
@@ -163,7 +198,6 @@ pub fn comparison(path: &Path, headline: &Headline, modes: &[(String, Vec<LoadPo
     let all = || modes.iter().flat_map(|(_, p)| p.iter());
     let x_max = all().map(|p| p.multiple).fold(1.0, f64::max) + 0.25;
     let x_desc = "offered load (x measured capacity)";
-    let font = |size: u32| ("sans-serif", size);
     let times = |v: &f64| format!("{v}x");
 
     let y_max = all().map(|p| p.slo_goodput).fold(headline.capacity, f64::max).max(1.0) * 1.25;
@@ -173,30 +207,14 @@ pub fn comparison(path: &Path, headline: &Headline, modes: &[(String, Vec<LoadPo
         .x_label_area_size(42)
         .y_label_area_size(62)
         .build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
-    chart
-        .configure_mesh()
-        .light_line_style(LIGHT_GRID)
-        .bold_line_style(BOLD_GRID)
-        .x_desc(x_desc)
-        .y_desc("TTFT within the objective (req/s)")
-        .x_label_formatter(&times)
-        .y_label_formatter(&|v| format!("{v:.0}"))
-        .axis_desc_style(font(14))
-        .label_style(font(12))
-        .draw()?;
+    style_mesh!(chart, x_desc, "TTFT within the objective (req/s)", &times);
     let capacity = [(0.0, headline.capacity), (x_max, headline.capacity)];
     chart
         .draw_series(DashedLineSeries::new(capacity, 6, 4, GREY.stroke_width(1)))?
         .label(format!("capacity {:.1} req/s", headline.capacity))
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], GREY.stroke_width(1)));
     draw_modes!(chart, modes, |p: &LoadPoint| p.slo_goodput);
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BOLD_GRID)
-        .label_font(font(13))
-        .draw()?;
+    style_legend!(chart, SeriesLabelPosition::LowerLeft);
 
     let ttfts = || all().map(|p| p.p99_ttft_ms).filter(|v| *v > 0.0);
     let lo = ttfts().fold(headline.objective_ms, f64::min).max(1.0) / 2.0;
@@ -207,30 +225,14 @@ pub fn comparison(path: &Path, headline: &Headline, modes: &[(String, Vec<LoadPo
         .x_label_area_size(42)
         .y_label_area_size(62)
         .build_cartesian_2d(0f64..x_max, (lo..hi).log_scale())?;
-    chart
-        .configure_mesh()
-        .light_line_style(LIGHT_GRID)
-        .bold_line_style(BOLD_GRID)
-        .x_desc(x_desc)
-        .y_desc("p99 TTFT (ms, log scale)")
-        .x_label_formatter(&times)
-        .y_label_formatter(&|v| format!("{v:.0}"))
-        .axis_desc_style(font(14))
-        .label_style(font(12))
-        .draw()?;
+    style_mesh!(chart, x_desc, "p99 TTFT (ms, log scale)", &times);
     let objective = [(0.0, headline.objective_ms), (x_max, headline.objective_ms)];
     chart
         .draw_series(DashedLineSeries::new(objective, 6, 4, GREY.stroke_width(1)))?
         .label(format!("objective {:.0} ms", headline.objective_ms))
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], GREY.stroke_width(1)));
     draw_modes!(chart, modes, |p: &LoadPoint| p.p99_ttft_ms.max(lo));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BOLD_GRID)
-        .label_font(font(13))
-        .draw()?;
+    style_legend!(chart, SeriesLabelPosition::UpperLeft);
 
     let mut chart = ChartBuilder::on(&panels[2])
         .caption("requests refused", font(17))
@@ -238,25 +240,9 @@ pub fn comparison(path: &Path, headline: &Headline, modes: &[(String, Vec<LoadPo
         .x_label_area_size(42)
         .y_label_area_size(62)
         .build_cartesian_2d(0f64..x_max, 0f64..100f64)?;
-    chart
-        .configure_mesh()
-        .light_line_style(LIGHT_GRID)
-        .bold_line_style(BOLD_GRID)
-        .x_desc(x_desc)
-        .y_desc("refused (% of requests)")
-        .x_label_formatter(&times)
-        .y_label_formatter(&|v| format!("{v:.0}"))
-        .axis_desc_style(font(14))
-        .label_style(font(12))
-        .draw()?;
+    style_mesh!(chart, x_desc, "refused (% of requests)", &times);
     draw_modes!(chart, modes, |p: &LoadPoint| p.rejected_pct);
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BOLD_GRID)
-        .label_font(font(13))
-        .draw()?;
+    style_legend!(chart, SeriesLabelPosition::UpperLeft);
     root.present()?;
     Ok(())
 }
