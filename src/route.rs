@@ -288,7 +288,8 @@ impl WorkerRouter {
     pub fn wait<T>(&self, model: &str, exclude: &[WorkerId], ticket: Ticket, timer: T) -> Wait<'_, T> {
         match self.routed(model) {
             Ok(routed) => Wait::new(self, routed, exclude, ticket, timer),
-            Err(e) => Wait::failed(self, WaitError::from(e), ticket, timer),
+            // `routed` fails only for a model never seen.
+            Err(_) => Wait::failed(self, WaitError::UnknownModel, ticket, timer),
         }
     }
 

@@ -85,7 +85,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::load::WorkerId;
 use crate::monitor::view::ModelView;
-use crate::sync::{lock, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::sync::{lock, AtomicU64, AtomicUsize, Mutex, Ordering};
 
 pub use wait::Wait;
 
@@ -212,7 +212,7 @@ impl Line {
         if self.waiting.fetch_add(0, Ordering::AcqRel) == 0 {
             return;
         }
-        self.wake(lock(&self.queue), view);
+        wake_free(&mut lock(&self.queue), view);
     }
 
     /// After a report of `worker` (its own, not the router's tracking):
@@ -228,7 +228,7 @@ impl Line {
         let mut queue = lock(&self.queue);
         if queue.reported(worker) {
             self.sync_hint(&queue);
-            self.wake(queue, view);
+            wake_free(&mut queue, view);
         }
     }
 
@@ -237,10 +237,11 @@ impl Line {
         // Relaxed: see `reported`.
         self.spent_hint.store(queue.spent_bits(), Ordering::Relaxed);
     }
+}
 
-    /// Wakes as many waiters as there are free workers.
-    fn wake(&self, mut queue: MutexGuard<'_, Queue>, view: &crate::sync::Swap<ModelView>) {
-        let free = crate::route::eligible_count(&view.load(), queue.spent());
-        queue.wake(free);
-    }
+/// Under the line's lock: wakes as many waiters as there are free workers
+/// (eligible in the view, not spent).
+fn wake_free(queue: &mut Queue, view: &crate::sync::Swap<ModelView>) {
+    let free = crate::route::eligible_count(&view.load(), queue.spent());
+    queue.wake(free);
 }

@@ -19,7 +19,7 @@ use std::task::{Context, Poll};
 use pin_project_lite::pin_project;
 
 use super::queue::{Key, Queue};
-use super::{Line, Ticket, WaitError};
+use super::{wake_free, Line, Ticket, WaitError};
 use crate::load::WorkerId;
 use crate::route::{RouteError, RoutedModel, WorkerRouter};
 use crate::sync::{lock, Arc, MutexGuard, Ordering};
@@ -105,7 +105,7 @@ impl<T: Future<Output = ()>> Future for Wait<'_, T> {
                 Err(RouteError::Overloaded) => {}
                 routed => {
                     *this.phase = Phase::Done(None);
-                    return Poll::Ready(routed.map_err(WaitError::from));
+                    return Poll::Ready(routed.map_err(not_overloaded));
                 }
             }
         }
@@ -130,7 +130,7 @@ impl<T: Future<Output = ()>> Future for Wait<'_, T> {
                         return Poll::Ready(Err(full));
                     }
                 };
-                // AcqRel RMW, then the view is loaded (in `wake_under`):
+                // AcqRel RMW, then the view is loaded (in `wake_free`):
                 // see the module docs (no lost wake-up).
                 line.waiting.fetch_add(1, Ordering::AcqRel);
                 *this.phase = Phase::Queued(key);
@@ -141,7 +141,7 @@ impl<T: Future<Output = ()>> Future for Wait<'_, T> {
                 // no worker is free (every publication and report since
                 // the line was not empty woke as many as were free).
                 if all_woken {
-                    wake_under(routed, &mut queue);
+                    wake_free(&mut queue, routed.state.view());
                 }
                 (queue, key)
             }
@@ -211,7 +211,7 @@ fn dispatch(
         }
         Err(other) => {
             leave(line, router.routed, queue, key);
-            Poll::Ready(Err(WaitError::from(other)))
+            Poll::Ready(Err(not_overloaded(other)))
         }
     }
 }
@@ -225,23 +225,16 @@ fn leave(line: &Line, routed: &RoutedModel, mut queue: MutexGuard<'_, Queue>, ke
     // AcqRel: see `dispatch`.
     line.waiting.fetch_sub(1, Ordering::AcqRel);
     if was_woken {
-        wake_under(routed, &mut queue);
+        wake_free(&mut queue, routed.state.view());
     }
 }
 
-/// Wakes as many waiters as there are free workers (under the lock).
-fn wake_under(routed: &RoutedModel, queue: &mut Queue) {
-    let free = crate::route::eligible_count(&routed.state.view().load(), queue.spent());
-    queue.wake(free);
-}
-
-impl From<RouteError> for WaitError {
-    fn from(e: RouteError) -> Self {
-        match e {
-            // Only reached when a line is not used.
-            RouteError::Overloaded => WaitError::QueueFull,
-            RouteError::Unavailable => WaitError::Unavailable,
-            RouteError::UnknownModel => WaitError::UnknownModel,
-        }
+/// The wait's error for a route error other than overloaded (which a wait
+/// answers by joining the line or waiting on).
+fn not_overloaded(e: RouteError) -> WaitError {
+    match e {
+        RouteError::UnknownModel => WaitError::UnknownModel,
+        // Overloaded is never given (see above); no worker is the closest.
+        _ => WaitError::Unavailable,
     }
 }

@@ -179,25 +179,29 @@ async fn route_and_send(
         // Only a request no worker refused at its cap waits: no publication
         // would wake it (the worker that refused is not busy).
         let wait_until = line.filter(|_| migration.refusals().is_empty());
-        let routed = match wait_until {
+        let worker = match wait_until {
             Some(deadline) => {
                 let timeout = deadline.saturating_duration_since(Instant::now());
                 let (routed, took) =
                     wait_in_line(&frontend.router, &frontend.queue, model, &exclude, request.prompt, timeout).await;
                 *waited = Some(waited.unwrap_or_default() + took);
-                routed
+                match routed {
+                    Ok(worker) => worker,
+                    Err(WaitError::UnknownModel) => {
+                        return route_error(frontend, model, RouteError::UnknownModel, &excluded)
+                    }
+                    Err(WaitError::Unavailable) => {
+                        return route_error(frontend, model, RouteError::Unavailable, &excluded)
+                    }
+                    // Deadline or a full line.
+                    Err(reason) => return refused_from_line(frontend, endpoint, model, reason),
+                }
             }
-            None => frontend.router.route(model, &exclude).map_err(WaitError::from),
-        };
-        let worker = match routed {
-            Ok(worker) => worker,
-            Err(reason @ (WaitError::Deadline | WaitError::QueueFull)) if wait_until.is_some() => {
-                return refused_from_line(frontend, endpoint, model, reason);
-            }
-            Err(WaitError::Unavailable) => return route_error(frontend, model, RouteError::Unavailable, &excluded),
-            Err(WaitError::UnknownModel) => return route_error(frontend, model, RouteError::UnknownModel, &excluded),
-            // Overloaded without a line (`WaitError::from` maps it to a full line).
-            Err(_) => return no_worker_left(frontend, endpoint, model, &migration, &excluded),
+            None => match frontend.router.route(model, &exclude) {
+                Ok(worker) => worker,
+                Err(RouteError::Overloaded) => return no_worker_left(frontend, endpoint, model, &migration, &excluded),
+                Err(error) => return route_error(frontend, model, error, &excluded),
+            },
         };
         drop(exclude);
         let digest = match digest {
