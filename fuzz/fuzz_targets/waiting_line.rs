@@ -5,7 +5,10 @@
 //! woken flag, the busy workers and the spent ones (dispatched to from the
 //! line since their last report, while anyone waits). After every step a
 //! pass wakes the first waiters not yet woken until as many are woken as
-//! there are free workers (not busy, not spent). A woken waiter that is
+//! there are free workers (not busy, not spent); first in key order, or in
+//! reverse key order once the line is overrun: a waiter expired with at
+//! least 3 waiters behind it for every 2 the line dispatched while it
+//! waited. Overrun lasts until the line empties. A woken waiter that is
 //! polled routes to a free worker, or waits again if none is left. The
 //! real line must agree on every outcome, its counts, and every wake-up.
 #![no_main]
@@ -84,6 +87,8 @@ struct Waiter<'r> {
     key: (u8, u64),
     tokens: u64,
     woken: bool,
+    /// The line's dispatches when it joined.
+    dispatched_before: u64,
 }
 
 impl Waiter<'_> {
@@ -103,6 +108,10 @@ struct Model<'r> {
     line: Vec<Waiter<'r>>,
     busy: Vec<bool>,
     spent: Vec<WorkerId>,
+    /// Latest first, until the line empties.
+    overrun: bool,
+    /// Dispatches from the line, ever.
+    dispatched: u64,
     seq: Vec<u64>,
     arrivals: u64,
 }
@@ -118,6 +127,9 @@ impl<'r> Model<'r> {
         let free = self.free().len();
         let mut order: Vec<usize> = (0..self.line.len()).collect();
         order.sort_by_key(|i| self.line[*i].key);
+        if self.overrun {
+            order.reverse();
+        }
         let mut woken = self.line.iter().filter(|w| w.woken).count();
         for i in order {
             if woken >= free {
@@ -138,6 +150,7 @@ impl<'r> Model<'r> {
         let waiter = self.line.swap_remove(i);
         if self.line.is_empty() {
             self.spent.clear();
+            self.overrun = false;
         }
         waiter
     }
@@ -153,6 +166,7 @@ impl<'r> Model<'r> {
             Poll::Ready(Ok(worker)) => {
                 assert!(free.contains(&worker), "routed to {worker}, free were {free:?}");
                 self.remove(i);
+                self.dispatched += 1;
                 if !self.line.is_empty() {
                     self.spent.push(worker);
                 }
@@ -198,6 +212,8 @@ fuzz_target!(|input: Input| {
         line: Vec::new(),
         busy: vec![false; workers as usize + 1],
         spent: Vec::new(),
+        overrun: false,
+        dispatched: 0,
         seq: vec![0; workers as usize + 1],
         arrivals: 0,
     };
@@ -211,7 +227,15 @@ fuzz_target!(|input: Input| {
                 let flag = Arc::new(Flag(AtomicBool::new(false)));
                 let key = (deadline_ms, m.arrivals);
                 m.arrivals += 1;
-                let mut waiter = Waiter { wait, fired, flag, key, tokens: u64::from(tokens), woken: false };
+                let mut waiter = Waiter {
+                    wait,
+                    fired,
+                    flag,
+                    key,
+                    tokens: u64::from(tokens),
+                    woken: false,
+                    dispatched_before: m.dispatched,
+                };
                 let got = waiter.poll();
                 let free = m.free();
                 if m.line.is_empty() && !free.is_empty() {
@@ -251,7 +275,13 @@ fuzz_target!(|input: Input| {
                 m.line[i].fired.set(true);
                 let got = m.line[i].poll();
                 assert_eq!(got, Poll::Ready(Err(WaitError::Deadline)));
-                m.remove(i);
+                let key = m.line[i].key;
+                let behind = m.line.iter().filter(|w| w.key > key).count() as u64;
+                let expired = m.remove(i);
+                let served = m.dispatched - expired.dispatched_before;
+                if !m.overrun && !m.line.is_empty() {
+                    m.overrun = behind * 2 >= served * 3;
+                }
                 m.pass();
             }
             Op::Report { worker, busy } => {

@@ -347,3 +347,46 @@ async fn a_request_every_worker_refused_at_its_cap_does_not_wait() {
     assert_eq!(refusing.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
     assert_eq!(waiting(&fe).await, 0.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overrun_line_serves_the_latest_deadline_first() {
+    let _box = common::shared().await;
+    let fe = frontend(&["--router-queue-timeout-ms", "1500"]);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let overrun = |fe: &Frontend| {
+        let (client, http) = (fe.client.clone(), fe.http.clone());
+        async move { metric(&metrics_text(&client, &http).await, "loadgate_frontend_queue_overrun") }
+    };
+    // Four requests, 400 ms apart: their deadlines are 400 ms apart (the
+    // margin for each step below).
+    let client = common::client_within(Duration::from_secs(30));
+    let mut requests = Vec::new();
+    for n in 1..=4 {
+        if n > 1 {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+        requests.push(tokio::spawn(send(&fe, client.clone())));
+        wait_waiting(&fe, f64::from(n)).await;
+    }
+    assert_eq!(overrun(&fe).await, Some(0.0), "deadline order while nobody expired");
+    // The first expires with three behind it and none served while it
+    // waited: the line is overrun.
+    wait_waiting(&fe, 3.0).await;
+    assert_eq!(overrun(&fe).await, Some(1.0));
+    worker.report(false);
+    let mut outcomes = Vec::new();
+    for request in requests {
+        outcomes.push(tokio::time::timeout(Duration::from_secs(10), request).await.expect("answered").unwrap());
+    }
+    let statuses: Vec<_> = outcomes.iter().map(|(status, reason, _)| (*status, reason.as_deref())).collect();
+    assert_eq!(
+        statuses,
+        [(529, Some("deadline")), (529, Some("deadline")), (529, Some("deadline")), (200, None)],
+        "the freed worker took the latest deadline; the worker did not report again, so the others expired"
+    );
+    assert_eq!(worker.http.requests(), 1);
+    wait_waiting(&fe, 0.0).await;
+    assert_eq!(overrun(&fe).await, Some(0.0), "an empty line is in deadline order again");
+}

@@ -3,7 +3,7 @@
 //! rejection.
 //!
 //! Each model has one line, in deadline order (earliest first, then first
-//! come). [`WorkerRouter::wait`](crate::WorkerRouter::wait) (and
+//! come; the latest first while it is overrun, below). [`WorkerRouter::wait`](crate::WorkerRouter::wait) (and
 //! [`ModelRouter::wait`](crate::ModelRouter::wait)) return a [`Wait`]
 //! future: it routes at once when nobody waits and a worker is eligible;
 //! otherwise it joins the line (or is refused with [`WaitError::QueueFull`]
@@ -24,6 +24,20 @@
 //!
 //! While a model has waiters every request of it joins the line, behind
 //! those with earlier deadlines: no newcomer overtakes them.
+//!
+//! # Overrun: the latest deadline first
+//!
+//! In deadline order, a line that receives more than it can dispatch
+//! serves only waiters at the end of their wait (each dispatched one
+//! waited nearly its whole timeout, late for the objective the timeout
+//! was derived from) while the others expire. So when a waiter expires
+//! with more waiters behind it than the line dispatched while it waited,
+//! by half (3 to 2: arrivals outpace dispatches, not a burst), the line is
+//! *overrun*: it wakes the latest deadline first, the waiter with the most
+//! time left, until it empties. Those it does not reach expire as they
+//! would have; those it serves waited little. A burst the line can catch
+//! up with stays in deadline order, which serves the most waiters in
+//! time.
 //!
 //! # No lost wake-up
 //!
@@ -162,6 +176,9 @@ pub struct LineStats {
     pub tokens: u64,
     /// Requests dispatched from the line, ever.
     pub dispatched: u64,
+    /// Whether the line is overrun (serving the latest deadline first; see
+    /// the module docs).
+    pub overrun: bool,
 }
 
 /// A model's waiting line (in the model's state, beside its view).
@@ -200,7 +217,12 @@ impl Line {
     /// What the line holds now.
     pub(crate) fn stats(&self) -> LineStats {
         let queue = lock(&self.queue);
-        LineStats { waiting: queue.len(), tokens: queue.tokens(), dispatched: queue.dispatched() }
+        LineStats {
+            waiting: queue.len(),
+            tokens: queue.tokens(),
+            dispatched: queue.dispatched(),
+            overrun: queue.is_overrun(),
+        }
     }
 
     /// After a publication of the model's view: wakes waiters if a worker

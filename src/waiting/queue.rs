@@ -1,6 +1,7 @@
 //! [`Queue`]: what a model's waiting line holds under its lock — the
 //! waiters in deadline order, their queued tokens, which of them are woken,
-//! and the workers the line dispatched to since their last report.
+//! the workers the line dispatched to since their last report, and whether
+//! the line is overrun (serving the latest deadline first).
 
 use std::collections::VecDeque;
 use std::task::Waker;
@@ -21,6 +22,9 @@ struct Waiter {
     woken: bool,
     /// How to wake its task.
     waker: Waker,
+    /// The line's dispatches when it joined (at its expiry: how many
+    /// were served while it waited).
+    dispatched_before: u64,
 }
 
 /// The line's contents (under the line's lock).
@@ -40,6 +44,11 @@ pub(super) struct Queue {
     arrivals: u64,
     /// Requests the line dispatched, ever.
     dispatched: u64,
+    /// The line is overrun: it cannot serve everyone in time, so it wakes
+    /// the latest deadline first (the waiter with the most time left,
+    /// which can still be served in time) until it empties. Set by an
+    /// expiry that shows arrivals outpacing dispatches (see `expired`).
+    overrun: bool,
 }
 
 impl Queue {
@@ -51,6 +60,11 @@ impl Queue {
     /// Their queued tokens.
     pub(super) fn tokens(&self) -> u64 {
         self.tokens
+    }
+
+    /// Whether the line serves the latest deadline first (see `overrun`).
+    pub(super) fn is_overrun(&self) -> bool {
+        self.overrun
     }
 
     /// Requests dispatched from the line so far.
@@ -85,7 +99,7 @@ impl Queue {
         let key = (deadline, self.arrivals);
         self.arrivals += 1;
         self.tokens += tokens;
-        let waiter = Waiter { key, tokens, woken: false, waker: waker.clone() };
+        let waiter = Waiter { key, tokens, woken: false, waker: waker.clone(), dispatched_before: self.dispatched };
         if self.waiters.back().is_none_or(|last| last.key < key) {
             self.waiters.push_back(waiter);
         } else {
@@ -140,8 +154,30 @@ impl Queue {
         }
         if self.waiters.is_empty() {
             self.spent.clear();
+            self.overrun = false;
         }
         waiter.woken
+    }
+
+    /// The waiter at `at` leaves past its deadline. Returns whether it had
+    /// been woken.
+    ///
+    /// If more waiters joined behind it than the line dispatched while it
+    /// waited, by half ([`OUTPACED`]), arrivals outpace dispatches: in
+    /// deadline order every dispatch would go to a waiter at the end of its
+    /// wait (late for its objective) while the rest expire, so the line is
+    /// overrun until it empties. A single expiry in a burst (those behind
+    /// about as many as were served) keeps deadline order, which serves the
+    /// most waiters in time when the line can catch up.
+    pub(super) fn expired(&mut self, at: usize) -> bool {
+        let behind = (self.waiters.len() - at - 1) as u64;
+        let served = self.dispatched - self.waiters[at].dispatched_before;
+        let was_woken = self.leave(at);
+        if !self.overrun && !self.waiters.is_empty() {
+            let (arrived, dispatched) = OUTPACED;
+            self.overrun = behind * dispatched >= served * arrived;
+        }
+        was_woken
     }
 
     /// The waiter at `at` was routed to `worker`: it leaves, and `worker`
@@ -166,27 +202,39 @@ impl Queue {
         }
     }
 
-    /// With `free` workers the line may give out, wakes the first waiters
-    /// (in deadline order) not yet woken until `free` are woken. Their
-    /// wakers are called here, under the line's lock: a waker only
-    /// schedules its task (which then takes the lock), and calling it by
-    /// reference clones nothing.
+    /// With `free` workers the line may give out, wakes waiters not yet
+    /// woken until `free` are woken: the earliest deadlines first, or the
+    /// latest while the line is overrun. Their wakers are called here,
+    /// under the line's lock: a waker only schedules its task (which then
+    /// takes the lock), and calling it by reference clones nothing.
     pub(super) fn wake(&mut self, free: usize) {
         if self.woken >= free {
             return;
         }
-        for waiter in &mut self.waiters {
-            if self.woken >= free {
-                break;
-            }
+        let woken = &mut self.woken;
+        // Wakes one waiter if it sleeps; true once `free` are woken.
+        let wake = |waiter: &mut Waiter| {
             if !waiter.woken {
                 waiter.woken = true;
-                self.woken += 1;
+                *woken += 1;
                 waiter.waker.wake_by_ref();
             }
+            *woken >= free
+        };
+        if self.overrun {
+            self.waiters.iter_mut().rev().any(wake);
+        } else {
+            self.waiters.iter_mut().any(wake);
         }
     }
 }
+
+/// Arrivals to dispatches, at an expiry, from which the line is overrun
+/// ([`Queue::expired`]): 3 to 2. At a steady overload of `x` times the
+/// line's dispatch rate an expiring waiter has about `x` times as many
+/// behind it as were served during its wait; a burst at full load about as
+/// many (the demo: 1x stays in deadline order, 2x and 3x are overrun).
+const OUTPACED: (u64, u64) = (3, 2);
 
 /// A worker's bit in [`Queue::spent_bits`].
 #[inline]
@@ -222,6 +270,59 @@ mod tests {
         q.dispatched_to(at(&q, late), 7);
         assert!(q.spent().is_empty(), "an empty line throttles nothing");
         assert_eq!((q.len(), q.tokens(), q.dispatched()), (0, 0, 2));
+    }
+
+    #[test]
+    fn an_expiry_serves_the_latest_deadline_first_until_the_line_empties() {
+        let mut q = Queue::default();
+        let now = Instant::now();
+        let limits = LineLimits::default();
+        let secs = |s| now + Duration::from_secs(s);
+        let keys: Vec<Key> = (1..=4).map(|s| q.join(secs(s), 1, limits, &noop()).unwrap()).collect();
+        let at = |q: &Queue, key| q.find(&key).unwrap();
+        assert!(!q.expired(at(&q, keys[0])), "it was not woken");
+        assert!(q.is_overrun());
+        q.wake(1);
+        assert!(q.is_woken(at(&q, keys[3])), "the latest deadline first");
+        assert!(!q.is_woken(at(&q, keys[1])) && !q.is_woken(at(&q, keys[2])));
+        q.dispatched_to(at(&q, keys[3]), 1);
+        q.wake(1);
+        assert!(q.is_woken(at(&q, keys[2])) && !q.is_woken(at(&q, keys[1])), "then the next latest");
+        q.leave(at(&q, keys[1]));
+        assert!(q.is_overrun(), "until the line empties");
+        q.leave(at(&q, keys[2]));
+        assert!(!q.is_overrun());
+        let early = q.join(secs(1), 1, limits, &noop()).unwrap();
+        let late = q.join(secs(9), 1, limits, &noop()).unwrap();
+        q.wake(1);
+        assert!(q.is_woken(at(&q, early)) && !q.is_woken(at(&q, late)), "earliest first again");
+        assert!(q.expired(at(&q, early)), "it was woken");
+        assert!(q.is_overrun(), "one is left waiting");
+        assert!(!q.expired(at(&q, late)));
+        assert!(!q.is_overrun(), "the last one to expire empties the line");
+    }
+
+    #[test]
+    fn an_expiry_overruns_the_line_only_when_arrivals_outpace_dispatches() {
+        let now = Instant::now();
+        let limits = LineLimits::default();
+        let secs = |s| now + Duration::from_secs(s);
+        // `behind` join after the expiring one, 2 are served while it waits.
+        let overrun = |behind: u64| {
+            let mut q = Queue::default();
+            let expiring = q.join(secs(10), 1, limits, &noop()).unwrap();
+            for s in 1..=2 {
+                let ahead = q.join(secs(s), 1, limits, &noop()).unwrap();
+                q.dispatched_to(q.find(&ahead).unwrap(), s);
+            }
+            for s in 0..behind {
+                q.join(secs(20 + s), 1, limits, &noop()).unwrap();
+            }
+            q.expired(q.find(&expiring).unwrap());
+            q.is_overrun()
+        };
+        assert!(!overrun(2), "as many behind as served: a burst, deadline order");
+        assert!(overrun(3), "3 behind for 2 served: overrun");
     }
 
     #[test]

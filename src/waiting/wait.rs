@@ -48,7 +48,7 @@ pin_project! {
             let this = this.project();
             if let (Phase::Queued(key), Some(routed)) = (&*this.phase, this.routed.as_deref()) {
                 let line = &routed.state.line;
-                leave(line, routed, lock(&line.queue), key);
+                leave(line, routed, lock(&line.queue), key, Leaving::Dropped);
             }
         }
     }
@@ -111,7 +111,7 @@ impl<T: Future<Output = ()>> Future for Wait<'_, T> {
         }
         if this.timer.poll(cx).is_ready() {
             if let Phase::Queued(key) = &*this.phase {
-                leave(line, routed, lock(&line.queue), key);
+                leave(line, routed, lock(&line.queue), key, Leaving::Expired);
             }
             *this.phase = Phase::Done(None);
             return Poll::Ready(Err(WaitError::Deadline));
@@ -210,17 +210,28 @@ fn dispatch(
             Poll::Pending
         }
         Err(other) => {
-            leave(line, router.routed, queue, key);
+            leave(line, router.routed, queue, key, Leaving::Dropped);
             Poll::Ready(Err(not_overloaded(other)))
         }
     }
 }
 
+/// Why a waiter leaves without a worker.
+enum Leaving {
+    /// Its deadline passed: the line is overrun.
+    Expired,
+    /// Dropped, or its model can no longer be routed.
+    Dropped,
+}
+
 /// Takes the waiter out of the line without a worker; a woken one passes
 /// its wake-up on.
-fn leave(line: &Line, routed: &RoutedModel, mut queue: MutexGuard<'_, Queue>, key: &Key) {
+fn leave(line: &Line, routed: &RoutedModel, mut queue: MutexGuard<'_, Queue>, key: &Key, why: Leaving) {
     let Some(at) = queue.find(key) else { return };
-    let was_woken = queue.leave(at);
+    let was_woken = match why {
+        Leaving::Expired => queue.expired(at),
+        Leaving::Dropped => queue.leave(at),
+    };
     line.sync_hint(&queue);
     // AcqRel: see `dispatch`.
     line.waiting.fetch_sub(1, Ordering::AcqRel);

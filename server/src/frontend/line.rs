@@ -86,7 +86,7 @@ impl QueueTimeouts {
     }
 
     /// Registers the waiting-time histogram and each model's line: requests
-    /// and tokens waiting, dispatches from the line.
+    /// and tokens waiting, dispatches from the line, whether it is overrun.
     pub(crate) fn register(&self, registry: &mut Registry, monitor: &WorkerMonitor) {
         registry.register(
             "loadgate_frontend_queue_wait_seconds",
@@ -96,12 +96,14 @@ impl QueueTimeouts {
         let waiting = Family::<[(&'static str, String); 1], Gauge>::default();
         let tokens = Family::<[(&'static str, String); 1], Gauge>::default();
         let dispatched = Family::<[(&'static str, String); 1], Counter<u64>>::default();
+        let overrun = Family::<[(&'static str, String); 1], Gauge>::default();
         for model in monitor.models() {
             let Some(stats) = monitor.line_stats(&model) else { continue };
             let labels = [("model", model)];
             waiting.get_or_create(&labels).set(i64::try_from(stats.waiting).unwrap_or(i64::MAX));
             tokens.get_or_create(&labels).set(i64::try_from(stats.tokens).unwrap_or(i64::MAX));
             dispatched.get_or_create(&labels).inc_by(stats.dispatched);
+            overrun.get_or_create(&labels).set(i64::from(stats.overrun));
         }
         registry.register("loadgate_frontend_queue_waiting", "Requests waiting in a model's line now", waiting);
         registry.register("loadgate_frontend_queue_tokens", "Prompt tokens waiting in a model's line now", tokens);
@@ -109,6 +111,11 @@ impl QueueTimeouts {
             "loadgate_frontend_queue_dispatched",
             "Requests dispatched from a model's waiting line",
             dispatched,
+        );
+        registry.register(
+            "loadgate_frontend_queue_overrun",
+            "1 while a model's line is overrun (arrivals outpace dispatches: the latest deadline first)",
+            overrun,
         );
     }
 }
