@@ -107,6 +107,7 @@
 pub mod admission;
 pub mod backoff;
 mod busy;
+pub mod class;
 pub mod docs;
 #[cfg(feature = "engines")]
 #[cfg_attr(docsrs, doc(cfg(feature = "engines")))]
@@ -135,6 +136,7 @@ pub mod wire;
 
 pub use admission::{Admission, Admitted, Permit, PermitStream, Rejected};
 pub use backoff::RetryPolicy;
+pub use class::Class;
 pub use load::{LoadReport, RankLoad, WorkerId};
 pub use migration::{Migration, MigrationError};
 pub use monitor::{MonitorConfig, WorkerMonitor};

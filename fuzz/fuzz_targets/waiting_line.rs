@@ -1,14 +1,18 @@
 //! The waiting line (`WorkerRouter::wait`) against a simple reference
-//! model: joins, polls, drops, deadlines and worker reports in any order.
+//! model: joins of every class, polls, drops, deadlines and worker reports
+//! in any order.
 //!
-//! The reference keeps the waiters in (deadline, arrival) order with a
-//! woken flag, the busy workers and the spent ones (dispatched to from the
+//! The reference keeps the waiters in (class, deadline, arrival) order
+//! with a woken flag, the busy workers and the spent ones (dispatched to from the
 //! line since their last report, while anyone waits). After every step a
 //! pass wakes the first waiters not yet woken until as many are woken as
-//! there are free workers (not busy, not spent); first in key order, or in
-//! reverse key order once the line is overrun: a waiter expired with at
-//! least 3 waiters behind it for every 2 the line dispatched while it
-//! waited. Overrun lasts until the line empties. A woken waiter that is
+//! there are free workers (not busy, not spent): the highest class first;
+//! within a class in key order, or in reverse once the class is overrun (a
+//! waiter of it expired with at least 3 of its class behind it for every 2
+//! the class dispatched while it waited; until the class empties). A
+//! critical arrival at a full line displaces sheddable waiters from the
+//! latest key down when that makes it fit; each displaced one is woken and
+//! hears `ClassShed` (polled, or with its timer fired) or is dropped. A woken waiter that is
 //! polled routes to a free worker, or waits again if none is left. The
 //! real line must agree on every outcome, its counts, and every wake-up.
 #![no_main]
@@ -25,7 +29,7 @@ use std::time::{Duration, Instant};
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 use loadgate::{
-    BusyThresholds, LineLimits, LoadReport, MonitorConfig, Policy, RankLoad, Ticket, Wait, WaitError, WorkerId,
+    BusyThresholds, Class, LineLimits, LoadReport, MonitorConfig, Policy, RankLoad, Ticket, Wait, WaitError, WorkerId,
     WorkerMonitor, WorkerRouter,
 };
 
@@ -41,10 +45,14 @@ struct Input {
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    /// A new request: its deadline offset (ms) and tokens.
+    /// A new request: its deadline offset (ms), tokens and class (mod 3),
+    /// and what each waiter it displaces does next (bit by bit: poll, or
+    /// fire its timer and poll; drop after either).
     Join {
         deadline_ms: u8,
         tokens: u8,
+        class: u8,
+        fate: u8,
     },
     Poll(u8),
     Drop(u8),
@@ -83,8 +91,8 @@ struct Waiter<'r> {
     wait: Pin<Box<Wait<'r, Timer>>>,
     fired: Rc<Cell<bool>>,
     flag: Arc<Flag>,
-    /// (deadline, arrival): the reference's order.
-    key: (u8, u64),
+    /// (class, deadline, arrival): the reference's order.
+    key: (usize, u8, u64),
     tokens: u64,
     woken: bool,
     /// The line's dispatches when it joined.
@@ -108,10 +116,10 @@ struct Model<'r> {
     line: Vec<Waiter<'r>>,
     busy: Vec<bool>,
     spent: Vec<WorkerId>,
-    /// Latest first, until the line empties.
-    overrun: bool,
-    /// Dispatches from the line, ever.
-    dispatched: u64,
+    /// Per class: latest first, until the class empties.
+    overrun: [bool; 3],
+    /// Dispatches from each class, ever.
+    dispatched: [u64; 3],
     seq: Vec<u64>,
     arrivals: u64,
 }
@@ -126,10 +134,12 @@ impl<'r> Model<'r> {
     fn pass(&mut self) {
         let free = self.free().len();
         let mut order: Vec<usize> = (0..self.line.len()).collect();
-        order.sort_by_key(|i| self.line[*i].key);
-        if self.overrun {
-            order.reverse();
-        }
+        // Class first; within a class, key order or its reverse.
+        order.sort_by_key(|i| {
+            let (class, deadline, arrival) = self.line[*i].key;
+            let within = (u64::from(deadline) << 32) | arrival;
+            (class, if self.overrun[class] { u64::MAX - within } else { within })
+        });
         let mut woken = self.line.iter().filter(|w| w.woken).count();
         for i in order {
             if woken >= free {
@@ -150,7 +160,10 @@ impl<'r> Model<'r> {
         let waiter = self.line.swap_remove(i);
         if self.line.is_empty() {
             self.spent.clear();
-            self.overrun = false;
+        }
+        let class = waiter.key.0;
+        if !self.line.iter().any(|w| w.key.0 == class) {
+            self.overrun[class] = false;
         }
         waiter
     }
@@ -165,8 +178,8 @@ impl<'r> Model<'r> {
         match got {
             Poll::Ready(Ok(worker)) => {
                 assert!(free.contains(&worker), "routed to {worker}, free were {free:?}");
-                self.remove(i);
-                self.dispatched += 1;
+                let served = self.remove(i);
+                self.dispatched[served.key.0] += 1;
                 if !self.line.is_empty() {
                     self.spent.push(worker);
                 }
@@ -177,6 +190,38 @@ impl<'r> Model<'r> {
             }
             other => panic!("a woken waiter got {other:?}"),
         }
+    }
+
+    /// The waiters (indexes, in removal order: remove each before the
+    /// next index is valid... so highest index first) a `class` arrival of
+    /// `tokens` displaces to fit, or `None` if it is refused.
+    fn room_for(&self, class: usize, tokens: u64, limits: LineLimits) -> Option<Vec<usize>> {
+        let fits = |len: usize, sum: u64| len < limits.max_waiting && sum + tokens <= limits.max_tokens;
+        let mut len = self.line.len();
+        let mut sum: u64 = self.line.iter().map(|w| w.tokens).sum();
+        if fits(len, sum) {
+            return Some(Vec::new());
+        }
+        if class != 0 {
+            return None;
+        }
+        let mut sheddable: Vec<usize> = (0..self.line.len()).filter(|i| self.line[*i].key.0 == 2).collect();
+        sheddable.sort_by_key(|i| std::cmp::Reverse(self.line[*i].key));
+        let mut taken = Vec::new();
+        for i in sheddable {
+            if fits(len, sum) {
+                break;
+            }
+            len -= 1;
+            sum -= self.line[i].tokens;
+            taken.push(i);
+        }
+        if !fits(len, sum) {
+            return None;
+        }
+        // `remove` swaps the last waiter in: take the highest index first.
+        taken.sort_unstable_by(|a, b| b.cmp(a));
+        Some(taken)
     }
 
     fn check_counts(&self) {
@@ -212,20 +257,21 @@ fuzz_target!(|input: Input| {
         line: Vec::new(),
         busy: vec![false; workers as usize + 1],
         spent: Vec::new(),
-        overrun: false,
-        dispatched: 0,
+        overrun: [false; 3],
+        dispatched: [0; 3],
         seq: vec![0; workers as usize + 1],
         arrivals: 0,
     };
     for op in input.ops.into_iter().take(200) {
         match op {
-            Op::Join { deadline_ms, tokens } => {
+            Op::Join { deadline_ms, tokens, class, fate } => {
+                let class = usize::from(class % 3);
                 let fired = Rc::new(Cell::new(false));
                 let deadline = m.base + Duration::from_millis(u64::from(deadline_ms));
-                let ticket = Ticket::new(u64::from(tokens), deadline);
+                let ticket = Ticket::new(u64::from(tokens), deadline).with_class(Class::ALL[class]);
                 let wait = Box::pin(m.router.wait(MODEL, &[], ticket, Timer(fired.clone())));
                 let flag = Arc::new(Flag(AtomicBool::new(false)));
-                let key = (deadline_ms, m.arrivals);
+                let key = (class, deadline_ms, m.arrivals);
                 m.arrivals += 1;
                 let mut waiter = Waiter {
                     wait,
@@ -234,7 +280,7 @@ fuzz_target!(|input: Input| {
                     key,
                     tokens: u64::from(tokens),
                     woken: false,
-                    dispatched_before: m.dispatched,
+                    dispatched_before: m.dispatched[class],
                 };
                 let got = waiter.poll();
                 let free = m.free();
@@ -245,10 +291,17 @@ fuzz_target!(|input: Input| {
                     }
                     continue;
                 }
-                let queued_tokens: u64 = m.line.iter().map(|w| w.tokens).sum();
-                if m.line.len() >= limits.max_waiting || queued_tokens + waiter.tokens > limits.max_tokens {
+                let Some(displaced) = m.room_for(class, waiter.tokens, limits) else {
                     assert_eq!(got, Poll::Ready(Err(WaitError::QueueFull)));
                     continue;
+                };
+                for (n, i) in displaced.into_iter().enumerate() {
+                    let mut gone = m.remove(i);
+                    assert!(gone.flag.0.load(Ordering::SeqCst), "a displaced waiter is woken");
+                    if (fate >> (n % 8)) & 1 == 1 {
+                        gone.fired.set(true);
+                    }
+                    assert_eq!(gone.poll(), Poll::Ready(Err(WaitError::ClassShed)));
                 }
                 // It joined; the join's own pass may wake it (and others:
                 // their wakers are called before the poll returns), and a
@@ -276,11 +329,12 @@ fuzz_target!(|input: Input| {
                 let got = m.line[i].poll();
                 assert_eq!(got, Poll::Ready(Err(WaitError::Deadline)));
                 let key = m.line[i].key;
-                let behind = m.line.iter().filter(|w| w.key > key).count() as u64;
+                let class = key.0;
+                let behind = m.line.iter().filter(|w| w.key.0 == class && w.key > key).count() as u64;
                 let expired = m.remove(i);
-                let served = m.dispatched - expired.dispatched_before;
-                if !m.overrun && !m.line.is_empty() {
-                    m.overrun = behind * 2 >= served * 3;
+                let served = m.dispatched[class] - expired.dispatched_before;
+                if !m.overrun[class] && m.line.iter().any(|w| w.key.0 == class) {
+                    m.overrun[class] = behind * 2 >= served * 3;
                 }
                 m.pass();
             }

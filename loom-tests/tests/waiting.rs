@@ -2,7 +2,9 @@
 //! request joins the line serves it (no lost wake-up); a waiter dropped
 //! while the worker frees leaves the line and passes its wake-up on; the
 //! line's count bound holds on both sides (never more than the limit in,
-//! never one refused while there is room).
+//! never one refused while there is room); a critical arrival that displaces
+//! a sheddable waiter racing that waiter's dispatch: exactly one of them
+//! holds the place, and the critical one is served either way.
 //!
 //! loom sees the view's swap as a mutex (see `sync.rs`), so these models
 //! check the line's protocol around it — the joiner's own wake-up pass, the
@@ -17,7 +19,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use loadgate::{
-    BusyThresholds, LineLimits, LoadReport, MonitorConfig, Policy, RankLoad, Ticket, Wait, WaitError, WorkerId,
+    BusyThresholds, Class, LineLimits, LoadReport, MonitorConfig, Policy, RankLoad, Ticket, Wait, WaitError, WorkerId,
     WorkerMonitor, WorkerRouter,
 };
 use loadgate_loom_tests::run_model_with;
@@ -46,7 +48,11 @@ struct Waiter<'r> {
 
 impl<'r> Waiter<'r> {
     fn new(router: &'r WorkerRouter) -> Self {
-        let ticket = Ticket::new(1, Instant::now() + Duration::from_secs(60));
+        Waiter::of(router, Class::Standard)
+    }
+
+    fn of(router: &'r WorkerRouter, class: Class) -> Self {
+        let ticket = Ticket::new(1, Instant::now() + Duration::from_secs(60)).with_class(class);
         Waiter {
             wait: Box::pin(router.wait(MODEL, &[], ticket, std::future::pending())),
             woken: Arc::new(Flag(AtomicBool::new(false))),
@@ -160,6 +166,53 @@ fn the_count_bound_holds_on_both_sides() {
             let refused = [mine, theirs].iter().filter(|p| **p == Poll::Ready(Err(WaitError::QueueFull))).count();
             assert_eq!((joined, refused), (limit, 2 - limit), "{mine:?} {theirs:?}");
             assert_eq!(waiting(&monitor), limit);
+        });
+    }
+}
+
+/// A woken sheddable waiter is polled (dispatched) while a critical request
+/// joins a line of room `limit`. With room for one, the critical arrival
+/// either finds the line full and displaces the sheddable waiter (which
+/// then hears `ClassShed`) or finds it gone (dispatched): never both
+/// served past the worker's one free place, never the place lost; the
+/// critical request is served in both. With room for two, nobody is
+/// displaced.
+#[test]
+fn a_critical_arrival_displacing_a_sheddable_waiter_races_its_dispatch() {
+    for limit in [1, 2] {
+        run_model_with("waiting/a_critical_arrival_displacing_a_sheddable_waiter_races_its_dispatch", 3, move || {
+            let (monitor, router) = busy_pool(limit);
+            let router: &'static WorkerRouter = Box::leak(Box::new(router));
+            let mut sheddable = Waiter::of(router, Class::Sheddable);
+            assert_eq!(sheddable.poll(), Poll::Pending);
+            monitor.apply(&report(2, 10)).unwrap();
+            assert!(sheddable.woken(), "the free worker woke it");
+            let critical = thread::spawn(move || Waiter::of(router, Class::Critical).poll_kept());
+            let shed = sheddable.poll();
+            let (mut first, mut kept) = critical.join().unwrap();
+            match shed {
+                Poll::Ready(Ok(1)) => {
+                    // Dispatched first: the critical one routed at once (the
+                    // line was empty) or waits for the worker's next report.
+                    if first.is_pending() {
+                        assert!(limit == 2 || !kept.woken(), "{first:?}");
+                        monitor.apply(&report(3, 10)).unwrap();
+                        assert!(kept.woken(), "the report frees its spent worker");
+                        first = kept.poll();
+                    }
+                    assert_eq!(first, Poll::Ready(Ok(1)));
+                }
+                Poll::Ready(Err(WaitError::ClassShed)) => {
+                    assert_eq!(limit, 1, "displaced from a line with room");
+                    if first.is_pending() {
+                        assert!(kept.woken(), "the displaced waiter's turn passed on");
+                        first = kept.poll();
+                    }
+                    assert_eq!(first, Poll::Ready(Ok(1)));
+                }
+                other => panic!("the sheddable waiter got {other:?}"),
+            }
+            assert_eq!(waiting(&monitor), 0);
         });
     }
 }

@@ -50,11 +50,13 @@ pub enum Reason {
     Deadline,
     /// The model's waiting line was full (by count or by queued tokens).
     QueueFull,
+    /// A sheddable request gave its place in a full line to a critical one.
+    ClassShed,
 }
 
 impl Reason {
     /// Every reason, in counter-index order.
-    pub(super) const ALL: [Reason; 8] = [
+    pub(super) const ALL: [Reason; 9] = [
         Reason::DecodeBlocks,
         Reason::PrefillTokens,
         Reason::PrefillTokensFrac,
@@ -63,6 +65,7 @@ impl Reason {
         Reason::Excluded,
         Reason::Deadline,
         Reason::QueueFull,
+        Reason::ClassShed,
     ];
 
     /// The label value.
@@ -76,6 +79,7 @@ impl Reason {
             Reason::Excluded => "excluded",
             Reason::Deadline => "deadline",
             Reason::QueueFull => "queue_full",
+            Reason::ClassShed => "class_shed",
         }
     }
 

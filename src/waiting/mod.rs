@@ -97,6 +97,7 @@ use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 
+use crate::class::Class;
 use crate::load::WorkerId;
 use crate::monitor::view::ModelView;
 use crate::sync::{lock, AtomicU64, AtomicUsize, Mutex, Ordering};
@@ -121,20 +122,28 @@ impl Default for LineLimits {
     }
 }
 
-/// One request's place in a line: its prompt tokens and its deadline
-/// (which orders the line; the caller's timer enforces it).
+/// One request's place in a line: its prompt tokens, its deadline and its
+/// class (which order the line; the caller's timer enforces the deadline).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ticket {
     /// Prompt tokens, counted against [`LineLimits::max_tokens`].
     pub tokens: u64,
     /// The latest the request may still be dispatched.
     pub deadline: Instant,
+    /// Its priority class ([`Class::Standard`] unless set).
+    pub class: Class,
 }
 
 impl Ticket {
-    /// A ticket for `tokens` prompt tokens due by `deadline`.
+    /// A standard ticket for `tokens` prompt tokens due by `deadline`.
     pub fn new(tokens: u64, deadline: Instant) -> Self {
-        Ticket { tokens, deadline }
+        Ticket { tokens, deadline, class: Class::Standard }
+    }
+
+    /// This ticket in `class`.
+    #[must_use]
+    pub fn with_class(self, class: Class) -> Self {
+        Ticket { class, ..self }
     }
 }
 
@@ -147,6 +156,9 @@ pub enum WaitError {
     Deadline,
     /// The line was full, by count or by tokens. An overload rejection.
     QueueFull,
+    /// A sheddable request gave its place in a full line to a critical
+    /// one. An overload rejection.
+    ClassShed,
     /// No instance is registered or in routing (HTTP 503).
     Unavailable,
     /// The model has never been seen (HTTP 404).
@@ -158,6 +170,7 @@ impl fmt::Display for WaitError {
         f.write_str(match self {
             WaitError::Deadline => "no worker freed before the request's deadline",
             WaitError::QueueFull => "the waiting line is full",
+            WaitError::ClassShed => "a critical request took this request's place in the waiting line",
             WaitError::Unavailable => "No worker is available for this model",
             WaitError::UnknownModel => "Unknown model",
         })
@@ -176,8 +189,8 @@ pub struct LineStats {
     pub tokens: u64,
     /// Requests dispatched from the line, ever.
     pub dispatched: u64,
-    /// Whether the line is overrun (serving the latest deadline first; see
-    /// the module docs).
+    /// Whether a class of the line is overrun (serving its latest deadline
+    /// first; see the module docs).
     pub overrun: bool,
 }
 
@@ -221,7 +234,7 @@ impl Line {
             waiting: queue.len(),
             tokens: queue.tokens(),
             dispatched: queue.dispatched(),
-            overrun: queue.is_overrun(),
+            overrun: Class::ALL.into_iter().any(|class| queue.is_overrun(class)),
         }
     }
 

@@ -1,17 +1,32 @@
 //! [`Queue`]: what a model's waiting line holds under its lock — the
-//! waiters in deadline order, their queued tokens, which of them are woken,
-//! the workers the line dispatched to since their last report, and whether
-//! the line is overrun (serving the latest deadline first).
+//! waiters of each class in deadline order, their queued tokens, which of
+//! them are woken, the workers the line dispatched to since their last
+//! report, which classes are overrun (serving the latest deadline first),
+//! and the waiters displaced by critical arrivals that have not yet heard.
 
 use std::collections::VecDeque;
 use std::task::Waker;
 use std::time::Instant;
 
 use super::{LineLimits, WaitError};
+use crate::class::Class;
 use crate::load::WorkerId;
 
-/// A waiter's place: earliest deadline first, then first come.
-pub(super) type Key = (Instant, u64);
+/// A waiter's place: its class (highest first), then earliest deadline,
+/// then first come.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Key {
+    class: Class,
+    deadline: Instant,
+    arrival: u64,
+}
+
+/// Where a waiter is: its class's deque and its index there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct At {
+    class: usize,
+    index: usize,
+}
 
 /// One waiter.
 struct Waiter {
@@ -22,17 +37,34 @@ struct Waiter {
     woken: bool,
     /// How to wake its task.
     waker: Waker,
-    /// The line's dispatches when it joined (at its expiry: how many
-    /// were served while it waited).
+    /// Its class's dispatches when it joined (at its expiry: how many of
+    /// its class were served while it waited).
     dispatched_before: u64,
+}
+
+/// One class's waiters.
+#[derive(Default)]
+struct ClassLine {
+    /// In key order (arrivals almost always go to the back: same timeout,
+    /// later deadline).
+    waiters: VecDeque<Waiter>,
+    /// Dispatches from this class, ever.
+    dispatched: u64,
+    /// The class is overrun: it cannot serve all its waiters in time, so
+    /// it wakes its latest deadline first (the waiter with the most time
+    /// left, which can still be served in time) until it empties. Set by
+    /// an expiry that shows arrivals outpacing dispatches (see
+    /// [`Queue::expired`]).
+    overrun: bool,
 }
 
 /// The line's contents (under the line's lock).
 #[derive(Default)]
 pub(super) struct Queue {
-    /// In key order (arrivals almost always go to the back: same timeout,
-    /// later deadline).
-    waiters: VecDeque<Waiter>,
+    /// One deque per class, highest first.
+    classes: [ClassLine; Class::COUNT],
+    /// Waiters in all classes.
+    len: usize,
     /// The sum of the waiters' tokens.
     tokens: u64,
     /// Waiters with `woken` set.
@@ -44,17 +76,26 @@ pub(super) struct Queue {
     arrivals: u64,
     /// Requests the line dispatched, ever.
     dispatched: u64,
-    /// The line is overrun: it cannot serve everyone in time, so it wakes
-    /// the latest deadline first (the waiter with the most time left,
-    /// which can still be served in time) until it empties. Set by an
-    /// expiry that shows arrivals outpacing dispatches (see `expired`).
-    overrun: bool,
+    /// Waiters a critical arrival displaced, until their future hears it
+    /// (woken at once, so each is polled or dropped soon).
+    displaced: Vec<Key>,
+}
+
+/// What a join did.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Joined {
+    /// The new waiter's place.
+    pub(super) key: Key,
+    /// Sheddable waiters it displaced.
+    pub(super) displaced: usize,
+    /// Whether one of them had been woken (its turn must go on).
+    pub(super) displaced_woken: bool,
 }
 
 impl Queue {
     /// Waiters in the line.
     pub(super) fn len(&self) -> usize {
-        self.waiters.len()
+        self.len
     }
 
     /// Their queued tokens.
@@ -62,9 +103,9 @@ impl Queue {
         self.tokens
     }
 
-    /// Whether the line serves the latest deadline first (see `overrun`).
-    pub(super) fn is_overrun(&self) -> bool {
-        self.overrun
+    /// Whether `class` serves its latest deadline first (see `overrun`).
+    pub(super) fn is_overrun(&self, class: Class) -> bool {
+        self.classes[class.index()].overrun
     }
 
     /// Requests dispatched from the line so far.
@@ -83,50 +124,104 @@ impl Queue {
         self.spent.iter().fold(0, |bits, w| bits | spent_bit(*w))
     }
 
-    /// Adds a waiter, or refuses it when the line is full by count or by
-    /// tokens.
+    /// Whether `tokens` more fit beside `len` waiters holding `sum`.
+    fn fits(len: usize, sum: u64, tokens: u64, limits: LineLimits) -> bool {
+        len < limits.max_waiting && sum.checked_add(tokens).is_some_and(|sum| sum <= limits.max_tokens)
+    }
+
+    /// Adds a waiter of `class`, or refuses it when the line is full by
+    /// count or by tokens. A critical one takes the place of sheddable
+    /// waiters (the latest deadlines first) when that makes it fit; they
+    /// leave at once and are woken to hear it ([`Queue::take_displaced`]).
     pub(super) fn join(
         &mut self,
+        class: Class,
         deadline: Instant,
         tokens: u64,
         limits: LineLimits,
         waker: &Waker,
-    ) -> Result<Key, WaitError> {
-        let over_tokens = self.tokens.checked_add(tokens).is_none_or(|sum| sum > limits.max_tokens);
-        if self.waiters.len() >= limits.max_waiting || over_tokens {
-            return Err(WaitError::QueueFull);
+    ) -> Result<Joined, WaitError> {
+        let mut displaced = 0;
+        let mut displaced_woken = false;
+        if !Self::fits(self.len, self.tokens, tokens, limits) {
+            displaced = self.room_for(class, tokens, limits).ok_or(WaitError::QueueFull)?;
+            for _ in 0..displaced {
+                let sheddable = &mut self.classes[Class::Sheddable.index()].waiters;
+                let waiter = sheddable.pop_back().expect("counted by room_for");
+                displaced_woken |= waiter.woken;
+                self.forget(&waiter);
+                self.displaced.push(waiter.key);
+                waiter.waker.wake();
+            }
         }
-        let key = (deadline, self.arrivals);
+        let key = Key { class, deadline, arrival: self.arrivals };
         self.arrivals += 1;
+        self.len += 1;
         self.tokens += tokens;
-        let waiter = Waiter { key, tokens, woken: false, waker: waker.clone(), dispatched_before: self.dispatched };
-        if self.waiters.back().is_none_or(|last| last.key < key) {
-            self.waiters.push_back(waiter);
+        let line = &mut self.classes[class.index()];
+        let waiter = Waiter { key, tokens, woken: false, waker: waker.clone(), dispatched_before: line.dispatched };
+        if line.waiters.back().is_none_or(|last| last.key < key) {
+            line.waiters.push_back(waiter);
         } else {
-            let at = self.waiters.partition_point(|w| w.key < key);
-            self.waiters.insert(at, waiter);
+            let at = line.waiters.partition_point(|w| w.key < key);
+            line.waiters.insert(at, waiter);
         }
-        Ok(key)
+        Ok(Joined { key, displaced, displaced_woken })
+    }
+
+    /// How many sheddable waiters (from the back) a `class` arrival of
+    /// `tokens` must displace to fit; `None` if it may not or cannot.
+    fn room_for(&self, class: Class, tokens: u64, limits: LineLimits) -> Option<usize> {
+        if class != Class::Critical {
+            return None;
+        }
+        let (mut len, mut sum) = (self.len, self.tokens);
+        for (n, waiter) in self.classes[Class::Sheddable.index()].waiters.iter().rev().enumerate() {
+            if Self::fits(len, sum, tokens, limits) {
+                return Some(n);
+            }
+            len -= 1;
+            sum -= waiter.tokens;
+        }
+        Self::fits(len, sum, tokens, limits).then_some(self.classes[Class::Sheddable.index()].waiters.len())
+    }
+
+    /// Whether the waiter at `key` was displaced; if so it hears it now
+    /// (once).
+    pub(super) fn take_displaced(&mut self, key: &Key) -> bool {
+        match self.displaced.iter().position(|k| k == key) {
+            Some(i) => {
+                self.displaced.swap_remove(i);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Whether every waiter is woken (true for an empty line).
     pub(super) fn all_woken(&self) -> bool {
-        self.woken == self.waiters.len()
+        self.woken == self.len
     }
 
     /// Where the waiter at `key` is.
-    pub(super) fn find(&self, key: &Key) -> Option<usize> {
-        self.waiters.binary_search_by_key(key, |w| w.key).ok()
+    pub(super) fn find(&self, key: &Key) -> Option<At> {
+        let class = key.class.index();
+        let index = self.classes[class].waiters.binary_search_by_key(key, |w| w.key).ok()?;
+        Some(At { class, index })
+    }
+
+    fn waiter(&mut self, at: At) -> &mut Waiter {
+        &mut self.classes[at.class].waiters[at.index]
     }
 
     /// Whether the waiter at `at` was woken (and so routes now).
-    pub(super) fn is_woken(&self, at: usize) -> bool {
-        self.waiters[at].woken
+    pub(super) fn is_woken(&self, at: At) -> bool {
+        self.classes[at.class].waiters[at.index].woken
     }
 
     /// Keeps the waker of the waiter's latest poll.
-    pub(super) fn set_waker(&mut self, at: usize, waker: &Waker) {
-        let waiter = &mut self.waiters[at];
+    pub(super) fn set_waker(&mut self, at: At, waker: &Waker) {
+        let waiter = self.waiter(at);
         if !waiter.waker.will_wake(waker) {
             waiter.waker = waker.clone();
         }
@@ -134,58 +229,70 @@ impl Queue {
 
     /// A woken waiter found no worker after all: it waits for the next
     /// wake-up.
-    pub(super) fn unwake(&mut self, at: usize) {
-        let waiter = &mut self.waiters[at];
+    pub(super) fn unwake(&mut self, at: At) {
+        let waiter = self.waiter(at);
         if waiter.woken {
             waiter.woken = false;
             self.woken -= 1;
         }
     }
 
-    /// Takes the waiter at `at` out (served, cancelled or past its
-    /// deadline); returns whether it had been woken. An empty line forgets
-    /// the spent workers: with nobody waiting, dispatches are not
-    /// throttled.
-    pub(super) fn leave(&mut self, at: usize) -> bool {
-        let waiter = self.waiters.remove(at).expect("a waiter at this place");
+    /// Takes a waiter's counts out of the line (it left its deque). An
+    /// empty line forgets the spent workers (with nobody waiting,
+    /// dispatches are not throttled) and every class's overrun.
+    fn forget(&mut self, waiter: &Waiter) {
+        self.len -= 1;
         self.tokens -= waiter.tokens;
         if waiter.woken {
             self.woken -= 1;
         }
-        if self.waiters.is_empty() {
+        if self.len == 0 {
             self.spent.clear();
-            self.overrun = false;
         }
+        let line = &mut self.classes[waiter.key.class.index()];
+        if line.waiters.is_empty() {
+            line.overrun = false;
+        }
+    }
+
+    /// Takes the waiter at `at` out (served, cancelled or past its
+    /// deadline); returns whether it had been woken.
+    pub(super) fn leave(&mut self, at: At) -> bool {
+        let waiter = self.classes[at.class].waiters.remove(at.index).expect("a waiter at this place");
+        self.forget(&waiter);
         waiter.woken
     }
 
     /// The waiter at `at` leaves past its deadline. Returns whether it had
     /// been woken.
     ///
-    /// If more waiters joined behind it than the line dispatched while it
-    /// waited, by half ([`OUTPACED`]), arrivals outpace dispatches: in
-    /// deadline order every dispatch would go to a waiter at the end of its
-    /// wait (late for its objective) while the rest expire, so the line is
-    /// overrun until it empties. A single expiry in a burst (those behind
-    /// about as many as were served) keeps deadline order, which serves the
-    /// most waiters in time when the line can catch up.
-    pub(super) fn expired(&mut self, at: usize) -> bool {
-        let behind = (self.waiters.len() - at - 1) as u64;
-        let served = self.dispatched - self.waiters[at].dispatched_before;
+    /// If more waiters of its class joined behind it than its class
+    /// dispatched while it waited, by half ([`OUTPACED`]), arrivals outpace
+    /// dispatches: in deadline order every dispatch would go to a waiter at
+    /// the end of its wait (late for its objective) while the rest expire,
+    /// so the class is overrun until it empties. A single expiry in a burst
+    /// (those behind about as many as were served) keeps deadline order,
+    /// which serves the most waiters in time when the line can catch up.
+    pub(super) fn expired(&mut self, at: At) -> bool {
+        let line = &self.classes[at.class];
+        let behind = (line.waiters.len() - at.index - 1) as u64;
+        let served = line.dispatched - line.waiters[at.index].dispatched_before;
         let was_woken = self.leave(at);
-        if !self.overrun && !self.waiters.is_empty() {
+        let line = &mut self.classes[at.class];
+        if !line.overrun && !line.waiters.is_empty() {
             let (arrived, dispatched) = OUTPACED;
-            self.overrun = behind * dispatched >= served * arrived;
+            line.overrun = behind * dispatched >= served * arrived;
         }
         was_woken
     }
 
     /// The waiter at `at` was routed to `worker`: it leaves, and `worker`
     /// takes no other waiter until it reports.
-    pub(super) fn dispatched_to(&mut self, at: usize, worker: WorkerId) {
+    pub(super) fn dispatched_to(&mut self, at: At, worker: WorkerId) {
         self.leave(at);
         self.dispatched += 1;
-        if !self.waiters.is_empty() && !self.spent.contains(&worker) {
+        self.classes[at.class].dispatched += 1;
+        if self.len != 0 && !self.spent.contains(&worker) {
             self.spent.push(worker);
         }
     }
@@ -203,17 +310,18 @@ impl Queue {
     }
 
     /// With `free` workers the line may give out, wakes waiters not yet
-    /// woken until `free` are woken: the earliest deadlines first, or the
-    /// latest while the line is overrun. Their wakers are called here,
-    /// under the line's lock: a waker only schedules its task (which then
-    /// takes the lock), and calling it by reference clones nothing.
+    /// woken until `free` are woken: the highest class first; within a
+    /// class the earliest deadline first, or the latest while the class is
+    /// overrun. Their wakers are called here, under the line's lock: a
+    /// waker only schedules its task (which then takes the lock), and
+    /// calling it by reference clones nothing.
     pub(super) fn wake(&mut self, free: usize) {
         if self.woken >= free {
             return;
         }
         let woken = &mut self.woken;
         // Wakes one waiter if it sleeps; true once `free` are woken.
-        let wake = |waiter: &mut Waiter| {
+        let mut wake = |waiter: &mut Waiter| {
             if !waiter.woken {
                 waiter.woken = true;
                 *woken += 1;
@@ -221,15 +329,20 @@ impl Queue {
             }
             *woken >= free
         };
-        if self.overrun {
-            self.waiters.iter_mut().rev().any(wake);
-        } else {
-            self.waiters.iter_mut().any(wake);
+        for line in &mut self.classes {
+            let done = if line.overrun {
+                line.waiters.iter_mut().rev().any(&mut wake)
+            } else {
+                line.waiters.iter_mut().any(&mut wake)
+            };
+            if done {
+                return;
+            }
         }
     }
 }
 
-/// Arrivals to dispatches, at an expiry, from which the line is overrun
+/// Arrivals to dispatches, at an expiry, from which a class is overrun
 /// ([`Queue::expired`]): 3 to 2. At a steady overload of `x` times the
 /// line's dispatch rate an expiring waiter has about `x` times as many
 /// behind it as were served during its wait; a burst at full load about as
@@ -251,14 +364,24 @@ mod tests {
         Waker::noop().clone()
     }
 
+    const STANDARD: Class = Class::Standard;
+
+    /// Joins a standard waiter (must fit).
+    fn join(q: &mut Queue, deadline: Instant, tokens: u64, limits: LineLimits) -> Key {
+        q.join(STANDARD, deadline, tokens, limits, &noop()).unwrap().key
+    }
+
+    fn at(q: &Queue, key: Key) -> At {
+        q.find(&key).unwrap()
+    }
+
     #[test]
     fn wakes_in_deadline_order_up_to_the_free_workers() {
         let mut q = Queue::default();
         let now = Instant::now();
         let limits = LineLimits::default();
-        let late = q.join(now + Duration::from_secs(2), 10, limits, &noop()).unwrap();
-        let early = q.join(now + Duration::from_secs(1), 10, limits, &noop()).unwrap();
-        let at = |q: &Queue, key| q.find(&key).unwrap();
+        let late = join(&mut q, now + Duration::from_secs(2), 10, limits);
+        let early = join(&mut q, now + Duration::from_secs(1), 10, limits);
         q.wake(1);
         assert!(q.is_woken(at(&q, early)) && !q.is_woken(at(&q, late)));
         q.wake(1);
@@ -273,15 +396,67 @@ mod tests {
     }
 
     #[test]
+    fn higher_classes_are_woken_first_whatever_their_deadlines() {
+        let mut q = Queue::default();
+        let now = Instant::now();
+        let limits = LineLimits::default();
+        let secs = |s| now + Duration::from_secs(s);
+        let mut join_as = |class, s| q.join(class, secs(s), 1, limits, &noop()).unwrap().key;
+        let sheddable = join_as(Class::Sheddable, 1);
+        let standard = join_as(STANDARD, 2);
+        let critical = join_as(Class::Critical, 3);
+        let woken = |q: &Queue| [critical, standard, sheddable].map(|k| q.is_woken(at(q, k)));
+        q.wake(1);
+        assert_eq!(woken(&q), [true, false, false]);
+        q.wake(2);
+        assert_eq!(woken(&q), [true, true, false]);
+        q.wake(3);
+        assert_eq!(woken(&q), [true, true, true]);
+    }
+
+    #[test]
+    fn a_critical_arrival_displaces_sheddable_waiters_from_a_full_line() {
+        let now = Instant::now();
+        let secs = |s| now + Duration::from_secs(s);
+        let limits = LineLimits { max_waiting: 3, max_tokens: 100 };
+        let mut q = Queue::default();
+        let shed = |q: &mut Queue, s, tokens| q.join(Class::Sheddable, secs(s), tokens, limits, &noop()).unwrap().key;
+        let early = shed(&mut q, 1, 10);
+        let late = shed(&mut q, 2, 10);
+        let standard = join(&mut q, secs(3), 10, limits);
+        assert_eq!(
+            q.join(STANDARD, secs(4), 1, limits, &noop()),
+            Err(WaitError::QueueFull),
+            "standard gives way to nobody"
+        );
+        q.wake(2);
+        assert!(q.is_woken(at(&q, early)), "woken before its displacement");
+        let joined = q.join(Class::Critical, secs(9), 10, limits, &noop()).unwrap();
+        assert_eq!((joined.displaced, joined.displaced_woken), (1, false), "the latest sheddable deadline goes");
+        assert!(q.find(&late).is_none() && q.take_displaced(&late) && !q.take_displaced(&late), "told once");
+        assert_eq!((q.len(), q.tokens()), (3, 30));
+        // By tokens: 95 more need both remaining sheddable... only one is
+        // left, and the standard one is not displaced: refused, nothing
+        // changed.
+        assert_eq!(q.join(Class::Critical, secs(9), 95, limits, &noop()), Err(WaitError::QueueFull));
+        assert_eq!((q.len(), q.tokens()), (3, 30));
+        assert!(q.find(&early).is_some() && q.find(&standard).is_some());
+        // 71 tokens fit once the (woken) early one leaves.
+        let joined = q.join(Class::Critical, secs(9), 71, limits, &noop()).unwrap();
+        assert_eq!((joined.displaced, joined.displaced_woken), (1, true));
+        assert!(q.take_displaced(&early));
+        assert_eq!((q.len(), q.tokens(), q.all_woken()), (3, 91, false));
+    }
+
+    #[test]
     fn an_expiry_serves_the_latest_deadline_first_until_the_line_empties() {
         let mut q = Queue::default();
         let now = Instant::now();
         let limits = LineLimits::default();
         let secs = |s| now + Duration::from_secs(s);
-        let keys: Vec<Key> = (1..=4).map(|s| q.join(secs(s), 1, limits, &noop()).unwrap()).collect();
-        let at = |q: &Queue, key| q.find(&key).unwrap();
+        let keys: Vec<Key> = (1..=4).map(|s| join(&mut q, secs(s), 1, limits)).collect();
         assert!(!q.expired(at(&q, keys[0])), "it was not woken");
-        assert!(q.is_overrun());
+        assert!(q.is_overrun(STANDARD));
         q.wake(1);
         assert!(q.is_woken(at(&q, keys[3])), "the latest deadline first");
         assert!(!q.is_woken(at(&q, keys[1])) && !q.is_woken(at(&q, keys[2])));
@@ -289,17 +464,17 @@ mod tests {
         q.wake(1);
         assert!(q.is_woken(at(&q, keys[2])) && !q.is_woken(at(&q, keys[1])), "then the next latest");
         q.leave(at(&q, keys[1]));
-        assert!(q.is_overrun(), "until the line empties");
+        assert!(q.is_overrun(STANDARD), "until the line empties");
         q.leave(at(&q, keys[2]));
-        assert!(!q.is_overrun());
-        let early = q.join(secs(1), 1, limits, &noop()).unwrap();
-        let late = q.join(secs(9), 1, limits, &noop()).unwrap();
+        assert!(!q.is_overrun(STANDARD));
+        let early = join(&mut q, secs(1), 1, limits);
+        let late = join(&mut q, secs(9), 1, limits);
         q.wake(1);
         assert!(q.is_woken(at(&q, early)) && !q.is_woken(at(&q, late)), "earliest first again");
         assert!(q.expired(at(&q, early)), "it was woken");
-        assert!(q.is_overrun(), "one is left waiting");
+        assert!(q.is_overrun(STANDARD), "one is left waiting");
         assert!(!q.expired(at(&q, late)));
-        assert!(!q.is_overrun(), "the last one to expire empties the line");
+        assert!(!q.is_overrun(STANDARD), "the last one to expire empties the line");
     }
 
     #[test]
@@ -310,16 +485,16 @@ mod tests {
         // `behind` join after the expiring one, 2 are served while it waits.
         let overrun = |behind: u64| {
             let mut q = Queue::default();
-            let expiring = q.join(secs(10), 1, limits, &noop()).unwrap();
+            let expiring = join(&mut q, secs(10), 1, limits);
             for s in 1..=2 {
-                let ahead = q.join(secs(s), 1, limits, &noop()).unwrap();
-                q.dispatched_to(q.find(&ahead).unwrap(), s);
+                let ahead = join(&mut q, secs(s), 1, limits);
+                q.dispatched_to(at(&q, ahead), s);
             }
             for s in 0..behind {
-                q.join(secs(20 + s), 1, limits, &noop()).unwrap();
+                join(&mut q, secs(20 + s), 1, limits);
             }
-            q.expired(q.find(&expiring).unwrap());
-            q.is_overrun()
+            q.expired(at(&q, expiring));
+            q.is_overrun(STANDARD)
         };
         assert!(!overrun(2), "as many behind as served: a burst, deadline order");
         assert!(overrun(3), "3 behind for 2 served: overrun");
@@ -330,14 +505,14 @@ mod tests {
         let mut q = Queue::default();
         let now = Instant::now();
         let limits = LineLimits { max_waiting: 2, max_tokens: 100 };
-        assert!(q.join(now, 60, limits, &noop()).is_ok());
-        assert_eq!(q.join(now, 41, limits, &noop()), Err(WaitError::QueueFull), "101 tokens");
-        let k = q.join(now, 40, limits, &noop()).unwrap();
-        assert_eq!(q.join(now, 0, limits, &noop()), Err(WaitError::QueueFull), "3 waiters");
-        assert!(!q.leave(q.find(&k).unwrap()));
-        assert!(q.join(now, 40, limits, &noop()).is_ok());
+        join(&mut q, now, 60, limits);
+        assert_eq!(q.join(STANDARD, now, 41, limits, &noop()), Err(WaitError::QueueFull), "101 tokens");
+        let k = join(&mut q, now, 40, limits);
+        assert_eq!(q.join(STANDARD, now, 0, limits, &noop()), Err(WaitError::QueueFull), "3 waiters");
+        assert!(!q.leave(at(&q, k)));
+        join(&mut q, now, 40, limits);
         assert_eq!(
-            q.join(now, u64::MAX, LineLimits { max_waiting: 9, max_tokens: u64::MAX }, &noop()),
+            q.join(STANDARD, now, u64::MAX, LineLimits { max_waiting: 9, max_tokens: u64::MAX }, &noop()),
             Err(WaitError::QueueFull)
         );
     }

@@ -110,11 +110,12 @@ impl<T: Future<Output = ()>> Future for Wait<'_, T> {
             }
         }
         if this.timer.poll(cx).is_ready() {
-            if let Phase::Queued(key) = &*this.phase {
-                leave(line, routed, lock(&line.queue), key, Leaving::Expired);
-            }
+            let displaced = match &*this.phase {
+                Phase::Queued(key) => !leave(line, routed, lock(&line.queue), key, Leaving::Expired),
+                _ => false,
+            };
             *this.phase = Phase::Done(None);
-            return Poll::Ready(Err(WaitError::Deadline));
+            return Poll::Ready(Err(if displaced { WaitError::ClassShed } else { WaitError::Deadline }));
         }
         let (queue, key) = match &*this.phase {
             Phase::Queued(key) => (lock(&line.queue), *key),
@@ -123,8 +124,9 @@ impl<T: Future<Output = ()>> Future for Wait<'_, T> {
                 // Every waiter already in the line woken (or none there):
                 // a worker may be free for this one too.
                 let all_woken = queue.all_woken();
-                let key = match queue.join(this.ticket.deadline, this.ticket.tokens, line.limits, cx.waker()) {
-                    Ok(key) => key,
+                let ticket = this.ticket;
+                let joined = match queue.join(ticket.class, ticket.deadline, ticket.tokens, line.limits, cx.waker()) {
+                    Ok(joined) => joined,
                     Err(full) => {
                         *this.phase = Phase::Done(None);
                         return Poll::Ready(Err(full));
@@ -133,6 +135,12 @@ impl<T: Future<Output = ()>> Future for Wait<'_, T> {
                 // AcqRel RMW, then the view is loaded (in `wake_free`):
                 // see the module docs (no lost wake-up).
                 line.waiting.fetch_add(1, Ordering::AcqRel);
+                if joined.displaced != 0 {
+                    // AcqRel: see `dispatch` (the count stays above 0: this
+                    // waiter is in).
+                    line.waiting.fetch_sub(joined.displaced, Ordering::AcqRel);
+                }
+                let key = joined.key;
                 *this.phase = Phase::Queued(key);
                 // A publication may have come just before the increment
                 // (the line was empty, so it woke nobody), or workers may
@@ -140,7 +148,8 @@ impl<T: Future<Output = ()>> Future for Wait<'_, T> {
                 // maybe this one. Otherwise a waiter ahead is not woken, so
                 // no worker is free (every publication and report since
                 // the line was not empty woke as many as were free).
-                if all_woken {
+                // A displaced waiter that was woken passes its turn on.
+                if all_woken || joined.displaced_woken {
                     wake_free(&mut queue, routed.state.view());
                 }
                 (queue, key)
@@ -183,7 +192,12 @@ fn dispatch(
     key: &Key,
     cx: &mut Context<'_>,
 ) -> Poll<Result<WorkerId, WaitError>> {
-    let at = queue.find(key).expect("a queued Wait is in the line");
+    let Some(at) = queue.find(key) else {
+        // Not in the line: a critical arrival took its place.
+        let displaced = queue.take_displaced(key);
+        debug_assert!(displaced, "a queued Wait is in the line or was displaced");
+        return Poll::Ready(Err(WaitError::ClassShed));
+    };
     if !queue.is_woken(at) {
         queue.set_waker(at, cx.waker());
         return Poll::Pending;
@@ -225,9 +239,13 @@ enum Leaving {
 }
 
 /// Takes the waiter out of the line without a worker; a woken one passes
-/// its wake-up on.
-fn leave(line: &Line, routed: &RoutedModel, mut queue: MutexGuard<'_, Queue>, key: &Key, why: Leaving) {
-    let Some(at) = queue.find(key) else { return };
+/// its wake-up on. Returns false if it was no longer there (displaced by a
+/// critical arrival: it hears it now).
+fn leave(line: &Line, routed: &RoutedModel, mut queue: MutexGuard<'_, Queue>, key: &Key, why: Leaving) -> bool {
+    let Some(at) = queue.find(key) else {
+        queue.take_displaced(key);
+        return false;
+    };
     let was_woken = match why {
         Leaving::Expired => queue.expired(at),
         Leaving::Dropped => queue.leave(at),
@@ -238,6 +256,7 @@ fn leave(line: &Line, routed: &RoutedModel, mut queue: MutexGuard<'_, Queue>, ke
     if was_woken {
         wake_free(&mut queue, routed.state.view());
     }
+    true
 }
 
 /// The wait's error for a route error other than overloaded (which a wait

@@ -305,10 +305,15 @@ fn no_worker_left(
 }
 
 /// The overload answer of a request the waiting line gave no worker: its
-/// deadline passed, or the line was full. Counted under that reason alone
-/// (the busy signals that sent it to the line were not what refused it).
+/// deadline passed, the line was full, or a critical request took its
+/// place. Counted under that reason alone (the busy signals that sent it
+/// to the line were not what refused it).
 fn refused_from_line(frontend: &Frontend, endpoint: Endpoint, model: &str, error: WaitError) -> Response {
-    let reason = if error == WaitError::Deadline { Reason::Deadline } else { Reason::QueueFull };
+    let reason = match error {
+        WaitError::Deadline => Reason::Deadline,
+        WaitError::ClassShed => Reason::ClassShed,
+        _ => Reason::QueueFull,
+    };
     frontend.metrics.record(model, endpoint, [reason]);
     reply::overloaded(frontend.retry_after_waiting(frontend.waiting(model)), &RejectedReasons::collect([reason]))
 }
