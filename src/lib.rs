@@ -136,7 +136,7 @@ pub mod wire;
 
 pub use admission::{Admission, Admitted, Permit, PermitStream, Rejected};
 pub use backoff::RetryPolicy;
-pub use class::Class;
+pub use class::{Class, PerClass};
 pub use load::{LoadReport, RankLoad, WorkerId};
 pub use migration::{Migration, MigrationError};
 pub use monitor::{MonitorConfig, WorkerMonitor};

@@ -12,7 +12,7 @@
 //! | `active_prefill_tokens_threshold` | a non-negative integer (`u64`) |
 //! | `active_prefill_tokens_threshold_frac` | a number in `[0, 1_000_000]` |
 //! | `active_waiting_requests_threshold` | a non-negative integer (`u64`) |
-//! | `router_queue_timeout_ms` | whole milliseconds, 0 to 86,400,000 (the frontend's waiting line; 0: none) |
+//! | `router_queue_timeout_ms` | whole milliseconds, 0 to 86,400,000 (the frontend's waiting line; 0: none), or an object of them by class (`{"critical":5000,"standard":2000}`; a class not named: 0) |
 //!
 //! A field that is absent leaves the threshold unchanged, a number sets it,
 //! `null` clears it (for `router_queue_timeout_ms`: back to the frontend's
@@ -43,6 +43,7 @@ use std::fmt;
 
 use serde_json::Value;
 
+use crate::class::{Class, PerClass};
 use crate::thresholds::{BusyThresholds, MAX_PREFILL_FRAC};
 
 /// Field name of the decode-blocks threshold.
@@ -99,7 +100,7 @@ pub struct ThresholdPatch {
     pub waiting: Change<u64>,
     /// `router_queue_timeout_ms` (not applied by [`apply`](Self::apply):
     /// the waiting line's timeout is the frontend's to keep).
-    pub queue_timeout_ms: Change<u64>,
+    pub queue_timeout_ms: Change<PerClass<u64>>,
 }
 
 impl ThresholdPatch {
@@ -187,17 +188,7 @@ pub fn parse_threshold_patch(body: &[u8]) -> Result<ThresholdPatch, PatchError> 
             DECODE_FIELD => patch.decode = fraction(value, DECODE_FIELD, 1.0, "a number between 0 and 1")?,
             PREFILL_FIELD => patch.prefill = unsigned(value, PREFILL_FIELD)?,
             WAITING_FIELD => patch.waiting = unsigned(value, WAITING_FIELD)?,
-            QUEUE_TIMEOUT_FIELD => {
-                patch.queue_timeout_ms = match unsigned(value, QUEUE_TIMEOUT_FIELD)? {
-                    Change::Set(ms) if ms > MAX_QUEUE_TIMEOUT_MS => {
-                        return Err(PatchError::InvalidValue {
-                            field: QUEUE_TIMEOUT_FIELD,
-                            expected: "a whole number of milliseconds from 0 to 86400000",
-                        })
-                    }
-                    change => change,
-                }
-            }
+            QUEUE_TIMEOUT_FIELD => patch.queue_timeout_ms = queue_timeouts(value)?,
             PREFILL_FRAC_FIELD => {
                 patch.prefill_frac =
                     fraction(value, PREFILL_FRAC_FIELD, MAX_PREFILL_FRAC, "a number between 0 and 1000000")?
@@ -217,6 +208,29 @@ fn fraction(value: &Value, field: &'static str, max: f64, expected: &'static str
             _ => Err(PatchError::InvalidValue { field, expected }),
         },
         _ => Err(PatchError::InvalidValue { field, expected }),
+    }
+}
+
+/// `router_queue_timeout_ms`: `null`, a number of ms for every class, or
+/// an object of them by class name.
+fn queue_timeouts(value: &Value) -> Result<Change<PerClass<u64>>, PatchError> {
+    let invalid = || PatchError::InvalidValue {
+        field: QUEUE_TIMEOUT_FIELD,
+        expected: "a whole number of milliseconds from 0 to 86400000, or an object of them by class \
+                   (critical, standard, sheddable)",
+    };
+    let ms = |value: &Value| value.as_u64().filter(|ms| *ms <= MAX_QUEUE_TIMEOUT_MS).ok_or_else(invalid);
+    match value {
+        Value::Null => Ok(Change::Clear),
+        Value::Object(by_class) => {
+            let mut timeouts = PerClass::all(0);
+            for (name, value) in by_class {
+                let class: Class = name.parse().map_err(|_| invalid())?;
+                timeouts.0[class.index()] = ms(value)?;
+            }
+            Ok(Change::Set(timeouts))
+        }
+        value => Ok(Change::Set(PerClass::all(ms(value)?))),
     }
 }
 
@@ -269,8 +283,16 @@ mod tests {
             }
         );
         let q = parse(r#"{"model":"m","router_queue_timeout_ms":250}"#).unwrap();
-        assert_eq!(q.queue_timeout_ms, Change::Set(250));
+        assert_eq!(q.queue_timeout_ms, Change::Set(PerClass::all(250)));
         assert!(!q.is_read());
+        let by_class = parse(r#"{"model":"m","router_queue_timeout_ms":{"critical":5000,"sheddable":0}}"#).unwrap();
+        assert_eq!(by_class.queue_timeout_ms, Change::Set(PerClass([5000, 0, 0])), "a class not named: 0");
+        for bad in
+            [r#"{"urgent":1}"#, r#"{"critical":-1}"#, r#"{"critical":86400001}"#, r#"{"critical":null}"#, "[1]", "1.5"]
+        {
+            let body = format!(r#"{{"model":"m","router_queue_timeout_ms":{bad}}}"#);
+            assert!(parse(&body).is_err(), "{body}");
+        }
         assert_eq!(parse(r#"{"model":"m","router_queue_timeout_ms":null}"#).unwrap().queue_timeout_ms, Change::Clear);
         assert!(parse(r#"{"model":"m","router_queue_timeout_ms":86400001}"#).is_err());
         assert!(parse(r#"{"model":"m","router_queue_timeout_ms":-1}"#).is_err());

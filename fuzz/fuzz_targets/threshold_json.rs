@@ -6,7 +6,7 @@
 use libfuzzer_sys::arbitrary::{self, Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use loadgate::patch::{parse_threshold_patch, Change, PatchError, ThresholdPatch};
-use loadgate::BusyThresholds;
+use loadgate::{BusyThresholds, PerClass};
 use serde_json::{Map, Value};
 
 const DECODE: &str = "active_decode_blocks_threshold";
@@ -45,6 +45,16 @@ enum Json {
     NumberText(String),
     Str(String),
     Array,
+    /// An object of values by key (the per-class queue timeouts).
+    ByClass(Vec<(ClassKey, Json)>),
+}
+
+#[derive(Arbitrary, Debug)]
+enum ClassKey {
+    Critical,
+    Standard,
+    Sheddable,
+    Other(String),
 }
 
 impl Body {
@@ -68,22 +78,60 @@ impl Body {
                     };
                     out.push_str(&Value::String(key).to_string());
                     out.push(':');
-                    out.push_str(&match value {
-                        Json::Null => "null".to_owned(),
-                        Json::Bool(b) => b.to_string(),
-                        Json::Unsigned(n) => n.to_string(),
-                        Json::Signed(n) => n.to_string(),
-                        Json::Float(f) => serde_json::to_string(&f).unwrap(),
-                        Json::NumberText(t) => t.chars().filter(|c| "0123456789.eE+-".contains(*c)).collect(),
-                        Json::Str(s) => Value::String(s).to_string(),
-                        Json::Array => "[1]".to_owned(),
-                    });
+                    out.push_str(&value.text());
                 }
                 out.push('}');
                 out.into_bytes()
             }
         }
     }
+}
+
+impl Json {
+    fn text(self) -> String {
+        match self {
+            Json::Null => "null".to_owned(),
+            Json::Bool(b) => b.to_string(),
+            Json::Unsigned(n) => n.to_string(),
+            Json::Signed(n) => n.to_string(),
+            Json::Float(f) => serde_json::to_string(&f).unwrap(),
+            Json::NumberText(t) => t.chars().filter(|c| "0123456789.eE+-".contains(*c)).collect(),
+            Json::Str(s) => Value::String(s).to_string(),
+            Json::Array => "[1]".to_owned(),
+            Json::ByClass(fields) => {
+                let items: Vec<String> = fields
+                    .into_iter()
+                    .map(|(key, value)| {
+                        let key = match key {
+                            ClassKey::Critical => "critical".to_owned(),
+                            ClassKey::Standard => "standard".to_owned(),
+                            ClassKey::Sheddable => "sheddable".to_owned(),
+                            ClassKey::Other(k) => k,
+                        };
+                        // Flat values only: a nested object is one more
+                        // invalid value, and bounds the recursion.
+                        let value = match value {
+                            Json::ByClass(_) => "{}".to_owned(),
+                            other => other.text(),
+                        };
+                        format!("{}:{value}", Value::String(key))
+                    })
+                    .collect();
+                format!("{{{}}}", items.join(","))
+            }
+        }
+    }
+}
+
+/// Whole milliseconds of the queue timeout, 0 to a day, read from the
+/// number's text.
+fn queue_ms(value: &Value) -> Option<u64> {
+    let text = number_text(value)?;
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let ms: u64 = text.parse().ok()?;
+    (ms <= 86_400_000).then_some(ms)
 }
 
 /// A number field's value read from its JSON text, independently of
@@ -134,17 +182,19 @@ fn reference(value: &Value) -> Option<ThresholdPatch> {
             QUEUE_TIMEOUT => {
                 patch.queue_timeout_ms = match value {
                     Value::Null => Change::Clear,
-                    _ => {
-                        let text = number_text(value)?;
-                        if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-                            return None;
+                    Value::Object(by_class) => {
+                        // A class not named: 0; names as `Class`'s, any
+                        // ASCII case.
+                        let mut ms = [0; 3];
+                        for (name, value) in by_class {
+                            let i = ["critical", "standard", "sheddable"]
+                                .iter()
+                                .position(|c| c.eq_ignore_ascii_case(name))?;
+                            ms[i] = queue_ms(value)?;
                         }
-                        let ms: u64 = text.parse().ok()?;
-                        if ms > 86_400_000 {
-                            return None;
-                        }
-                        Change::Set(ms)
+                        Change::Set(PerClass(ms))
                     }
+                    _ => Change::Set(PerClass::all(queue_ms(value)?)),
                 };
             }
             PREFILL | WAITING => {
@@ -182,6 +232,7 @@ fn same(a: &ThresholdPatch, b: &ThresholdPatch) -> bool {
         && a.prefill == b.prefill
         && f(a.prefill_frac) == f(b.prefill_frac)
         && a.waiting == b.waiting
+        && a.queue_timeout_ms == b.queue_timeout_ms
 }
 
 /// The patch written back as JSON.
@@ -207,7 +258,20 @@ fn to_json(patch: &ThresholdPatch) -> Vec<u8> {
     };
     put(PREFILL, whole(patch.prefill));
     put(WAITING, whole(patch.waiting));
-    put(QUEUE_TIMEOUT, whole(patch.queue_timeout_ms));
+    put(
+        QUEUE_TIMEOUT,
+        match patch.queue_timeout_ms {
+            Change::Unchanged => None,
+            Change::Clear => Some(Value::Null),
+            Change::Set(ms) => Some(Value::Object(
+                ["critical", "standard", "sheddable"]
+                    .iter()
+                    .zip(ms.0)
+                    .map(|(c, v)| ((*c).to_owned(), v.into()))
+                    .collect(),
+            )),
+        },
+    );
     serde_json::to_vec(&Value::Object(fields)).unwrap()
 }
 

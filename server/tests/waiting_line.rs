@@ -74,9 +74,27 @@ fn send(
 }
 
 async fn send_to(url: String, client: reqwest::Client) -> (u16, Option<String>, Duration) {
+    send_as(url, client, None).await
+}
+
+/// Sends one completion with `x-loadgate-priority: priority` (if any).
+fn send_with(
+    frontend: &Frontend,
+    client: reqwest::Client,
+    priority: &'static str,
+) -> impl std::future::Future<Output = (u16, Option<String>, Duration)> {
+    let url = format!("{}/v1/completions", frontend.http);
+    async move { send_as(url, client, Some(priority)).await }
+}
+
+async fn send_as(url: String, client: reqwest::Client, priority: Option<&str>) -> (u16, Option<String>, Duration) {
     let start = Instant::now();
     let body = json!({"model": MODEL, "prompt": "hello there", "max_tokens": 4});
-    let response = client.post(url).json(&body).send().await.expect("send");
+    let mut request = client.post(url).json(&body);
+    if let Some(priority) = priority {
+        request = request.header("x-loadgate-priority", priority);
+    }
+    let response = request.send().await.expect("send");
     let reason = response.headers().get("x-loadgate-rejected-reason").and_then(|v| v.to_str().ok()).map(str::to_owned);
     (response.status().as_u16(), reason, start.elapsed())
 }
@@ -254,6 +272,38 @@ async fn the_admin_api_sets_and_clears_a_models_timeout() {
     assert_eq!(status, 404);
     let (status, _) = post(json!({"model": MODEL, "router_queue_timeout_ms": -1})).await;
     assert_eq!(status, 400);
+    // By class: shown as an object while the classes differ.
+    let (status, body) = post(json!({"model": MODEL, "router_queue_timeout_ms": {"critical": 5000}})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["router_queue_timeout_ms"], json!({"critical": 5000, "standard": 0, "sheddable": 0}));
+    let (status, _) = post(json!({"model": MODEL, "router_queue_timeout_ms": {"urgent": 5}})).await;
+    assert_eq!(status, 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_class_waits_up_to_its_own_timeout() {
+    let _box = common::shared().await;
+    let fe = frontend(&["--router-queue-timeout-ms", "critical=20000,standard=800", "--trust-priority-header"]);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let client = common::client_within(Duration::from_secs(30));
+    // Sheddable is not named: 0, no line: the instant 529 of the busy signal.
+    let (status, reason, took) = send_with(&fe, client.clone(), "sheddable").await;
+    assert_eq!((status, reason.as_deref()), (529, Some("decode_blocks")), "after {took:?}");
+    assert!(took < Duration::from_millis(500), "{took:?}");
+    // Standard waits its 800 ms (the ±100 ms of the deadline test, widened
+    // below to 700 ms for a loaded machine: the point is that it waited).
+    let (status, reason, took) = send_with(&fe, client.clone(), "standard").await;
+    assert_eq!((status, reason.as_deref()), (529, Some("deadline")));
+    assert!(took >= Duration::from_millis(700), "{took:?}");
+    let critical = tokio::spawn(send_with(&fe, client.clone(), "critical"));
+    wait_waiting(&fe, 1.0).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(!critical.is_finished(), "critical waits past the standard timeout");
+    worker.report(false);
+    let (status, _, _) = tokio::time::timeout(Duration::from_secs(5), critical).await.expect("served").unwrap();
+    assert_eq!(status, 200);
 }
 
 /// Waits (bounded: 5 s) until the model's worker is busy.
@@ -389,4 +439,70 @@ async fn an_overrun_line_serves_the_latest_deadline_first() {
     assert_eq!(worker.http.requests(), 1);
     wait_waiting(&fe, 0.0).await;
     assert_eq!(overrun(&fe).await, Some(0.0), "an empty line is in deadline order again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_critical_request_takes_a_sheddable_place_in_a_full_line_and_is_served_first() {
+    let _box = common::shared().await;
+    let fe = frontend(&["--router-queue-timeout-ms", "20000", "--router-queue-limit", "3", "--trust-priority-header"]);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let client = common::client_within(Duration::from_secs(30));
+    let mut sheddable = Vec::new();
+    for n in 1..=3 {
+        sheddable.push(tokio::spawn(send_with(&fe, client.clone(), "-1")));
+        wait_waiting(&fe, f64::from(n)).await;
+    }
+    let (status, reason, _) = send_with(&fe, client.clone(), "standard").await;
+    assert_eq!((status, reason.as_deref()), (529, Some("queue_full")), "a standard request displaces nobody");
+    let critical = tokio::spawn(send_with(&fe, client.clone(), "critical"));
+    // The latest sheddable request gives its place at once.
+    let last = sheddable.pop().unwrap();
+    let (status, reason, took) = tokio::time::timeout(Duration::from_secs(5), last).await.expect("answered").unwrap();
+    assert_eq!((status, reason.as_deref()), (529, Some("class_shed")), "after {took:?}");
+    wait_waiting(&fe, 3.0).await;
+    assert_eq!(worker.http.requests(), 0);
+    // One place frees: the critical request goes first, whatever the
+    // sheddable ones' deadlines.
+    worker.report(false);
+    let (status, _, _) = tokio::time::timeout(Duration::from_secs(5), critical).await.expect("served").unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(worker.http.requests(), 1);
+    wait_waiting(&fe, 2.0).await;
+    assert!(sheddable.iter().all(|r| !r.is_finished()), "the sheddable ones still wait");
+    let text = metrics_text(&fe.client, &fe.http).await;
+    let shed = metric_with(&text, "loadgate_frontend_rejection_reason_total", "reason=\"class_shed\"");
+    assert_eq!(shed, Some(1.0), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_without_trust_cannot_promote_itself() {
+    let _box = common::shared().await;
+    let fe = frontend(&["--router-queue-timeout-ms", "20000", "--router-queue-limit", "1"]);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let client = common::client_within(Duration::from_secs(30));
+    let first = tokio::spawn(send_with(&fe, client.clone(), "sheddable"));
+    wait_waiting(&fe, 1.0).await;
+    // Without --trust-priority-header both are standard: the line is full,
+    // and nobody is displaced (an unreadable value is not even read).
+    for priority in ["critical", "99", "nonsense"] {
+        let (status, reason, _) = send_with(&fe, client.clone(), priority).await;
+        assert_eq!((status, reason.as_deref()), (529, Some("queue_full")), "{priority}");
+    }
+    assert!(!first.is_finished(), "the first still waits: it was not displaced");
+    worker.report(false);
+    let (status, _, _) = tokio::time::timeout(Duration::from_secs(5), first).await.expect("served").unwrap();
+    assert_eq!(status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trusted_priority_that_is_not_a_class_is_a_bad_request() {
+    let _box = common::shared().await;
+    let fe = frontend(&["--trust-priority-header"]);
+    let _worker = Controlled::register(&fe).await;
+    let (status, _, _) = send_with(&fe, fe.client.clone(), "urgent").await;
+    assert_eq!(status, 400);
 }

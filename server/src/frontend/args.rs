@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
-use loadgate::{migration::DEFAULT_MIGRATION_LIMIT, BusyThresholds, LineLimits, Policy};
+use loadgate::{migration::DEFAULT_MIGRATION_LIMIT, BusyThresholds, LineLimits, PerClass, Policy};
 
 use crate::engines::scrape::ScrapeArgs;
 use crate::engines::spec::EngineSpec;
@@ -145,10 +145,16 @@ pub struct Args {
     pub active_waiting_requests_threshold: Option<u64>,
     /// The longest a request may wait (ms) for a busy model's worker to free, in the model's
     /// waiting line, before its 529; 0 (the default) answers 529 at once, as the reference
-    /// does. A model's own value can be set with `POST /busy_threshold`
+    /// does. One number for every class, or per class: `critical=5000,standard=2000,sheddable=0`
+    /// (a class not named: 0). A model's own value can be set with `POST /busy_threshold`
     /// (`router_queue_timeout_ms`).
-    #[arg(long, env = "LOADGATE_FRONTEND_ROUTER_QUEUE_TIMEOUT_MS", value_name = "MS", default_value_t = 0, value_parser = crate::flag_limits::ms(0))]
-    pub router_queue_timeout_ms: u64,
+    #[arg(long, env = "LOADGATE_FRONTEND_ROUTER_QUEUE_TIMEOUT_MS", value_name = "MS", default_value = "0", value_parser = queue_timeouts)]
+    pub router_queue_timeout_ms: PerClass<u64>,
+    /// Honour `x-loadgate-priority` (`critical` or a positive integer, `standard` or 0,
+    /// `sheddable` or a negative integer): only behind a gateway that sets or strips it, since
+    /// any client can send it. Without, every request is `standard`.
+    #[arg(long, env = "LOADGATE_FRONTEND_TRUST_PRIORITY_HEADER")]
+    pub trust_priority_header: bool,
     /// The most requests waiting in one model's line (past it: 529, reason `queue_full`).
     #[arg(long, env = "LOADGATE_FRONTEND_ROUTER_QUEUE_LIMIT", value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub router_queue_limit: u64,
@@ -280,6 +286,17 @@ impl Args {
             RouterMode::P2c => Policy::PowerOfTwoChoices,
             RouterMode::LeastLoaded | RouterMode::Kv => Policy::LeastLoaded,
         }
+    }
+}
+
+/// `--router-queue-timeout-ms`: one number or `CLASS=MS,...`, each at most
+/// a day.
+fn queue_timeouts(value: &str) -> Result<PerClass<u64>, String> {
+    let timeouts: PerClass<u64> = value.parse().map_err(|e: loadgate::class::PerClassError| e.to_string())?;
+    let max = loadgate::patch::MAX_QUEUE_TIMEOUT_MS;
+    match timeouts.0.iter().find(|ms| **ms > max) {
+        Some(ms) => Err(format!("{ms} ms is more than a day ({max} ms)")),
+        None => Ok(timeouts),
     }
 }
 

@@ -1,7 +1,7 @@
 //! [`QueueTimeouts`] and [`wait_in_line`]: the frontend's use of the core's
 //! waiting line (`loadgate::waiting`). A request that finds every worker of
-//! its model busy may wait up to its model's timeout for one to free;
-//! `--router-queue-timeout-ms` sets it for every model, `POST
+//! its model busy may wait up to its model's timeout for its class for one
+//! to free; `--router-queue-timeout-ms` sets them for every model, `POST
 //! /busy_threshold` (`router_queue_timeout_ms`) per model. 0 is no line:
 //! the instant 529.
 
@@ -16,7 +16,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use loadgate::metrics::StripedHistogram;
-use loadgate::{Ticket, WaitError, WorkerId, WorkerMonitor, WorkerRouter};
+use loadgate::{Class, PerClass, Ticket, WaitError, WorkerId, WorkerMonitor, WorkerRouter};
 
 /// Bounds of the waiting-time histogram, seconds.
 const WAIT_BUCKETS: [f64; 12] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
@@ -25,9 +25,9 @@ const WAIT_BUCKETS: [f64; 12] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 #[derive(Debug)]
 pub(crate) struct QueueTimeouts {
     /// `--router-queue-timeout-ms` (zero: no line).
-    default: Duration,
+    default: PerClass<Duration>,
     /// Set by `POST /busy_threshold`, per model.
-    by_model: RwLock<HashMap<String, Duration>>,
+    by_model: RwLock<HashMap<String, PerClass<Duration>>>,
     /// Whether `by_model` holds anything: without, a shed request reads
     /// only `default` (no lock on the reject path).
     any: AtomicBool,
@@ -36,7 +36,7 @@ pub(crate) struct QueueTimeouts {
 }
 
 impl QueueTimeouts {
-    pub(crate) fn new(default: Duration) -> Self {
+    pub(crate) fn new(default: PerClass<Duration>) -> Self {
         QueueTimeouts {
             default,
             by_model: RwLock::default(),
@@ -45,22 +45,35 @@ impl QueueTimeouts {
         }
     }
 
-    /// The longest a request of `model` may wait; `None`: no line.
+    /// The longest a request of `model` in `class` may wait; `None`: no
+    /// line.
     #[inline]
-    pub(crate) fn timeout(&self, model: &str) -> Option<Duration> {
+    pub(crate) fn timeout(&self, model: &str, class: Class) -> Option<Duration> {
+        let timeout = self.of(model).get(class);
+        (!timeout.is_zero()).then_some(timeout)
+    }
+
+    /// Whether `model` has a line for some class.
+    #[inline]
+    pub(crate) fn has_line(&self, model: &str) -> bool {
+        self.of(model).0.iter().any(|t| !t.is_zero())
+    }
+
+    /// `model`'s timeouts.
+    #[inline]
+    fn of(&self, model: &str) -> PerClass<Duration> {
         // Relaxed: a model's own timeout set a moment ago may be missed by a
         // request routed at that moment; the map itself is read under its lock.
-        let timeout = if self.any.load(Ordering::Relaxed) {
+        if self.any.load(Ordering::Relaxed) {
             let by_model = self.by_model.read().unwrap_or_else(|e| e.into_inner());
             by_model.get(model).copied().unwrap_or(self.default)
         } else {
             self.default
-        };
-        (!timeout.is_zero()).then_some(timeout)
+        }
     }
 
-    /// The model's own timeout, or (`None`) the flag's again.
-    pub(crate) fn set(&self, model: &str, timeout: Option<Duration>) {
+    /// The model's own timeouts, or (`None`) the flag's again.
+    pub(crate) fn set(&self, model: &str, timeout: Option<PerClass<Duration>>) {
         let mut by_model = self.by_model.write().unwrap_or_else(|e| e.into_inner());
         match timeout {
             Some(timeout) => by_model.insert(model.to_owned(), timeout),
@@ -70,9 +83,9 @@ impl QueueTimeouts {
         self.any.store(!by_model.is_empty(), Ordering::Relaxed);
     }
 
-    /// The timeout `model` has now, in ms (0: no line), for the admin API.
-    pub(crate) fn millis(&self, model: &str) -> u64 {
-        self.timeout(model).map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX))
+    /// The timeouts `model` has now, in ms (0: no line), for the admin API.
+    pub(crate) fn millis(&self, model: &str) -> PerClass<u64> {
+        self.of(model).map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX))
     }
 
     /// Forgets the timeouts of models the monitor no longer knows.
@@ -128,13 +141,11 @@ pub(crate) async fn wait_in_line(
     timeouts: &QueueTimeouts,
     model: &str,
     exclude: &[WorkerId],
-    tokens: u64,
-    timeout: Duration,
+    ticket: Ticket,
 ) -> (Result<WorkerId, WaitError>, Duration) {
     let start = Instant::now();
-    let deadline = start + timeout;
-    let timer = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
-    let result = router.wait(model, exclude, Ticket::new(tokens, deadline), timer).await;
+    let timer = tokio::time::sleep_until(tokio::time::Instant::from_std(ticket.deadline));
+    let result = router.wait(model, exclude, ticket, timer).await;
     let waited = start.elapsed();
     // Requests that never joined (routed at once) wait well under a
     // millisecond: counted too, so the histogram shows the share served

@@ -32,6 +32,7 @@ mod health_check;
 mod inflight;
 mod line;
 mod observe;
+mod priority;
 mod proxy;
 mod register;
 mod reply;

@@ -15,12 +15,12 @@ use axum::Extension;
 use loadgate::engines::CompletionRoute;
 use loadgate::{
     metrics::{Endpoint, Reason},
-    Migration, RouteError, WaitError, WorkerId,
+    Class, Migration, RouteError, Ticket, WaitError, WorkerId,
 };
 
 use crate::frontend::inflight::Held;
 use crate::frontend::line::wait_in_line;
-use crate::frontend::observe::{ModelLabel, RequestId, Waited, REQUEST_ID_HEADER};
+use crate::frontend::observe::{ClassLabel, ModelLabel, RequestId, Waited, REQUEST_ID_HEADER};
 use crate::frontend::reply::{self, RejectedReasons};
 use crate::frontend::request::read_head;
 use crate::frontend::state::Frontend;
@@ -64,8 +64,12 @@ async fn receive(
     if frontend.draining() {
         return frontend.unavailable();
     }
+    let class = match frontend.priority.class_of(&headers) {
+        Ok(class) => class,
+        Err(message) => return reply::bad_request(&message),
+    };
     match frontend.bodies.read(&headers, body).await {
-        Ok(body) => proxy(frontend, endpoint, id, body).await,
+        Ok(body) => proxy(frontend, endpoint, id, class, body).await,
         Err(refusal) => refusal,
     }
 }
@@ -117,7 +121,13 @@ static PROOF_REFUSALS: LogThrottle = LogThrottle::per_second(1);
 /// on.
 const INLINE_READ_LIMIT: usize = 1024 * 1024;
 
-async fn proxy(frontend: Arc<Frontend>, endpoint: Endpoint, id: Option<RequestId>, body: Bytes) -> Response {
+async fn proxy(
+    frontend: Arc<Frontend>,
+    endpoint: Endpoint,
+    id: Option<RequestId>,
+    class: Class,
+    body: Bytes,
+) -> Response {
     let tracking = frontend.inflight.tracking();
     let head = if body.len() <= INLINE_READ_LIMIT {
         read_head(endpoint, &body, tracking)
@@ -136,10 +146,11 @@ async fn proxy(frontend: Arc<Frontend>, endpoint: Endpoint, id: Option<RequestId
         Endpoint::ChatCompletions => CompletionRoute::ChatCompletions,
     };
     let payload = Payload::new(route, body, frontend.bodies.clone());
-    let request = Outgoing { endpoint, prompt, payload, id: id.as_ref() };
+    let request = Outgoing { endpoint, prompt, payload, id: id.as_ref(), class };
     let mut waited = None;
     let mut response = route_and_send(&frontend, &model, &request, &mut waited).await;
     response.extensions_mut().insert(ModelLabel(Arc::from(model.as_str())));
+    response.extensions_mut().insert(ClassLabel(class));
     if let Some(waited) = waited {
         response.extensions_mut().insert(Waited(waited));
     }
@@ -153,6 +164,8 @@ struct Outgoing<'a> {
     prompt: u64,
     payload: Payload,
     id: Option<&'a RequestId>,
+    /// Its priority class (the line's order and timeout).
+    class: Class,
 }
 
 /// Routes the request and sends it, migrating on refusals and failures,
@@ -173,7 +186,7 @@ async fn route_and_send(
     let mut excluded = Exclusions::default();
     // The waiting line, if the model has one: the request may wait until
     // this deadline (however many workers it tries) for a worker to free.
-    let line = frontend.queue.timeout(model).map(|timeout| Instant::now() + timeout);
+    let line = frontend.queue.timeout(model, request.class).map(|timeout| Instant::now() + timeout);
     loop {
         let exclude = excluded.for_router(&migration);
         // Only a request no worker refused at its cap waits: no publication
@@ -181,9 +194,8 @@ async fn route_and_send(
         let wait_until = line.filter(|_| migration.refusals().is_empty());
         let worker = match wait_until {
             Some(deadline) => {
-                let timeout = deadline.saturating_duration_since(Instant::now());
-                let (routed, took) =
-                    wait_in_line(&frontend.router, &frontend.queue, model, &exclude, request.prompt, timeout).await;
+                let ticket = Ticket::new(request.prompt, deadline).with_class(request.class);
+                let (routed, took) = wait_in_line(&frontend.router, &frontend.queue, model, &exclude, ticket).await;
                 *waited = Some(waited.unwrap_or_default() + took);
                 match routed {
                     Ok(worker) => worker,

@@ -15,6 +15,7 @@ use crate::events::PlaneStats;
 use crate::frontend::args::{Args, RetryAfterMode, RouterMode};
 use crate::frontend::inflight::{InFlight, Tracking};
 use crate::frontend::line::QueueTimeouts;
+use crate::frontend::priority::Priority;
 use crate::frontend::reply;
 use crate::frontend::retry_hint::RetryHint;
 use crate::http_server::BodyBudget;
@@ -53,6 +54,8 @@ pub struct Frontend {
     pub(crate) draining: AtomicBool,
     /// How long a request may wait in its model's line (`--router-queue-timeout-ms`).
     pub(crate) queue: QueueTimeouts,
+    /// Which class a request is in.
+    pub(crate) priority: Priority,
 }
 
 impl Frontend {
@@ -95,7 +98,8 @@ impl Frontend {
             ),
             secrets,
             draining: AtomicBool::new(false),
-            queue: QueueTimeouts::new(Duration::from_millis(args.router_queue_timeout_ms)),
+            queue: QueueTimeouts::new(args.router_queue_timeout_ms.map(Duration::from_millis)),
+            priority: Priority { trusted: args.trust_priority_header },
         })
     }
 
@@ -153,7 +157,7 @@ impl Frontend {
 
     /// Requests waiting in `model`'s line (0 without a line: nothing read).
     pub(crate) fn waiting(&self, model: &str) -> u64 {
-        if self.queue.timeout(model).is_none() {
+        if !self.queue.has_line(model) {
             return 0;
         }
         self.monitor.line_stats(model).map_or(0, |stats| stats.waiting as u64)

@@ -18,7 +18,7 @@ use loadgate::patch::{
     parse_threshold_patch, Change, ThresholdPatch, DECODE_FIELD, PREFILL_FIELD, PREFILL_FRAC_FIELD,
     QUEUE_TIMEOUT_FIELD, WAITING_FIELD,
 };
-use loadgate::{monitor::SetThresholdsError, thresholds::Thresholds};
+use loadgate::{monitor::SetThresholdsError, thresholds::Thresholds, Class, PerClass};
 
 use crate::frontend::reply::plain_error;
 use crate::frontend::state::Frontend;
@@ -31,9 +31,16 @@ pub const MAX_BODY: usize = 64 * 1024;
 const DRAIN_LIMIT: usize = 1024 * 1024;
 
 /// One model's thresholds as JSON (`null` where unset), and its waiting
-/// line's timeout in ms (0: no line).
-pub fn thresholds_json(model: &str, thresholds: &Thresholds, queue_timeout_ms: u64) -> Value {
+/// line's timeout in ms (0: no line): one number when every class has it,
+/// else an object by class.
+pub fn thresholds_json(model: &str, thresholds: &Thresholds, queue_timeout_ms: PerClass<u64>) -> Value {
     let config = thresholds.to_config();
+    let queue_timeout_ms = match queue_timeout_ms.uniform() {
+        Some(ms) => json!(ms),
+        None => {
+            Value::Object(Class::ALL.iter().map(|c| (c.label().to_owned(), json!(queue_timeout_ms.get(*c)))).collect())
+        }
+    };
     json!({
         "model": model,
         DECODE_FIELD: config.active_decode_blocks_threshold,
@@ -89,12 +96,12 @@ pub async fn update(State(frontend): State<Arc<Frontend>>, headers: HeaderMap, b
             }
             match patch.queue_timeout_ms {
                 Change::Unchanged => {}
-                Change::Set(ms) => frontend.queue.set(&patch.model, Some(Duration::from_millis(ms))),
+                Change::Set(ms) => frontend.queue.set(&patch.model, Some(ms.map(Duration::from_millis))),
                 Change::Clear => frontend.queue.set(&patch.model, None),
             }
             if patch.queue_timeout_ms != Change::Unchanged {
                 let ms = frontend.queue.millis(&patch.model);
-                tracing::info!(model = %patch.model, router_queue_timeout_ms = ms, "waiting line timeout changed");
+                tracing::info!(model = %patch.model, router_queue_timeout_ms = %ms, "waiting line timeout changed");
             }
             Json(thresholds_json(&patch.model, &thresholds, frontend.queue.millis(&patch.model))).into_response()
         }

@@ -15,8 +15,10 @@
 //!   `status`, `model` (the proxy's [`ModelLabel`], quoted; `none` without
 //!   one), `duration_ms`, `ttft_ms` (to the first body frame), `bytes`,
 //!   `client_gone`, `body_error`, `waited_ms` (in the model's waiting line;
-//!   `none` when the model has no line) and `reason` (an overload
-//!   refusal's `x-loadgate-rejected-reason`, else `none`).
+//!   `none` when the model has no line), `reason` (an overload
+//!   refusal's `x-loadgate-rejected-reason`, else `none`) and `class` (the
+//!   proxy's [`ClassLabel`]: `critical`, `standard`, `sheddable`; `none`
+//!   for a request that was not proxied).
 //!
 //! The access log is off by default (`logging.rs`); `RUST_LOG=info` turns it
 //! on with everything else, `RUST_LOG=warn,loadgate::access=info` alone.
@@ -45,7 +47,7 @@ use axum::response::Response;
 
 pub(crate) use self::metrics::RequestMetrics;
 use self::observer::Observer;
-pub(crate) use self::observer::{ModelLabel, Waited};
+pub(crate) use self::observer::{ClassLabel, ModelLabel, Waited};
 pub(crate) use self::request_id::{RequestId, REQUEST_ID_HEADER};
 use self::route::Route;
 use self::tracked::{Head, Pending};

@@ -14,6 +14,11 @@ pub(crate) const ACCESS_TARGET: &str = "loadgate::access";
 #[derive(Clone, Debug)]
 pub(crate) struct ModelLabel(pub(crate) Arc<str>);
 
+/// The priority class of a proxied request (set by the proxy), for the
+/// access log.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ClassLabel(pub(crate) loadgate::Class);
+
 /// How long a proxied request waited in its model's waiting line (set by
 /// the proxy when the model has a line), for the access log.
 #[derive(Clone, Copy, Debug)]

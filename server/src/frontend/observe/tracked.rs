@@ -13,7 +13,7 @@ use axum::response::Response;
 use http_body::{Body as _, Frame, SizeHint};
 
 use super::metrics::{ModelKey, ModelRow, Series, Timing};
-use super::observer::{ModelLabel, Observer, Waited, ACCESS_TARGET};
+use super::observer::{ClassLabel, ModelLabel, Observer, Waited, ACCESS_TARGET};
 use super::request_id::RequestId;
 use super::route::{code_of, End, Route};
 use crate::frontend::reply::REJECTED_REASON;
@@ -94,6 +94,7 @@ impl Drop for Pending {
                 inflight: false,
                 waited: None,
                 reason: None,
+                class: None,
             };
             tracker.finish(End::ClientGone);
         }
@@ -121,6 +122,8 @@ struct Tracker {
     waited: Option<Duration>,
     /// An overload refusal's reasons (its `x-loadgate-rejected-reason`).
     reason: Option<HeaderValue>,
+    /// The proxy's [`ClassLabel`].
+    class: Option<loadgate::Class>,
 }
 
 impl Tracker {
@@ -128,6 +131,7 @@ impl Tracker {
         let model = response.extensions().get::<ModelLabel>().map(|label| label.0.clone());
         let waited = response.extensions().get::<Waited>().map(|w| w.0);
         let reason = response.headers().get(REJECTED_REASON).cloned();
+        let class = response.extensions().get::<ClassLabel>().map(|c| c.0);
         let monitor = &observer.frontend.monitor;
         let key = match &model {
             Some(model) if monitor.has_model(model) => ModelKey::Known(model.clone()),
@@ -144,7 +148,20 @@ impl Tracker {
             row.inflight.inc();
         }
         let status = Some(response.status());
-        Tracker { head, status, model, row, stream, first: None, last_event: None, bytes: 0, inflight, waited, reason }
+        Tracker {
+            head,
+            status,
+            model,
+            row,
+            stream,
+            first: None,
+            last_event: None,
+            bytes: 0,
+            inflight,
+            waited,
+            reason,
+            class,
+        }
     }
 
     /// A 2xx response of an LLM route (the TTFT and ITL histograms).
@@ -198,6 +215,7 @@ impl Tracker {
             ttft_ms = %Shown(self.first.map(millis)),
             waited_ms = %Shown(self.waited.map(millis)),
             reason = %Shown(self.reason.as_ref().and_then(|r| r.to_str().ok())),
+            class = %Shown(self.class.map(loadgate::Class::label)),
             bytes = self.bytes,
             client_gone = end == End::ClientGone,
             body_error = end == End::Failed,
