@@ -34,6 +34,7 @@ const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,appl
 const FRONTEND_FAMILIES: &[(&str, &str)] = &[
     ("dynamo_frontend_model_rejection", "counter"),
     ("loadgate_frontend_rejection_reason", "counter"),
+    ("loadgate_frontend_rejection_class_reason", "counter"),
     ("dynamo_frontend_worker_active_decode_blocks", "gauge"),
     ("dynamo_frontend_worker_active_prefill_tokens", "gauge"),
     ("loadgate_frontend_worker_kv_total_blocks", "gauge"),

@@ -474,6 +474,12 @@ async fn a_critical_request_takes_a_sheddable_place_in_a_full_line_and_is_served
     let text = metrics_text(&fe.client, &fe.http).await;
     let shed = metric_with(&text, "loadgate_frontend_rejection_reason_total", "reason=\"class_shed\"");
     assert_eq!(shed, Some(1.0), "{text}");
+    let by_class = |class: &str, reason: &str| {
+        let filter = format!("class=\"{class}\",reason=\"{reason}\"");
+        metric_with(&text, "loadgate_frontend_rejection_class_reason_total", &filter)
+    };
+    assert_eq!(by_class("sheddable", "class_shed"), Some(1.0), "{text}");
+    assert_eq!(by_class("standard", "queue_full"), Some(1.0), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,6 +12,7 @@ use super::exposition::{counter_family, gauge_family, render, LabelText};
 use super::format::MetricsFormat;
 use super::labels::{Endpoint, Reason};
 use super::rejections::{ModelCounts, RejectionMetrics};
+use crate::class::Class;
 use crate::monitor::{WorkerInfo, WorkerMonitor};
 use crate::sync::Arc;
 use crate::RankLoad;
@@ -26,6 +27,7 @@ impl RejectionMetrics {
     /// |---|---|---|
     /// | `dynamo_frontend_model_rejection_total` | counter | `model`, `endpoint` |
     /// | `loadgate_frontend_rejection_reason_total` | counter | `model`, `reason` (reasons counted at least once) |
+    /// | `loadgate_frontend_rejection_class_reason_total` | counter | `model`, `class`, `reason` (counted at least once) |
     /// | `dynamo_frontend_worker_active_decode_blocks` | gauge | `worker_id`, `dp_rank` (ranks with a load) |
     /// | `dynamo_frontend_worker_active_prefill_tokens` | gauge | `worker_id`, `dp_rank` |
     /// | `loadgate_frontend_worker_kv_total_blocks` | gauge | `worker_id`, `dp_rank` |
@@ -178,6 +180,26 @@ impl Collector for FrontendFigures {
                         ([("model", LabelText(&*m.model)), ("reason", LabelText(r.label()))], m.by_reason[r.index()])
                     })
                     .filter(|&(_, n)| n > 0)
+            }),
+        )?;
+        counter_family(
+            &mut encoder,
+            "loadgate_frontend_rejection_class_reason",
+            "Rejected requests by priority class and busy signal or cause.",
+            self.models.iter().flat_map(|m| {
+                Class::ALL.into_iter().flat_map(move |c| {
+                    Reason::ALL
+                        .into_iter()
+                        .map(move |r| {
+                            let labels = [
+                                ("model", LabelText(&*m.model)),
+                                ("class", LabelText(c.label())),
+                                ("reason", LabelText(r.label())),
+                            ];
+                            (labels, m.by_class_reason[c.index()][r.index()])
+                        })
+                        .filter(|&(_, n)| n > 0)
+                })
             }),
         )?;
         gauge_family(

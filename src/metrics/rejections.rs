@@ -1,15 +1,20 @@
-//! The frontend's rejection counters: per model, per endpoint and per reason.
+//! The frontend's rejection counters: per model, per endpoint, and per
+//! class and reason.
 
 use std::collections::HashMap;
 use std::fmt;
 
 use super::labels::{Endpoint, Reason};
+use crate::class::Class;
 use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering, Swap};
 
+/// One model's counters. Per reason they are kept per class too; the
+/// per-reason figures are their sums (one increment per reason on the
+/// reject path, as before classes).
 #[derive(Default)]
 struct ModelRow {
     by_endpoint: [AtomicU64; Endpoint::ALL.len()],
-    by_reason: [AtomicU64; Reason::ALL.len()],
+    by_class_reason: [[AtomicU64; Reason::ALL.len()]; Class::COUNT],
 }
 
 /// One model's counters as one scrape read them.
@@ -19,8 +24,10 @@ pub(super) struct ModelCounts {
     pub(super) model: Arc<str>,
     /// Rejections per [`Endpoint::index`].
     pub(super) by_endpoint: [u64; Endpoint::ALL.len()],
-    /// Rejections per [`Reason::index`].
+    /// Rejections per [`Reason::index`] (all classes).
     pub(super) by_reason: [u64; Reason::ALL.len()],
+    /// Rejections per [`Class::index`] and [`Reason::index`].
+    pub(super) by_class_reason: [[u64; Reason::ALL.len()]; Class::COUNT],
 }
 
 /// Rejections per model, per endpoint and per reason.
@@ -61,14 +68,26 @@ impl Default for RejectionMetrics {
 }
 
 impl RejectionMetrics {
-    /// Counts one rejected request with its reasons.
+    /// Counts one rejected request with its reasons (a
+    /// [`Class::Standard`] request).
     pub fn record(&self, model: &str, endpoint: Endpoint, reasons: impl IntoIterator<Item = Reason>) {
+        self.record_class(model, endpoint, Class::Standard, reasons);
+    }
+
+    /// Counts one rejected request of `class` with its reasons.
+    pub fn record_class(
+        &self,
+        model: &str,
+        endpoint: Endpoint,
+        class: Class,
+        reasons: impl IntoIterator<Item = Reason>,
+    ) {
         let rows = self.rows.load();
         match rows.get(model) {
-            Some(row) => count(row, endpoint, reasons),
+            Some(row) => count(row, endpoint, class, reasons),
             None => {
                 drop(rows);
-                count(&self.add_row(model), endpoint, reasons);
+                count(&self.add_row(model), endpoint, class, reasons);
             }
         }
     }
@@ -123,10 +142,18 @@ impl RejectionMetrics {
         self.rows.load().get(model).map_or(0, |r| r.by_endpoint[endpoint.index()].load(Ordering::Relaxed))
     }
 
-    /// Rejections of `model` for `reason` so far.
+    /// Rejections of `model` for `reason` so far (every class).
     pub fn by_reason(&self, model: &str, reason: Reason) -> u64 {
+        Class::ALL.into_iter().map(|class| self.by_class_reason(model, class, reason)).sum()
+    }
+
+    /// Rejections of `model`'s `class` requests for `reason` so far.
+    pub fn by_class_reason(&self, model: &str, class: Class, reason: Reason) -> u64 {
         // Relaxed: a counter read.
-        self.rows.load().get(model).map_or(0, |r| r.by_reason[reason.index()].load(Ordering::Relaxed))
+        self.rows
+            .load()
+            .get(model)
+            .map_or(0, |r| r.by_class_reason[class.index()][reason.index()].load(Ordering::Relaxed))
     }
 
     /// Every model's counters now, sorted by model (a scrape's read).
@@ -139,8 +166,19 @@ impl RejectionMetrics {
                 model: model.clone(),
                 // Relaxed: counter reads; a scrape needs no ordering between them.
                 by_endpoint: std::array::from_fn(|i| row.by_endpoint[i].load(Ordering::Relaxed)),
+                by_reason: [0; Reason::ALL.len()],
                 // Relaxed: as above.
-                by_reason: std::array::from_fn(|i| row.by_reason[i].load(Ordering::Relaxed)),
+                by_class_reason: std::array::from_fn(|c| {
+                    std::array::from_fn(|r| row.by_class_reason[c][r].load(Ordering::Relaxed))
+                }),
+            })
+            .map(|mut counts| {
+                for class in &counts.by_class_reason {
+                    for (sum, n) in counts.by_reason.iter_mut().zip(class) {
+                        *sum += n;
+                    }
+                }
+                counts
             })
             .collect();
         all.sort_by(|a, b| a.model.cmp(&b.model));
@@ -148,12 +186,13 @@ impl RejectionMetrics {
     }
 }
 
-fn count(row: &ModelRow, endpoint: Endpoint, reasons: impl IntoIterator<Item = Reason>) {
+fn count(row: &ModelRow, endpoint: Endpoint, class: Class, reasons: impl IntoIterator<Item = Reason>) {
     // Relaxed: independent counters; scrapes need no ordering.
     row.by_endpoint[endpoint.index()].fetch_add(1, Ordering::Relaxed);
+    let by_reason = &row.by_class_reason[class.index()];
     for reason in reasons {
         // Relaxed: as above.
-        row.by_reason[reason.index()].fetch_add(1, Ordering::Relaxed);
+        by_reason[reason.index()].fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -184,5 +223,21 @@ mod tests {
         assert_eq!(counts[1].by_endpoint[Endpoint::ChatCompletions.index()], 1);
         assert_eq!(counts[1].by_reason[Reason::WaitingRequests.index()], 1);
         assert_eq!(counts[0].by_reason, [0; Reason::ALL.len()]);
+    }
+
+    #[test]
+    fn reasons_are_counted_per_class_and_summed() {
+        let metrics = RejectionMetrics::default();
+        metrics.record_class("m", Endpoint::Completions, Class::Sheddable, [Reason::ClassShed]);
+        metrics.record_class("m", Endpoint::Completions, Class::Critical, [Reason::Deadline]);
+        metrics.record("m", Endpoint::Completions, [Reason::Deadline]);
+        assert_eq!(metrics.by_reason("m", Reason::Deadline), 2);
+        assert_eq!(metrics.by_class_reason("m", Class::Critical, Reason::Deadline), 1);
+        assert_eq!(metrics.by_class_reason("m", Class::Standard, Reason::Deadline), 1);
+        assert_eq!(metrics.by_class_reason("m", Class::Sheddable, Reason::ClassShed), 1);
+        let counts = &metrics.counts()[0];
+        assert_eq!(counts.by_reason[Reason::Deadline.index()], 2);
+        assert_eq!(counts.by_class_reason[Class::Sheddable.index()][Reason::ClassShed.index()], 1);
+        assert_eq!(metrics.total("m", Endpoint::Completions), 3);
     }
 }

@@ -12,7 +12,8 @@ use crate::{Admission, Admitted, BusyThresholds, LoadReport, MonitorConfig, Rank
 
 /// `render_frontend(&scenario_monitor())` for `scenario_rejections()` before
 /// the collectors (prometheus-client `Family` order within a family, which
-/// is a hash map's: compared as sets).
+/// is a hash map's: compared as sets), with the per-class family added
+/// since (issue 24).
 const FRONTEND_BEFORE: &str = r#"# HELP dynamo_frontend_model_rejection Requests rejected because every eligible worker was busy or at capacity.
 # TYPE dynamo_frontend_model_rejection counter
 dynamo_frontend_model_rejection_total{model="m",endpoint="completions"} 3
@@ -26,6 +27,13 @@ loadgate_frontend_rejection_reason_total{model="other",reason="excluded"} 1
 loadgate_frontend_rejection_reason_total{model="other",reason="worker_capacity"} 1
 loadgate_frontend_rejection_reason_total{model="m",reason="decode_blocks"} 3
 loadgate_frontend_rejection_reason_total{model="m",reason="prefill_tokens"} 1
+# HELP loadgate_frontend_rejection_class_reason Rejected requests by priority class and busy signal or cause.
+# TYPE loadgate_frontend_rejection_class_reason counter
+loadgate_frontend_rejection_class_reason_total{model="m",class="standard",reason="decode_blocks"} 3
+loadgate_frontend_rejection_class_reason_total{model="m",class="standard",reason="prefill_tokens"} 1
+loadgate_frontend_rejection_class_reason_total{model="m",class="standard",reason="waiting_requests"} 3
+loadgate_frontend_rejection_class_reason_total{model="other",class="standard",reason="worker_capacity"} 1
+loadgate_frontend_rejection_class_reason_total{model="other",class="standard",reason="excluded"} 1
 # HELP dynamo_frontend_worker_active_decode_blocks Latest observed active decode blocks per worker rank.
 # TYPE dynamo_frontend_worker_active_decode_blocks gauge
 dynamo_frontend_worker_active_decode_blocks{worker_id="9",dp_rank="0"} 90
@@ -169,9 +177,9 @@ fn a_caller_registry_gets_its_metrics_and_ours_with_one_final_eof() {
     ] {
         assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
     }
-    // The caller's own metric, then the frontend's seven families, then the
+    // The caller's own metric, then the frontend's eight families, then the
     // gates' three: nothing left out, nothing twice.
-    assert_eq!(families(&text).len(), 1 + 7 + 3);
+    assert_eq!(families(&text).len(), 1 + 8 + 3);
 }
 
 #[test]
@@ -304,7 +312,7 @@ fn render_frontend_keeps_its_names_labels_and_values() {
             r#"loadgate_frontend_rejection_reason_total{model="m",reason="prefill_tokens"} 1"#,
         ]
     );
-    assert_eq!(samples[9], r#"dynamo_frontend_worker_active_decode_blocks{worker_id="7",dp_rank="1"} 42"#);
+    assert_eq!(samples[14], r#"dynamo_frontend_worker_active_decode_blocks{worker_id="7",dp_rank="1"} 42"#);
 }
 
 #[test]

@@ -206,12 +206,12 @@ async fn route_and_send(
                         return route_error(frontend, model, RouteError::Unavailable, &excluded)
                     }
                     // Deadline or a full line.
-                    Err(reason) => return refused_from_line(frontend, endpoint, model, reason),
+                    Err(reason) => return refused_from_line(frontend, request, model, reason),
                 }
             }
             None => match frontend.router.route(model, &exclude) {
                 Ok(worker) => worker,
-                Err(RouteError::Overloaded) => return no_worker_left(frontend, endpoint, model, &migration, &excluded),
+                Err(RouteError::Overloaded) => return no_worker_left(frontend, request, model, &migration, &excluded),
                 Err(error) => return route_error(frontend, model, error, &excluded),
             },
         };
@@ -253,7 +253,7 @@ async fn route_and_send(
                 tracing::debug!(worker, %model, "worker at capacity; migrating");
                 excluded.at_capacity = true;
                 if !migration.refused(worker) {
-                    return frontend.reject_overloaded(model, endpoint, [Reason::WorkerCapacity]);
+                    return frontend.reject_overloaded(model, endpoint, request.class, [Reason::WorkerCapacity]);
                 }
             }
             // The worker took the request: it is not run again elsewhere.
@@ -298,7 +298,7 @@ fn route_error(frontend: &Frontend, model: &str, error: RouteError, excluded: &E
 /// if the last failure was a timeout, else 503 Unavailable.
 fn no_worker_left(
     frontend: &Frontend,
-    endpoint: Endpoint,
+    request: &Outgoing<'_>,
     model: &str,
     migration: &Migration,
     excluded: &Exclusions,
@@ -313,20 +313,20 @@ fn no_worker_left(
     // Every worker left free had refused this request already.
     let excluded_free = (!migration.refusals().is_empty()).then_some(Reason::Excluded);
     let capacity = excluded.at_capacity.then_some(Reason::WorkerCapacity);
-    frontend.reject_overloaded(model, endpoint, excluded_free.into_iter().chain(capacity))
+    frontend.reject_overloaded(model, request.endpoint, request.class, excluded_free.into_iter().chain(capacity))
 }
 
 /// The overload answer of a request the waiting line gave no worker: its
 /// deadline passed, the line was full, or a critical request took its
 /// place. Counted under that reason alone (the busy signals that sent it
 /// to the line were not what refused it).
-fn refused_from_line(frontend: &Frontend, endpoint: Endpoint, model: &str, error: WaitError) -> Response {
+fn refused_from_line(frontend: &Frontend, request: &Outgoing<'_>, model: &str, error: WaitError) -> Response {
     let reason = match error {
         WaitError::Deadline => Reason::Deadline,
         WaitError::ClassShed => Reason::ClassShed,
         _ => Reason::QueueFull,
     };
-    frontend.metrics.record(model, endpoint, [reason]);
+    frontend.metrics.record_class(model, request.endpoint, request.class, [reason]);
     reply::overloaded(frontend.retry_after_waiting(frontend.waiting(model)), &RejectedReasons::collect([reason]))
 }
 

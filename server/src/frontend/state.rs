@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::response::Response;
 use loadgate::{
     metrics::{Endpoint, Reason, RejectionMetrics},
-    WorkerMonitor, WorkerRouter,
+    Class, WorkerMonitor, WorkerRouter,
 };
 
 use crate::directory::WorkerDirectory;
@@ -142,16 +142,18 @@ impl Frontend {
     /// made the workers busy and the `causes` of this request's own
     /// exclusions (`worker_capacity` when workers refused at their cap,
     /// `excluded` when every free worker had refused it). The reasons
-    /// counted, each once, are named in `x-loadgate-rejected-reason`.
+    /// counted, each once (per `class` too), are named in
+    /// `x-loadgate-rejected-reason`.
     pub(crate) fn reject_overloaded(
         &self,
         model: &str,
         endpoint: Endpoint,
+        class: Class,
         causes: impl IntoIterator<Item = Reason>,
     ) -> Response {
         let busy = Reason::from_signals(self.monitor.model_busy_reasons(model));
         let reasons = reply::RejectedReasons::collect(busy.chain(causes));
-        self.metrics.record(model, endpoint, reasons.iter());
+        self.metrics.record_class(model, endpoint, class, reasons.iter());
         reply::overloaded(self.retry_after_waiting(self.waiting(model)), &reasons)
     }
 
