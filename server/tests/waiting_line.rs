@@ -512,3 +512,63 @@ async fn a_trusted_priority_that_is_not_a_class_is_a_bad_request() {
     let (status, _, _) = send_with(&fe, fe.client.clone(), "urgent").await;
     assert_eq!(status, 400);
 }
+
+/// Sends one completion to `base` whose body carries
+/// `nvext.agent_hints.priority`; its status and reason header.
+async fn send_nvext(base: String, client: reqwest::Client, priority: i64) -> (u16, Option<String>) {
+    let body =
+        json!({"model": MODEL, "prompt": "hi", "max_tokens": 4, "nvext": {"agent_hints": {"priority": priority}}});
+    let response = client.post(format!("{base}/v1/completions")).json(&body).send().await.expect("send");
+    let reason = response.headers().get("x-loadgate-rejected-reason").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    (response.status().as_u16(), reason)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_nvext_priority_sets_the_class_in_vllms_order() {
+    let _box = common::shared().await;
+    let fe = frontend(&[
+        "--router-queue-timeout-ms",
+        "20000",
+        "--router-queue-limit",
+        "1",
+        "--trust-priority-header",
+        "--priority-from-nvext",
+        "vllm",
+    ]);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let client = common::client_within(Duration::from_secs(30));
+    // vLLM's order: a positive value is scheduled late (sheddable), a
+    // negative one early (critical).
+    let sheddable = tokio::spawn(send_nvext(fe.http.clone(), client.clone(), 5));
+    wait_waiting(&fe, 1.0).await;
+    let (status, reason) = send_nvext(fe.http.clone(), client.clone(), 0).await;
+    assert_eq!((status, reason.as_deref()), (529, Some("queue_full")), "priority 0: standard, displaces nobody");
+    let critical = tokio::spawn(send_nvext(fe.http.clone(), client, -1));
+    let (status, reason) = tokio::time::timeout(Duration::from_secs(5), sheddable).await.expect("answered").unwrap();
+    assert_eq!((status, reason.as_deref()), (529, Some("class_shed")));
+    worker.report(false);
+    let (status, _) = tokio::time::timeout(Duration::from_secs(5), critical).await.expect("served").unwrap();
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn priority_from_nvext_without_trust_refuses_to_start() {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_loadgate"))
+        .args(["frontend", "--http-host", "127.0.0.1", "--http-port", "0", "--priority-from-nvext", "sglang"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn loadgate");
+    // A flag error exits at once; bounded anyway (10 s).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().expect("wait").is_none() {
+        assert!(Instant::now() < deadline, "it started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let output = child.wait_with_output().expect("output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("--trust-priority-header"), "{stderr}");
+}

@@ -155,6 +155,12 @@ pub struct Args {
     /// any client can send it. Without, every request is `standard`.
     #[arg(long, env = "LOADGATE_FRONTEND_TRUST_PRIORITY_HEADER")]
     pub trust_priority_header: bool,
+    /// Also read a request's class from its body's `nvext.agent_hints.priority` (NVIDIA Dynamo's
+    /// field) when it has no `x-loadgate-priority`, in the named engine's order: `vllm` (lower
+    /// values first: negative is critical, positive sheddable) or `sglang` (higher first).
+    /// Needs --trust-priority-header.
+    #[arg(long, env = "LOADGATE_FRONTEND_PRIORITY_FROM_NVEXT", value_enum, requires = "trust_priority_header")]
+    pub priority_from_nvext: Option<crate::frontend::priority::NvextOrder>,
     /// The most requests waiting in one model's line (past it: 529, reason `queue_full`).
     #[arg(long, env = "LOADGATE_FRONTEND_ROUTER_QUEUE_LIMIT", value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub router_queue_limit: u64,

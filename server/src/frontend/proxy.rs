@@ -22,7 +22,7 @@ use crate::frontend::inflight::Held;
 use crate::frontend::line::wait_in_line;
 use crate::frontend::observe::{ClassLabel, ModelLabel, RequestId, Waited, REQUEST_ID_HEADER};
 use crate::frontend::reply::{self, RejectedReasons};
-use crate::frontend::request::read_head;
+use crate::frontend::request::{read_head, Reading};
 use crate::frontend::state::Frontend;
 use crate::openai::{InvalidRequest, SERVER_ERROR};
 use crate::secret::{body_digest, BodyDigest, ProofTarget};
@@ -64,7 +64,7 @@ async fn receive(
     if frontend.draining() {
         return frontend.unavailable();
     }
-    let class = match frontend.priority.class_of(&headers) {
+    let class = match frontend.priority.header_class(&headers) {
         Ok(class) => class,
         Err(message) => return reply::bad_request(&message),
     };
@@ -125,22 +125,27 @@ async fn proxy(
     frontend: Arc<Frontend>,
     endpoint: Endpoint,
     id: Option<RequestId>,
-    class: Class,
+    header_class: Option<Class>,
     body: Bytes,
 ) -> Response {
-    let tracking = frontend.inflight.tracking();
+    // The body's priority counts only without the header.
+    let reading = Reading {
+        prompt: frontend.inflight.tracking(),
+        nvext_priority: header_class.is_none() && frontend.priority.reads_nvext(),
+    };
     let head = if body.len() <= INLINE_READ_LIMIT {
-        read_head(endpoint, &body, tracking)
+        read_head(endpoint, &body, reading)
     } else {
         let shared = body.clone();
-        tokio::task::spawn_blocking(move || read_head(endpoint, &shared, tracking))
+        tokio::task::spawn_blocking(move || read_head(endpoint, &shared, reading))
             .await
             .unwrap_or_else(|e| Err(InvalidRequest::body(format!("could not read the request: {e}"))))
     };
-    let (model, prompt) = match head {
-        Ok(head) => (head.model, head.prompt_tokens),
+    let (model, prompt, priority) = match head {
+        Ok(head) => (head.model, head.prompt_tokens, head.priority),
         Err(message) => return reply::bad_request(&message),
     };
+    let class = header_class.unwrap_or_else(|| frontend.priority.nvext_class(priority));
     let route = match endpoint {
         Endpoint::Completions => CompletionRoute::Completions,
         Endpoint::ChatCompletions => CompletionRoute::ChatCompletions,

@@ -25,6 +25,31 @@ pub(crate) struct RequestHead {
     pub(crate) model: String,
     /// Prompt tokens (0 unless counted).
     pub(crate) prompt_tokens: u64,
+    /// `nvext.agent_hints.priority`, when asked for and given.
+    pub(crate) priority: Option<i64>,
+}
+
+/// What [`read_head`] reads beyond the model.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Reading {
+    /// Count the prompt's tokens (else only check its shape).
+    pub(crate) prompt: bool,
+    /// Read `nvext.agent_hints.priority` (an integer; any other type there
+    /// is a 400). Otherwise `nvext` is skipped unread.
+    pub(crate) nvext_priority: bool,
+}
+
+/// The part of `nvext` the proxy reads (every other field skipped).
+#[derive(serde::Deserialize)]
+struct Nvext {
+    #[serde(default)]
+    agent_hints: Option<AgentHints>,
+}
+
+#[derive(serde::Deserialize)]
+struct AgentHints {
+    #[serde(default)]
+    priority: Option<i64>,
 }
 
 /// Reads the model (and, if `count_prompt`, the prompt tokens) of `body`,
@@ -39,13 +64,14 @@ pub(crate) struct RequestHead {
 pub(crate) fn read_head<E: From<InvalidRequest>>(
     endpoint: Endpoint,
     body: &[u8],
-    count_prompt: bool,
+    reading: Reading,
 ) -> Result<RequestHead, E> {
-    read_request(endpoint, body, count_prompt).map_err(E::from)
+    read_request(endpoint, body, reading).map_err(E::from)
 }
 
 /// [`read_head`] with the error as an [`InvalidRequest`].
-fn read_request(endpoint: Endpoint, body: &[u8], count_prompt: bool) -> Result<RequestHead, InvalidRequest> {
+fn read_request(endpoint: Endpoint, body: &[u8], reading: Reading) -> Result<RequestHead, InvalidRequest> {
+    let count_prompt = reading.prompt;
     let is_object = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
     if !is_object {
         return match serde_json::from_slice::<IgnoredAny>(body) {
@@ -54,7 +80,7 @@ fn read_request(endpoint: Endpoint, body: &[u8], count_prompt: bool) -> Result<R
         };
     }
     let mut deserializer = serde_json::Deserializer::from_slice(body);
-    let found = Fields { endpoint, count: count_prompt }
+    let found = Fields { endpoint, count: count_prompt, nvext: reading.nvext_priority }
         .deserialize(&mut deserializer)
         .and_then(|found| deserializer.end().map(|()| found))
         .map_err(|e| InvalidRequest::body(format!("request body is not valid JSON: {e}")))?;
@@ -81,6 +107,8 @@ struct Found<'de> {
     stream: Option<Result<Option<bool>, Wrong>>,
     /// `stream_options`: whether it is given (not null), or the field at fault.
     stream_options: Option<Result<bool, Field>>,
+    /// `nvext.agent_hints.priority` (read only when asked).
+    priority: Option<i64>,
 }
 
 impl<'de> Found<'de> {
@@ -108,7 +136,7 @@ impl<'de> Found<'de> {
             Some(Ok(true)) if !stream => return Err(InvalidRequest::stream_options_without_stream()),
             _ => {}
         }
-        Ok(RequestHead { model: model.into_owned(), prompt_tokens })
+        Ok(RequestHead { model: model.into_owned(), prompt_tokens, priority: self.priority })
     }
 }
 
@@ -117,6 +145,8 @@ struct Fields {
     endpoint: Endpoint,
     /// Count the prompt's tokens (else only check its shape).
     count: bool,
+    /// Read `nvext.agent_hints.priority`.
+    nvext: bool,
 }
 
 impl<'de> DeserializeSeed<'de> for Fields {
@@ -142,6 +172,7 @@ impl<'de> Visitor<'de> for Fields {
             max_completion_tokens: None,
             stream: None,
             stream_options: None,
+            priority: None,
         };
         let count = self.count;
         while let Some(key) = map.next_key::<Cow<'de, str>>()? {
@@ -159,6 +190,10 @@ impl<'de> Visitor<'de> for Fields {
                 }
                 ("stream", _) => found.stream = Some(map.next_value_seed(Checked(Flag))?),
                 ("stream_options", _) => found.stream_options = Some(map.next_value_seed(Checked(StreamOptions))?),
+                ("nvext", _) if self.nvext => {
+                    let nvext = map.next_value::<Option<Nvext>>()?;
+                    found.priority = nvext.and_then(|n| n.agent_hints).and_then(|h| h.priority);
+                }
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }

@@ -99,7 +99,7 @@ impl Frontend {
             secrets,
             draining: AtomicBool::new(false),
             queue: QueueTimeouts::new(args.router_queue_timeout_ms.map(Duration::from_millis)),
-            priority: Priority { trusted: args.trust_priority_header },
+            priority: Priority { trusted: args.trust_priority_header, nvext: args.priority_from_nvext },
         })
     }
 

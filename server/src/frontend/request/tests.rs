@@ -8,8 +8,38 @@ use super::*;
 use crate::openai::{Api, BAD_REQUESTS, GOOD_REQUESTS};
 use crate::tokens::prompt_tokens;
 
+/// Count the prompt, no nvext.
+const COUNT: Reading = Reading { prompt: true, nvext_priority: false };
+
 fn head(endpoint: Endpoint, body: &str) -> Result<RequestHead, InvalidRequest> {
-    read_request(endpoint, body.as_bytes(), true)
+    read_request(endpoint, body.as_bytes(), COUNT)
+}
+
+#[test]
+fn the_nvext_priority_is_read_only_when_asked() {
+    let read = |body: &str, nvext_priority| {
+        read_request(Endpoint::Completions, body.as_bytes(), Reading { prompt: false, nvext_priority })
+            .map(|head| head.priority)
+    };
+    let body = r#"{"model":"m","prompt":"a","nvext":{"greed_sampling":true,"agent_hints":{"osl":5,"priority":-3}}}"#;
+    assert_eq!(read(body, true), Ok(Some(-3)));
+    assert_eq!(read(body, false), Ok(None));
+    for absent in [
+        r#"{"model":"m","prompt":"a"}"#,
+        r#"{"model":"m","prompt":"a","nvext":null}"#,
+        r#"{"model":"m","prompt":"a","nvext":{}}"#,
+        r#"{"model":"m","prompt":"a","nvext":{"agent_hints":{"latency_sensitivity":1.2}}}"#,
+    ] {
+        assert_eq!(read(absent, true), Ok(None), "{absent}");
+    }
+    for wrong in [
+        r#"{"model":"m","prompt":"a","nvext":{"agent_hints":{"priority":"high"}}}"#,
+        r#"{"model":"m","prompt":"a","nvext":{"agent_hints":{"priority":1.5}}}"#,
+        r#"{"model":"m","prompt":"a","nvext":[1]}"#,
+    ] {
+        assert!(read(wrong, true).is_err(), "{wrong}");
+        assert_eq!(read(wrong, false), Ok(None), "unread when not asked: {wrong}");
+    }
 }
 
 fn endpoint(api: Api) -> Endpoint {
@@ -47,7 +77,7 @@ fn counts_as_the_parsed_value_does() {
         assert_eq!(read.model, "m");
         assert_eq!(read.prompt_tokens, prompt_tokens(endpoint, &value), "{body}");
         // Without counting, only the model is read (and the types checked).
-        assert_eq!(read_request(endpoint, body.as_bytes(), false).unwrap().prompt_tokens, 0);
+        assert_eq!(read_request(endpoint, body.as_bytes(), Reading::default()).unwrap().prompt_tokens, 0);
     }
 }
 
@@ -78,12 +108,16 @@ fn refuses_what_the_proxy_refused() {
 fn a_wrong_type_is_a_400_naming_the_field_as_the_worker_says() {
     for (api, body) in GOOD_REQUESTS {
         for count in [true, false] {
-            assert!(read_request(endpoint(*api), body.as_bytes(), count).is_ok(), "{body}");
+            assert!(
+                read_request(endpoint(*api), body.as_bytes(), Reading { prompt: count, nvext_priority: false }).is_ok(),
+                "{body}"
+            );
         }
     }
     for (api, body, param) in BAD_REQUESTS {
         for count in [true, false] {
-            let error = read_request(endpoint(*api), body.as_bytes(), count).unwrap_err();
+            let error = read_request(endpoint(*api), body.as_bytes(), Reading { prompt: count, nvext_priority: false })
+                .unwrap_err();
             assert_eq!(error.param, Some(*param), "{body}: {error}");
             // The same 400 as the worker's (which reads a parsed value).
             assert_eq!(Err(error), crate::openai::parse_request(*api, body.as_bytes()).map(|_| ()), "{body}");
@@ -93,15 +127,15 @@ fn a_wrong_type_is_a_400_naming_the_field_as_the_worker_says() {
 
 #[test]
 fn an_error_passed_on_as_its_message_keeps_its_field() {
-    let message = read_head::<String>(Endpoint::Completions, br#"{"model":"m","prompt":"a","stream":"yes"}"#, true);
+    let message = read_head::<String>(Endpoint::Completions, br#"{"model":"m","prompt":"a","stream":"yes"}"#, COUNT);
     assert_eq!(InvalidRequest::from(&message.unwrap_err()).param, Some("stream"));
 }
 
 #[test]
 fn a_large_prompt_is_read_without_a_tree() {
     let body = format!(r#"{{"model":"m","prompt":"{}"}}"#, "x".repeat(8 << 20));
-    let read = read_request(Endpoint::Completions, body.as_bytes(), true).unwrap();
-    assert_eq!(read, RequestHead { model: "m".to_owned(), prompt_tokens: 1 });
+    let read = read_request(Endpoint::Completions, body.as_bytes(), COUNT).unwrap();
+    assert_eq!(read, RequestHead { model: "m".to_owned(), prompt_tokens: 1, priority: None });
     let ids = format!(r#"{{"model":"m","prompt":[{}0]}}"#, "1,".repeat(1 << 20));
-    assert_eq!(read_request(Endpoint::Completions, ids.as_bytes(), true).unwrap().prompt_tokens, (1 << 20) + 1);
+    assert_eq!(read_request(Endpoint::Completions, ids.as_bytes(), COUNT).unwrap().prompt_tokens, (1 << 20) + 1);
 }
