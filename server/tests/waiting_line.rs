@@ -572,3 +572,54 @@ fn priority_from_nvext_without_trust_refuses_to_start() {
     assert!(!output.status.success());
     assert!(stderr.contains("--trust-priority-header"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bench_sends_its_class_mix_and_counts_each_class() {
+    let _box = common::shared().await;
+    let fe = frontend(&["--trust-priority-header"]);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    // Every request is refused at once (no line): the bench's per-class
+    // counts must be the frontend's.
+    let url = fe.http.clone();
+    let args = [
+        "bench",
+        "--url",
+        url.as_str(),
+        "--model",
+        MODEL,
+        "--rate",
+        "60",
+        "--duration",
+        "1",
+        "--mix",
+        "critical=0.3,standard=0.4,sheddable=0.3",
+        "--seed",
+        "7",
+        "--drain-timeout",
+        "5",
+        "--json",
+    ];
+    let args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+    let (_bench, line) = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        common::spawn_within("bench", &args, &[], Duration::from_secs(30))
+    })
+    .await
+    .unwrap();
+    let summary: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    let text = metrics_text(&fe.client, &fe.http).await;
+    let mut sent = 0;
+    for class in ["critical", "standard", "sheddable"] {
+        let counts = &summary["by_class"][class];
+        let n = counts["sent"].as_u64().expect("sent");
+        assert!(n > 0, "{class}: {summary}");
+        assert_eq!(counts["rejected"].as_u64(), Some(n), "{class}: {summary}");
+        let filter = format!("class=\"{class}\",reason=\"decode_blocks\"");
+        let counted = metric_with(&text, "loadgate_frontend_rejection_class_reason_total", &filter);
+        assert_eq!(counted, Some(n as f64), "{class}: the frontend counted what the bench sent\n{text}");
+        sent += n;
+    }
+    assert_eq!(summary["sent"].as_u64(), Some(sent));
+}

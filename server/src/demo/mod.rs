@@ -171,6 +171,7 @@ fn compare<P>(
         drain_timeout,
         seed,
         progress: true,
+        mix: None,
     };
     let capacity = match args.capacity {
         Some(c) => c,

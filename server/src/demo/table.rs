@@ -230,45 +230,14 @@ pub(crate) fn summary(results: &Results, targets: &Targets) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
-    use crate::loadgen::BenchConfig;
+    use crate::loadgen::report_for_test;
 
     /// A run of 10 s of arrivals: `ok` requests accepted with TTFT `ttft_ms`, `rejected` refused.
     fn run(ok: u64, ttft_ms: u64, rejected: u64) -> Run {
-        let config = BenchConfig {
-            url: String::new(),
-            model: String::new(),
-            rate: 1.0,
-            duration: Duration::from_secs(10),
-            prompt_tokens: 1,
-            output_tokens: 1,
-            stream: true,
-            drain_timeout: Duration::ZERO,
-            seed: 0,
-            progress: false,
-        };
         let mut ttft = hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap();
         ttft.record_n(ttft_ms * 1000, ok).unwrap();
-        let latency = ttft.clone();
-        let reasons: BTreeMap<String, u64> =
-            [("deadline".to_owned(), rejected)].into_iter().filter(|r| r.1 > 0).collect();
-        Run {
-            report: BenchReport {
-                config,
-                sent: ok + rejected,
-                by_status: [(200, ok), (529, rejected)].into_iter().filter(|(_, n)| *n > 0).collect(),
-                transport_errors: 0,
-                unfinished: 0,
-                output_tokens: 0,
-                elapsed: Duration::from_secs(11),
-                ttft,
-                latency,
-                timeline: Vec::new(),
-                rejected_reasons: reasons,
-            },
-        }
+        Run { report: report_for_test(Duration::from_secs(10), Duration::from_secs(11), ttft, rejected) }
     }
 
     fn results() -> Results {

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::flag_limits;
+use crate::loadgen::mix::ClassMix;
 
 /// Command-line arguments of `loadgate bench`. Every flag also reads
 /// `LOADGATE_BENCH_<FLAG>` (a flag beats its variable).
@@ -64,6 +65,11 @@ pub struct Args {
     /// attempt counts as a timeout and is retried.
     #[arg(long, env = "LOADGATE_BENCH_REQUEST_TIMEOUT", value_name = "SECS", default_value_t = 30.0)]
     pub request_timeout: f64,
+    /// Priority classes: each request's class drawn with these shares
+    /// (`critical=0.3,standard=0.4,sheddable=0.3`) and sent in `x-loadgate-priority` (a
+    /// frontend honours it with --trust-priority-header); the report counts each class apart.
+    #[arg(long, env = "LOADGATE_BENCH_MIX", value_name = "CLASS=SHARE,...", conflicts_with = "retry_storm")]
+    pub mix: Option<ClassMix>,
 }
 
 /// Most clients `--retry-storm` takes (each holds a connection).
@@ -95,6 +101,9 @@ pub struct BenchConfig {
     pub seed: u64,
     /// Show a progress bar on stderr (only if stderr is a terminal).
     pub progress: bool,
+    /// The share of requests in each priority class (`None`: no class
+    /// sent, every request standard).
+    pub mix: Option<ClassMix>,
 }
 
 impl BenchConfig {
@@ -117,6 +126,7 @@ impl BenchConfig {
             drain_timeout: flag_limits::seconds(args.drain_timeout, "--drain-timeout", true)?,
             seed: args.seed.unwrap_or_else(|| fastrand::u64(..)),
             progress: !args.json,
+            mix: args.mix,
         })
     }
 }
@@ -155,6 +165,7 @@ impl StormConfig {
             drain_timeout: flag_limits::seconds(args.drain_timeout, "--drain-timeout", true)?,
             seed: 0,
             progress: false,
+            mix: None,
         };
         Ok(Some(StormConfig {
             request,

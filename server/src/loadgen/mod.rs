@@ -14,6 +14,9 @@
 //! every refusal ([`run_storm`]; its `StormReport` renders its figures: the
 //! peak of retries in any 10 ms window, goodput, time to success).
 //!
+//! With `--mix` each request's priority class is drawn and sent
+//! (`mix.rs`), and the report counts each class apart.
+//!
 //! `config.rs` holds the arguments, [`BenchConfig`] and [`StormConfig`];
 //! `report.rs` the plain measured data every other piece reads;
 //! `open_loop.rs`, `closed_loop.rs` and `retry_storm.rs` the three kinds of
@@ -21,6 +24,7 @@
 
 mod closed_loop;
 mod config;
+mod mix;
 mod open_loop;
 pub mod plot;
 mod report;
@@ -32,6 +36,8 @@ use anyhow::Context as _;
 pub use self::closed_loop::saturate;
 pub use self::config::{completions_url, Args, BenchConfig, StormConfig};
 pub use self::open_loop::run_bench;
+#[cfg(test)]
+pub(crate) use self::report::report_for_test;
 pub use self::report::{BenchReport, Percentiles};
 pub use self::retry_storm::run_storm;
 

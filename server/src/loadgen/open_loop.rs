@@ -10,7 +10,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use loadgate::Class;
+
 use crate::loadgen::config::{request_body, BenchConfig};
+use crate::loadgen::mix::PRIORITY_HEADER;
 use crate::loadgen::report::{histogram, BenchReport, SecondBucket};
 
 /// The header a frontend's refusal names its reason in.
@@ -36,6 +39,8 @@ struct Outcome {
     tokens: u64,
     /// A refusal's `x-loadgate-rejected-reason`.
     reason: Option<String>,
+    /// Its class (with `--mix`).
+    class: Option<Class>,
 }
 
 /// Runs one open-loop benchmark.
@@ -64,6 +69,7 @@ pub async fn run_bench(config: &BenchConfig) -> anyhow::Result<BenchReport> {
         latency: histogram(3),
         timeline: (0..seconds.max(1)).map(|_| SecondBucket::new()).collect(),
         rejected_reasons: BTreeMap::new(),
+        by_class: config.mix.map(|_| Default::default()),
     };
 
     let start = Instant::now();
@@ -84,7 +90,12 @@ pub async fn run_bench(config: &BenchConfig) -> anyhow::Result<BenchReport> {
                 report.sent += 1;
                 report.timeline[second].sent += 1;
                 outstanding += 1;
-                tasks.spawn(one_request(client.clone(), config.url.clone(), body.clone(), config.stream, scheduled, second, tx.clone()));
+                let class = config.mix.map(|mix| mix.draw(rng.f64()));
+                if let (Some(by_class), Some(class)) = (report.by_class.as_mut(), class) {
+                    by_class[class.index()].sent += 1;
+                }
+                let request = Request { url: config.url.clone(), body: body.clone(), stream: config.stream, class };
+                tasks.spawn(one_request(client.clone(), request, scheduled, second, tx.clone()));
                 next = Some(scheduled + gap(&mut rng)).filter(|t| *t < end);
             }
             Some(outcome) = rx.recv() => {
@@ -124,6 +135,17 @@ fn progress_bar(config: &BenchConfig) -> ProgressBar {
 }
 
 fn record(report: &mut BenchReport, o: &Outcome) {
+    if let (Some(by_class), Some(class), Answer::Status(status)) = (report.by_class.as_mut(), o.class, o.answer) {
+        let counts = &mut by_class[class.index()];
+        if (200..300).contains(&status) {
+            counts.ok += 1;
+            if let Some(ttft) = o.ttft {
+                counts.ttft.saturating_record(ttft.as_micros().max(1) as u64);
+            }
+        } else {
+            counts.rejected += 1;
+        }
+    }
     let bucket = &mut report.timeline[o.second];
     match o.answer {
         Answer::TransportError => report.transport_errors += 1,
@@ -149,16 +171,28 @@ fn record(report: &mut BenchReport, o: &Outcome) {
     }
 }
 
-async fn one_request(
-    client: reqwest::Client,
+/// What one request sends.
+struct Request {
     url: String,
     body: bytes::Bytes,
     stream: bool,
+    /// Sent in `x-loadgate-priority` when set.
+    class: Option<Class>,
+}
+
+async fn one_request(
+    client: reqwest::Client,
+    request: Request,
     scheduled: Instant,
     second: usize,
     done: mpsc::UnboundedSender<Outcome>,
 ) {
-    let sent = client.post(&url).header("content-type", "application/json").body(body).send().await;
+    let Request { url, body, stream, class } = request;
+    let mut post = client.post(&url).header("content-type", "application/json");
+    if let Some(class) = class {
+        post = post.header(PRIORITY_HEADER, class.label());
+    }
+    let sent = post.body(body).send().await;
     let mut outcome = Outcome {
         second,
         answer: Answer::TransportError,
@@ -166,6 +200,7 @@ async fn one_request(
         latency: Duration::ZERO,
         tokens: 0,
         reason: None,
+        class,
     };
     if let Ok(mut resp) = sent {
         let status = resp.status().as_u16();

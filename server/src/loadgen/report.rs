@@ -9,7 +9,10 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use loadgate::Class;
+
 use crate::loadgen::config::BenchConfig;
+use crate::loadgen::mix::{ClassReport, ClassSummary};
 
 /// Microseconds histogram, 1 µs to 1 hour, 3 significant digits.
 pub(crate) fn histogram(sigfig: u8) -> Histogram<u64> {
@@ -62,6 +65,8 @@ pub struct BenchReport {
     pub timeline: Vec<SecondBucket>,
     /// Non-2xx answers per `x-loadgate-rejected-reason` (`-` when the answer had none).
     pub rejected_reasons: BTreeMap<String, u64>,
+    /// Per priority class, by [`Class::index`] (with `--mix`).
+    pub by_class: Option<[ClassReport; Class::COUNT]>,
 }
 
 /// p50 / p90 / p99 / max of a histogram, in milliseconds.
@@ -126,6 +131,9 @@ pub struct Summary {
     pub ttft_ms: Percentiles,
     /// End-to-end latency of accepted requests, ms.
     pub latency_ms: Percentiles,
+    /// Per priority class (with `--mix`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by_class: Option<BTreeMap<&'static str, ClassSummary>>,
 }
 
 impl BenchReport {
@@ -190,6 +198,10 @@ impl BenchReport {
             tokens_per_s: self.output_tokens as f64 / secs,
             ttft_ms: Percentiles::of(&self.ttft),
             latency_ms: Percentiles::of(&self.latency),
+            by_class: self
+                .by_class
+                .as_ref()
+                .map(|by_class| Class::ALL.iter().map(|c| (c.label(), by_class[c.index()].summary())).collect()),
         }
     }
 
@@ -225,7 +237,63 @@ impl BenchReport {
         out.push_str(&format!("{:<9}{:>10}{:>10}{:>10}{:>10}\n", "ms", "p50", "p90", "p99", "max"));
         out.push_str(&row("TTFT", s.ttft_ms));
         out.push_str(&row("latency", s.latency_ms));
+        if let (Some(by_class), Some(mix)) = (&s.by_class, &self.config.mix) {
+            out.push_str(&format!("by class (--mix {mix}): sent / ok / rejected, TTFT of accepted in ms\n"));
+            for class in Class::ALL {
+                let c = &by_class[class.label()];
+                out.push_str(&format!(
+                    "{:<10}{:>7} /{:>7} /{:>7} ({:>5.1} %)  p50 {:>8.1}  p99 {:>8.1}\n",
+                    class.label(),
+                    c.sent,
+                    c.ok,
+                    c.rejected,
+                    c.rejected_pct,
+                    c.ttft_ms.p50,
+                    c.ttft_ms.p99
+                ));
+            }
+        }
         out
+    }
+}
+
+/// A report for tests: `duration` of arrivals, `ok` requests accepted
+/// with the TTFTs of `ttft` (µs; its latency the same), `rejected` refused
+/// with reason `deadline`, answered over `elapsed`.
+#[cfg(test)]
+pub(crate) fn report_for_test(
+    duration: Duration,
+    elapsed: Duration,
+    ttft: Histogram<u64>,
+    rejected: u64,
+) -> BenchReport {
+    let config = BenchConfig {
+        url: String::new(),
+        model: String::new(),
+        rate: 1.0,
+        duration,
+        prompt_tokens: 1,
+        output_tokens: 1,
+        stream: true,
+        drain_timeout: Duration::ZERO,
+        seed: 0,
+        progress: false,
+        mix: None,
+    };
+    let ok = ttft.len();
+    BenchReport {
+        config,
+        sent: ok + rejected,
+        by_status: [(200, ok), (529, rejected)].into_iter().filter(|(_, n)| *n > 0).collect(),
+        transport_errors: 0,
+        unfinished: 0,
+        output_tokens: 0,
+        elapsed,
+        latency: ttft.clone(),
+        ttft,
+        timeline: Vec::new(),
+        rejected_reasons: [("deadline".to_owned(), rejected)].into_iter().filter(|r| r.1 > 0).collect(),
+        by_class: None,
     }
 }
 
@@ -234,36 +302,11 @@ mod tests {
     use super::*;
 
     fn report(ttfts_ms: &[u64], rejected: u64) -> BenchReport {
-        let config = BenchConfig {
-            url: String::new(),
-            model: String::new(),
-            rate: 1.0,
-            duration: Duration::from_secs(4),
-            prompt_tokens: 1,
-            output_tokens: 1,
-            stream: true,
-            drain_timeout: Duration::ZERO,
-            seed: 0,
-            progress: false,
-        };
         let mut ttft = histogram(3);
         for ms in ttfts_ms {
             ttft.record(ms * 1000).unwrap();
         }
-        let ok = ttfts_ms.len() as u64;
-        BenchReport {
-            config,
-            sent: ok + rejected,
-            by_status: [(200, ok), (529, rejected)].into_iter().filter(|(_, n)| *n > 0).collect(),
-            transport_errors: 0,
-            unfinished: 0,
-            output_tokens: 0,
-            elapsed: Duration::from_secs(10),
-            ttft,
-            latency: histogram(3),
-            timeline: Vec::new(),
-            rejected_reasons: BTreeMap::new(),
-        }
+        report_for_test(Duration::from_secs(4), Duration::from_secs(10), ttft, rejected)
     }
 
     #[test]
