@@ -93,6 +93,11 @@ pub struct Args {
     /// Seed of the arrival processes.
     #[arg(long, env = "LOADGATE_DEMO_SEED", default_value_t = 7)]
     pub seed: u64,
+    /// Priority classes instead of the three modes: every request's class drawn with these shares
+    /// (`critical=0.3,standard=0.4,sheddable=0.3`), one mode (thresholds + line, the header
+    /// trusted) at every level, and a table per class (simulated workers).
+    #[arg(long, env = "LOADGATE_DEMO_MIX", value_name = "CLASS=SHARE,...", conflicts_with = "engines")]
+    pub mix: Option<crate::loadgen::ClassMix>,
 }
 
 impl Args {

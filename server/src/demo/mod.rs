@@ -32,6 +32,7 @@
 
 mod args;
 mod child;
+mod classes;
 mod engine_pool;
 mod install;
 mod llama_server;
@@ -45,6 +46,7 @@ use anyhow::Context as _;
 
 pub use self::args::{Args, Engines};
 use self::args::{LEVELS, LLAMA_MODEL, MODEL};
+use self::classes::class_table;
 use self::engine_pool::{EnginePool, SERVERS};
 use self::install::LlamaInstall;
 use self::llama_server::SLOTS;
@@ -53,7 +55,7 @@ use self::pool::Pool;
 use self::table::{summary, table, Results, Run, Targets};
 use crate::flag_limits::seconds;
 use crate::loadgen::plot::{comparison, Headline};
-use crate::loadgen::{completions_url, run_bench, saturate, BenchConfig, Percentiles};
+use crate::loadgen::{completions_url, run_bench, saturate, BenchConfig, ClassMix, Percentiles};
 
 /// Runs `loadgate demo`.
 ///
@@ -87,12 +89,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 shedding: format!("--active-decode-blocks-threshold {}", args.threshold),
                 pool,
             };
-            let results = compare(&args, &runtime, &setup, |mode| {
+            let start = |mode| {
                 let pool = Pool::start(&args, mode)?;
                 Ok((pool.http.clone(), pool))
-            })?;
-            print!("{}", summary(&results, &Targets::SIMULATED));
-            plot(&args, &setup, &results)?;
+            };
+            if let Some(mix) = args.mix {
+                with_classes(&args, &runtime, &setup, start, &mix)?;
+            } else {
+                let results = compare(&args, &runtime, &setup, start)?;
+                print!("{}", summary(&results, &Targets::SIMULATED));
+                plot(&args, &setup, &results)?;
+            }
         }
         Some(Engines::LlamaCpp) => {
             let install = LlamaInstall::locate()?;
@@ -158,45 +165,115 @@ fn compare<P>(
     setup: &Setup,
     start: impl Fn(Mode) -> anyhow::Result<(String, P)>,
 ) -> anyhow::Result<Results> {
-    let duration = seconds(args.duration(), "--duration", false)?;
-    let drain_timeout = seconds(args.drain_timeout(), "--drain-timeout", true)?;
-    let bench = |http: &str, rate: f64, seed: u64| BenchConfig {
-        url: completions_url(http),
-        model: setup.model.to_owned(),
-        rate,
-        duration,
-        prompt_tokens: args.prompt_tokens(),
-        output_tokens: args.output_tokens(),
-        stream: true,
-        drain_timeout,
-        seed,
-        progress: true,
-        mix: None,
-    };
-    let capacity = match args.capacity {
-        Some(c) => c,
-        None => {
-            let (http, pool) = start(Mode::Off)?;
-            let Saturation { clients, warmup, measure } = setup.saturation;
-            let c = runtime.block_on(saturate(&bench(&http, 1.0, args.seed), clients, warmup, measure))?;
-            drop(pool);
-            println!(
-                "capacity: {c:.1} req/s (closed loop, {clients} clients, {} s after {} s warm-up)",
-                measure.as_secs(),
-                warmup.as_secs()
-            );
-            c
-        }
-    };
-    anyhow::ensure!(capacity.is_finite(), "--capacity must be a number of requests per second");
-    anyhow::ensure!(capacity > 0.0, "the capacity is not positive (measured: the pool served nothing)");
-
+    let runner = Runner::new(args, runtime, setup)?;
+    let capacity = runner.capacity(&start)?;
     let objective = args.slo_ttft();
-    let levels = |mode: Mode| -> anyhow::Result<Vec<Run>> {
+    let fixed = runner.levels(&start, Mode::Static, capacity, &LEVELS)?;
+    let timeout_ms = runner.line_timeout(&fixed);
+    let line = runner.levels(&start, Mode::Line { timeout_ms }, capacity, &LEVELS)?;
+    let off = runner.levels(&start, Mode::Off, capacity, &LEVELS)?;
+    let results = Results { capacity, objective, off, fixed, line, timeout_ms };
+    print!("{}", table(&results, &setup.shedding));
+    Ok(results)
+}
+
+/// `--mix`: the static mode at the first level (for the line's timeout,
+/// unless given), then thresholds + line with the class mix at every level;
+/// prints the per-class table.
+fn with_classes<P>(
+    args: &Args,
+    runtime: &tokio::runtime::Runtime,
+    setup: &Setup,
+    start: impl Fn(Mode) -> anyhow::Result<(String, P)>,
+    mix: &ClassMix,
+) -> anyhow::Result<()> {
+    let runner = Runner::new(args, runtime, setup)?;
+    let capacity = runner.capacity(&start)?;
+    let fixed = if args.router_queue_timeout_ms.is_some() {
+        Vec::new()
+    } else {
+        runner.levels(&start, Mode::Static, capacity, &LEVELS[..1])?
+    };
+    let timeout_ms = runner.line_timeout(&fixed);
+    let runs = runner.levels(&start, Mode::Classes { timeout_ms }, capacity, &LEVELS)?;
+    print!("{}", class_table(&runs, mix, capacity, args.slo_ttft(), timeout_ms));
+    Ok(())
+}
+
+/// Runs load levels on fresh pools: what `compare` and the class runs share.
+struct Runner<'a> {
+    args: &'a Args,
+    runtime: &'a tokio::runtime::Runtime,
+    setup: &'a Setup,
+    duration: Duration,
+    drain_timeout: Duration,
+}
+
+impl<'a> Runner<'a> {
+    fn new(args: &'a Args, runtime: &'a tokio::runtime::Runtime, setup: &'a Setup) -> anyhow::Result<Self> {
+        let duration = seconds(args.duration(), "--duration", false)?;
+        let drain_timeout = seconds(args.drain_timeout(), "--drain-timeout", true)?;
+        Ok(Runner { args, runtime, setup, duration, drain_timeout })
+    }
+
+    /// One run's load: `rate` req/s to `http`, arrivals from `seed`.
+    fn bench(&self, http: &str, rate: f64, seed: u64) -> BenchConfig {
+        BenchConfig {
+            url: completions_url(http),
+            model: self.setup.model.to_owned(),
+            rate,
+            duration: self.duration,
+            prompt_tokens: self.args.prompt_tokens(),
+            output_tokens: self.args.output_tokens(),
+            stream: true,
+            drain_timeout: self.drain_timeout,
+            seed,
+            progress: true,
+            mix: None,
+        }
+    }
+
+    /// `--capacity`, or the closed-loop saturation run's (printed).
+    fn capacity<P>(&self, start: &impl Fn(Mode) -> anyhow::Result<(String, P)>) -> anyhow::Result<f64> {
+        let capacity = match self.args.capacity {
+            Some(c) => c,
+            None => {
+                let (http, pool) = start(Mode::Off)?;
+                let Saturation { clients, warmup, measure } = self.setup.saturation;
+                let bench = self.bench(&http, 1.0, self.args.seed);
+                let c = self.runtime.block_on(saturate(&bench, clients, warmup, measure))?;
+                drop(pool);
+                println!(
+                    "capacity: {c:.1} req/s (closed loop, {clients} clients, {} s after {} s warm-up)",
+                    measure.as_secs(),
+                    warmup.as_secs()
+                );
+                c
+            }
+        };
+        anyhow::ensure!(capacity.is_finite(), "--capacity must be a number of requests per second");
+        anyhow::ensure!(capacity > 0.0, "the capacity is not positive (measured: the pool served nothing)");
+        Ok(capacity)
+    }
+
+    /// One run per level of `levels` (multiples of `capacity`) in `mode`,
+    /// each on a fresh pool, with the class mix when `mode` has classes.
+    fn levels<P>(
+        &self,
+        start: &impl Fn(Mode) -> anyhow::Result<(String, P)>,
+        mode: Mode,
+        capacity: f64,
+        levels: &[f64],
+    ) -> anyhow::Result<Vec<Run>> {
+        let objective = self.args.slo_ttft();
         let mut runs = Vec::new();
-        for (i, multiple) in LEVELS.iter().enumerate() {
+        for (i, multiple) in levels.iter().enumerate() {
             let (http, pool) = start(mode)?;
-            let report = runtime.block_on(run_bench(&bench(&http, multiple * capacity, args.seed + i as u64)))?;
+            let mut bench = self.bench(&http, multiple * capacity, self.args.seed + i as u64);
+            if mode.has_classes() {
+                bench.mix = self.args.mix;
+            }
+            let report = self.runtime.block_on(run_bench(&bench))?;
             drop(pool);
             eprintln!(
                 "  {:<26} {multiple:>3}x: SLO goodput {:>5.1} req/s, rejected {:>5.1} %, p50/p99 TTFT {:>6.0} / {:>6.0} ms, \
@@ -211,30 +288,26 @@ fn compare<P>(
             runs.push(Run { report });
         }
         Ok(runs)
-    };
-    let fixed = levels(Mode::Static)?;
-    let timeout_ms = match args.router_queue_timeout_ms {
-        Some(t) => {
+    }
+
+    /// `--router-queue-timeout-ms`, or the objective minus the p50 TTFT of
+    /// `fixed`'s first run (the static mode at the first level); printed.
+    fn line_timeout(&self, fixed: &[Run]) -> u64 {
+        if let Some(t) = self.args.router_queue_timeout_ms {
             println!("waiting line: timeout {t} ms (--router-queue-timeout-ms)");
-            t
+            return t;
         }
-        None => {
-            let p50 = fixed.first().map_or(0.0, |r| Percentiles::of(&r.report.ttft).p50);
-            let (t, floored) = line_timeout_ms(objective, p50);
-            println!(
-                "waiting line: timeout {t} ms = objective {} ms - p50 TTFT {p50:.0} ms at {}x with static thresholds{}",
-                objective.as_millis(),
-                LEVELS[0],
-                if floored { format!(" (floored at {MIN_LINE_TIMEOUT_MS} ms)") } else { String::new() }
-            );
-            t
-        }
-    };
-    let line = levels(Mode::Line { timeout_ms })?;
-    let off = levels(Mode::Off)?;
-    let results = Results { capacity, objective, off, fixed, line, timeout_ms };
-    print!("{}", table(&results, &setup.shedding));
-    Ok(results)
+        let objective = self.args.slo_ttft();
+        let p50 = fixed.first().map_or(0.0, |r| Percentiles::of(&r.report.ttft).p50);
+        let (t, floored) = line_timeout_ms(objective, p50);
+        println!(
+            "waiting line: timeout {t} ms = objective {} ms - p50 TTFT {p50:.0} ms at {}x with static thresholds{}",
+            objective.as_millis(),
+            LEVELS[0],
+            if floored { format!(" (floored at {MIN_LINE_TIMEOUT_MS} ms)") } else { String::new() }
+        );
+        t
+    }
 }
 
 /// Writes the plot of the three modes and prints where.

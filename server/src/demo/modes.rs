@@ -22,6 +22,9 @@ pub(crate) enum Mode {
     Static,
     /// Busy thresholds and a waiting line of `timeout_ms` at the frontend.
     Line { timeout_ms: u64 },
+    /// As [`Mode::Line`], with `x-loadgate-priority` trusted: the load
+    /// sends each request's class (`--mix`).
+    Classes { timeout_ms: u64 },
 }
 
 impl Mode {
@@ -30,19 +33,28 @@ impl Mode {
         self != Mode::Off
     }
 
+    /// Whether the load sends priority classes.
+    pub(crate) fn has_classes(self) -> bool {
+        matches!(self, Mode::Classes { .. })
+    }
+
     /// The mode's name in the table, the progress lines and the plot.
     pub(crate) fn label(self) -> String {
         match self {
             Mode::Off => "no shedding".to_owned(),
             Mode::Static => "static thresholds".to_owned(),
             Mode::Line { timeout_ms } => format!("thresholds + line ({timeout_ms} ms)"),
+            Mode::Classes { timeout_ms } => format!("line + classes ({timeout_ms} ms)"),
         }
     }
 
     /// The frontend flags of the waiting line (none outside [`Mode::Line`]).
     pub(crate) fn line_flags(self, args: &Args) -> Vec<String> {
-        let Mode::Line { timeout_ms } = self else { return Vec::new() };
+        let (Mode::Line { timeout_ms } | Mode::Classes { timeout_ms }) = self else { return Vec::new() };
         let mut flags = vec!["--router-queue-timeout-ms".to_owned(), timeout_ms.to_string()];
+        if self.has_classes() {
+            flags.push("--trust-priority-header".to_owned());
+        }
         if let Some(n) = args.router_queue_limit {
             flags.extend(["--router-queue-limit".to_owned(), n.to_string()]);
         }

@@ -1,0 +1,154 @@
+//! `loadgate demo --mix`: priority classes under overload. One mode —
+//! static thresholds with the waiting line, `x-loadgate-priority` trusted —
+//! at every level, each request's class drawn with the mix's shares; a
+//! table per class (refused, TTFT, SLO goodput) and the issue's targets:
+//! at 3x critical requests are (almost) never refused and keep their 0.5x
+//! p99 TTFT within 1.2x, and the sheddable ones take the refusals first.
+
+use std::time::Duration;
+
+use loadgate::Class;
+
+use crate::demo::args::LEVELS;
+use crate::demo::table::Run;
+use crate::loadgen::{ClassMix, Percentiles};
+
+/// At 3x: the most of critical requests refused, percent.
+const CRITICAL_REFUSED_PCT: f64 = 0.1;
+/// At 3x: critical p99 TTFT against its own at 0.5x, at most.
+const CRITICAL_P99_RATIO: f64 = 1.2;
+
+/// What one class got in one run.
+struct ClassRow {
+    sent: u64,
+    rejected_pct: f64,
+    ttft: Percentiles,
+    /// Requests completed with TTFT within the objective, per second of
+    /// arrivals.
+    slo_goodput: f64,
+}
+
+fn row(run: &Run, class: Class, objective: Duration) -> Option<ClassRow> {
+    let counts = &run.report.by_class.as_ref()?[class.index()];
+    let summary = counts.summary();
+    let within = if counts.ttft.is_empty() {
+        0
+    } else {
+        let limit = u64::try_from(objective.as_micros()).unwrap_or(u64::MAX).min(counts.ttft.high());
+        counts.ttft.count_between(1, limit)
+    };
+    Some(ClassRow {
+        sent: counts.sent,
+        rejected_pct: summary.rejected_pct,
+        ttft: summary.ttft_ms,
+        slo_goodput: within as f64 / run.report.config.duration.as_secs_f64().max(1e-9),
+    })
+}
+
+/// The per-class table of `runs` (one per [`LEVELS`]) and the targets.
+pub(crate) fn class_table(runs: &[Run], mix: &ClassMix, capacity: f64, objective: Duration, timeout_ms: u64) -> String {
+    let mut out = format!(
+        "\ncapacity {capacity:.1} req/s; objective: TTFT <= {} ms; mix {mix}; line: --router-queue-timeout-ms {timeout_ms} \
+         --trust-priority-header\nper class: sent, rej % refused, p50/p99 TTFT of accepted (ms), SLO/s: SLO goodput\n",
+        objective.as_millis()
+    );
+    out.push_str(&format!("{:<6}", "load"));
+    for class in Class::ALL {
+        out.push_str(&format!("| {:<36}", class.label()));
+    }
+    out.push('\n');
+    out.push_str(&format!("{:<6}", ""));
+    for _ in Class::ALL {
+        out.push_str(&format!("| {:>5} {:>6} {:>6} {:>6} {:>7}  ", "sent", "rej %", "p50", "p99", "SLO/s"));
+    }
+    out.push('\n');
+    for (multiple, run) in LEVELS.iter().zip(runs) {
+        out.push_str(&format!("{:<6}", format!("{multiple}x")));
+        for class in Class::ALL {
+            match row(run, class, objective) {
+                Some(r) => out.push_str(&format!(
+                    "| {:>5} {:>6.1} {:>6.0} {:>6.0} {:>7.1}  ",
+                    r.sent, r.rejected_pct, r.ttft.p50, r.ttft.p99, r.slo_goodput
+                )),
+                None => out.push_str(&format!("| {:<36}", "-")),
+            }
+        }
+        out.push('\n');
+    }
+    out.push_str(&targets(runs, objective));
+    out
+}
+
+/// The issue's targets, measured (not asserted).
+fn targets(runs: &[Run], objective: Duration) -> String {
+    let at = |multiple: f64, class| {
+        LEVELS.iter().position(|l| *l == multiple).and_then(|i| runs.get(i)).and_then(|r| row(r, class, objective))
+    };
+    let verdict = |met: bool| if met { "met" } else { "MISSED" };
+    let mut out = String::from("\nthe classes against the issue's targets (measured, not asserted):\n");
+    if let (Some(low), Some(high)) = (at(0.5, Class::Critical), at(3.0, Class::Critical)) {
+        out.push_str(&format!(
+            "  3x: critical refused {:.2} % (target <= {CRITICAL_REFUSED_PCT} %: {})\n",
+            high.rejected_pct,
+            verdict(high.rejected_pct <= CRITICAL_REFUSED_PCT)
+        ));
+        let ratio = high.ttft.p99 / low.ttft.p99.max(1e-9);
+        out.push_str(&format!(
+            "  3x: critical p99 TTFT {:.0} ms / its 0.5x p99 {:.0} ms = {ratio:.2} (target <= {CRITICAL_P99_RATIO}: {})\n",
+            high.ttft.p99,
+            low.ttft.p99,
+            verdict(ratio <= CRITICAL_P99_RATIO)
+        ));
+    }
+    // Sheddable first: at every level, a lower class is refused at least as
+    // often as a higher one.
+    let ordered = LEVELS.iter().all(|m| {
+        let pct = |c| at(*m, c).map_or(0.0, |r| r.rejected_pct);
+        pct(Class::Sheddable) >= pct(Class::Standard) && pct(Class::Standard) >= pct(Class::Critical)
+    });
+    out.push_str(&format!(
+        "  every level: refused % sheddable >= standard >= critical (sheddable takes the refusals first: {})\n",
+        verdict(ordered)
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::loadgen::{report_for_test, ClassReport};
+
+    /// A run whose classes got `(sent, rejected, p99 TTFT ms)` each.
+    fn run(classes: [(u64, u64, u64); 3]) -> Run {
+        let empty = hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap();
+        let mut report = report_for_test(Duration::from_secs(10), Duration::from_secs(11), empty, 0);
+        report.by_class = Some(classes.map(|(sent, rejected, ms)| {
+            let mut counts = ClassReport { sent, ok: sent - rejected, rejected, ..Default::default() };
+            counts.ttft.record_n(ms * 1000, sent - rejected).unwrap();
+            counts
+        }));
+        Run { report }
+    }
+
+    #[test]
+    fn the_targets_read_critical_at_3x_against_its_half_load_p99_and_the_order_of_refusals() {
+        let good = [
+            run([(50, 0, 30), (60, 0, 30), (40, 0, 30)]),
+            run([(90, 0, 33), (110, 0, 60), (70, 7, 90)]),
+            run([(180, 0, 34), (230, 100, 90), (170, 160, 90)]),
+            run([(240, 0, 35), (350, 250, 90), (260, 255, 90)]),
+        ];
+        let mix: ClassMix = "critical=3,standard=4,sheddable=3".parse().unwrap();
+        let text = class_table(&good, &mix, 36.0, Duration::from_millis(500), 480);
+        assert!(text.contains("3x: critical refused 0.00 % (target <= 0.1 %: met)"), "{text}");
+        assert!(text.contains("= 1.17 (target <= 1.2: met)"), "{text}");
+        assert!(text.contains("(sheddable takes the refusals first: met)"), "{text}");
+        let mut bad = good;
+        bad[3] = run([(240, 1, 37), (350, 250, 90), (260, 200, 90)]);
+        bad[1] = run([(90, 0, 33), (110, 9, 60), (70, 5, 90)]);
+        let text = class_table(&bad, &mix, 36.0, Duration::from_millis(500), 480);
+        assert!(text.contains("critical refused 0.42 % (target <= 0.1 %: MISSED)"), "{text}");
+        assert!(text.contains("(target <= 1.2: MISSED)"), "{text}");
+        assert!(text.contains("(sheddable takes the refusals first: MISSED)"), "{text}");
+    }
+}
