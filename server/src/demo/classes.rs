@@ -75,6 +75,22 @@ pub(crate) fn class_table(runs: &[Run], mix: &ClassMix, capacity: f64, objective
         }
         out.push('\n');
     }
+    out.push_str("refusals by x-loadgate-rejected-reason:\n");
+    for (multiple, run) in LEVELS.iter().zip(runs) {
+        let Some(by_class) = &run.report.by_class else { continue };
+        let classes: Vec<String> = Class::ALL
+            .iter()
+            .filter(|c| !by_class[c.index()].reasons.is_empty())
+            .map(|c| {
+                let reasons: Vec<String> =
+                    by_class[c.index()].reasons.iter().map(|(r, n)| format!("{r} {n}")).collect();
+                format!("{c} {}", reasons.join(", "))
+            })
+            .collect();
+        if !classes.is_empty() {
+            out.push_str(&format!("  {multiple}x: {}\n", classes.join("; ")));
+        }
+    }
     out.push_str(&targets(runs, objective));
     out
 }

@@ -2,6 +2,7 @@
 //! draws its class (from the run's seeded generator) and sends it in
 //! `x-loadgate-priority`; the report then counts each class apart.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -86,11 +87,13 @@ pub struct ClassReport {
     pub rejected: u64,
     /// TTFT of accepted requests (µs).
     pub ttft: Histogram<u64>,
+    /// Refusals per `x-loadgate-rejected-reason` (`-` when none was given).
+    pub reasons: BTreeMap<String, u64>,
 }
 
 impl Default for ClassReport {
     fn default() -> Self {
-        ClassReport { sent: 0, ok: 0, rejected: 0, ttft: histogram(3) }
+        ClassReport { sent: 0, ok: 0, rejected: 0, ttft: histogram(3), reasons: BTreeMap::new() }
     }
 }
 
@@ -107,6 +110,8 @@ pub struct ClassSummary {
     pub rejected_pct: f64,
     /// TTFT of accepted requests, ms.
     pub ttft_ms: Percentiles,
+    /// Refusals per reason.
+    pub reasons: BTreeMap<String, u64>,
 }
 
 impl ClassReport {
@@ -119,6 +124,7 @@ impl ClassReport {
             rejected: self.rejected,
             rejected_pct,
             ttft_ms: Percentiles::of(&self.ttft),
+            reasons: self.reasons.clone(),
         }
     }
 }

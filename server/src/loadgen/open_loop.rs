@@ -144,6 +144,7 @@ fn record(report: &mut BenchReport, o: &Outcome) {
             }
         } else {
             counts.rejected += 1;
+            *counts.reasons.entry(o.reason.clone().unwrap_or_else(|| "-".to_owned())).or_default() += 1;
         }
     }
     let bucket = &mut report.timeline[o.second];
