@@ -149,9 +149,12 @@ impl<T: Future<Output = ()>> Future for Wait<'_, T> {
                 // no worker is free (every publication and report since
                 // the line was not empty woke as many as were free).
                 // A displaced waiter that was woken passes its turn on.
-                if all_woken || joined.displaced_woken {
-                    wake_free(&mut queue, routed.state.view());
+                if !all_woken && !joined.displaced_woken {
+                    // No pass: this waiter is not woken, and its waker is
+                    // the one it joined with.
+                    return Poll::Pending;
                 }
+                wake_free(&mut queue, routed.state.view());
                 (queue, key)
             }
             Phase::Done(_) => unreachable!("handled above"),
