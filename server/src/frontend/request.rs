@@ -18,6 +18,10 @@ use loadgate::metrics::Endpoint;
 
 use crate::openai::{checked_token_limit, Field, InvalidRequest};
 
+mod reading;
+use self::reading::Nvext;
+pub(crate) use self::reading::Reading;
+
 /// The fields of a request the proxy uses.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct RequestHead {
@@ -27,29 +31,6 @@ pub(crate) struct RequestHead {
     pub(crate) prompt_tokens: u64,
     /// `nvext.agent_hints.priority`, when asked for and given.
     pub(crate) priority: Option<i64>,
-}
-
-/// What [`read_head`] reads beyond the model.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Reading {
-    /// Count the prompt's tokens (else only check its shape).
-    pub(crate) prompt: bool,
-    /// Read `nvext.agent_hints.priority` (an integer; any other type there
-    /// is a 400). Otherwise `nvext` is skipped unread.
-    pub(crate) nvext_priority: bool,
-}
-
-/// The part of `nvext` the proxy reads (every other field skipped).
-#[derive(serde::Deserialize)]
-struct Nvext {
-    #[serde(default)]
-    agent_hints: Option<AgentHints>,
-}
-
-#[derive(serde::Deserialize)]
-struct AgentHints {
-    #[serde(default)]
-    priority: Option<i64>,
 }
 
 /// Reads the model (and, if `count_prompt`, the prompt tokens) of `body`,

@@ -36,11 +36,11 @@ use anyhow::Context as _;
 pub use self::closed_loop::saturate;
 pub use self::config::{completions_url, Args, BenchConfig, StormConfig};
 pub use self::mix::ClassMix;
-#[cfg(test)]
-pub(crate) use self::mix::ClassReport;
 pub use self::open_loop::run_bench;
 #[cfg(test)]
 pub(crate) use self::report::report_for_test;
+#[cfg(test)]
+pub(crate) use self::report::ClassReport;
 pub use self::report::{BenchReport, Percentiles};
 pub use self::retry_storm::run_storm;
 

@@ -12,7 +12,6 @@ use serde::Serialize;
 use loadgate::Class;
 
 use crate::loadgen::config::BenchConfig;
-use crate::loadgen::mix::{ClassReport, ClassSummary};
 
 /// Microseconds histogram, 1 µs to 1 hour, 3 significant digits.
 pub(crate) fn histogram(sigfig: u8) -> Histogram<u64> {
@@ -254,6 +253,59 @@ impl BenchReport {
             }
         }
         out
+    }
+}
+
+/// What one class's requests got.
+#[derive(Clone, Debug)]
+pub struct ClassReport {
+    /// Sent in this class.
+    pub sent: u64,
+    /// Accepted and completed (2xx).
+    pub ok: u64,
+    /// Answered with a non-2xx status.
+    pub rejected: u64,
+    /// TTFT of accepted requests (µs).
+    pub ttft: Histogram<u64>,
+    /// Refusals per `x-loadgate-rejected-reason` (`-` when none was given).
+    pub reasons: BTreeMap<String, u64>,
+}
+
+impl Default for ClassReport {
+    fn default() -> Self {
+        ClassReport { sent: 0, ok: 0, rejected: 0, ttft: histogram(3), reasons: BTreeMap::new() }
+    }
+}
+
+/// One class in the `--json` summary.
+#[derive(Clone, Debug, Serialize)]
+pub struct ClassSummary {
+    /// Sent in this class.
+    pub sent: u64,
+    /// Accepted and completed.
+    pub ok: u64,
+    /// Refused (non-2xx).
+    pub rejected: u64,
+    /// `rejected / sent`, percent.
+    pub rejected_pct: f64,
+    /// TTFT of accepted requests, ms.
+    pub ttft_ms: Percentiles,
+    /// Refusals per reason.
+    pub reasons: BTreeMap<String, u64>,
+}
+
+impl ClassReport {
+    /// Its `--json` form.
+    pub fn summary(&self) -> ClassSummary {
+        let rejected_pct = if self.sent == 0 { 0.0 } else { 100.0 * self.rejected as f64 / self.sent as f64 };
+        ClassSummary {
+            sent: self.sent,
+            ok: self.ok,
+            rejected: self.rejected,
+            rejected_pct,
+            ttft_ms: Percentiles::of(&self.ttft),
+            reasons: self.reasons.clone(),
+        }
     }
 }
 

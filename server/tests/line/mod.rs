@@ -1,0 +1,148 @@
+//! What the waiting-line tests share (`waiting_line.rs`,
+//! `priority_classes.rs`): a frontend whose model is busy above half its KV
+//! blocks and hears no report but the test's, a worker the test controls (a
+//! fake HTTP worker registered and reported over a real event connection),
+//! requests with or without a priority, and bounded waits on `/metrics`.
+//!
+//! Margins: the frontend's silence and idle timeouts are raised to 60 s, so
+//! no report comes but the test's; every wait here is bounded (5 s).
+
+// Each test binary uses a different part of this.
+#![allow(dead_code)]
+
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use loadgate::wire::Frame;
+use loadgate::RankLoad;
+use serde_json::json;
+
+use super::common::{encoded, metric, metrics_text, register, FakeWorker, Frontend};
+
+pub const MODEL: &str = "line-model";
+
+pub const WORKER: u64 = 7;
+
+/// A frontend whose model is busy above half its KV blocks, with `extra`
+/// flags; no report reaches it but the test's.
+pub fn frontend(extra: &[&str]) -> Frontend {
+    let mut flags = vec![
+        "--active-decode-blocks-threshold",
+        "0.5",
+        "--event-silence-ms",
+        "60000",
+        "--event-idle-timeout-ms",
+        "60000",
+    ];
+    flags.extend_from_slice(extra);
+    Frontend::start(None, &flags)
+}
+
+/// The fake worker and the test's event connection for it.
+pub struct Controlled {
+    pub http: FakeWorker,
+    events: TcpStream,
+    seq: u64,
+}
+
+impl Controlled {
+    pub async fn register(frontend: &Frontend) -> Controlled {
+        let http = FakeWorker::start();
+        let mut events = TcpStream::connect(frontend.events).expect("event port");
+        let frame = register(WORKER, 1, 1, MODEL, &http.addr.to_string());
+        std::io::Write::write_all(&mut events, &encoded(&frame)).expect("register");
+        frontend.wait_workers(1, Duration::from_secs(10)).await;
+        Controlled { http, events, seq: 0 }
+    }
+
+    /// One load report: 90 of 100 blocks (busy) or 10 (free).
+    pub fn report(&mut self, busy: bool) {
+        self.seq += 1;
+        let blocks = if busy { 90 } else { 10 };
+        let load = RankLoad { active_decode_blocks: blocks, kv_total_blocks: 100, ..Default::default() };
+        let frame = Frame::Load { worker: WORKER, incarnation: 1, rank: 0, seq: self.seq, load };
+        std::io::Write::write_all(&mut self.events, &encoded(&frame)).expect("report");
+    }
+}
+
+/// Sends one completion; returns its status, reason header and how long it took.
+pub fn send(
+    frontend: &Frontend,
+    client: reqwest::Client,
+) -> impl std::future::Future<Output = (u16, Option<String>, Duration)> {
+    let url = format!("{}/v1/completions", frontend.http);
+    async move { send_to(url, client).await }
+}
+
+pub async fn send_to(url: String, client: reqwest::Client) -> (u16, Option<String>, Duration) {
+    send_as(url, client, None).await
+}
+
+/// Sends one completion with `x-loadgate-priority: priority` (if any).
+pub fn send_with(
+    frontend: &Frontend,
+    client: reqwest::Client,
+    priority: &'static str,
+) -> impl std::future::Future<Output = (u16, Option<String>, Duration)> {
+    let url = format!("{}/v1/completions", frontend.http);
+    async move { send_as(url, client, Some(priority)).await }
+}
+
+pub async fn send_as(url: String, client: reqwest::Client, priority: Option<&str>) -> (u16, Option<String>, Duration) {
+    let start = Instant::now();
+    let body = json!({"model": MODEL, "prompt": "hello there", "max_tokens": 4});
+    let mut request = client.post(url).json(&body);
+    if let Some(priority) = priority {
+        request = request.header("x-loadgate-priority", priority);
+    }
+    let response = request.send().await.expect("send");
+    let reason = response.headers().get("x-loadgate-rejected-reason").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    (response.status().as_u16(), reason, start.elapsed())
+}
+
+pub async fn waiting(frontend: &Frontend) -> f64 {
+    metric(&metrics_text(&frontend.client, &frontend.http).await, "loadgate_frontend_queue_waiting").unwrap_or(-1.0)
+}
+
+/// Waits (bounded: 5 s) until the line holds `n` requests.
+pub async fn wait_waiting(frontend: &Frontend, n: f64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while waiting(frontend).await != n {
+        assert!(Instant::now() < deadline, "the line never held {n} (holds {})", waiting(frontend).await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits (bounded: 5 s) until the fake worker has received `n` requests.
+pub async fn wait_received(worker: &FakeWorker, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while worker.requests() < n {
+        assert!(Instant::now() < deadline, "the worker received {} of {n}", worker.requests());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits (bounded: 5 s) until the model's worker is busy.
+pub async fn wait_for_busy(frontend: &Frontend) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = metrics_text(&frontend.client, &frontend.http).await;
+        if metric(&text, "loadgate_frontend_worker_busy").is_some_and(|v| v >= 1.0) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the worker never became busy:\n{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The sum of the samples of `name` whose labels contain `filter`.
+pub fn metric_with(text: &str, name: &str, filter: &str) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines().filter(|l| !l.starts_with('#') && l.contains(filter)) {
+        let Some((series, value)) = line.rsplit_once(' ') else { continue };
+        if series.split('{').next() == Some(name) {
+            *found.get_or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+        }
+    }
+    found
+}
