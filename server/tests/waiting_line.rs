@@ -249,7 +249,7 @@ async fn a_request_every_worker_refused_at_its_cap_does_not_wait() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overrun_line_serves_the_latest_deadline_first() {
     let _box = common::shared().await;
-    let fe = frontend(&["--router-queue-timeout-ms", "1500"]);
+    let fe = frontend(&["--router-queue-timeout-ms", "3000"]);
     let mut worker = Controlled::register(&fe).await;
     worker.report(true);
     wait_for_busy(&fe).await;
@@ -257,13 +257,14 @@ async fn an_overrun_line_serves_the_latest_deadline_first() {
         let (client, http) = (fe.client.clone(), fe.http.clone());
         async move { metric(&metrics_text(&client, &http).await, "loadgate_frontend_queue_overrun") }
     };
-    // Four requests, 400 ms apart: their deadlines are 400 ms apart (the
-    // margin for each step below).
+    // Four requests, 700 ms apart: their deadlines are 700 ms apart (the
+    // margin for each step below, on a loaded 2-core machine), and the last
+    // joins about 900 ms before the first expires.
     let client = common::client_within(Duration::from_secs(30));
     let mut requests = Vec::new();
     for n in 1..=4 {
         if n > 1 {
-            tokio::time::sleep(Duration::from_millis(400)).await;
+            tokio::time::sleep(Duration::from_millis(700)).await;
         }
         requests.push(tokio::spawn(send(&fe, client.clone())));
         wait_waiting(&fe, f64::from(n)).await;
