@@ -98,6 +98,10 @@ pub struct Args {
     /// trusted) at every level, and a table per class (simulated workers).
     #[arg(long, env = "LOADGATE_DEMO_MIX", value_name = "CLASS=SHARE,...", conflicts_with = "engines")]
     pub mix: Option<crate::loadgen::ClassMix>,
+    /// With --mix: the line's timeout per class (`critical=5000,standard=480,sheddable=480`, the
+    /// frontend's --router-queue-timeout-ms form; a class not named: 0) instead of the computed one.
+    #[arg(long, env = "LOADGATE_DEMO_CLASS_TIMEOUTS_MS", value_name = "CLASS=MS,...", requires = "mix")]
+    pub class_timeouts_ms: Option<loadgate::PerClass<u64>>,
 }
 
 impl Args {

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use loadgate::Class;
+use loadgate::{Class, PerClass};
 
 use crate::demo::args::LEVELS;
 use crate::demo::table::Run;
@@ -46,9 +46,15 @@ fn row(run: &Run, class: Class, objective: Duration) -> Option<ClassRow> {
 }
 
 /// The per-class table of `runs` (one per [`LEVELS`]) and the targets.
-pub(crate) fn class_table(runs: &[Run], mix: &ClassMix, capacity: f64, objective: Duration, timeout_ms: u64) -> String {
+pub(crate) fn class_table(
+    runs: &[Run],
+    mix: &ClassMix,
+    capacity: f64,
+    objective: Duration,
+    timeouts: PerClass<u64>,
+) -> String {
     let mut out = format!(
-        "\ncapacity {capacity:.1} req/s; objective: TTFT <= {} ms; mix {mix}; line: --router-queue-timeout-ms {timeout_ms} \
+        "\ncapacity {capacity:.1} req/s; objective: TTFT <= {} ms; mix {mix}; line: --router-queue-timeout-ms {timeouts} \
          --trust-priority-header\nper class: sent, rej % refused, p50/p99 TTFT of accepted (ms), SLO/s: SLO goodput\n",
         objective.as_millis()
     );
@@ -155,14 +161,14 @@ mod tests {
             run([(240, 0, 35), (350, 250, 90), (260, 255, 90)]),
         ];
         let mix: ClassMix = "critical=3,standard=4,sheddable=3".parse().unwrap();
-        let text = class_table(&good, &mix, 36.0, Duration::from_millis(500), 480);
+        let text = class_table(&good, &mix, 36.0, Duration::from_millis(500), PerClass::all(480));
         assert!(text.contains("3x: critical refused 0.00 % (target <= 0.1 %: met)"), "{text}");
         assert!(text.contains("= 1.17 (target <= 1.2: met)"), "{text}");
         assert!(text.contains("(sheddable takes the refusals first: met)"), "{text}");
         let mut bad = good;
         bad[3] = run([(240, 1, 37), (350, 250, 90), (260, 200, 90)]);
         bad[1] = run([(90, 0, 33), (110, 9, 60), (70, 5, 90)]);
-        let text = class_table(&bad, &mix, 36.0, Duration::from_millis(500), 480);
+        let text = class_table(&bad, &mix, 36.0, Duration::from_millis(500), PerClass::all(480));
         assert!(text.contains("critical refused 0.42 % (target <= 0.1 %: MISSED)"), "{text}");
         assert!(text.contains("(target <= 1.2: MISSED)"), "{text}");
         assert!(text.contains("(sheddable takes the refusals first: MISSED)"), "{text}");

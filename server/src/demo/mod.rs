@@ -56,6 +56,7 @@ use self::table::{summary, table, Results, Run, Targets};
 use crate::flag_limits::seconds;
 use crate::loadgen::plot::{comparison, Headline};
 use crate::loadgen::{completions_url, run_bench, saturate, BenchConfig, ClassMix, Percentiles};
+use loadgate::PerClass;
 
 /// Runs `loadgate demo`.
 ///
@@ -178,8 +179,9 @@ fn compare<P>(
 }
 
 /// `--mix`: the static mode at the first level (for the line's timeout,
-/// unless given), then thresholds + line with the class mix at every level;
-/// prints the per-class table.
+/// unless given; `--class-timeouts-ms` gives one per class), then
+/// thresholds + line with the class mix at every level; prints the
+/// per-class table.
 fn with_classes<P>(
     args: &Args,
     runtime: &tokio::runtime::Runtime,
@@ -189,14 +191,22 @@ fn with_classes<P>(
 ) -> anyhow::Result<()> {
     let runner = Runner::new(args, runtime, setup)?;
     let capacity = runner.capacity(&start)?;
-    let fixed = if args.router_queue_timeout_ms.is_some() {
-        Vec::new()
-    } else {
-        runner.levels(&start, Mode::Static, capacity, &LEVELS[..1])?
+    let timeouts = match args.class_timeouts_ms {
+        Some(timeouts) => {
+            println!("waiting line: timeouts {timeouts} ms (--class-timeouts-ms)");
+            timeouts
+        }
+        None => {
+            let fixed = if args.router_queue_timeout_ms.is_some() {
+                Vec::new()
+            } else {
+                runner.levels(&start, Mode::Static, capacity, &LEVELS[..1])?
+            };
+            PerClass::all(runner.line_timeout(&fixed))
+        }
     };
-    let timeout_ms = runner.line_timeout(&fixed);
-    let runs = runner.levels(&start, Mode::Classes { timeout_ms }, capacity, &LEVELS)?;
-    print!("{}", class_table(&runs, mix, capacity, args.slo_ttft(), timeout_ms));
+    let runs = runner.levels(&start, Mode::Classes { timeouts }, capacity, &LEVELS)?;
+    print!("{}", class_table(&runs, mix, capacity, args.slo_ttft(), timeouts));
     Ok(())
 }
 

@@ -8,6 +8,8 @@
 
 use std::time::Duration;
 
+use loadgate::PerClass;
+
 use crate::demo::args::Args;
 
 /// The line's shortest timeout, whatever the objective and the 0.5x TTFT.
@@ -22,9 +24,9 @@ pub(crate) enum Mode {
     Static,
     /// Busy thresholds and a waiting line of `timeout_ms` at the frontend.
     Line { timeout_ms: u64 },
-    /// As [`Mode::Line`], with `x-loadgate-priority` trusted: the load
-    /// sends each request's class (`--mix`).
-    Classes { timeout_ms: u64 },
+    /// As [`Mode::Line`] with a timeout per class, `x-loadgate-priority`
+    /// trusted: the load sends each request's class (`--mix`).
+    Classes { timeouts: PerClass<u64> },
 }
 
 impl Mode {
@@ -44,17 +46,19 @@ impl Mode {
             Mode::Off => "no shedding".to_owned(),
             Mode::Static => "static thresholds".to_owned(),
             Mode::Line { timeout_ms } => format!("thresholds + line ({timeout_ms} ms)"),
-            Mode::Classes { timeout_ms } => format!("line + classes ({timeout_ms} ms)"),
+            Mode::Classes { timeouts } => format!("line + classes ({timeouts} ms)"),
         }
     }
 
     /// The frontend flags of the waiting line (none outside [`Mode::Line`]).
     pub(crate) fn line_flags(self, args: &Args) -> Vec<String> {
-        let (Mode::Line { timeout_ms } | Mode::Classes { timeout_ms }) = self else { return Vec::new() };
-        let mut flags = vec!["--router-queue-timeout-ms".to_owned(), timeout_ms.to_string()];
-        if self.has_classes() {
-            flags.push("--trust-priority-header".to_owned());
-        }
+        let mut flags = match self {
+            Mode::Line { timeout_ms } => vec!["--router-queue-timeout-ms".to_owned(), timeout_ms.to_string()],
+            Mode::Classes { timeouts } => {
+                vec!["--router-queue-timeout-ms".to_owned(), timeouts.to_string(), "--trust-priority-header".to_owned()]
+            }
+            Mode::Off | Mode::Static => return Vec::new(),
+        };
         if let Some(n) = args.router_queue_limit {
             flags.extend(["--router-queue-limit".to_owned(), n.to_string()]);
         }
