@@ -137,6 +137,30 @@ async fn a_full_line_refuses_at_once_with_reason_queue_full() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_limit_counts_prompts_in_every_router_mode() {
+    let _box = common::shared().await;
+    // The default router mode (round-robin) tracks no load of its own: the
+    // prompts are counted for the line's token bound alone. Each request's
+    // prompt is "hello there": 2 tokens.
+    let fe = frontend(&["--router-queue-timeout-ms", "20000", "--router-queue-token-limit", "5"]);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let waiters: Vec<_> = (0..2).map(|_| tokio::spawn(send(&fe, fe.client.clone()))).collect();
+    wait_waiting(&fe, 2.0).await;
+    let text = metrics_text(&fe.client, &fe.http).await;
+    assert_eq!(metric(&text, "loadgate_frontend_queue_tokens"), Some(4.0), "{text}");
+    let (status, reason, _) = send(&fe, fe.client.clone()).await;
+    assert_eq!((status, reason.as_deref()), (529, Some("queue_full")), "6 tokens would pass 5");
+    worker.report(false);
+    wait_received(&worker.http, 1).await;
+    worker.report(false);
+    for waiter in waiters {
+        assert_eq!(waiter.await.unwrap().0, 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_sets_and_clears_a_models_timeout() {
     let _box = common::shared().await;
     let fe = frontend(&[]);

@@ -139,6 +139,9 @@ impl<T: Future<Output = ()>> Future for Wait<'_, T> {
                     // AcqRel: see `dispatch` (the count stays above 0: this
                     // waiter is in).
                     line.waiting.fetch_sub(joined.displaced, Ordering::AcqRel);
+                    // The line may have emptied under it (its spent marks
+                    // forgotten).
+                    line.sync_hint(&queue);
                 }
                 let key = joined.key;
                 *this.phase = Phase::Queued(key);
@@ -235,7 +238,7 @@ fn dispatch(
 
 /// Why a waiter leaves without a worker.
 enum Leaving {
-    /// Its deadline passed: the line is overrun.
+    /// Its deadline passed (which may overrun its class).
     Expired,
     /// Dropped, or its model can no longer be routed.
     Dropped,

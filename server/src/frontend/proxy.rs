@@ -130,7 +130,7 @@ async fn proxy(
 ) -> Response {
     // The body's priority counts only without the header.
     let reading = Reading {
-        prompt: frontend.inflight.tracking(),
+        prompt: frontend.inflight.tracking() || frontend.line_counts_tokens,
         nvext_priority: header_class.is_none() && frontend.priority.reads_nvext(),
     };
     let head = if body.len() <= INLINE_READ_LIMIT {

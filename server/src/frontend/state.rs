@@ -56,6 +56,9 @@ pub struct Frontend {
     pub(crate) queue: QueueTimeouts,
     /// Which class a request is in.
     pub(crate) priority: Priority,
+    /// `--router-queue-token-limit` is set: every request's prompt is
+    /// counted (the line's token bound), whatever the router mode.
+    pub(crate) line_counts_tokens: bool,
 }
 
 impl Frontend {
@@ -100,6 +103,7 @@ impl Frontend {
             draining: AtomicBool::new(false),
             queue: QueueTimeouts::new(args.router_queue_timeout_ms.map(Duration::from_millis)),
             priority: Priority { trusted: args.trust_priority_header, nvext: args.priority_from_nvext },
+            line_counts_tokens: args.router_queue_token_limit.is_some(),
         })
     }
 
