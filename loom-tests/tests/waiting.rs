@@ -224,3 +224,38 @@ impl<'r> Waiter<'r> {
         (first, self)
     }
 }
+
+/// Two wait and the worker's one report frees it while the waiters are
+/// polled: the report wakes and dispatches one of them, never both (the
+/// report that freed the worker is not also the report after its
+/// dispatch).
+#[test]
+fn one_report_dispatches_one_waiter() {
+    run_model_with("waiting/one_report_dispatches_one_waiter", 3, || {
+        let (monitor, router) = busy_pool(4);
+        let mut first = Waiter::new(&router);
+        let mut second = Waiter::new(&router);
+        assert_eq!(first.poll(), Poll::Pending);
+        assert_eq!(second.poll(), Poll::Pending);
+        let freer = {
+            let monitor = monitor.clone();
+            thread::spawn(move || {
+                monitor.apply(&report(2, 10)).unwrap();
+            })
+        };
+        let mut done = [false; 2];
+        let mut poll_woken = |waiters: [&mut Waiter<'_>; 2], done: &mut [bool; 2]| {
+            for (waiter, done) in waiters.into_iter().zip(done.iter_mut()) {
+                if !*done && waiter.woken() && waiter.poll().is_ready() {
+                    *done = true;
+                }
+            }
+        };
+        poll_woken([&mut first, &mut second], &mut done);
+        poll_woken([&mut first, &mut second], &mut done);
+        freer.join().unwrap();
+        poll_woken([&mut first, &mut second], &mut done);
+        let served = done.iter().filter(|d| **d).count();
+        assert_eq!(served, 1, "one report, one dispatch");
+    });
+}

@@ -423,13 +423,17 @@ impl WorkerMonitor {
                 SlotUpdate::Stale => Applied::Stale,
                 SlotUpdate::Contended => Applied::Contended,
                 SlotUpdate::Stored => {
-                    let applied = self.changed(&rec.entry, &rec.model, now);
                     // The worker's own word on its load, not the router's
                     // tracking: the waiting line may give it a waiter again.
+                    // Before the publication this report may cause: a
+                    // waiter that publication wakes and dispatches is
+                    // marked spent until the worker's *next* report, not
+                    // cleared by this one (one report, one dispatch:
+                    // loom's `one_report_dispatches_one_waiter`).
                     if publisher == Publisher::Worker {
                         rec.model.line.reported(worker, rec.model.view());
                     }
-                    applied
+                    self.changed(&rec.entry, &rec.model, now)
                 }
             }
         })
