@@ -244,7 +244,7 @@ fn one_report_dispatches_one_waiter() {
             })
         };
         let mut done = [false; 2];
-        let mut poll_woken = |waiters: [&mut Waiter<'_>; 2], done: &mut [bool; 2]| {
+        let poll_woken = |waiters: [&mut Waiter<'_>; 2], done: &mut [bool; 2]| {
             for (waiter, done) in waiters.into_iter().zip(done.iter_mut()) {
                 if !*done && waiter.woken() && waiter.poll().is_ready() {
                     *done = true;

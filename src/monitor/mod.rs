@@ -425,15 +425,17 @@ impl WorkerMonitor {
                 SlotUpdate::Stored => {
                     // The worker's own word on its load, not the router's
                     // tracking: the waiting line may give it a waiter again.
-                    // Before the publication this report may cause: a
-                    // waiter that publication wakes and dispatches is
-                    // marked spent until the worker's *next* report, not
-                    // cleared by this one (one report, one dispatch:
-                    // loom's `one_report_dispatches_one_waiter`).
-                    if publisher == Publisher::Worker {
-                        rec.model.line.reported(worker, rec.model.view());
+                    // The mark is cleared before the publication this
+                    // report may cause, and the pass runs after it: a
+                    // waiter that publication wakes and dispatches stays
+                    // marked until the worker's *next* report (one report,
+                    // one dispatch: loom's `one_report_dispatches_one_waiter`).
+                    let freed = publisher == Publisher::Worker && rec.model.line.reported(worker);
+                    let applied = self.changed(&rec.entry, &rec.model, now);
+                    if freed {
+                        rec.model.line.pass(rec.model.view());
                     }
-                    self.changed(&rec.entry, &rec.model, now)
+                    applied
                 }
             }
         })

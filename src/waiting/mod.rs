@@ -250,21 +250,30 @@ impl Line {
         wake_free(&mut lock(&self.queue), view);
     }
 
-    /// After a report of `worker` (its own, not the router's tracking):
-    /// the line may give it a waiter again.
+    /// At a report of `worker` (its own, not the router's tracking), before
+    /// the publication it may cause: the line may give it a waiter again.
+    /// Returns whether it was spent (then [`Line::pass`] after the
+    /// publication).
     #[inline]
-    pub(crate) fn reported(&self, worker: WorkerId, view: &crate::sync::Swap<ModelView>) {
+    pub(crate) fn reported(&self, worker: WorkerId) -> bool {
         // Relaxed: a hint; a report that misses a mark set at this moment
         // (a dispatch racing the report) leaves it to the worker's next
         // report, the same as if it had come first.
         if !self.is_waiting() || self.spent_hint.load(Ordering::Relaxed) & queue::spent_bit(worker) == 0 {
-            return;
+            return false;
         }
         let mut queue = lock(&self.queue);
-        if queue.reported(worker) {
+        let was_spent = queue.reported(worker);
+        if was_spent {
             self.sync_hint(&queue);
-            wake_free(&mut queue, view);
         }
+        was_spent
+    }
+
+    /// A wake-up pass with the current view (after a report that freed a
+    /// spent worker, and its publication if any).
+    pub(crate) fn pass(&self, view: &crate::sync::Swap<ModelView>) {
+        wake_free(&mut lock(&self.queue), view);
     }
 
     /// Stores the spent workers' bits after a change (under the lock).
