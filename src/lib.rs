@@ -125,6 +125,7 @@ pub mod patch;
 pub mod rejection;
 pub mod route;
 mod sync;
+pub mod tenant;
 pub mod thresholds;
 pub mod waiting;
 #[cfg(feature = "tower")]
@@ -141,6 +142,7 @@ pub use load::{LoadReport, RankLoad, WorkerId};
 pub use migration::{Migration, MigrationError};
 pub use monitor::{MonitorConfig, WorkerMonitor};
 pub use rejection::Rejection;
+pub use tenant::Tenant;
 pub use route::{LocalRouter, ModelRouter, Policy, RouteError, WorkerRouter};
 pub use thresholds::BusyThresholds;
 pub use waiting::{LineLimits, Ticket, Wait, WaitError};

@@ -13,8 +13,17 @@
 //! critical arrival at a full line displaces sheddable waiters from the
 //! latest key down when that makes it fit; each displaced one is woken and
 //! hears `ClassShed` (polled, or with its timer fired) or is dropped. A woken waiter that is
-//! polled routes to a free worker, or waits again if none is left. The
-//! real line must agree on every outcome, its counts, and every wake-up.
+//! polled routes to a free worker, or waits again if none is left.
+//!
+//! Tenants: within a class the reference walks its tenants (in the order
+//! they started waiting) one step at a time, as deficit round robin is
+//! usually written: a tenant with a sleeping waiter gets its weight in
+//! tokens as the turn reaches it and is woken while its deficit covers its
+//! next waiter's prompt (at least 1); a woken waiter that leaves or waits
+//! again without a worker refunds it; a tenant without waiters leaves the
+//! walk. A tenant over its caps (waiting requests, queued tokens, every
+//! class) is refused with `TenantCap`. The real line must agree on every
+//! outcome, its counts, and every wake-up.
 #![no_main]
 
 use std::cell::Cell;
@@ -29,8 +38,8 @@ use std::time::{Duration, Instant};
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 use loadgate::{
-    BusyThresholds, Class, LineLimits, LoadReport, MonitorConfig, Policy, RankLoad, Ticket, Wait, WaitError, WorkerId,
-    WorkerMonitor, WorkerRouter,
+    BusyThresholds, Class, LineLimits, LoadReport, MonitorConfig, Policy, RankLoad, Tenant, Ticket, Wait, WaitError,
+    WorkerId, WorkerMonitor, WorkerRouter,
 };
 
 const MODEL: &str = "m";
@@ -40,8 +49,13 @@ struct Input {
     workers: u8,
     max_waiting: u8,
     max_tokens: u16,
+    /// Per tenant id: its cap on waiting requests (0: none) and queued
+    /// tokens (0: none).
+    caps: [(u8, u16); TENANTS],
     ops: Vec<Op>,
 }
+
+const TENANTS: usize = 3;
 
 #[derive(Arbitrary, Debug)]
 enum Op {
@@ -53,6 +67,9 @@ enum Op {
         tokens: u8,
         class: u8,
         fate: u8,
+        /// Its tenant (mod 3) and weight (mod 4, plus 1).
+        tenant: u8,
+        weight: u8,
     },
     Poll(u8),
     Drop(u8),
@@ -93,6 +110,7 @@ struct Waiter<'r> {
     flag: Arc<Flag>,
     /// (class, deadline, arrival): the reference's order.
     key: (usize, u8, u64),
+    tenant: u32,
     tokens: u64,
     woken: bool,
     /// The line's dispatches when it joined.
@@ -105,6 +123,23 @@ impl Waiter<'_> {
         let waker = Waker::from(self.flag.clone());
         self.wait.as_mut().poll(&mut Context::from_waker(&waker))
     }
+}
+
+/// A tenant in a class's walk.
+struct Turn {
+    tenant: u32,
+    quantum: u64,
+    deficit: u64,
+}
+
+/// A class's deficit round robin.
+#[derive(Default)]
+struct Round {
+    /// Tenants with waiters of the class, in the order they joined it.
+    tenants: Vec<Turn>,
+    turn: usize,
+    /// The tenant at `turn` had its credit.
+    credited: bool,
 }
 
 struct Model<'r> {
@@ -122,6 +157,7 @@ struct Model<'r> {
     dispatched: [u64; 3],
     seq: Vec<u64>,
     arrivals: u64,
+    rounds: [Round; 3],
 }
 
 impl<'r> Model<'r> {
@@ -129,28 +165,75 @@ impl<'r> Model<'r> {
         (1..=self.workers).filter(|w| !self.busy[*w as usize] && !self.spent.contains(w)).collect()
     }
 
-    /// Wakes the first waiters not woken until as many are woken as there
-    /// are free workers; checks that each was really woken.
+    /// Wakes waiters until as many are woken as there are free workers,
+    /// the highest class first, by the walk in each; checks that each was
+    /// really woken.
     fn pass(&mut self) {
         let free = self.free().len();
-        let mut order: Vec<usize> = (0..self.line.len()).collect();
-        // Class first; within a class, key order or its reverse.
-        order.sort_by_key(|i| {
-            let (class, deadline, arrival) = self.line[*i].key;
-            let within = (u64::from(deadline) << 32) | arrival;
-            (class, if self.overrun[class] { u64::MAX - within } else { within })
-        });
         let mut woken = self.line.iter().filter(|w| w.woken).count();
-        for i in order {
-            if woken >= free {
-                break;
-            }
-            let waiter = &mut self.line[i];
-            if !waiter.woken {
+        for class in 0..3 {
+            while woken < free {
+                let Some(i) = self.pick(class) else { break };
+                let waiter = &mut self.line[i];
                 waiter.woken = true;
                 woken += 1;
                 assert!(waiter.flag.0.load(Ordering::SeqCst), "waiter {:?} not woken", waiter.key);
             }
+        }
+    }
+
+    /// `tenant`'s next sleeping waiter of `class`: the first in key order,
+    /// or the last while the class is overrun.
+    fn next(&self, class: usize, tenant: u32) -> Option<usize> {
+        let mine = (0..self.line.len()).filter(|i| {
+            let w = &self.line[*i];
+            w.key.0 == class && w.tenant == tenant && !w.woken
+        });
+        match self.overrun[class] {
+            true => mine.max_by_key(|i| self.line[*i].key),
+            false => mine.min_by_key(|i| self.line[*i].key),
+        }
+    }
+
+    /// One step of the walk at a time until a tenant's deficit covers its
+    /// next waiter (charged).
+    fn pick(&mut self, class: usize) -> Option<usize> {
+        let tenants: Vec<u32> = self.rounds[class].tenants.iter().map(|t| t.tenant).collect();
+        if tenants.iter().all(|t| self.next(class, *t).is_none()) {
+            return None;
+        }
+        loop {
+            let turn = self.rounds[class].turn;
+            let next = self.next(class, tenants[turn]);
+            let round = &mut self.rounds[class];
+            if !round.credited {
+                if next.is_some() {
+                    round.tenants[turn].deficit += round.tenants[turn].quantum;
+                }
+                round.credited = true;
+            }
+            if let Some(i) = next {
+                let cost = self.line[i].tokens.max(1);
+                let t = &mut round.tenants[turn];
+                if t.deficit >= cost {
+                    t.deficit -= cost;
+                    return Some(i);
+                }
+            }
+            round.turn = (turn + 1) % tenants.len();
+            round.credited = false;
+        }
+    }
+
+    /// A woken waiter `i` goes back to sleep (or leaves) without a worker:
+    /// its tenant gets its wake-up back.
+    fn refund(&mut self, i: usize) {
+        let waiter = &mut self.line[i];
+        if std::mem::take(&mut waiter.woken) {
+            let cost = waiter.tokens.max(1);
+            let round = &mut self.rounds[waiter.key.0];
+            let t = round.tenants.iter_mut().find(|t| t.tenant == waiter.tenant).expect("a waiting tenant");
+            t.deficit += cost;
         }
     }
 
@@ -162,6 +245,19 @@ impl<'r> Model<'r> {
             self.spent.clear();
         }
         let class = waiter.key.0;
+        if !self.line.iter().any(|w| w.key.0 == class && w.tenant == waiter.tenant) {
+            let round = &mut self.rounds[class];
+            let t = round.tenants.iter().position(|t| t.tenant == waiter.tenant).expect("a waiting tenant");
+            round.tenants.remove(t);
+            if t < round.turn {
+                round.turn -= 1;
+            } else if t == round.turn {
+                round.credited = false;
+            }
+            if round.turn >= round.tenants.len() {
+                round.turn = 0;
+            }
+        }
         if !self.line.iter().any(|w| w.key.0 == class) {
             self.overrun[class] = false;
         }
@@ -186,7 +282,7 @@ impl<'r> Model<'r> {
             }
             Poll::Pending => {
                 assert!(free.is_empty(), "a woken waiter waits while {free:?} are free");
-                self.line[i].woken = false;
+                self.refund(i);
             }
             other => panic!("a woken waiter got {other:?}"),
         }
@@ -261,14 +357,24 @@ fuzz_target!(|input: Input| {
         dispatched: [0; 3],
         seq: vec![0; workers as usize + 1],
         arrivals: 0,
+        rounds: Default::default(),
     };
+    let caps = input.caps.map(|(waiting, tokens)| {
+        let waiting = if waiting == 0 { usize::MAX } else { usize::from(waiting % 4) };
+        let tokens = if tokens == 0 { u64::MAX } else { u64::from(tokens % 600) };
+        (waiting, tokens)
+    });
     for op in input.ops.into_iter().take(200) {
         match op {
-            Op::Join { deadline_ms, tokens, class, fate } => {
+            Op::Join { deadline_ms, tokens, class, fate, tenant, weight } => {
                 let class = usize::from(class % 3);
                 let fired = Rc::new(Cell::new(false));
                 let deadline = m.base + Duration::from_millis(u64::from(deadline_ms));
-                let ticket = Ticket::new(u64::from(tokens), deadline).with_class(Class::ALL[class]);
+                let id = u32::from(tenant) % TENANTS as u32;
+                let (max_waiting, max_tokens) = caps[id as usize];
+                let weight = u32::from(weight % 4) + 1;
+                let tenant = Tenant { max_waiting, max_tokens, ..Tenant::new(id, weight) };
+                let ticket = Ticket::new(u64::from(tokens), deadline).with_class(Class::ALL[class]).with_tenant(tenant);
                 let wait = Box::pin(m.router.wait(MODEL, &[], ticket, Timer(fired.clone())));
                 let flag = Arc::new(Flag(AtomicBool::new(false)));
                 let key = (class, deadline_ms, m.arrivals);
@@ -278,6 +384,7 @@ fuzz_target!(|input: Input| {
                     fired,
                     flag,
                     key,
+                    tenant: id,
                     tokens: u64::from(tokens),
                     woken: false,
                     dispatched_before: m.dispatched[class],
@@ -291,11 +398,18 @@ fuzz_target!(|input: Input| {
                     }
                     continue;
                 }
+                let held = m.line.iter().filter(|w| w.tenant == id);
+                let (held_len, held_sum) = held.fold((0, 0), |(n, sum), w| (n + 1, sum + w.tokens));
+                if held_len >= max_waiting || held_sum + waiter.tokens > max_tokens {
+                    assert_eq!(got, Poll::Ready(Err(WaitError::TenantCap)));
+                    continue;
+                }
                 let Some(displaced) = m.room_for(class, waiter.tokens, limits) else {
                     assert_eq!(got, Poll::Ready(Err(WaitError::QueueFull)));
                     continue;
                 };
                 for (n, i) in displaced.into_iter().enumerate() {
+                    m.refund(i);
                     let mut gone = m.remove(i);
                     assert!(gone.flag.0.load(Ordering::SeqCst), "a displaced waiter is woken");
                     if (fate >> (n % 8)) & 1 == 1 {
@@ -307,6 +421,11 @@ fuzz_target!(|input: Input| {
                 // their wakers are called before the poll returns), and a
                 // woken joiner routes in the same poll.
                 m.line.push(waiter);
+                let round = &mut m.rounds[class];
+                match round.tenants.iter_mut().find(|t| t.tenant == id) {
+                    Some(t) => t.quantum = u64::from(weight),
+                    None => round.tenants.push(Turn { tenant: id, quantum: u64::from(weight), deficit: 0 }),
+                }
                 let i = m.line.len() - 1;
                 m.pass();
                 m.polled(i, got);
@@ -319,6 +438,7 @@ fuzz_target!(|input: Input| {
             }
             Op::Drop(n) => {
                 let Some(i) = m.find(n) else { continue };
+                m.refund(i);
                 let waiter = m.remove(i);
                 drop(waiter);
                 m.pass();
@@ -331,6 +451,7 @@ fuzz_target!(|input: Input| {
                 let key = m.line[i].key;
                 let class = key.0;
                 let behind = m.line.iter().filter(|w| w.key.0 == class && w.key > key).count() as u64;
+                m.refund(i);
                 let expired = m.remove(i);
                 let served = m.dispatched[class] - expired.dispatched_before;
                 if !m.overrun[class] && m.line.iter().any(|w| w.key.0 == class) {

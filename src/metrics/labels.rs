@@ -52,11 +52,13 @@ pub enum Reason {
     QueueFull,
     /// A sheddable request gave its place in a full line to a critical one.
     ClassShed,
+    /// The request's tenant already held its cap of the waiting line.
+    TenantCap,
 }
 
 impl Reason {
     /// Every reason, in counter-index order.
-    pub(super) const ALL: [Reason; 9] = [
+    pub(super) const ALL: [Reason; 10] = [
         Reason::DecodeBlocks,
         Reason::PrefillTokens,
         Reason::PrefillTokensFrac,
@@ -66,6 +68,7 @@ impl Reason {
         Reason::Deadline,
         Reason::QueueFull,
         Reason::ClassShed,
+        Reason::TenantCap,
     ];
 
     /// The label value.
@@ -80,6 +83,7 @@ impl Reason {
             Reason::Deadline => "deadline",
             Reason::QueueFull => "queue_full",
             Reason::ClassShed => "class_shed",
+            Reason::TenantCap => "tenant_cap",
         }
     }
 

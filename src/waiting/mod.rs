@@ -101,6 +101,7 @@ use crate::class::Class;
 use crate::load::WorkerId;
 use crate::monitor::view::ModelView;
 use crate::sync::{lock, AtomicU64, AtomicUsize, Mutex, Ordering};
+use crate::tenant::Tenant;
 
 pub use wait::Wait;
 
@@ -122,8 +123,9 @@ impl Default for LineLimits {
     }
 }
 
-/// One request's place in a line: its prompt tokens, its deadline and its
-/// class (which order the line; the caller's timer enforces the deadline).
+/// One request's place in a line: its prompt tokens, its deadline, its
+/// class and its tenant (which order the line; the caller's timer enforces
+/// the deadline).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ticket {
     /// Prompt tokens, counted against [`LineLimits::max_tokens`].
@@ -132,18 +134,26 @@ pub struct Ticket {
     pub deadline: Instant,
     /// Its priority class ([`Class::Standard`] unless set).
     pub class: Class,
+    /// Its tenant ([`Tenant::default`] unless set).
+    pub tenant: Tenant,
 }
 
 impl Ticket {
     /// A standard ticket for `tokens` prompt tokens due by `deadline`.
     pub fn new(tokens: u64, deadline: Instant) -> Self {
-        Ticket { tokens, deadline, class: Class::Standard }
+        Ticket { tokens, deadline, class: Class::Standard, tenant: Tenant::default() }
     }
 
     /// This ticket in `class`.
     #[must_use]
     pub fn with_class(self, class: Class) -> Self {
         Ticket { class, ..self }
+    }
+
+    /// This ticket of `tenant`.
+    #[must_use]
+    pub fn with_tenant(self, tenant: Tenant) -> Self {
+        Ticket { tenant, ..self }
     }
 }
 
@@ -159,6 +169,10 @@ pub enum WaitError {
     /// A sheddable request gave its place in a full line to a critical
     /// one. An overload rejection.
     ClassShed,
+    /// The request's tenant already holds its cap of waiting requests or
+    /// queued tokens ([`Tenant::max_waiting`], [`Tenant::max_tokens`]).
+    /// An overload rejection.
+    TenantCap,
     /// No instance is registered or in routing (HTTP 503).
     Unavailable,
     /// The model has never been seen (HTTP 404).
@@ -171,6 +185,7 @@ impl fmt::Display for WaitError {
             WaitError::Deadline => "no worker freed before the request's deadline",
             WaitError::QueueFull => "the waiting line is full",
             WaitError::ClassShed => "a critical request took this request's place in the waiting line",
+            WaitError::TenantCap => "the request's tenant holds its share of the waiting line",
             WaitError::Unavailable => "No worker is available for this model",
             WaitError::UnknownModel => "Unknown model",
         })

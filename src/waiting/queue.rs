@@ -1,8 +1,9 @@
 //! [`Queue`]: what a model's waiting line holds under its lock — the
-//! waiters of each class in deadline order, their queued tokens, which of
-//! them are woken, the workers the line dispatched to since their last
-//! report, which classes are overrun (serving the latest deadline first),
-//! and the waiters displaced by critical arrivals that have not yet heard.
+//! waiters of each class, per tenant in deadline order, their queued
+//! tokens, which of them are woken, each tenant's deficit, the workers the
+//! line dispatched to since their last report, which classes are overrun
+//! (serving the latest deadline first), and the waiters displaced by
+//! critical arrivals that have not yet heard.
 
 use std::collections::VecDeque;
 use std::task::Waker;
@@ -11,27 +12,31 @@ use std::time::Instant;
 use super::{LineLimits, WaitError};
 use crate::class::Class;
 use crate::load::WorkerId;
+use crate::tenant::Tenant;
 
 /// A waiter's place: its class (highest first), then earliest deadline,
-/// then first come.
+/// then first come (and its tenant, to find it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct Key {
     class: Class,
     deadline: Instant,
     arrival: u64,
+    tenant: u32,
 }
 
-/// Where a waiter is: its class's deque and its index there.
+/// Where a waiter is: its class, its tenant's place in the class and its
+/// index in the tenant's deque (valid until the queue changes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct At {
     class: usize,
+    tenant: usize,
     index: usize,
 }
 
 /// One waiter.
 struct Waiter {
     key: Key,
-    /// Its prompt tokens (counted against the token limit).
+    /// Its prompt tokens (counted against the token limits).
     tokens: u64,
     /// Told that a worker may be free for it: its next poll routes.
     woken: bool,
@@ -42,12 +47,48 @@ struct Waiter {
     dispatched_before: u64,
 }
 
+impl Waiter {
+    /// What its wake-up costs its tenant's deficit: its prompt tokens (at
+    /// least 1, so empty prompts still take turns).
+    fn cost(&self) -> u64 {
+        self.tokens.max(1)
+    }
+}
+
+/// One tenant's waiters in a class.
+struct TenantLine {
+    tenant: u32,
+    /// The latest weight its arrivals gave (at least 1).
+    quantum: u64,
+    /// In key order (arrivals almost always go to the back).
+    waiters: VecDeque<Waiter>,
+    /// Tokens it may still be woken for this round (deficit round robin);
+    /// charged at a wake-up, refunded when a woken waiter leaves or waits
+    /// again without a worker.
+    deficit: u64,
+}
+
+impl TenantLine {
+    /// Its next waiter to wake, if any sleeps: the first in key order, or
+    /// the last while the class is overrun.
+    fn next(&self, overrun: bool) -> Option<usize> {
+        if overrun {
+            self.waiters.iter().rposition(|w| !w.woken)
+        } else {
+            self.waiters.iter().position(|w| !w.woken)
+        }
+    }
+}
+
 /// One class's waiters.
 #[derive(Default)]
 struct ClassLine {
-    /// In key order (arrivals almost always go to the back: same timeout,
-    /// later deadline).
-    waiters: VecDeque<Waiter>,
+    /// Tenants with waiters, in round order.
+    tenants: Vec<TenantLine>,
+    /// The tenant whose turn it is (an index into `tenants`).
+    turn: usize,
+    /// Whether the tenant at `turn` had its round's credit.
+    credited: bool,
     /// Dispatches from this class, ever.
     dispatched: u64,
     /// The class is overrun: it cannot serve all its waiters in time, so
@@ -58,10 +99,90 @@ struct ClassLine {
     overrun: bool,
 }
 
+impl ClassLine {
+    fn is_empty(&self) -> bool {
+        self.tenants.is_empty()
+    }
+
+    fn tenant(&self, tenant: u32) -> Option<usize> {
+        self.tenants.iter().position(|t| t.tenant == tenant)
+    }
+
+    /// Waiters of the class with keys after `key`.
+    fn behind(&self, key: &Key) -> u64 {
+        self.tenants.iter().map(|t| (t.waiters.len() - t.waiters.partition_point(|w| w.key <= *key)) as u64).sum()
+    }
+
+    /// The tenant whose last waiter has the latest key, skipping `skip`
+    /// waiters from the back of each tenant's deque.
+    fn latest(&self, skip: &[usize]) -> Option<usize> {
+        (0..self.tenants.len())
+            .filter_map(|t| {
+                let waiters = &self.tenants[t].waiters;
+                let left = waiters.len().checked_sub(skip.get(t).copied().unwrap_or(0) + 1)?;
+                Some((waiters[left].key, t))
+            })
+            .max()
+            .map(|(_, t)| t)
+    }
+
+    /// Deficit round robin: the next waiter to wake (charged to its
+    /// tenant), or `None` when every waiter of the class is woken.
+    ///
+    /// The turn walks the tenants in round order; a tenant with a sleeping
+    /// waiter is credited its quantum as the turn reaches it, and keeps the
+    /// turn while its deficit covers its next waiter. Rather than walking
+    /// step by step (a large prompt would take many rounds), this finds the
+    /// step at which the walk would first serve someone and credits each
+    /// tenant the visits it would have had by then: the same outcome in
+    /// one pass over the tenants.
+    fn pick(&mut self) -> Option<(usize, usize)> {
+        let (overrun, credited, turn, len) = (self.overrun, self.credited, self.turn, self.tenants.len());
+        let n = len as u128;
+        // The walk's step at which the tenant at `offset` is first visited
+        // with a credit (the turn's holder, already credited, at `n`).
+        let first_credit = |offset: usize| match (offset, credited) {
+            (0, true) => n,
+            _ => offset as u128,
+        };
+        let mut best: Option<(u128, usize, usize)> = None;
+        for offset in 0..len {
+            let t = (turn + offset) % len;
+            let line = &self.tenants[t];
+            let Some(index) = line.next(overrun) else { continue };
+            let credits = line.waiters[index].cost().saturating_sub(line.deficit).div_ceil(line.quantum);
+            // Its visits are at `offset`, `offset + n`, ...; the visit that
+            // brings its `credits`-th credit (or its first, needing none).
+            let visits = match first_credit(offset) == n {
+                true => credits,
+                false => credits.saturating_sub(1),
+            };
+            let step = offset as u128 + u128::from(visits) * n;
+            if best.is_none_or(|(first, _, _)| step < first) {
+                best = Some((step, t, index));
+            }
+        }
+        let (step, winner, index) = best?;
+        for offset in 0..len {
+            let first = first_credit(offset);
+            let line = &mut self.tenants[(turn + offset) % len];
+            if step >= first && line.next(overrun).is_some() {
+                let credits = u64::try_from((step - first) / n + 1).unwrap_or(u64::MAX);
+                line.deficit = line.deficit.saturating_add(credits.saturating_mul(line.quantum));
+            }
+        }
+        let line = &mut self.tenants[winner];
+        line.deficit -= line.waiters[index].cost();
+        self.turn = winner;
+        self.credited = true;
+        Some((winner, index))
+    }
+}
+
 /// The line's contents (under the line's lock).
 #[derive(Default)]
 pub(super) struct Queue {
-    /// One deque per class, highest first.
+    /// One per class, highest first.
     classes: [ClassLine; Class::COUNT],
     /// Waiters in all classes.
     len: usize,
@@ -129,61 +250,96 @@ impl Queue {
         len < limits.max_waiting && sum.checked_add(tokens).is_some_and(|sum| sum <= limits.max_tokens)
     }
 
-    /// Adds a waiter of `class`, or refuses it when the line is full by
-    /// count or by tokens. A critical one takes the place of sheddable
+    /// What `tenant` holds in the line: waiters and tokens, every class.
+    fn held_by(&self, tenant: u32) -> (usize, u64) {
+        self.classes
+            .iter()
+            .filter_map(|c| c.tenant(tenant).map(|t| &c.tenants[t].waiters))
+            .fold((0, 0), |(len, sum), waiters| {
+                (len + waiters.len(), sum + waiters.iter().map(|w| w.tokens).sum::<u64>())
+            })
+    }
+
+    /// Adds a waiter of `class` and `tenant`, or refuses it when the
+    /// tenant holds its caps ([`WaitError::TenantCap`]) or the line is full
+    /// by count or by tokens. A critical one takes the place of sheddable
     /// waiters (the latest deadlines first) when that makes it fit; they
     /// leave at once and are woken to hear it ([`Queue::take_displaced`]).
     pub(super) fn join(
         &mut self,
         class: Class,
+        tenant: Tenant,
         deadline: Instant,
         tokens: u64,
         limits: LineLimits,
         waker: &Waker,
     ) -> Result<Joined, WaitError> {
+        if tenant.max_waiting != usize::MAX || tenant.max_tokens != u64::MAX {
+            let (len, sum) = self.held_by(tenant.id);
+            let caps = LineLimits { max_waiting: tenant.max_waiting, max_tokens: tenant.max_tokens };
+            if !Self::fits(len, sum, tokens, caps) {
+                return Err(WaitError::TenantCap);
+            }
+        }
         let mut displaced = 0;
         let mut displaced_woken = false;
         if !Self::fits(self.len, self.tokens, tokens, limits) {
             displaced = self.room_for(class, tokens, limits).ok_or(WaitError::QueueFull)?;
             for _ in 0..displaced {
-                let sheddable = &mut self.classes[Class::Sheddable.index()].waiters;
-                let waiter = sheddable.pop_back().expect("counted by room_for");
-                displaced_woken |= waiter.woken;
-                self.forget(&waiter);
+                let sheddable = &self.classes[Class::Sheddable.index()];
+                let t = sheddable.latest(&[]).expect("counted by room_for");
+                let index = sheddable.tenants[t].waiters.len() - 1;
+                let at = At { class: Class::Sheddable.index(), tenant: t, index };
+                displaced_woken |= self.is_woken(at);
+                let waiter = self.remove(at, false);
                 self.displaced.push(waiter.key);
                 waiter.waker.wake();
             }
         }
-        let key = Key { class, deadline, arrival: self.arrivals };
+        let key = Key { class, deadline, arrival: self.arrivals, tenant: tenant.id };
         self.arrivals += 1;
         self.len += 1;
         self.tokens += tokens;
         let line = &mut self.classes[class.index()];
         let waiter = Waiter { key, tokens, woken: false, waker: waker.clone(), dispatched_before: line.dispatched };
-        if line.waiters.back().is_none_or(|last| last.key < key) {
-            line.waiters.push_back(waiter);
+        let t = match line.tenant(tenant.id) {
+            Some(t) => t,
+            None => {
+                line.tenants.push(TenantLine { tenant: tenant.id, quantum: 0, waiters: VecDeque::new(), deficit: 0 });
+                line.tenants.len() - 1
+            }
+        };
+        let own = &mut line.tenants[t];
+        own.quantum = tenant.quantum();
+        if own.waiters.back().is_none_or(|last| last.key < key) {
+            own.waiters.push_back(waiter);
         } else {
-            let at = line.waiters.partition_point(|w| w.key < key);
-            line.waiters.insert(at, waiter);
+            let at = own.waiters.partition_point(|w| w.key < key);
+            own.waiters.insert(at, waiter);
         }
         Ok(Joined { key, displaced, displaced_woken })
     }
 
-    /// How many sheddable waiters (from the back) a `class` arrival of
-    /// `tokens` must displace to fit; `None` if it may not or cannot.
+    /// How many sheddable waiters (the latest keys first) a `class` arrival
+    /// of `tokens` must displace to fit; `None` if it may not or cannot.
     fn room_for(&self, class: Class, tokens: u64, limits: LineLimits) -> Option<usize> {
         if class != Class::Critical {
             return None;
         }
+        let sheddable = &self.classes[Class::Sheddable.index()];
+        let mut skip = vec![0; sheddable.tenants.len()];
         let (mut len, mut sum) = (self.len, self.tokens);
-        for (n, waiter) in self.classes[Class::Sheddable.index()].waiters.iter().rev().enumerate() {
+        for n in 0.. {
             if Self::fits(len, sum, tokens, limits) {
                 return Some(n);
             }
+            let t = sheddable.latest(&skip)?;
+            let waiters = &sheddable.tenants[t].waiters;
+            skip[t] += 1;
             len -= 1;
-            sum -= waiter.tokens;
+            sum -= waiters[waiters.len() - skip[t]].tokens;
         }
-        Self::fits(len, sum, tokens, limits).then_some(self.classes[Class::Sheddable.index()].waiters.len())
+        unreachable!("the loop returns")
     }
 
     /// Whether the waiter at `key` was displaced; if so it hears it now
@@ -206,17 +362,22 @@ impl Queue {
     /// Where the waiter at `key` is.
     pub(super) fn find(&self, key: &Key) -> Option<At> {
         let class = key.class.index();
-        let index = self.classes[class].waiters.binary_search_by_key(key, |w| w.key).ok()?;
-        Some(At { class, index })
+        let tenant = self.classes[class].tenant(key.tenant)?;
+        let index = self.classes[class].tenants[tenant].waiters.binary_search_by_key(key, |w| w.key).ok()?;
+        Some(At { class, tenant, index })
+    }
+
+    fn tenant_line(&mut self, at: At) -> &mut TenantLine {
+        &mut self.classes[at.class].tenants[at.tenant]
     }
 
     fn waiter(&mut self, at: At) -> &mut Waiter {
-        &mut self.classes[at.class].waiters[at.index]
+        &mut self.tenant_line(at).waiters[at.index]
     }
 
     /// Whether the waiter at `at` was woken (and so routes now).
     pub(super) fn is_woken(&self, at: At) -> bool {
-        self.classes[at.class].waiters[at.index].woken
+        self.classes[at.class].tenants[at.tenant].waiters[at.index].woken
     }
 
     /// Keeps the waker of the waiter's latest poll.
@@ -228,39 +389,62 @@ impl Queue {
     }
 
     /// A woken waiter found no worker after all: it waits for the next
-    /// wake-up.
+    /// wake-up, and its tenant gets back what the wake-up cost.
     pub(super) fn unwake(&mut self, at: At) {
         let waiter = self.waiter(at);
         if waiter.woken {
             waiter.woken = false;
+            let cost = waiter.cost();
             self.woken -= 1;
+            let line = self.tenant_line(at);
+            line.deficit = line.deficit.saturating_add(cost);
         }
     }
 
-    /// Takes a waiter's counts out of the line (it left its deque). An
-    /// empty line forgets the spent workers (with nobody waiting,
-    /// dispatches are not throttled) and every class's overrun.
-    fn forget(&mut self, waiter: &Waiter) {
+    /// Takes the waiter at `at` out of its deque and the line's counts; a
+    /// woken one not `served` gives its tenant back what its wake-up cost.
+    /// A tenant left without waiters leaves the round (with its deficit).
+    /// An empty line forgets the spent workers (with nobody waiting,
+    /// dispatches are not throttled), an empty class its overrun.
+    fn remove(&mut self, at: At, served: bool) -> Waiter {
+        if !served {
+            self.unwake(at);
+        }
+        let class = &mut self.classes[at.class];
+        let waiter = class.tenants[at.tenant].waiters.remove(at.index).expect("a waiter at this place");
+        if class.tenants[at.tenant].waiters.is_empty() {
+            class.tenants.remove(at.tenant);
+            if at.tenant < class.turn {
+                class.turn -= 1;
+            } else if at.tenant == class.turn {
+                // The next tenant takes the turn, before its credit.
+                class.credited = false;
+            }
+            if class.turn >= class.tenants.len() {
+                class.turn = 0;
+            }
+        }
+        if class.is_empty() {
+            class.overrun = false;
+        }
         self.len -= 1;
         self.tokens -= waiter.tokens;
-        if waiter.woken {
+        if served {
             self.woken -= 1;
         }
         if self.len == 0 {
             self.spent.clear();
         }
-        let line = &mut self.classes[waiter.key.class.index()];
-        if line.waiters.is_empty() {
-            line.overrun = false;
-        }
+        waiter
     }
 
-    /// Takes the waiter at `at` out (served, cancelled or past its
-    /// deadline); returns whether it had been woken.
+    /// Takes the waiter at `at` out without a worker (cancelled, past its
+    /// deadline, its model gone); returns whether it had been woken (its
+    /// tenant gets the wake-up's cost back, if it still waits).
     pub(super) fn leave(&mut self, at: At) -> bool {
-        let waiter = self.classes[at.class].waiters.remove(at.index).expect("a waiter at this place");
-        self.forget(&waiter);
-        waiter.woken
+        let was_woken = self.is_woken(at);
+        self.remove(at, false);
+        was_woken
     }
 
     /// The waiter at `at` leaves past its deadline. Returns whether it had
@@ -274,22 +458,24 @@ impl Queue {
     /// (those behind about as many as were served) keeps deadline order,
     /// which serves the most waiters in time when the line can catch up.
     pub(super) fn expired(&mut self, at: At) -> bool {
-        let line = &self.classes[at.class];
-        let behind = (line.waiters.len() - at.index - 1) as u64;
-        let served = line.dispatched - line.waiters[at.index].dispatched_before;
+        let class = &self.classes[at.class];
+        let waiter = &class.tenants[at.tenant].waiters[at.index];
+        let behind = class.behind(&waiter.key);
+        let served = class.dispatched - waiter.dispatched_before;
         let was_woken = self.leave(at);
-        let line = &mut self.classes[at.class];
-        if !line.overrun && !line.waiters.is_empty() {
+        let class = &mut self.classes[at.class];
+        if !class.overrun && !class.is_empty() {
             let (arrived, dispatched) = OUTPACED;
-            line.overrun = behind * dispatched >= served * arrived;
+            class.overrun = behind * dispatched >= served * arrived;
         }
         was_woken
     }
 
-    /// The waiter at `at` was routed to `worker`: it leaves, and `worker`
-    /// takes no other waiter until it reports.
+    /// The waiter at `at` was routed to `worker`: it leaves (its wake-up
+    /// stays charged), and `worker` takes no other waiter until it reports.
     pub(super) fn dispatched_to(&mut self, at: At, worker: WorkerId) {
-        self.leave(at);
+        debug_assert!(self.is_woken(at), "only a woken waiter routes");
+        self.remove(at, true);
         self.dispatched += 1;
         self.classes[at.class].dispatched += 1;
         if self.len != 0 && !self.spent.contains(&worker) {
@@ -311,31 +497,21 @@ impl Queue {
 
     /// With `free` workers the line may give out, wakes waiters not yet
     /// woken until `free` are woken: the highest class first; within a
-    /// class the earliest deadline first, or the latest while the class is
-    /// overrun. Their wakers are called here, under the line's lock: a
-    /// waker only schedules its task (which then takes the lock), and
-    /// calling it by reference clones nothing.
+    /// class its tenants in deficit round robin, and each tenant's earliest
+    /// deadline first (the latest while the class is overrun). Their wakers
+    /// are called here, under the line's lock: a waker only schedules its
+    /// task (which then takes the lock), and calling it by reference clones
+    /// nothing.
     pub(super) fn wake(&mut self, free: usize) {
-        if self.woken >= free {
-            return;
-        }
-        let woken = &mut self.woken;
-        // Wakes one waiter if it sleeps; true once `free` are woken.
-        let mut wake = |waiter: &mut Waiter| {
-            if !waiter.woken {
+        for class in &mut self.classes {
+            while self.woken < free {
+                let Some((t, index)) = class.pick() else { break };
+                let waiter = &mut class.tenants[t].waiters[index];
                 waiter.woken = true;
-                *woken += 1;
+                self.woken += 1;
                 waiter.waker.wake_by_ref();
             }
-            *woken >= free
-        };
-        for line in &mut self.classes {
-            let done = if line.overrun {
-                line.waiters.iter_mut().rev().any(&mut wake)
-            } else {
-                line.waiters.iter_mut().any(&mut wake)
-            };
-            if done {
+            if self.woken >= free {
                 return;
             }
         }
@@ -368,7 +544,7 @@ mod tests {
 
     /// Joins a standard waiter (must fit).
     fn join(q: &mut Queue, deadline: Instant, tokens: u64, limits: LineLimits) -> Key {
-        q.join(STANDARD, deadline, tokens, limits, &noop()).unwrap().key
+        q.join(STANDARD, Tenant::default(), deadline, tokens, limits, &noop()).unwrap().key
     }
 
     fn at(q: &Queue, key: Key) -> At {
@@ -390,6 +566,7 @@ mod tests {
         assert_eq!(q.spent(), [7]);
         assert!(q.reported(7));
         assert!(q.spent().is_empty());
+        q.wake(1);
         q.dispatched_to(at(&q, late), 7);
         assert!(q.spent().is_empty(), "an empty line throttles nothing");
         assert_eq!((q.len(), q.tokens(), q.dispatched()), (0, 0, 2));
@@ -401,7 +578,7 @@ mod tests {
         let now = Instant::now();
         let limits = LineLimits::default();
         let secs = |s| now + Duration::from_secs(s);
-        let mut join_as = |class, s| q.join(class, secs(s), 1, limits, &noop()).unwrap().key;
+        let mut join_as = |class, s| q.join(class, Tenant::default(), secs(s), 1, limits, &noop()).unwrap().key;
         let sheddable = join_as(Class::Sheddable, 1);
         let standard = join_as(STANDARD, 2);
         let critical = join_as(Class::Critical, 3);
@@ -420,29 +597,31 @@ mod tests {
         let secs = |s| now + Duration::from_secs(s);
         let limits = LineLimits { max_waiting: 3, max_tokens: 100 };
         let mut q = Queue::default();
-        let shed = |q: &mut Queue, s, tokens| q.join(Class::Sheddable, secs(s), tokens, limits, &noop()).unwrap().key;
+        let shed = |q: &mut Queue, s, tokens| {
+            q.join(Class::Sheddable, Tenant::default(), secs(s), tokens, limits, &noop()).unwrap().key
+        };
         let early = shed(&mut q, 1, 10);
         let late = shed(&mut q, 2, 10);
         let standard = join(&mut q, secs(3), 10, limits);
         assert_eq!(
-            q.join(STANDARD, secs(4), 1, limits, &noop()),
+            q.join(STANDARD, Tenant::default(), secs(4), 1, limits, &noop()),
             Err(WaitError::QueueFull),
             "standard gives way to nobody"
         );
         q.wake(2);
         assert!(q.is_woken(at(&q, early)), "woken before its displacement");
-        let joined = q.join(Class::Critical, secs(9), 10, limits, &noop()).unwrap();
+        let joined = q.join(Class::Critical, Tenant::default(), secs(9), 10, limits, &noop()).unwrap();
         assert_eq!((joined.displaced, joined.displaced_woken), (1, false), "the latest sheddable deadline goes");
         assert!(q.find(&late).is_none() && q.take_displaced(&late) && !q.take_displaced(&late), "told once");
         assert_eq!((q.len(), q.tokens()), (3, 30));
         // By tokens: 95 more need both remaining sheddable... only one is
         // left, and the standard one is not displaced: refused, nothing
         // changed.
-        assert_eq!(q.join(Class::Critical, secs(9), 95, limits, &noop()), Err(WaitError::QueueFull));
+        assert_eq!(q.join(Class::Critical, Tenant::default(), secs(9), 95, limits, &noop()), Err(WaitError::QueueFull));
         assert_eq!((q.len(), q.tokens()), (3, 30));
         assert!(q.find(&early).is_some() && q.find(&standard).is_some());
         // 71 tokens fit once the (woken) early one leaves.
-        let joined = q.join(Class::Critical, secs(9), 71, limits, &noop()).unwrap();
+        let joined = q.join(Class::Critical, Tenant::default(), secs(9), 71, limits, &noop()).unwrap();
         assert_eq!((joined.displaced, joined.displaced_woken), (1, true));
         assert!(q.take_displaced(&early));
         assert_eq!((q.len(), q.tokens(), q.all_woken()), (3, 91, false));
@@ -488,6 +667,7 @@ mod tests {
             let expiring = join(&mut q, secs(10), 1, limits);
             for s in 1..=2 {
                 let ahead = join(&mut q, secs(s), 1, limits);
+                q.wake(1);
                 q.dispatched_to(at(&q, ahead), s);
             }
             for s in 0..behind {
@@ -500,19 +680,135 @@ mod tests {
         assert!(overrun(3), "3 behind for 2 served: overrun");
     }
 
+    /// Joins `n` waiters of `tenant` with `tokens` each, deadlines from `s`.
+    fn join_of(q: &mut Queue, tenant: Tenant, s: u64, n: u64, tokens: u64) -> Vec<Key> {
+        let now = Instant::now();
+        (0..n)
+            .map(|i| {
+                let deadline = now + Duration::from_secs(s + i);
+                q.join(STANDARD, tenant, deadline, tokens, LineLimits::default(), &noop()).unwrap().key
+            })
+            .collect()
+    }
+
+    /// Wakes and dispatches one waiter at a time, `n` times; the tenants
+    /// served, in order.
+    fn serve(q: &mut Queue, n: usize) -> Vec<u32> {
+        (0..n)
+            .map(|_| {
+                q.wake(1);
+                let (class, tenant, index) = (0..Class::COUNT)
+                    .flat_map(|c| (0..q.classes[c].tenants.len()).map(move |t| (c, t)))
+                    .find_map(|(c, t)| q.classes[c].tenants[t].waiters.iter().position(|w| w.woken).map(|i| (c, t, i)))
+                    .expect("a woken waiter");
+                let id = q.classes[class].tenants[tenant].tenant;
+                q.dispatched_to(At { class, tenant, index }, 1);
+                assert!(q.reported(1) || q.len() == 0);
+                id
+            })
+            .collect()
+    }
+
+    #[test]
+    fn equal_tenants_alternate_whatever_their_backlogs() {
+        let mut q = Queue::default();
+        join_of(&mut q, Tenant::new(1, 1), 0, 10, 100);
+        join_of(&mut q, Tenant::new(2, 1), 100, 3, 100);
+        assert_eq!(serve(&mut q, 8), [1, 2, 1, 2, 1, 2, 1, 1], "the small one every other turn until it empties");
+    }
+
+    #[test]
+    fn weights_share_the_turns() {
+        let mut q = Queue::default();
+        join_of(&mut q, Tenant::new(1, 3), 0, 20, 10);
+        join_of(&mut q, Tenant::new(2, 1), 0, 20, 10);
+        let served = serve(&mut q, 16);
+        assert_eq!(served.iter().filter(|&&t| t == 1).count(), 12, "3 of every 4: {served:?}");
+    }
+
+    #[test]
+    fn turns_are_charged_in_prompt_tokens() {
+        let mut q = Queue::default();
+        join_of(&mut q, Tenant::new(1, 1), 0, 10, 1000);
+        join_of(&mut q, Tenant::new(2, 1), 0, 40, 100);
+        let served = serve(&mut q, 22);
+        assert_eq!(served.iter().filter(|&&t| t == 1).count(), 2, "10 small prompts per large one: {served:?}");
+    }
+
+    #[test]
+    fn a_wake_up_that_finds_no_worker_is_refunded() {
+        let mut q = Queue::default();
+        let a = join_of(&mut q, Tenant::new(1, 1), 0, 2, 100);
+        join_of(&mut q, Tenant::new(2, 1), 0, 2, 100);
+        q.wake(1);
+        assert!(q.is_woken(at(&q, a[0])));
+        q.unwake(at(&q, a[0]));
+        q.wake(1);
+        assert!(q.is_woken(at(&q, a[0])), "refunded, the same tenant keeps its turn");
+        // A woken waiter that leaves refunds too: its tenant's next is next.
+        assert!(q.leave(at(&q, a[0])));
+        q.wake(1);
+        assert!(q.is_woken(at(&q, a[1])));
+    }
+
+    #[test]
+    fn a_tenant_at_its_caps_is_refused_and_others_are_not() {
+        let mut q = Queue::default();
+        let now = Instant::now();
+        let limits = LineLimits::default();
+        let capped = Tenant { max_waiting: 2, max_tokens: 25, ..Tenant::new(1, 1) };
+        let mut join = |tenant, class, tokens| q.join(class, tenant, now, tokens, limits, &noop()).map(|j| j.key);
+        join(capped, STANDARD, 10).unwrap();
+        assert_eq!(join(capped, Class::Critical, 16), Err(WaitError::TenantCap), "26 tokens, every class counts");
+        join(capped, Class::Critical, 15).unwrap();
+        assert_eq!(join(capped, Class::Sheddable, 0), Err(WaitError::TenantCap), "3 waiters");
+        join(Tenant::new(2, 1), STANDARD, 1000).unwrap();
+        assert_eq!((q.len(), q.tokens()), (3, 1025));
+    }
+
+    #[test]
+    fn a_critical_arrival_displaces_the_latest_sheddable_of_any_tenant() {
+        let now = Instant::now();
+        let limits = LineLimits { max_waiting: 3, max_tokens: u64::MAX };
+        let mut q = Queue::default();
+        let mut shed = |tenant, s| {
+            let deadline = now + Duration::from_secs(s);
+            q.join(Class::Sheddable, Tenant::new(tenant, 1), deadline, 1, limits, &noop()).unwrap().key
+        };
+        let (a1, b, a2) = (shed(1, 1), shed(2, 3), shed(1, 2));
+        let critical = q.join(Class::Critical, Tenant::new(3, 1), now, 1, limits, &noop()).unwrap();
+        assert_eq!(critical.displaced, 1);
+        assert!(q.take_displaced(&b) && q.find(&a1).is_some() && q.find(&a2).is_some());
+    }
+
     #[test]
     fn limits_hold_on_both_sides() {
         let mut q = Queue::default();
         let now = Instant::now();
         let limits = LineLimits { max_waiting: 2, max_tokens: 100 };
         join(&mut q, now, 60, limits);
-        assert_eq!(q.join(STANDARD, now, 41, limits, &noop()), Err(WaitError::QueueFull), "101 tokens");
+        assert_eq!(
+            q.join(STANDARD, Tenant::default(), now, 41, limits, &noop()),
+            Err(WaitError::QueueFull),
+            "101 tokens"
+        );
         let k = join(&mut q, now, 40, limits);
-        assert_eq!(q.join(STANDARD, now, 0, limits, &noop()), Err(WaitError::QueueFull), "3 waiters");
+        assert_eq!(
+            q.join(STANDARD, Tenant::default(), now, 0, limits, &noop()),
+            Err(WaitError::QueueFull),
+            "3 waiters"
+        );
         assert!(!q.leave(at(&q, k)));
         join(&mut q, now, 40, limits);
         assert_eq!(
-            q.join(STANDARD, now, u64::MAX, LineLimits { max_waiting: 9, max_tokens: u64::MAX }, &noop()),
+            q.join(
+                STANDARD,
+                Tenant::default(),
+                now,
+                u64::MAX,
+                LineLimits { max_waiting: 9, max_tokens: u64::MAX },
+                &noop()
+            ),
             Err(WaitError::QueueFull)
         );
     }

@@ -125,7 +125,14 @@ impl<T: Future<Output = ()>> Future for Wait<'_, T> {
                 // a worker may be free for this one too.
                 let all_woken = queue.all_woken();
                 let ticket = this.ticket;
-                let joined = match queue.join(ticket.class, ticket.deadline, ticket.tokens, line.limits, cx.waker()) {
+                let joined = match queue.join(
+                    ticket.class,
+                    ticket.tenant,
+                    ticket.deadline,
+                    ticket.tokens,
+                    line.limits,
+                    cx.waker(),
+                ) {
                     Ok(joined) => joined,
                     Err(full) => {
                         *this.phase = Phase::Done(None);

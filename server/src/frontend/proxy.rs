@@ -322,13 +322,14 @@ fn no_worker_left(
 }
 
 /// The overload answer of a request the waiting line gave no worker: its
-/// deadline passed, the line was full, or a critical request took its
-/// place. Counted under that reason alone (the busy signals that sent it
+/// deadline passed, the line was full, a critical request took its place,
+/// or its tenant held its cap. Counted under that reason alone (the busy signals that sent it
 /// to the line were not what refused it).
 fn refused_from_line(frontend: &Frontend, request: &Outgoing<'_>, model: &str, error: WaitError) -> Response {
     let reason = match error {
         WaitError::Deadline => Reason::Deadline,
         WaitError::ClassShed => Reason::ClassShed,
+        WaitError::TenantCap => Reason::TenantCap,
         _ => Reason::QueueFull,
     };
     frontend.metrics.record_class(model, request.endpoint, request.class, [reason]);
