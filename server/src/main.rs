@@ -51,6 +51,8 @@ enum Command {
     /// A frontend, simulated workers (or, with --engines llamacpp, real llama.cpp servers) and load at
     /// 0.5x..3x capacity, shedding off and on.
     Demo(demo::Args),
+    /// Print the line of a tenants file's `keys` for an API key read from stdin (its SHA-256).
+    HashKey,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -60,5 +62,6 @@ fn main() -> anyhow::Result<()> {
         Command::Worker(args) => worker::run(*args),
         Command::Bench(args) => loadgen::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::HashKey => frontend::print_key_hash(),
     }
 }

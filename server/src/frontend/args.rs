@@ -155,6 +155,13 @@ pub struct Args {
     /// any client can send it. Without, every request is `standard`.
     #[arg(long, env = "LOADGATE_FRONTEND_TRUST_PRIORITY_HEADER")]
     pub trust_priority_header: bool,
+    /// Tenants and their API keys (TOML, or JSON if the name ends in `.json`): the
+    /// `Authorization: Bearer` key decides a request's tenant (unknown or missing: `default`),
+    /// which shares the waiting line's dispatches by weight, may be capped, and lowers the class
+    /// its requests claim to its maximum. Checked at start; reloaded on SIGHUP (a bad file keeps
+    /// the previous one). Format: docs/deployment.md "Tenants".
+    #[arg(long, env = "LOADGATE_FRONTEND_TENANTS_FILE", value_name = "PATH")]
+    pub tenants_file: Option<std::path::PathBuf>,
     /// Also read a request's class from its body's `nvext.agent_hints.priority` (NVIDIA Dynamo's
     /// field) when it has no `x-loadgate-priority`, in the named engine's order: `vllm` (lower
     /// values first: negative is critical, positive sheddable) or `sglang` (higher first).

@@ -27,6 +27,7 @@
 mod admin;
 mod admin_auth;
 mod args;
+mod caller;
 mod engines;
 mod health_check;
 mod inflight;
@@ -39,6 +40,7 @@ mod reply;
 mod request;
 mod retry_hint;
 mod state;
+pub(crate) mod tenants;
 mod threshold_api;
 
 use std::io::Write;
@@ -109,6 +111,8 @@ pub struct RunningFrontend {
     admin_server: Option<tokio::task::JoinHandle<()>>,
     expiry: Option<tokio::task::JoinHandle<()>>,
     pruning: tokio::task::JoinHandle<()>,
+    /// Reloads `--tenants-file` on SIGHUP.
+    tenants_reload: Option<tokio::task::JoinHandle<()>>,
     /// One per `--engine`.
     scrapers: Vec<tokio::task::JoinHandle<()>>,
     _plane: EventPlane,
@@ -161,6 +165,9 @@ impl Drop for RunningFrontend {
             expiry.abort();
         }
         self.pruning.abort();
+        if let Some(reload) = &self.tenants_reload {
+            reload.abort();
+        }
         for scraper in &self.scrapers {
             scraper.abort();
         }
@@ -275,6 +282,12 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
         })
     });
     let pruning = tokio::spawn(prune_forgotten_models(frontend.clone()));
+    let tenants_reload = match (frontend.callers.file(), &args.tenants_file) {
+        (Some(shared), Some(path)) => {
+            Some(tenants::spawn_reload_on_sighup(shared.clone(), path.clone()).context("cannot watch SIGHUP")?)
+        }
+        _ => None,
+    };
     let checks = (args.worker_health_check_ms > 0).then(|| Duration::from_millis(args.worker_health_check_ms));
     health_check::spawn(&frontend, checks);
     let scrapers = engines::spawn_scrapers(&frontend, engines, scrape);
@@ -289,6 +302,7 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
         admin_server,
         expiry,
         pruning,
+        tenants_reload,
         scrapers,
         _plane: plane,
     })
@@ -309,6 +323,21 @@ async fn prune_forgotten_models(frontend: Arc<Frontend>) {
             tracing::debug!(dropped, "rejection counters of forgotten models dropped");
         }
     }
+}
+
+/// `loadgate hash-key`: reads an API key (its first line) from stdin and
+/// prints it as a tenants file stores it, `sha256:<hex>`.
+///
+/// # Errors
+///
+/// Stdin cannot be read, or holds no key.
+pub fn print_key_hash() -> anyhow::Result<()> {
+    let mut key = String::new();
+    std::io::stdin().read_line(&mut key)?;
+    let key = key.trim_end_matches(['\r', '\n']);
+    anyhow::ensure!(!key.is_empty(), "no key on stdin (give the API key as its first line)");
+    println!("{}", tenants::hash_key(key));
+    Ok(())
 }
 
 /// Runs `loadgate frontend` until Ctrl-C / SIGTERM, then shuts down

@@ -15,12 +15,13 @@ use axum::Extension;
 use loadgate::engines::CompletionRoute;
 use loadgate::{
     metrics::{Endpoint, Reason},
-    Class, Migration, RouteError, Ticket, WaitError, WorkerId,
+    Class, Migration, RouteError, Tenant, Ticket, WaitError, WorkerId,
 };
 
+use crate::frontend::caller::Caller;
 use crate::frontend::inflight::Held;
 use crate::frontend::line::wait_in_line;
-use crate::frontend::observe::{ClassLabel, ModelLabel, RequestId, Waited, REQUEST_ID_HEADER};
+use crate::frontend::observe::{ClassLabel, ModelLabel, RequestId, TenantLabel, Waited, REQUEST_ID_HEADER};
 use crate::frontend::reply::{self, RejectedReasons};
 use crate::frontend::request::{read_head, Reading};
 use crate::frontend::state::Frontend;
@@ -68,8 +69,9 @@ async fn receive(
         Ok(class) => class,
         Err(message) => return reply::bad_request(&message),
     };
+    let caller = frontend.callers.of(&headers);
     match frontend.bodies.read(&headers, body).await {
-        Ok(body) => proxy(frontend, endpoint, id, class, body).await,
+        Ok(body) => proxy(frontend, endpoint, id, Asked { class, caller }, body).await,
         Err(refusal) => refusal,
     }
 }
@@ -121,13 +123,21 @@ static PROOF_REFUSALS: LogThrottle = LogThrottle::per_second(1);
 /// on.
 const INLINE_READ_LIMIT: usize = 1024 * 1024;
 
+/// What a request's headers claim: its class (`None`: not given or not
+/// honoured) and its caller.
+struct Asked {
+    class: Option<Class>,
+    caller: Caller,
+}
+
 async fn proxy(
     frontend: Arc<Frontend>,
     endpoint: Endpoint,
     id: Option<RequestId>,
-    header_class: Option<Class>,
+    asked: Asked,
     body: Bytes,
 ) -> Response {
+    let Asked { class: header_class, caller } = asked;
     // The body's priority counts only without the header.
     let reading = Reading {
         prompt: frontend.inflight.tracking() || frontend.line_counts_tokens,
@@ -145,17 +155,18 @@ async fn proxy(
         Ok(head) => (head.model, head.prompt_tokens, head.priority),
         Err(message) => return reply::bad_request(&message),
     };
-    let class = header_class.unwrap_or_else(|| frontend.priority.nvext_class(priority));
+    let class = caller.cap(header_class.unwrap_or_else(|| frontend.priority.nvext_class(priority)));
     let route = match endpoint {
         Endpoint::Completions => CompletionRoute::Completions,
         Endpoint::ChatCompletions => CompletionRoute::ChatCompletions,
     };
     let payload = Payload::new(route, body, frontend.bodies.clone());
-    let request = Outgoing { endpoint, prompt, payload, id: id.as_ref(), class };
+    let request = Outgoing { endpoint, prompt, payload, id: id.as_ref(), class, tenant: caller.tenant };
     let mut waited = None;
     let mut response = route_and_send(&frontend, &model, &request, &mut waited).await;
     response.extensions_mut().insert(ModelLabel(Arc::from(model.as_str())));
     response.extensions_mut().insert(ClassLabel(class));
+    response.extensions_mut().insert(TenantLabel(caller.label));
     if let Some(waited) = waited {
         response.extensions_mut().insert(Waited(waited));
     }
@@ -171,6 +182,8 @@ struct Outgoing<'a> {
     id: Option<&'a RequestId>,
     /// Its priority class (the line's order and timeout).
     class: Class,
+    /// Its tenant (the line's turns and caps).
+    tenant: Tenant,
 }
 
 /// Routes the request and sends it, migrating on refusals and failures,
@@ -199,7 +212,8 @@ async fn route_and_send(
         let wait_until = line.filter(|_| migration.refusals().is_empty());
         let worker = match wait_until {
             Some(deadline) => {
-                let ticket = Ticket::new(request.prompt, deadline).with_class(request.class);
+                let ticket =
+                    Ticket::new(request.prompt, deadline).with_class(request.class).with_tenant(request.tenant);
                 let (routed, took) = wait_in_line(&frontend.router, &frontend.queue, model, &exclude, ticket).await;
                 *waited = Some(waited.unwrap_or_default() + took);
                 match routed {

@@ -13,11 +13,13 @@ use loadgate::{
 use crate::directory::WorkerDirectory;
 use crate::events::PlaneStats;
 use crate::frontend::args::{Args, RetryAfterMode, RouterMode};
+use crate::frontend::caller::Callers;
 use crate::frontend::inflight::{InFlight, Tracking};
 use crate::frontend::line::QueueTimeouts;
 use crate::frontend::priority::Priority;
 use crate::frontend::reply;
 use crate::frontend::retry_hint::RetryHint;
+use crate::frontend::tenants::{SharedTenants, Tenants};
 use crate::http_server::BodyBudget;
 use crate::secret::{unix_ms, BodyDigest, ProofTarget, Secrets, REQUEST_PROOF_HEADER};
 use crate::upstream::{self, FailureCounts, Timeouts};
@@ -56,6 +58,8 @@ pub struct Frontend {
     pub(crate) queue: QueueTimeouts,
     /// Which class a request is in.
     pub(crate) priority: Priority,
+    /// Which tenant a request is of (`--tenants-file`).
+    pub(crate) callers: Callers,
     /// `--router-queue-token-limit` is set: every request's prompt is
     /// counted (the line's token bound), whatever the router mode.
     pub(crate) line_counts_tokens: bool,
@@ -79,6 +83,10 @@ impl Frontend {
         let upstream = args.upstream_timeouts();
         let client = upstream::client(upstream.connect)?;
         let retry_hint = Arc::new(RetryHint::new(args.retry_after_mode == RetryAfterMode::Computed));
+        let tenants = match &args.tenants_file {
+            Some(path) => Some(Arc::new(SharedTenants::new(Tenants::load(path).map_err(anyhow::Error::msg)?))),
+            None => None,
+        };
         Ok(Frontend {
             router: WorkerRouter::new(monitor.clone(), args.policy()),
             inflight: Arc::new(InFlight::new(monitor.clone(), tracking, !args.engines.is_empty(), retry_hint.clone())),
@@ -102,7 +110,13 @@ impl Frontend {
             secrets,
             draining: AtomicBool::new(false),
             queue: QueueTimeouts::new(args.router_queue_timeout_ms.map(Duration::from_millis)),
-            priority: Priority { trusted: args.trust_priority_header, nvext: args.priority_from_nvext },
+            // With a tenants file the class header counts: a tenant's
+            // maximum class bounds it.
+            priority: Priority {
+                trusted: args.trust_priority_header || tenants.is_some(),
+                nvext: args.priority_from_nvext,
+            },
+            callers: Callers::new(tenants, args.trust_priority_header),
             line_counts_tokens: args.router_queue_token_limit.is_some(),
         })
     }

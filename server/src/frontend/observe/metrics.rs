@@ -11,6 +11,7 @@
 //! | `dynamo_frontend_time_to_first_token_seconds` | histogram | `model` (2xx LLM responses) |
 //! | `dynamo_frontend_request_duration_seconds` | histogram | `model` (every LLM request) |
 //! | `dynamo_frontend_inter_token_latency_seconds` | histogram | `model` (2xx streams) |
+//! | `loadgate_frontend_tenant_requests_total` | counter | `tenant`, `outcome` (LLM requests; [`TenantCounts`]) |
 //!
 //! The `model` label is bounded: a model the monitor knows has its own,
 //! any other model a client names is `unknown`, and a response without a
@@ -40,6 +41,7 @@ use loadgate::metrics::{LabelText, StripedHistogram};
 
 use super::buckets::{DURATION_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS};
 use super::route::{dynamo_outcome, CodeLabel, End, Route};
+use super::tenants::TenantCounts;
 
 /// The `model` label of a row.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -178,6 +180,7 @@ struct Families {
     ttft: Histograms,
     duration: Histograms,
     itl: Histograms,
+    tenants: TenantCounts,
 }
 
 impl Default for Families {
@@ -190,6 +193,7 @@ impl Default for Families {
             ttft: Family::new_with_constructor(|| StripedHistogram::new(TTFT_BUCKETS.iter().copied())),
             duration: Family::new_with_constructor(|| StripedHistogram::new(DURATION_BUCKETS.iter().copied())),
             itl: Family::new_with_constructor(|| StripedHistogram::new(ITL_BUCKETS.iter().copied())),
+            tenants: TenantCounts::default(),
         }
     }
 }
@@ -299,6 +303,11 @@ impl ModelRow {
         histogram.observe_n(elapsed.as_secs_f64(), n);
     }
 
+    /// Counts a request of `tenant` by its outcome ([`TenantCounts`]).
+    pub(super) fn count_tenant(&self, tenant: &Arc<str>, status: Option<axum::http::StatusCode>, end: End) {
+        self.families.tenants.count(tenant, status, end);
+    }
+
     /// Removes every series of this row from the families.
     fn drop_series(&self) {
         let mut made = self.made.write().unwrap_or_else(PoisonError::into_inner);
@@ -395,6 +404,7 @@ impl RequestMetrics {
             "Inter-token latency in seconds (between the SSE events of a 2xx stream)",
             f.itl.clone(),
         );
+        f.tenants.register(registry);
     }
 }
 

@@ -16,9 +16,10 @@
 //!   one), `duration_ms`, `ttft_ms` (to the first body frame), `bytes`,
 //!   `client_gone`, `body_error`, `waited_ms` (in the model's waiting line;
 //!   `none` when the model has no line), `reason` (an overload
-//!   refusal's `x-loadgate-rejected-reason`, else `none`) and `class` (the
+//!   refusal's `x-loadgate-rejected-reason`, else `none`), `class` (the
 //!   proxy's [`ClassLabel`]: `critical`, `standard`, `sheddable`; `none`
-//!   for a request that was not proxied).
+//!   for a request that was not proxied) and `tenant` (the proxy's
+//!   [`TenantLabel`]: a tenants file's name or `other`; `none` likewise).
 //!
 //! The access log is off by default (`logging.rs`); `RUST_LOG=info` turns it
 //! on with everything else, `RUST_LOG=warn,loadgate::access=info` alone.
@@ -37,6 +38,7 @@ mod metrics;
 mod observer;
 mod request_id;
 mod route;
+mod tenants;
 mod tracked;
 
 use std::sync::Arc;
@@ -47,7 +49,7 @@ use axum::response::Response;
 
 pub(crate) use self::metrics::RequestMetrics;
 use self::observer::Observer;
-pub(crate) use self::observer::{ClassLabel, ModelLabel, Waited};
+pub(crate) use self::observer::{ClassLabel, ModelLabel, TenantLabel, Waited};
 pub(crate) use self::request_id::{RequestId, REQUEST_ID_HEADER};
 use self::route::Route;
 use self::tracked::{Head, Pending};

@@ -19,6 +19,11 @@ pub(crate) struct ModelLabel(pub(crate) Arc<str>);
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ClassLabel(pub(crate) loadgate::Class);
 
+/// The tenant of a proxied request (set by the proxy: a name of the
+/// tenants file, or `other`), for the access log and the tenant counters.
+#[derive(Clone, Debug)]
+pub(crate) struct TenantLabel(pub(crate) Arc<str>);
+
 /// How long a proxied request waited in its model's waiting line (set by
 /// the proxy when the model has a line), for the access log.
 #[derive(Clone, Copy, Debug)]

@@ -13,7 +13,7 @@ use axum::response::Response;
 use http_body::{Body as _, Frame, SizeHint};
 
 use super::metrics::{ModelKey, ModelRow, Series, Timing};
-use super::observer::{ClassLabel, ModelLabel, Observer, Waited, ACCESS_TARGET};
+use super::observer::{ClassLabel, ModelLabel, Observer, TenantLabel, Waited, ACCESS_TARGET};
 use super::request_id::RequestId;
 use super::route::{code_of, End, Route};
 use crate::frontend::reply::REJECTED_REASON;
@@ -95,6 +95,7 @@ impl Drop for Pending {
                 waited: None,
                 reason: None,
                 class: None,
+                tenant: None,
             };
             tracker.finish(End::ClientGone);
         }
@@ -124,6 +125,8 @@ struct Tracker {
     reason: Option<HeaderValue>,
     /// The proxy's [`ClassLabel`].
     class: Option<loadgate::Class>,
+    /// The proxy's [`TenantLabel`].
+    tenant: Option<Arc<str>>,
 }
 
 impl Tracker {
@@ -132,6 +135,7 @@ impl Tracker {
         let waited = response.extensions().get::<Waited>().map(|w| w.0);
         let reason = response.headers().get(REJECTED_REASON).cloned();
         let class = response.extensions().get::<ClassLabel>().map(|c| c.0);
+        let tenant = response.extensions().get::<TenantLabel>().map(|t| t.0.clone());
         let monitor = &observer.frontend.monitor;
         let key = match &model {
             Some(model) if monitor.has_model(model) => ModelKey::Known(model.clone()),
@@ -161,6 +165,7 @@ impl Tracker {
             waited,
             reason,
             class,
+            tenant,
         }
     }
 
@@ -204,6 +209,9 @@ impl Tracker {
             self.row.observe(Timing::Duration, elapsed, 1);
         }
         self.row.count(Series { route: self.head.route, stream: self.stream, code, end });
+        if let Some(tenant) = &self.tenant {
+            self.row.count_tenant(tenant, self.status, end);
+        }
         tracing::info!(
             target: ACCESS_TARGET,
             request_id = %self.head.id,
@@ -216,6 +224,7 @@ impl Tracker {
             waited_ms = %Shown(self.waited.map(millis)),
             reason = %Shown(self.reason.as_ref().and_then(|r| r.to_str().ok())),
             class = %Shown(self.class.map(loadgate::Class::label)),
+            tenant = %Shown(self.tenant.as_deref()),
             bytes = self.bytes,
             client_gone = end == End::ClientGone,
             body_error = end == End::Failed,

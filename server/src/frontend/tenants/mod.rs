@@ -1,0 +1,323 @@
+//! [`Tenants`]: who sends a request, from the API key it presents, and what
+//! that tenant may use. Loaded from a tenants file (TOML, or JSON when the
+//! path ends in `.json`; at most 1 MiB and 1,000 tenants), validated at
+//! load, and swapped on SIGHUP ([`SharedTenants`]).
+//!
+//! ```toml
+//! [[tenant]]
+//! name = "acme"                  # a-z 0-9 _ -, 1 to 64, unique; "other" is reserved
+//! keys = ["sha256:<64 hex>"]     # SHA-256 of each API key (hash_key); a hash once per file
+//! weight = 10                    # 1..=1000, default 1
+//! max_class = "critical"         # critical | standard | sheddable, default standard
+//! max_waiting = 100              # optional, >= 1: this tenant's waiting requests
+//! max_tokens = 200000            # optional, >= 1: this tenant's queued prompt tokens
+//! ```
+//!
+//! JSON: `{"tenant": [{"name": "acme", ...}]}`. Unknown fields are errors,
+//! and every error names the file and line (`tenants.toml:7: tenant
+//! "acme": weight must be 1..=1000, not 0`). A tenant named `default`
+//! (without keys) configures the requests with no key or an unknown one;
+//! without it, an implicit `default` has weight 1, `standard` and no caps.
+//!
+//! Indices are small and stable for one file: 0 is the default tenant, the
+//! file's other tenants follow from 1 in file order.
+
+mod file;
+mod tenant;
+
+pub(crate) use tenant::Tenant;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, PoisonError, RwLock};
+
+use axum::http::{header, HeaderMap};
+use sha2::{Digest as _, Sha256};
+use subtle::{ConditionallySelectable as _, ConstantTimeEq as _};
+
+/// The longest bearer key read ([`bearer`]).
+pub(crate) const MAX_KEY_LEN: usize = 4096;
+
+/// A validated tenants file: the default tenant at index 0, then the
+/// file's others in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Tenants {
+    tenants: Vec<Tenant>,
+    /// Every key hash with its tenant's index, in one run for [`Tenants::by_key`].
+    keys: Vec<([u8; 32], u32)>,
+}
+
+impl Tenants {
+    fn new(tenants: Vec<Tenant>) -> Tenants {
+        let keys = (0..).zip(&tenants).flat_map(|(index, t)| t.keys.iter().map(move |&hash| (hash, index)));
+        let keys = keys.collect();
+        Tenants { tenants, keys }
+    }
+
+    /// Reads, parses and validates the file at `path` (JSON if it ends in
+    /// `.json`, TOML otherwise).
+    ///
+    /// # Errors
+    ///
+    /// An unreadable file, one over 1 MiB, or any error of
+    /// [`Tenants::parse`]; the text starts with the path.
+    pub(crate) fn load(path: &Path) -> Result<Tenants, String> {
+        let text = file::read(path)?;
+        let json = path.extension().is_some_and(|ext| ext.eq_ignore_ascii_case("json"));
+        Tenants::parse(&text, json, &path.display().to_string())
+    }
+
+    /// Parses and validates `text` (JSON when `json`), `origin` naming it
+    /// in errors.
+    ///
+    /// # Errors
+    ///
+    /// `origin:line: what` for a syntax error, a value of the wrong type, an
+    /// unknown field or a rule of the format broken.
+    pub(crate) fn parse(text: &str, json: bool, origin: &str) -> Result<Tenants, String> {
+        file::parse(text, json, origin).map(Tenants::new)
+    }
+
+    /// The tenant holding `key` (a bearer key as presented), with its
+    /// index. The key's hash is compared with every stored hash in
+    /// constant time: the time taken says nothing about which matched.
+    pub(crate) fn by_key(&self, key: &str) -> Option<(u32, &Tenant)> {
+        let hash = Sha256::digest(key.as_bytes());
+        // The matching tenant's index + 1; 0 while none matched.
+        let mut found = 0u32;
+        for (stored, index) in &self.keys {
+            found.conditional_assign(&(index + 1), stored[..].ct_eq(&hash[..]));
+        }
+        let index = found.checked_sub(1)?;
+        Some((index, self.get(index)?))
+    }
+
+    /// The tenant named `name`, with its index.
+    pub(crate) fn by_name(&self, name: &str) -> Option<(u32, &Tenant)> {
+        (0..).zip(&self.tenants).find(|(_, tenant)| tenant.name == name)
+    }
+
+    /// The tenant of requests with no key or an unknown one (index 0).
+    pub(crate) fn default_tenant(&self) -> (u32, &Tenant) {
+        (0, &self.tenants[0])
+    }
+
+    /// The tenant at `index`.
+    #[inline]
+    pub(crate) fn get(&self, index: u32) -> Option<&Tenant> {
+        self.tenants.get(usize::try_from(index).ok()?)
+    }
+
+    /// How many tenants, the default included.
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.tenants.len()
+    }
+}
+
+/// `sha256:<64 lowercase hex>`: how the file stores `key`.
+pub(crate) fn hash_key(key: &str) -> String {
+    format!("sha256:{}", crate::secret::to_hex(&Sha256::digest(key.as_bytes())))
+}
+
+/// The key of the one `Authorization: Bearer <key>` header (scheme
+/// case-insensitive, key without spaces and at most [`MAX_KEY_LEN`] bytes);
+/// `None` for no such header, several, or another scheme.
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let mut values = headers.get_all(header::AUTHORIZATION).iter();
+    let (Some(value), None) = (values.next(), values.next()) else { return None };
+    let (scheme, key) = value.to_str().ok()?.split_once(' ')?;
+    let key = key.trim_ascii();
+    let well_formed = !key.is_empty() && key.len() <= MAX_KEY_LEN && !key.contains([' ', '\t']);
+    (scheme.eq_ignore_ascii_case("bearer") && well_formed).then_some(key)
+}
+
+/// The current [`Tenants`], replaced whole by [`SharedTenants::reload`].
+///
+/// A lock, not `arc_swap`: this crate does not depend on arc-swap, and a
+/// read is one uncontended read lock and an `Arc` clone per request.
+#[derive(Debug)]
+pub(crate) struct SharedTenants(RwLock<Arc<Tenants>>);
+
+impl SharedTenants {
+    /// Starts with `tenants`.
+    pub(crate) fn new(tenants: Tenants) -> SharedTenants {
+        SharedTenants(RwLock::new(Arc::new(tenants)))
+    }
+
+    /// The current tenants.
+    pub(crate) fn load(&self) -> Arc<Tenants> {
+        Arc::clone(&self.0.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Loads `path` in place of the current tenants; returns how many
+    /// tenants it has (the default included).
+    ///
+    /// # Errors
+    ///
+    /// As [`Tenants::load`]; the current tenants stay.
+    pub(crate) fn reload(&self, path: &Path) -> Result<usize, String> {
+        let tenants = Tenants::load(path)?;
+        let count = tenants.len();
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(tenants);
+        Ok(count)
+    }
+}
+
+/// Reloads `path` into `shared` on each SIGHUP, logging the outcome. The
+/// signal is watched before this returns.
+///
+/// # Errors
+///
+/// SIGHUP cannot be watched.
+#[cfg(unix)]
+pub(crate) fn spawn_reload_on_sighup(
+    shared: Arc<SharedTenants>,
+    path: PathBuf,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    Ok(tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            let (shared, file) = (shared.clone(), path.clone());
+            // Reading and parsing up to 1 MiB: off the async workers.
+            match tokio::task::spawn_blocking(move || shared.reload(&file)).await {
+                Ok(Ok(tenants)) => tracing::info!(tenants, path = %path.display(), "tenants file reloaded"),
+                Ok(Err(error)) => tracing::warn!(%error, "tenants file not reloaded, keeping the previous file"),
+                Err(error) => tracing::warn!(%error, "tenants reload failed, keeping the previous file"),
+            }
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(keys: &[(&str, &[&str])]) -> String {
+        let entries = keys.iter().map(|(name, keys)| {
+            let hashes: Vec<_> = keys.iter().map(|k| format!("{:?}", hash_key(k))).collect();
+            format!("[[tenant]]\nname = \"{name}\"\nkeys = [{}]\n", hashes.join(", "))
+        });
+        entries.collect()
+    }
+
+    #[test]
+    fn keys_find_their_tenant() {
+        let text = file(&[("acme", &["acme-1", "acme-2"]), ("beta", &["beta-1"]), ("gamma", &[])]);
+        let tenants = Tenants::parse(&text, false, "t.toml").unwrap();
+        assert_eq!(tenants.len(), 4);
+        let name = |found: Option<(u32, &Tenant)>| found.map(|(index, t)| (index, t.name.clone()));
+        assert_eq!(name(tenants.by_key("acme-1")), Some((1, "acme".into())));
+        assert_eq!(name(tenants.by_key("acme-2")), Some((1, "acme".into())));
+        assert_eq!(name(tenants.by_key("beta-1")), Some((2, "beta".into())));
+        for wrong in ["acme-3", "", "ACME-1", "acme-1 ", &hash_key("acme-1")] {
+            assert!(tenants.by_key(wrong).is_none(), "{wrong:?}");
+        }
+        assert_eq!(name(tenants.by_name("gamma")), Some((3, "gamma".into())));
+        assert_eq!(name(tenants.by_name("default")), Some((0, "default".into())));
+        assert!(tenants.by_name("delta").is_none());
+        assert_eq!(tenants.get(2).map(|t| t.name.as_str()), Some("beta"));
+        assert!(tenants.get(4).is_none() && tenants.get(u32::MAX).is_none());
+        assert!(!format!("{tenants:?}").contains(&hash_key("acme-1")[7..]), "hashes stay out of logs");
+    }
+
+    #[test]
+    fn the_default_tenant_is_explicit_or_implicit() {
+        let implicit = Tenants::parse(&file(&[("acme", &["k"])]), false, "t.toml").unwrap();
+        assert_eq!(implicit.default_tenant(), (0, &Tenant::implicit_default()));
+        let text =
+            format!("{}[[tenant]]\nname = \"default\"\nweight = 5\nmax_waiting = 3\n", file(&[("acme", &["k"])]));
+        let explicit = Tenants::parse(&text, false, "t.toml").unwrap();
+        let (index, default) = explicit.default_tenant();
+        assert_eq!((index, default.name.as_str(), default.weight, default.max_waiting), (0, "default", 5, Some(3)));
+        assert_eq!(explicit.len(), 2);
+        assert_eq!(explicit.by_name("acme").map(|(index, _)| index), Some(1), "the file's others from 1");
+        assert_eq!(explicit.by_key("k").map(|(index, _)| index), Some(1));
+        assert!(explicit.by_key("unknown").is_none(), "the caller falls back to default_tenant");
+    }
+
+    #[test]
+    fn hash_key_is_the_stored_form() {
+        // SHA-256("test"), the example of the format.
+        assert_eq!(hash_key("test"), "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08");
+    }
+
+    #[test]
+    fn bearer_takes_one_well_formed_header() {
+        let headers = |values: &[&str]| {
+            let mut map = HeaderMap::new();
+            for v in values {
+                map.append(header::AUTHORIZATION, v.parse().unwrap());
+            }
+            map
+        };
+        assert_eq!(bearer(&headers(&["Bearer sk-1"])), Some("sk-1"));
+        assert_eq!(bearer(&headers(&["bEaReR   sk-1 "])), Some("sk-1"));
+        let longest = format!("Bearer {}", "k".repeat(MAX_KEY_LEN));
+        assert_eq!(bearer(&headers(&[&longest])).map(str::len), Some(MAX_KEY_LEN));
+        let too_long = format!("Bearer {}", "k".repeat(MAX_KEY_LEN + 1));
+        for refused in [
+            &[][..],
+            &["Bearer sk-1", "Bearer sk-1"],
+            &["Basic sk-1"],
+            &["Bearer"],
+            &["Bearer  "],
+            &["sk-1"],
+            &["Bearer a b"],
+            &[&too_long],
+        ] {
+            assert_eq!(bearer(&headers(refused)), None, "{refused:?}");
+        }
+    }
+
+    /// A file in the temp directory, removed on drop.
+    struct TempFile(PathBuf);
+
+    impl TempFile {
+        fn new(ext: &str) -> TempFile {
+            let name = format!("loadgate-tenants-{}-{}.{ext}", std::process::id(), fastrand::u64(..));
+            TempFile(std::env::temp_dir().join(name))
+        }
+
+        fn write(&self, text: &str) {
+            std::fs::write(&self.0, text).unwrap();
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    #[test]
+    fn reload_keeps_the_old_tenants_on_error() {
+        let path = TempFile::new("json");
+        path.write(r#"{"tenant": [{"name": "a", "keys": ["sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"]}]}"#);
+        let shared = SharedTenants::new(Tenants::load(&path.0).unwrap());
+        assert_eq!(shared.load().by_key("test").map(|(_, t)| t.name.clone()), Some("a".into()));
+        path.write(r#"{"tenant": [{"name": "a"}, {"name": "b"}]}"#);
+        assert_eq!(shared.reload(&path.0), Ok(3));
+        assert!(shared.load().by_key("test").is_none());
+        path.write("{\"tenant\": [{\"name\": \"a\"},\n {\"name\": \"a\"}]}");
+        let error = shared.reload(&path.0).unwrap_err();
+        assert_eq!(error, format!("{}:2: tenant \"a\": the name is already used on line 1", path.0.display()));
+        assert_eq!(shared.load().len(), 3, "the previous file stays");
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn sighup_reloads() {
+        let path = TempFile::new("toml");
+        path.write("");
+        let shared = Arc::new(SharedTenants::new(Tenants::load(&path.0).unwrap()));
+        let task = spawn_reload_on_sighup(shared.clone(), path.0.clone()).unwrap();
+        path.write(&file(&[("acme", &["k"])]));
+        rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::HUP).unwrap();
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while shared.load().len() != 2 {
+            assert!(tokio::time::Instant::now() < deadline, "not reloaded");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        task.abort();
+    }
+}

@@ -1,0 +1,263 @@
+//! Tenants end to end (issue 24): a real `loadgate frontend` process with
+//! `--tenants-file`, and a worker the test controls (`line/mod.rs`). The
+//! key decides the tenant and caps its class; two equal tenants share the
+//! line's dispatches whatever their backlogs; a tenant's cap refuses only
+//! it; a bad file stops the start with the line named; SIGHUP reloads the
+//! file with requests in flight, and a bad reload keeps the old file.
+//!
+//! Margins: as `waiting_line.rs` (every wait bounded; "still waiting"
+//! checked after at least 400 ms). Each report frees the worker for exactly
+//! one waiter (the line's rule), so dispatch order is deterministic.
+
+#[path = "common/mod.rs"]
+mod common;
+#[path = "line/mod.rs"]
+mod line;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{metric, metrics_text};
+use line::*;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+fn hash(key: &str) -> String {
+    let digest = Sha256::digest(key.as_bytes());
+    format!("sha256:{}", digest.iter().map(|b| format!("{b:02x}")).collect::<String>())
+}
+
+/// A tenants file in the temp dir, removed on drop.
+struct File(PathBuf);
+
+impl File {
+    fn new(name: &str, text: &str) -> File {
+        let path = std::env::temp_dir().join(format!("loadgate-tenants-{}-{name}", std::process::id()));
+        std::fs::write(&path, text).expect("write the tenants file");
+        File(path)
+    }
+
+    fn rewrite(&self, text: &str) {
+        // Write then rename: the frontend never reads half a file.
+        let next = self.0.with_extension("next");
+        std::fs::write(&next, text).unwrap();
+        std::fs::rename(&next, &self.0).unwrap();
+    }
+
+    fn arg(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for File {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Tenant `name` with key `key-NAME` and the extra TOML `lines`.
+fn tenant(name: &str, lines: &str) -> String {
+    format!("[[tenant]]\nname = \"{name}\"\nkeys = [\"{}\"]\n{lines}\n", hash(&format!("key-{name}")))
+}
+
+/// Sends one completion for `model` with the key of `tenant` (if any) and
+/// `x-loadgate-priority: priority` (if any): its status, reason and time.
+async fn send_keyed(
+    url: String,
+    client: reqwest::Client,
+    tenant: Option<&str>,
+    priority: Option<&str>,
+    model: &str,
+) -> (u16, Option<String>, Duration) {
+    let start = Instant::now();
+    let body = json!({"model": model, "prompt": "hello there", "max_tokens": 4});
+    let mut request = client.post(url).json(&body);
+    if let Some(tenant) = tenant {
+        request = request.bearer_auth(format!("key-{tenant}"));
+    }
+    if let Some(priority) = priority {
+        request = request.header("x-loadgate-priority", priority);
+    }
+    let response = request.send().await.expect("send");
+    let reason = response.headers().get("x-loadgate-rejected-reason").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    (response.status().as_u16(), reason, start.elapsed())
+}
+
+fn spawn_keyed(
+    fe: &common::Frontend,
+    client: &reqwest::Client,
+    tenant: Option<&'static str>,
+    priority: Option<&'static str>,
+) -> tokio::task::JoinHandle<(u16, Option<String>, Duration)> {
+    let url = format!("{}/v1/completions", fe.http);
+    tokio::spawn(send_keyed(url, client.clone(), tenant, priority, MODEL))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_tenant_gets_half_the_dispatches_of_a_ten_to_one_burst() {
+    let _box = common::shared().await;
+    let file = File::new("burst.toml", &(tenant("big", "") + &tenant("small", "")));
+    let fe = frontend(&["--router-queue-timeout-ms", "60000", "--tenants-file", file.arg()]);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let client = common::client_within(Duration::from_secs(90));
+    // The big tenant's 40 arrive first, then the small one's 4.
+    let mut waiting: Vec<(&str, _)> = Vec::new();
+    for (who, n) in [("big", 40), ("small", 4)] {
+        for _ in 0..n {
+            waiting.push((who, spawn_keyed(&fe, &client, Some(who), None)));
+        }
+        wait_waiting(&fe, waiting.len() as f64).await;
+    }
+    // One report frees the worker for one waiter: serve until the small
+    // tenant has no one left.
+    let mut served = Vec::new();
+    while waiting.iter().any(|(who, _)| *who == "small") {
+        worker.report(false);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let done = loop {
+            if let Some(i) = waiting.iter().position(|(_, task)| task.is_finished()) {
+                break waiting.swap_remove(i);
+            }
+            assert!(Instant::now() < deadline, "no dispatch after a report ({served:?})");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        let (status, _, _) = done.1.await.unwrap();
+        assert_eq!(status, 200);
+        served.push(done.0);
+        assert!(served.len() <= 20, "the small tenant waits behind the burst: {served:?}");
+    }
+    let small = served.iter().filter(|w| **w == "small").count();
+    let share = small as f64 / served.len() as f64;
+    assert!(share >= 0.45, "the small tenant got {small} of {} dispatches: {served:?}", served.len());
+    for (_, task) in waiting {
+        task.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_decides_the_tenant_and_caps_its_class() {
+    let _box = common::shared().await;
+    let file =
+        File::new("classes.toml", &(tenant("gold", "max_class = \"critical\"") + &tenant("capped", "max_waiting = 1")));
+    let timeouts = "critical=20000,standard=600";
+    let fe = frontend(&["--router-queue-timeout-ms", timeouts, "--tenants-file", file.arg()]);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let client = common::client_within(Duration::from_secs(30));
+    // No key, or a wrong one: the default tenant, whose class is at most
+    // standard (without --trust-priority-header or not).
+    let (status, reason, took) =
+        send_keyed(format!("{}/v1/completions", fe.http), client.clone(), None, Some("critical"), MODEL).await;
+    assert_eq!((status, reason.as_deref()), (529, Some("deadline")), "no key: standard's 600 ms, after {took:?}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    // The capped tenant (standard) holds its one place; a second is refused at once.
+    let capped = spawn_keyed(&fe, &client, Some("capped"), None);
+    wait_waiting(&fe, 1.0).await;
+    let (status, reason, took) =
+        send_keyed(format!("{}/v1/completions", fe.http), client.clone(), Some("capped"), None, MODEL).await;
+    assert_eq!((status, reason.as_deref()), (529, Some("tenant_cap")), "after {took:?}");
+    let (status, reason, _) = capped.await.unwrap();
+    assert_eq!((status, reason.as_deref()), (529, Some("deadline")));
+    // Gold may be critical: it waits past the standard timeout, then is served.
+    let gold = spawn_keyed(&fe, &client, Some("gold"), Some("critical"));
+    wait_waiting(&fe, 1.0).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(!gold.is_finished(), "a critical request of gold waits its 20 s");
+    worker.report(false);
+    let (status, _, _) = tokio::time::timeout(Duration::from_secs(5), gold).await.expect("served").unwrap();
+    assert_eq!(status, 200);
+    let text = metrics_text(&fe.client, &fe.http).await;
+    let count = |tenant: &str, outcome: &str| {
+        metric_with(
+            &text,
+            "loadgate_frontend_tenant_requests_total",
+            &format!("tenant=\"{tenant}\",outcome=\"{outcome}\""),
+        )
+    };
+    assert_eq!(count("gold", "ok"), Some(1.0), "{text}");
+    assert_eq!(count("capped", "rejected"), Some(2.0), "{text}");
+    assert_eq!(count("default", "rejected"), Some(1.0), "{text}");
+    let shed = metric_with(&text, "loadgate_frontend_rejection_class_reason_total", "reason=\"tenant_cap\"");
+    assert_eq!(shed, Some(1.0), "{text}");
+}
+
+#[test]
+fn a_bad_tenants_file_stops_the_start_and_names_its_line() {
+    let file = File::new("bad.toml", &(tenant("a", "") + "\n" + &tenant("b", "weight = 0")));
+    let mut child = Command::new(common::bin())
+        .args(["frontend", "--http-host", "127.0.0.1", "--http-port", "0", "--event-port", "0", "--admin-port", "0"])
+        .args(["--tenants-file", file.arg()])
+        .env_remove("LOADGATE_EVENT_SECRET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn loadgate");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().expect("try_wait").is_none() {
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("the frontend started with a bad tenants file");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("listening"));
+    let expected = format!("{}:9: tenant \"b\": weight must be 1..=1000, not 0", file.arg());
+    assert!(stderr.contains(&expected), "wanted {expected:?} in {stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_file_with_requests_in_flight_and_a_bad_one_is_kept_out() {
+    let _box = common::shared().await;
+    let file = File::new("reload.toml", &tenant("a", "max_waiting = 1"));
+    let fe = frontend(&["--router-queue-timeout-ms", "60000", "--tenants-file", file.arg()]);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let client = common::client_within(Duration::from_secs(90));
+    let url = format!("{}/v1/completions", fe.http);
+    let first = spawn_keyed(&fe, &client, Some("a"), None);
+    wait_waiting(&fe, 1.0).await;
+    let (status, reason, _) = send_keyed(url.clone(), client.clone(), Some("a"), None, MODEL).await;
+    assert_eq!((status, reason.as_deref()), (529, Some("tenant_cap")));
+    // A new file: a's cap is 3, and tenant c appears.
+    file.rewrite(&(tenant("a", "max_waiting = 3") + &tenant("c", "")));
+    common::signal(fe.proc.pid(), "HUP");
+    // Reloaded once a request with c's key is labelled c (an unknown
+    // model: answered at once).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _, _) = send_keyed(url.clone(), client.clone(), Some("c"), None, "no-such-model").await;
+        assert_eq!(status, 404);
+        let text = metrics_text(&fe.client, &fe.http).await;
+        if metric_with(&text, "loadgate_frontend_tenant_requests_total", "tenant=\"c\"").is_some() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the file was not reloaded:\n{text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let second = spawn_keyed(&fe, &client, Some("a"), None);
+    wait_waiting(&fe, 2.0).await;
+    // A bad file: logged, the current one stays.
+    file.rewrite("[[tenant]]\nname = \"a\"\nweight = -1\n");
+    common::signal(fe.proc.pid(), "HUP");
+    assert!(fe.proc.wait_log("keeping the previous file", Duration::from_secs(10)), "{}", fe.proc.stderr());
+    let third = spawn_keyed(&fe, &client, Some("a"), None);
+    wait_waiting(&fe, 3.0).await;
+    let (status, reason, _) = send_keyed(url.clone(), client.clone(), Some("a"), None, MODEL).await;
+    assert_eq!((status, reason.as_deref()), (529, Some("tenant_cap")), "a's cap is still 3");
+    // Nothing in flight was lost: each report serves the next.
+    for (n, task) in [first, second, third].into_iter().enumerate() {
+        worker.report(false);
+        let (status, _, _) = tokio::time::timeout(Duration::from_secs(5), task).await.expect("served").unwrap();
+        assert_eq!(status, 200, "request {n}");
+    }
+    assert_eq!(metric(&metrics_text(&fe.client, &fe.http).await, "loadgate_frontend_queue_waiting"), Some(0.0));
+}
