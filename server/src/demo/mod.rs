@@ -240,6 +240,7 @@ impl<'a> Runner<'a> {
             seed,
             progress: true,
             mix: None,
+            tenants: None,
         }
     }
 

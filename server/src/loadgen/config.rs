@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::flag_limits;
 use crate::loadgen::mix::ClassMix;
+use crate::loadgen::tenants::TenantMix;
 
 /// Command-line arguments of `loadgate bench`. Every flag also reads
 /// `LOADGATE_BENCH_<FLAG>` (a flag beats its variable).
@@ -70,6 +71,14 @@ pub struct Args {
     /// frontend honours it with --trust-priority-header); the report counts each class apart.
     #[arg(long, env = "LOADGATE_BENCH_MIX", value_name = "CLASS=SHARE,...", conflicts_with = "retry_storm")]
     pub mix: Option<ClassMix>,
+    /// Tenants: each request's tenant drawn with these shares (`a=10,b=1`; names of 1 to 64
+    /// characters among a-z, 0-9, _ and -, at most 64 tenants), independently of its class, and
+    /// sent both as `Authorization: Bearer <name>` and in `x-loadgate-tenant` (a frontend finds
+    /// it by key with a tenants file, by the header with --trust-priority-header). The key sent
+    /// is the tenant's name: its tenants-file entry's key is `sha256:` and the SHA-256 of the
+    /// name. The report counts each tenant apart.
+    #[arg(long, env = "LOADGATE_BENCH_TENANTS", value_name = "NAME=SHARE,...", conflicts_with = "retry_storm")]
+    pub tenants: Option<TenantMix>,
 }
 
 /// Most clients `--retry-storm` takes (each holds a connection).
@@ -104,6 +113,9 @@ pub struct BenchConfig {
     /// The share of requests in each priority class (`None`: no class
     /// sent, every request standard).
     pub mix: Option<ClassMix>,
+    /// The share of requests each tenant sends (`None`: no key and no
+    /// tenant sent).
+    pub tenants: Option<TenantMix>,
 }
 
 impl BenchConfig {
@@ -127,6 +139,7 @@ impl BenchConfig {
             seed: args.seed.unwrap_or_else(|| fastrand::u64(..)),
             progress: !args.json,
             mix: args.mix,
+            tenants: args.tenants.clone(),
         })
     }
 }
@@ -166,6 +179,7 @@ impl StormConfig {
             seed: 0,
             progress: false,
             mix: None,
+            tenants: None,
         };
         Ok(Some(StormConfig {
             request,
@@ -237,6 +251,18 @@ mod tests {
         let open = parse(&["--rate", "5", "--duration", "2"]).unwrap();
         assert!(StormConfig::from_args(&open).unwrap().is_none());
         assert_eq!(BenchConfig::from_args(&open).unwrap().rate, 5.0);
+    }
+
+    #[test]
+    fn tenants_come_from_the_flag_and_not_with_a_storm() {
+        let args = parse(&["--rate", "5", "--duration", "2", "--tenants", "a=10,b=1"]).unwrap();
+        let tenants = BenchConfig::from_args(&args).unwrap().tenants.expect("tenants");
+        assert_eq!((tenants.len(), tenants.name(1)), (2, "b"));
+        let without = parse(&["--rate", "5", "--duration", "2"]).unwrap();
+        assert!(BenchConfig::from_args(&without).unwrap().tenants.is_none());
+        let error = parse(&["--rate", "5", "--duration", "2", "--tenants", "A=1"]).expect_err("a bad name");
+        assert!(error.to_string().contains("a tenant name is 1 to 64 characters"), "{error}");
+        assert!(parse(&["--retry-storm", "3", "--tenants", "a=1"]).is_err(), "--tenants conflicts with --retry-storm");
     }
 
     #[test]

@@ -15,7 +15,10 @@
 //! peak of retries in any 10 ms window, goodput, time to success).
 //!
 //! With `--mix` each request's priority class is drawn and sent
-//! (`mix.rs`), and the report counts each class apart.
+//! (`mix.rs`), and the report counts each class apart. With `--tenants`
+//! each request's tenant is drawn too and sent as its API key and in
+//! `x-loadgate-tenant` (`tenants.rs`); the report counts each tenant apart
+//! the same way.
 //!
 //! `config.rs` holds the arguments, [`BenchConfig`] and [`StormConfig`];
 //! `report.rs` the plain measured data every other piece reads;
@@ -30,6 +33,7 @@ pub mod plot;
 mod report;
 mod retry_storm;
 mod storm_report;
+mod tenants;
 
 use anyhow::Context as _;
 

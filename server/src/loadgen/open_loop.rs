@@ -14,7 +14,8 @@ use loadgate::Class;
 
 use crate::loadgen::config::{request_body, BenchConfig};
 use crate::loadgen::mix::PRIORITY_HEADER;
-use crate::loadgen::report::{histogram, BenchReport, SecondBucket};
+use crate::loadgen::report::{histogram, BenchReport, ClassReport, SecondBucket};
+use crate::loadgen::tenants::{TenantHeaders, TENANT_HEADER};
 
 /// The header a frontend's refusal names its reason in.
 const REJECTED_REASON: &str = "x-loadgate-rejected-reason";
@@ -41,6 +42,8 @@ struct Outcome {
     reason: Option<String>,
     /// Its class (with `--mix`).
     class: Option<Class>,
+    /// Its tenant's index (with `--tenants`).
+    tenant: Option<usize>,
 }
 
 /// Runs one open-loop benchmark.
@@ -70,7 +73,9 @@ pub async fn run_bench(config: &BenchConfig) -> anyhow::Result<BenchReport> {
         timeline: (0..seconds.max(1)).map(|_| SecondBucket::new()).collect(),
         rejected_reasons: BTreeMap::new(),
         by_class: config.mix.map(|_| Default::default()),
+        by_tenant: config.tenants.as_ref().map(|t| (0..t.len()).map(|_| ClassReport::default()).collect()),
     };
+    let tenant_headers = config.tenants.as_ref().map(|t| t.headers()).unwrap_or_default();
 
     let start = Instant::now();
     let end = start + config.duration;
@@ -94,7 +99,18 @@ pub async fn run_bench(config: &BenchConfig) -> anyhow::Result<BenchReport> {
                 if let (Some(by_class), Some(class)) = (report.by_class.as_mut(), class) {
                     by_class[class.index()].sent += 1;
                 }
-                let request = Request { url: config.url.clone(), body: body.clone(), stream: config.stream, class };
+                // After the class, so a run without --tenants draws what it always did.
+                let tenant = config.tenants.as_ref().map(|tenants| tenants.draw(rng.f64()));
+                if let (Some(by_tenant), Some(tenant)) = (report.by_tenant.as_mut(), tenant) {
+                    by_tenant[tenant].sent += 1;
+                }
+                let request = Request {
+                    url: config.url.clone(),
+                    body: body.clone(),
+                    stream: config.stream,
+                    class,
+                    tenant: tenant.map(|i| (i, tenant_headers[i].clone())),
+                };
                 tasks.spawn(one_request(client.clone(), request, scheduled, second, tx.clone()));
                 next = Some(scheduled + gap(&mut rng)).filter(|t| *t < end);
             }
@@ -135,16 +151,11 @@ fn progress_bar(config: &BenchConfig) -> ProgressBar {
 }
 
 fn record(report: &mut BenchReport, o: &Outcome) {
-    if let (Some(by_class), Some(class), Answer::Status(status)) = (report.by_class.as_mut(), o.class, o.answer) {
-        let counts = &mut by_class[class.index()];
-        if (200..300).contains(&status) {
-            counts.ok += 1;
-            if let Some(ttft) = o.ttft {
-                counts.ttft.saturating_record(ttft.as_micros().max(1) as u64);
-            }
-        } else {
-            counts.rejected += 1;
-            *counts.reasons.entry(o.reason.clone().unwrap_or_else(|| "-".to_owned())).or_default() += 1;
+    if let Answer::Status(status) = o.answer {
+        let class = report.by_class.as_mut().zip(o.class).map(|(by_class, c)| &mut by_class[c.index()]);
+        let tenant = report.by_tenant.as_mut().zip(o.tenant).map(|(by_tenant, t)| &mut by_tenant[t]);
+        for group in class.into_iter().chain(tenant) {
+            group.count(status, o.ttft, o.reason.as_deref());
         }
     }
     let bucket = &mut report.timeline[o.second];
@@ -179,6 +190,8 @@ struct Request {
     stream: bool,
     /// Sent in `x-loadgate-priority` when set.
     class: Option<Class>,
+    /// Its index and headers (bearer key and `x-loadgate-tenant`) when set.
+    tenant: Option<(usize, TenantHeaders)>,
 }
 
 async fn one_request(
@@ -188,10 +201,15 @@ async fn one_request(
     second: usize,
     done: mpsc::UnboundedSender<Outcome>,
 ) {
-    let Request { url, body, stream, class } = request;
+    let Request { url, body, stream, class, tenant } = request;
     let mut post = client.post(&url).header("content-type", "application/json");
     if let Some(class) = class {
         post = post.header(PRIORITY_HEADER, class.label());
+    }
+    if let Some((_, headers)) = &tenant {
+        post = post
+            .header(reqwest::header::AUTHORIZATION, headers.authorization.clone())
+            .header(TENANT_HEADER, headers.tenant.clone());
     }
     let sent = post.body(body).send().await;
     let mut outcome = Outcome {
@@ -202,6 +220,7 @@ async fn one_request(
         tokens: 0,
         reason: None,
         class,
+        tenant: tenant.map(|(i, _)| i),
     };
     if let Ok(mut resp) = sent {
         let status = resp.status().as_u16();

@@ -66,6 +66,8 @@ pub struct BenchReport {
     pub rejected_reasons: BTreeMap<String, u64>,
     /// Per priority class, by [`Class::index`] (with `--mix`).
     pub by_class: Option<[ClassReport; Class::COUNT]>,
+    /// Per tenant, by its index in the `--tenants` mix (with `--tenants`).
+    pub by_tenant: Option<Vec<ClassReport>>,
 }
 
 /// p50 / p90 / p99 / max of a histogram, in milliseconds.
@@ -133,6 +135,9 @@ pub struct Summary {
     /// Per priority class (with `--mix`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub by_class: Option<BTreeMap<&'static str, ClassSummary>>,
+    /// Per tenant, by name (with `--tenants`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by_tenant: Option<BTreeMap<String, ClassSummary>>,
 }
 
 impl BenchReport {
@@ -201,6 +206,9 @@ impl BenchReport {
                 .by_class
                 .as_ref()
                 .map(|by_class| Class::ALL.iter().map(|c| (c.label(), by_class[c.index()].summary())).collect()),
+            by_tenant: self.by_tenant.as_ref().zip(self.config.tenants.as_ref()).map(|(by_tenant, tenants)| {
+                by_tenant.iter().enumerate().map(|(i, t)| (tenants.name(i).to_owned(), t.summary())).collect()
+            }),
         }
     }
 
@@ -237,29 +245,35 @@ impl BenchReport {
         out.push_str(&row("TTFT", s.ttft_ms));
         out.push_str(&row("latency", s.latency_ms));
         if let (Some(by_class), Some(mix)) = (&s.by_class, &self.config.mix) {
-            out.push_str(&format!("by class (--mix {mix}): sent / ok / rejected, TTFT of accepted in ms\n"));
-            for class in Class::ALL {
-                let c = &by_class[class.label()];
-                out.push_str(&format!(
-                    "{:<10}{:>7} /{:>7} /{:>7} ({:>5.1} %)  p50 {:>8.1}  p99 {:>8.1}\n",
-                    class.label(),
-                    c.sent,
-                    c.ok,
-                    c.rejected,
-                    c.rejected_pct,
-                    c.ttft_ms.p50,
-                    c.ttft_ms.p99
-                ));
-            }
+            let rows = Class::ALL.iter().map(|c| (c.label(), &by_class[c.label()]));
+            group_block(&mut out, &format!("by class (--mix {mix})"), rows);
+        }
+        if let (Some(by_tenant), Some(tenants)) = (&s.by_tenant, &self.config.tenants) {
+            let rows = (0..tenants.len()).map(|i| (tenants.name(i), &by_tenant[tenants.name(i)]));
+            group_block(&mut out, &format!("by tenant (--tenants {tenants})"), rows);
         }
         out
     }
 }
 
-/// What one class's requests got.
+/// One block of the table: a line naming the groups, then a row per group
+/// (its name, sent / ok / rejected, TTFT of accepted).
+fn group_block<'a>(out: &mut String, title: &str, rows: impl Iterator<Item = (&'a str, &'a ClassSummary)> + Clone) {
+    out.push_str(&format!("{title}: sent / ok / rejected, TTFT of accepted in ms\n"));
+    let width = rows.clone().map(|(name, _)| name.len() + 1).max().unwrap_or(0).max(10);
+    for (name, g) in rows {
+        out.push_str(&format!(
+            "{name:<width$}{:>7} /{:>7} /{:>7} ({:>5.1} %)  p50 {:>8.1}  p99 {:>8.1}\n",
+            g.sent, g.ok, g.rejected, g.rejected_pct, g.ttft_ms.p50, g.ttft_ms.p99
+        ));
+    }
+}
+
+/// What one group of requests got: one priority class's (`--mix`) or one
+/// tenant's (`--tenants`).
 #[derive(Clone, Debug)]
 pub struct ClassReport {
-    /// Sent in this class.
+    /// Sent in this group.
     pub sent: u64,
     /// Accepted and completed (2xx).
     pub ok: u64,
@@ -277,10 +291,10 @@ impl Default for ClassReport {
     }
 }
 
-/// One class in the `--json` summary.
+/// One class or tenant in the `--json` summary.
 #[derive(Clone, Debug, Serialize)]
 pub struct ClassSummary {
-    /// Sent in this class.
+    /// Sent in this group.
     pub sent: u64,
     /// Accepted and completed.
     pub ok: u64,
@@ -295,6 +309,21 @@ pub struct ClassSummary {
 }
 
 impl ClassReport {
+    /// Counts one answer with HTTP `status` (its TTFT when accepted, its
+    /// `x-loadgate-rejected-reason` when refused) into the group; `sent` is
+    /// counted when the request leaves.
+    pub(crate) fn count(&mut self, status: u16, ttft: Option<Duration>, reason: Option<&str>) {
+        if (200..300).contains(&status) {
+            self.ok += 1;
+            if let Some(ttft) = ttft {
+                self.ttft.saturating_record(ttft.as_micros().max(1) as u64);
+            }
+        } else {
+            self.rejected += 1;
+            *self.reasons.entry(reason.unwrap_or("-").to_owned()).or_default() += 1;
+        }
+    }
+
     /// Its `--json` form.
     pub fn summary(&self) -> ClassSummary {
         let rejected_pct = if self.sent == 0 { 0.0 } else { 100.0 * self.rejected as f64 / self.sent as f64 };
@@ -331,6 +360,7 @@ pub(crate) fn report_for_test(
         seed: 0,
         progress: false,
         mix: None,
+        tenants: None,
     };
     let ok = ttft.len();
     BenchReport {
@@ -346,6 +376,7 @@ pub(crate) fn report_for_test(
         timeline: Vec::new(),
         rejected_reasons: [("deadline".to_owned(), rejected)].into_iter().filter(|r| r.1 > 0).collect(),
         by_class: None,
+        by_tenant: None,
     }
 }
 
@@ -369,5 +400,80 @@ mod tests {
         assert_eq!(r.ok_within_ttft(Duration::from_millis(5)), 0);
         assert_eq!(r.ok_within_ttft(Duration::from_secs(1 << 40)), 6, "a huge objective counts everything");
         assert_eq!(report(&[], 3).slo_goodput(Duration::from_millis(500)), 0.0);
+    }
+
+    /// `report_for_test` with `--mix` and `--tenants` (`a=3,team-b=1`):
+    /// critical 2 sent, 1 ok at 10 ms and 1 refused (`class_shed`), the
+    /// others none; tenant `a` 3 sent, ok at 10, 20 and 30 ms, `team-b` 2
+    /// sent, both refused (`tenant_quota`, and one without a reason).
+    fn grouped() -> BenchReport {
+        let mut r = report(&[10, 20, 30], 2);
+        r.config.mix = Some("critical=1,standard=1".parse().unwrap());
+        r.config.tenants = Some("a=3,team-b=1".parse().unwrap());
+        let mut by_class: [ClassReport; Class::COUNT] = Default::default();
+        let critical = &mut by_class[Class::Critical.index()];
+        critical.sent = 2;
+        critical.count(200, Some(Duration::from_millis(10)), None);
+        critical.count(529, None, Some("class_shed"));
+        r.by_class = Some(by_class);
+        let mut by_tenant = vec![ClassReport::default(), ClassReport::default()];
+        by_tenant[0].sent = 3;
+        for ms in [10, 20, 30] {
+            by_tenant[0].count(200, Some(Duration::from_millis(ms)), None);
+        }
+        by_tenant[1].sent = 2;
+        by_tenant[1].count(529, None, Some("tenant_quota"));
+        by_tenant[1].count(503, None, None);
+        r.by_tenant = Some(by_tenant);
+        r
+    }
+
+    #[test]
+    fn the_table_has_a_tenant_block_after_the_class_block() {
+        let table = grouped().table();
+        let classes = table.find("by class (--mix critical=0.50,standard=0.50,sheddable=0.00): ").expect(&table);
+        let tenants = table.find("by tenant (--tenants a=0.75,team-b=0.25): sent / ok / rejected").expect(&table);
+        assert!(classes < tenants, "{table}");
+        let rows: Vec<&str> = table[tenants..].lines().skip(1).collect();
+        assert_eq!(rows.len(), 2, "{table}");
+        assert!(rows[0].starts_with("a         ") && rows[0].contains("3 /      3 /      0 (  0.0 %)"), "{table}");
+        assert!(rows[0].contains("p50     20.0  p99     30.0"), "{table}");
+        assert!(rows[1].starts_with("team-b    ") && rows[1].contains("2 /      0 /      2 (100.0 %)"), "{table}");
+        let plain = report(&[10], 0).table();
+        assert!(!plain.contains("by tenant") && !plain.contains("by class"), "{plain}");
+    }
+
+    #[test]
+    fn a_long_tenant_name_widens_its_block_only() {
+        let long = "t".repeat(64);
+        let mut r = report(&[10], 0);
+        r.config.tenants = Some(format!("{long}=1,b=1").parse().unwrap());
+        r.by_tenant = Some(vec![ClassReport::default(), ClassReport::default()]);
+        let table = r.table();
+        let row = table.lines().find(|l| l.starts_with(&long)).expect(&table);
+        let b = table.lines().find(|l| l.starts_with("b ")).expect(&table);
+        assert_eq!(row.len(), b.len(), "the columns line up:\n{table}");
+    }
+
+    #[test]
+    fn the_json_has_by_tenant_only_with_tenants() {
+        let json = serde_json::to_value(grouped().summary()).unwrap();
+        assert_eq!(
+            json["by_tenant"]["team-b"],
+            serde_json::json!({
+                "sent": 2, "ok": 0, "rejected": 2, "rejected_pct": 100.0,
+                "ttft_ms": {"p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0},
+                "reasons": {"-": 1, "tenant_quota": 1},
+            })
+        );
+        let a = &json["by_tenant"]["a"];
+        assert_eq!((a["sent"].as_u64(), a["ok"].as_u64(), a["rejected"].as_u64()), (Some(3), Some(3), Some(0)));
+        let p50 = a["ttft_ms"]["p50"].as_f64().unwrap();
+        assert!((20.0..20.1).contains(&p50), "20 ms to the histogram's resolution: {p50}");
+        assert_eq!(a["reasons"], serde_json::json!({}));
+        assert_eq!(json["by_tenant"].as_object().unwrap().len(), 2);
+        assert_eq!(json["by_class"]["critical"]["reasons"], serde_json::json!({"class_shed": 1}));
+        let plain = serde_json::to_value(report(&[10], 0).summary()).unwrap();
+        assert!(plain.get("by_tenant").is_none() && plain.get("by_class").is_none(), "{plain}");
     }
 }
