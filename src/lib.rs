@@ -112,6 +112,7 @@ pub mod docs;
 #[cfg(feature = "engines")]
 #[cfg_attr(docsrs, doc(cfg(feature = "engines")))]
 pub mod engines;
+pub mod headroom;
 mod load;
 #[cfg(feature = "prometheus")]
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
@@ -138,12 +139,13 @@ pub mod wire;
 pub use admission::{Admission, Admitted, Permit, PermitStream, Rejected};
 pub use backoff::RetryPolicy;
 pub use class::{Class, PerClass};
+pub use headroom::HeadroomError;
 pub use load::{LoadReport, RankLoad, WorkerId};
 pub use migration::{Migration, MigrationError};
 pub use monitor::{MonitorConfig, WorkerMonitor};
 pub use rejection::Rejection;
-pub use tenant::Tenant;
 pub use route::{LocalRouter, ModelRouter, Policy, RouteError, WorkerRouter};
+pub use tenant::Tenant;
 pub use thresholds::BusyThresholds;
 pub use waiting::{LineLimits, Ticket, Wait, WaitError};
 #[cfg(feature = "axum")]

@@ -6,6 +6,8 @@ use std::fmt;
 
 use crossbeam_utils::CachePadded;
 
+use crate::class::Class;
+use crate::headroom::{Headroom, HeadroomError};
 use crate::load::WorkerId;
 use crate::monitor::entry::WorkerEntry;
 use crate::monitor::view::ModelView;
@@ -107,6 +109,8 @@ pub struct WorkerRouter {
     monitor: Arc<WorkerMonitor>,
     policy: Policy,
     models: Arc<RoutedModels>,
+    /// Kept from sheddable requests ([`WorkerRouter::with_sheddable_headroom`]).
+    headroom: Option<Headroom>,
 }
 
 impl fmt::Debug for WorkerRouter {
@@ -153,7 +157,44 @@ impl RoutedModel {
 impl WorkerRouter {
     /// A router over `monitor`'s workers using `policy`.
     pub fn new(monitor: Arc<WorkerMonitor>, policy: Policy) -> Self {
-        WorkerRouter { monitor, policy, models: Arc::default() }
+        WorkerRouter { monitor, policy, models: Arc::default(), headroom: None }
+    }
+
+    /// This router with `fraction` of each busy threshold kept from
+    /// sheddable requests (in `[0, 1)`; 0: none): they see a worker as
+    /// busy at each threshold × (1 − `fraction`), so they are the first
+    /// refused ([`crate::headroom`]). Only the class-aware calls
+    /// ([`WorkerRouter::route_class`], [`WorkerRouter::wait`]) apply it.
+    ///
+    /// # Errors
+    ///
+    /// `fraction` outside `[0, 1)`.
+    pub fn with_sheddable_headroom(self, fraction: f64) -> Result<Self, HeadroomError> {
+        Ok(WorkerRouter { headroom: Headroom::new(fraction)?, ..self })
+    }
+
+    /// The fraction of each threshold kept from sheddable requests (0: none).
+    pub fn sheddable_headroom(&self) -> f64 {
+        self.headroom.map_or(0.0, Headroom::fraction)
+    }
+
+    #[inline]
+    pub(crate) fn headroom(&self) -> Option<Headroom> {
+        self.headroom
+    }
+
+    /// As [`route`](Self::route) for a request of `class`: a sheddable one
+    /// only to a worker with the sheddable headroom free
+    /// ([`WorkerRouter::with_sheddable_headroom`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`route`](Self::route).
+    pub fn route_class(&self, model: &str, exclude: &[WorkerId], class: Class) -> Result<WorkerId, RouteError> {
+        if class != Class::Sheddable || self.headroom.is_none() {
+            return self.route(model, exclude);
+        }
+        self.with_routed(model, |routed| self.route_class_routed(routed, exclude, class))?
     }
 
     /// This router's view of `model`: one map lookup, or (the first time)

@@ -143,6 +143,16 @@ impl Thresholds {
     pub const NONE: Thresholds =
         Thresholds { decode_ppb: None, prefill_tokens: None, prefill_frac_ppb: None, waiting_requests: None };
 
+    /// Thresholds from their fixed-point parts (already validated).
+    pub(crate) fn from_parts(
+        decode_ppb: Option<u64>,
+        prefill_tokens: Option<u64>,
+        prefill_frac_ppb: Option<u64>,
+        waiting_requests: Option<u64>,
+    ) -> Thresholds {
+        Thresholds { decode_ppb, prefill_tokens, prefill_frac_ppb, waiting_requests }
+    }
+
     /// True when at least one signal is configured.
     #[inline]
     pub fn is_enabled(&self) -> bool {

@@ -54,11 +54,14 @@ pub enum Reason {
     ClassShed,
     /// The request's tenant already held its cap of the waiting line.
     TenantCap,
+    /// A sheddable request found no worker free below the thresholds
+    /// lowered by the sheddable headroom.
+    SheddableHeadroom,
 }
 
 impl Reason {
     /// Every reason, in counter-index order.
-    pub(super) const ALL: [Reason; 10] = [
+    pub(super) const ALL: [Reason; 11] = [
         Reason::DecodeBlocks,
         Reason::PrefillTokens,
         Reason::PrefillTokensFrac,
@@ -69,6 +72,7 @@ impl Reason {
         Reason::QueueFull,
         Reason::ClassShed,
         Reason::TenantCap,
+        Reason::SheddableHeadroom,
     ];
 
     /// The label value.
@@ -84,6 +88,7 @@ impl Reason {
             Reason::QueueFull => "queue_full",
             Reason::ClassShed => "class_shed",
             Reason::TenantCap => "tenant_cap",
+            Reason::SheddableHeadroom => "sheddable_headroom",
         }
     }
 

@@ -104,7 +104,9 @@ impl WorkerEntry {
         self.busy.store(busy.is_some(), Ordering::Release);
     }
 
-    fn signals(&self, thresholds: &Thresholds, clock: &MonitorClock, now: u64) -> (bool, BusySignals) {
+    /// Whether it is busy at `thresholds` now (every declared rank busy),
+    /// and the union of the signals that fired.
+    pub(crate) fn signals(&self, thresholds: &Thresholds, clock: &MonitorClock, now: u64) -> (bool, BusySignals) {
         if !thresholds.is_enabled() {
             return (false, BusySignals::default());
         }

@@ -694,6 +694,12 @@ impl WorkerMonitor {
         self.registry.with_worker(worker, |rec| self.load_of(&rec.entry))
     }
 
+    /// Whether `entry` is busy at `thresholds` now (not the model's: the
+    /// sheddable headroom's), from its ranks' loads (no lock).
+    pub(crate) fn is_busy_at(&self, entry: &WorkerEntry, thresholds: &crate::thresholds::Thresholds) -> bool {
+        entry.signals(thresholds, &self.clock, self.clock.now()).0
+    }
+
     /// Sum of the effective load over a worker's ranks (no lock, no
     /// allocation); the router's load-aware policies call it.
     #[inline]

@@ -20,6 +20,7 @@ use pin_project_lite::pin_project;
 
 use super::queue::{Key, Queue};
 use super::{wake_free, Line, Ticket, WaitError};
+use crate::class::Class;
 use crate::load::WorkerId;
 use crate::route::{RouteError, RoutedModel, WorkerRouter};
 use crate::sync::{lock, Arc, MutexGuard, Ordering};
@@ -95,7 +96,7 @@ impl<T: Future<Output = ()>> Future for Wait<'_, T> {
             (_, Some(routed)) => routed,
             (_, None) => unreachable!("only a failed Wait has no model"),
         };
-        let router = Routing { router: this.router, routed };
+        let router = Routing { router: this.router, routed, class: this.ticket.class };
         let line = &routed.state.line;
         // Nobody waits: route at once, before the timer is ever polled (a
         // runtime's sleep registers with its timer only when polled, so a
@@ -182,16 +183,18 @@ fn finish(phase: &mut Phase, result: Poll<Result<WorkerId, WaitError>>) -> Poll<
     result
 }
 
-/// A router and the model it routes.
+/// A router, the model it routes and the class of the request (a
+/// sheddable one keeps off the headroom, if any).
 struct Routing<'a> {
     router: &'a WorkerRouter,
     routed: &'a RoutedModel,
+    class: Class,
 }
 
 impl Routing<'_> {
     #[inline]
     fn route(&self, exclude: &[WorkerId]) -> Result<WorkerId, RouteError> {
-        self.router.route_routed(self.routed, exclude)
+        self.router.route_class_routed(self.routed, exclude, self.class)
     }
 }
 
