@@ -3,7 +3,8 @@
 //! test controls (`line/mod.rs`): a critical request takes a sheddable one's
 //! place in a full line and is served first, nobody promotes itself without
 //! trust, each class waits its own timeout, the body's
-//! `nvext.agent_hints.priority`, and `loadgate bench --mix`.
+//! `nvext.agent_hints.priority`, `--sheddable-headroom`, and `loadgate
+//! bench --mix`.
 //!
 //! Margins: as `waiting_line.rs` (every wait bounded; "still waiting"
 //! checked after at least 400 ms).
@@ -226,4 +227,62 @@ async fn the_bench_sends_its_class_mix_and_counts_each_class() {
         sent += n;
     }
     assert_eq!(summary["sent"].as_u64(), Some(sent));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sheddable_requests_are_refused_within_the_headroom_and_the_others_get_in() {
+    let _box = common::shared().await;
+    // Busy above 50 % of the KV blocks; sheddable requests above 25 %.
+    let fe = frontend(&["--sheddable-headroom", "0.5", "--trust-priority-header"]);
+    let mut worker = Controlled::register(&fe).await;
+    let client = common::client_within(Duration::from_secs(30));
+    let sent = |priority| send_with(&fe, client.clone(), priority);
+    worker.report_blocks(30);
+    // Bounded: the report reaches the frontend within 5 s.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (status, reason, _) = loop {
+        let answer = sent("sheddable").await;
+        if answer.0 != 200 || Instant::now() >= deadline {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!((status, reason.as_deref()), (529, Some("sheddable_headroom")));
+    for priority in ["standard", "critical"] {
+        assert_eq!(sent(priority).await.0, 200, "{priority} gets in below the threshold");
+    }
+    worker.report_blocks(20);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sent("sheddable").await.0 != 200 {
+        assert!(Instant::now() < deadline, "a sheddable request is refused below the lowered threshold");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let text = metrics_text(&fe.client, &fe.http).await;
+    let refused = metric_with(&text, "loadgate_frontend_rejection_class_reason_total", "reason=\"sheddable_headroom\"");
+    assert!(refused.is_some_and(|n| n >= 1.0), "{text}");
+}
+
+#[test]
+fn a_headroom_outside_zero_to_one_refuses_to_start() {
+    for bad in ["1", "-0.1", "nan"] {
+        let mut fe = std::process::Command::new(common::bin())
+            .args(["frontend", "--http-port", "0", "--event-port", "0", "--admin-port", "0"])
+            .arg(format!("--sheddable-headroom={bad}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = fe.try_wait().unwrap() {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "started with --sheddable-headroom {bad}");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut fe.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert!(!status.success());
+        assert!(stderr.contains("sheddable headroom must be a number in [0, 1)"), "{bad}: {stderr}");
+    }
 }

@@ -155,6 +155,11 @@ pub struct Args {
     /// any client can send it. Without, every request is `standard`.
     #[arg(long, env = "LOADGATE_FRONTEND_TRUST_PRIORITY_HEADER")]
     pub trust_priority_header: bool,
+    /// The fraction F of each busy threshold kept from sheddable requests, in [0, 1): they see a
+    /// worker as busy at each threshold × (1 − F), so they are refused first while the others
+    /// still get in (529 reason `sheddable_headroom`). 0 (the default): no headroom.
+    #[arg(long, env = "LOADGATE_FRONTEND_SHEDDABLE_HEADROOM", value_name = "F", default_value_t = 0.0)]
+    pub sheddable_headroom: f64,
     /// Tenants and their API keys (TOML, or JSON if the name ends in `.json`): the
     /// `Authorization: Bearer` key decides a request's tenant (unknown or missing: `default`),
     /// which shares the waiting line's dispatches by weight, may be capped, and lowers the class

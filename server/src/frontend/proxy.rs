@@ -228,7 +228,7 @@ async fn route_and_send(
                     Err(reason) => return refused_from_line(frontend, request, model, reason),
                 }
             }
-            None => match frontend.router.route(model, &exclude) {
+            None => match frontend.router.route_class(model, &exclude, request.class) {
                 Ok(worker) => worker,
                 Err(RouteError::Overloaded) => return no_worker_left(frontend, request, model, &migration, &excluded),
                 Err(error) => return route_error(frontend, model, error, &excluded),
@@ -332,7 +332,11 @@ fn no_worker_left(
     // Every worker left free had refused this request already.
     let excluded_free = (!migration.refusals().is_empty()).then_some(Reason::Excluded);
     let capacity = excluded.at_capacity.then_some(Reason::WorkerCapacity);
-    frontend.reject_overloaded(model, request.endpoint, request.class, excluded_free.into_iter().chain(capacity))
+    // A sheddable request is judged by the lowered thresholds.
+    let headroom = (request.class == Class::Sheddable && frontend.router.sheddable_headroom() > 0.0)
+        .then_some(Reason::SheddableHeadroom);
+    let causes = excluded_free.into_iter().chain(capacity).chain(headroom);
+    frontend.reject_overloaded(model, request.endpoint, request.class, causes)
 }
 
 /// The overload answer of a request the waiting line gave no worker: its

@@ -88,7 +88,9 @@ impl Frontend {
             None => None,
         };
         Ok(Frontend {
-            router: WorkerRouter::new(monitor.clone(), args.policy()),
+            router: WorkerRouter::new(monitor.clone(), args.policy())
+                .with_sheddable_headroom(args.sheddable_headroom)
+                .map_err(anyhow::Error::msg)?,
             inflight: Arc::new(InFlight::new(monitor.clone(), tracking, !args.engines.is_empty(), retry_hint.clone())),
             retry_hint,
             upstream,

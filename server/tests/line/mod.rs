@@ -57,8 +57,12 @@ impl Controlled {
 
     /// One load report: 90 of 100 blocks (busy) or 10 (free).
     pub fn report(&mut self, busy: bool) {
+        self.report_blocks(if busy { 90 } else { 10 });
+    }
+
+    /// One load report of `blocks` of 100 KV blocks in use.
+    pub fn report_blocks(&mut self, blocks: u32) {
         self.seq += 1;
-        let blocks = if busy { 90 } else { 10 };
         let load = RankLoad { active_decode_blocks: blocks, kv_total_blocks: 100, ..Default::default() };
         let frame = Frame::Load { worker: WORKER, incarnation: 1, rank: 0, seq: self.seq, load };
         std::io::Write::write_all(&mut self.events, &encoded(&frame)).expect("report");
