@@ -102,6 +102,26 @@ pub struct Args {
     /// frontend's --router-queue-timeout-ms form; a class not named: 0) instead of the computed one.
     #[arg(long, env = "LOADGATE_DEMO_CLASS_TIMEOUTS_MS", value_name = "CLASS=MS,...", requires = "mix")]
     pub class_timeouts_ms: Option<loadgate::PerClass<u64>>,
+    /// Tenants instead of the three modes (simulated workers): each tenant's share of the
+    /// requests (`big=10,small=1`), each sending its name as its API key. At --tenants-level x
+    /// capacity it runs each tenant alone at its share of that rate, then all together with a
+    /// tenants file (every tenant weight 1: the line shares its dispatches among them), then all
+    /// together without it (one shared line), thresholds and line every time; a table per tenant
+    /// of SLO goodput together against alone (target: the smallest share keeps >= 90 %).
+    #[arg(long, env = "LOADGATE_DEMO_TENANTS", value_name = "NAME=SHARE,...", conflicts_with_all = ["mix", "engines"])]
+    pub tenants: Option<super::tenant_shares::TenantShares>,
+    /// With --tenants: the offered load of every run, a multiple of the capacity.
+    #[arg(long, env = "LOADGATE_DEMO_TENANTS_LEVEL", value_name = "X", default_value_t = 2.0, requires = "tenants",
+          value_parser = positive_multiple)]
+    pub tenants_level: f64,
+}
+
+/// A positive, finite multiple of the capacity.
+fn positive_multiple(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        _ => Err(format!("`{s}`: a positive multiple of the capacity, as 2 or 0.5")),
+    }
 }
 
 impl Args {
@@ -189,6 +209,21 @@ mod tests {
         assert_eq!((args.router_queue_timeout_ms, args.router_queue_limit), (Some(120), Some(64)));
         assert_eq!(parse(&["--engines", "llamacpp"]).unwrap().slo_ttft(), Duration::from_millis(1000));
         assert!(parse(&["--slo-ttft-ms", "0"]).is_err(), "an objective of 0 ms counts nothing");
+    }
+
+    #[test]
+    fn tenants_have_a_level_and_run_alone() {
+        let args = parse(&["--tenants", "big=10,small=1"]).unwrap();
+        let tenants = args.tenants.unwrap();
+        assert_eq!((tenants.count(), tenants.name(1), args.tenants_level), (2, "small", 2.0));
+        assert_eq!(parse(&["--tenants", "a=1,b=1", "--tenants-level", "3"]).unwrap().tenants_level, 3.0);
+        assert!(parse(&["--tenants-level", "3"]).is_err(), "needs --tenants");
+        for level in ["0", "-1", "inf", "x"] {
+            assert!(parse(&["--tenants", "a=1,b=1", "--tenants-level", level]).is_err(), "{level}");
+        }
+        assert!(parse(&["--tenants", "a=1,b=1", "--mix", "critical=1"]).is_err(), "one or the other");
+        assert!(parse(&["--tenants", "a=1,b=1", "--engines", "llamacpp"]).is_err(), "simulated workers only");
+        assert!(parse(&["--tenants", "other=1,b=1"]).is_err(), "a name the frontend reserves");
     }
 
     #[test]

@@ -10,39 +10,19 @@ use std::time::Duration;
 use loadgate::{Class, PerClass};
 
 use crate::demo::args::LEVELS;
+use crate::demo::group::GroupRow;
 use crate::demo::table::Run;
-use crate::loadgen::{ClassMix, Percentiles};
+use crate::loadgen::ClassMix;
 
 /// At 3x: the most of critical requests refused, percent.
 const CRITICAL_REFUSED_PCT: f64 = 0.1;
 /// At 3x: critical p99 TTFT against its own at 0.5x, at most.
 const CRITICAL_P99_RATIO: f64 = 1.2;
 
-/// What one class got in one run.
-struct ClassRow {
-    sent: u64,
-    rejected_pct: f64,
-    ttft: Percentiles,
-    /// Requests completed with TTFT within the objective, per second of
-    /// arrivals.
-    slo_goodput: f64,
-}
-
-fn row(run: &Run, class: Class, objective: Duration) -> Option<ClassRow> {
+/// What `class` got in `run` (`None` without a class mix).
+fn row(run: &Run, class: Class, objective: Duration) -> Option<GroupRow> {
     let counts = &run.report.by_class.as_ref()?[class.index()];
-    let summary = counts.summary();
-    let within = if counts.ttft.is_empty() {
-        0
-    } else {
-        let limit = u64::try_from(objective.as_micros()).unwrap_or(u64::MAX).min(counts.ttft.high());
-        counts.ttft.count_between(1, limit)
-    };
-    Some(ClassRow {
-        sent: counts.sent,
-        rejected_pct: summary.rejected_pct,
-        ttft: summary.ttft_ms,
-        slo_goodput: within as f64 / run.report.config.duration.as_secs_f64().max(1e-9),
-    })
+    Some(GroupRow::of(counts.sent, counts.rejected, &counts.ttft, run.report.config.duration, objective))
 }
 
 /// The per-class table of `runs` (one per [`LEVELS`]) and the targets.

@@ -23,6 +23,13 @@
 //! requests that a moment later would have found room; the line holds those
 //! for as long as they can still meet the objective.
 //!
+//! `--tenants big=10,small=1` asks what the frontend's tenants buy: at one
+//! level (2x by default) each tenant alone at its share of the rate, then
+//! all of them together with a tenants file (`tenants_file.rs`: the API key
+//! decides the tenant, the line shares its dispatches among tenants) and
+//! together without it, one shared line; `tenants.rs` prints each tenant's
+//! SLO goodput together against alone.
+//!
 //! `--engines llamacpp` runs the same comparison on two real llama.cpp
 //! servers (`engine_pool.rs`, `llama_server.rs`; `install.rs` finds what
 //! `scripts/prepare-llama-server` prepared) that the frontend scrapes
@@ -34,11 +41,15 @@ mod args;
 mod child;
 mod classes;
 mod engine_pool;
+mod group;
 mod install;
 mod llama_server;
 mod modes;
 mod pool;
 mod table;
+mod tenant_shares;
+mod tenants;
+mod tenants_file;
 
 use std::time::{Duration, Instant};
 
@@ -53,6 +64,9 @@ use self::llama_server::SLOTS;
 use self::modes::{line_timeout_ms, Mode, MIN_LINE_TIMEOUT_MS};
 use self::pool::Pool;
 use self::table::{summary, table, Results, Run, Targets};
+use self::tenant_shares::TenantShares;
+use self::tenants::{tenant_table, TenantResults};
+use self::tenants_file::TenantsFile;
 use crate::flag_limits::seconds;
 use crate::loadgen::plot::{comparison, Headline};
 use crate::loadgen::{completions_url, run_bench, saturate, BenchConfig, ClassMix, Percentiles};
@@ -96,6 +110,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             };
             if let Some(mix) = args.mix {
                 with_classes(&args, &runtime, &setup, start, &mix)?;
+            } else if let Some(tenants) = &args.tenants {
+                with_tenants(&args, &runtime, &setup, start, tenants)?;
             } else {
                 let results = compare(&args, &runtime, &setup, start)?;
                 print!("{}", summary(&results, &Targets::SIMULATED));
@@ -210,6 +226,53 @@ fn with_classes<P>(
     Ok(())
 }
 
+/// `--tenants`: the line's timeout as `--mix` finds it, the tenants file,
+/// then at `--tenants-level` x capacity each tenant alone at its share of
+/// the rate and all of them together, with the tenants file, then all
+/// together without it (one shared line); prints the per-tenant table. The
+/// file is removed at the end, also on an error.
+fn with_tenants<P>(
+    args: &Args,
+    runtime: &tokio::runtime::Runtime,
+    setup: &Setup,
+    start: impl Fn(Mode) -> anyhow::Result<(String, P)>,
+    tenants: &TenantShares,
+) -> anyhow::Result<()> {
+    let runner = Runner::new(args, runtime, setup)?;
+    let capacity = runner.capacity(&start)?;
+    let fixed = if args.router_queue_timeout_ms.is_some() {
+        Vec::new()
+    } else {
+        runner.levels(&start, Mode::Static, capacity, &LEVELS[..1])?
+    };
+    let timeout_ms = runner.line_timeout(&fixed);
+    let file = TenantsFile::write(&tenants.names())?;
+    println!("tenants file: {} (weight 1 each, removed at the end)", file.path().display());
+    let level = args.tenants_level;
+    let rate = level * capacity;
+    let with_file = Mode::Tenants { timeout_ms };
+    let mut alone = Vec::new();
+    for i in 0..tenants.count() {
+        let what = format!("{level}x, {} alone", tenants.name(i));
+        let load = Load { rate: rate * tenants.share(i), tenants: Some(tenants.alone(i)) };
+        alone.push(runner.run(&start, with_file, &load, args.seed, &what)?);
+    }
+    let load = Load { rate, tenants: Some(tenants.together()) };
+    let together = runner.run(&start, with_file, &load, args.seed, &format!("{level}x, together"))?;
+    let line_only = runner.run(&start, Mode::Line { timeout_ms }, &load, args.seed, &format!("{level}x, together"))?;
+    drop(file);
+    let results = TenantResults { capacity, level, objective: args.slo_ttft(), timeout_ms, alone, together, line_only };
+    print!("{}", tenant_table(&results, tenants));
+    Ok(())
+}
+
+/// What one run offers: `rate` req/s, from `tenants` (the load
+/// generator's `--tenants`) when given.
+struct Load {
+    rate: f64,
+    tenants: Option<String>,
+}
+
 /// Runs load levels on fresh pools: what `compare` and the class runs share.
 struct Runner<'a> {
     args: &'a Args,
@@ -276,29 +339,47 @@ impl<'a> Runner<'a> {
         capacity: f64,
         levels: &[f64],
     ) -> anyhow::Result<Vec<Run>> {
-        let objective = self.args.slo_ttft();
         let mut runs = Vec::new();
         for (i, multiple) in levels.iter().enumerate() {
-            let (http, pool) = start(mode)?;
-            let mut bench = self.bench(&http, multiple * capacity, self.args.seed + i as u64);
-            if mode.has_classes() {
-                bench.mix = self.args.mix;
-            }
-            let report = self.runtime.block_on(run_bench(&bench))?;
-            drop(pool);
-            eprintln!(
-                "  {:<26} {multiple:>3}x: SLO goodput {:>5.1} req/s, rejected {:>5.1} %, p50/p99 TTFT {:>6.0} / {:>6.0} ms, \
-                 unanswered at the drain deadline {}",
-                mode.label(),
-                report.slo_goodput(objective),
-                report.rejected_pct(),
-                Percentiles::of(&report.ttft).p50,
-                Percentiles::of(&report.ttft).p99,
-                report.unfinished
-            );
-            runs.push(Run { report });
+            let load = Load { rate: multiple * capacity, tenants: None };
+            runs.push(self.run(start, mode, &load, self.args.seed + i as u64, &format!("{multiple:>3}x"))?);
         }
         Ok(runs)
+    }
+
+    /// One run of `load` in `mode` on a fresh pool, arrivals from `seed`,
+    /// with the class mix when `mode` has classes; its progress line says
+    /// `what` ran (`2x`).
+    fn run<P>(
+        &self,
+        start: &impl Fn(Mode) -> anyhow::Result<(String, P)>,
+        mode: Mode,
+        load: &Load,
+        seed: u64,
+        what: &str,
+    ) -> anyhow::Result<Run> {
+        let objective = self.args.slo_ttft();
+        let (http, pool) = start(mode)?;
+        let mut bench = self.bench(&http, load.rate, seed);
+        if mode.has_classes() {
+            bench.mix = self.args.mix;
+        }
+        if let Some(tenants) = &load.tenants {
+            bench.tenants = Some(tenants.parse().map_err(|e: String| anyhow::anyhow!("tenants {tenants}: {e}"))?);
+        }
+        let report = self.runtime.block_on(run_bench(&bench))?;
+        drop(pool);
+        eprintln!(
+            "  {:<26} {what}: SLO goodput {:>5.1} req/s, rejected {:>5.1} %, p50/p99 TTFT {:>6.0} / {:>6.0} ms, \
+             unanswered at the drain deadline {}",
+            mode.label(),
+            report.slo_goodput(objective),
+            report.rejected_pct(),
+            Percentiles::of(&report.ttft).p50,
+            Percentiles::of(&report.ttft).p99,
+            report.unfinished
+        );
+        Ok(Run { report })
     }
 
     /// `--router-queue-timeout-ms`, or the objective minus the p50 TTFT of

@@ -11,6 +11,7 @@ use std::time::Duration;
 use loadgate::PerClass;
 
 use crate::demo::args::Args;
+use crate::demo::tenants_file;
 
 /// The line's shortest timeout, whatever the objective and the 0.5x TTFT.
 pub(crate) const MIN_LINE_TIMEOUT_MS: u64 = 50;
@@ -27,6 +28,10 @@ pub(crate) enum Mode {
     /// As [`Mode::Line`] with a timeout per class, `x-loadgate-priority`
     /// trusted: the load sends each request's class (`--mix`).
     Classes { timeouts: PerClass<u64> },
+    /// As [`Mode::Line`] with the demo's tenants file (`--tenants`): a
+    /// request's API key decides its tenant, and the line shares its
+    /// dispatches among the tenants by weight.
+    Tenants { timeout_ms: u64 },
 }
 
 impl Mode {
@@ -47,16 +52,24 @@ impl Mode {
             Mode::Static => "static thresholds".to_owned(),
             Mode::Line { timeout_ms } => format!("thresholds + line ({timeout_ms} ms)"),
             Mode::Classes { timeouts } => format!("line + classes ({timeouts} ms)"),
+            Mode::Tenants { timeout_ms } => format!("line + tenants ({timeout_ms} ms)"),
         }
     }
 
-    /// The frontend flags of the waiting line (none outside [`Mode::Line`]).
+    /// The frontend flags of the waiting line (none without one): its
+    /// timeout, and the class header or the tenants file a mode adds.
     pub(crate) fn line_flags(self, args: &Args) -> Vec<String> {
         let mut flags = match self {
             Mode::Line { timeout_ms } => vec!["--router-queue-timeout-ms".to_owned(), timeout_ms.to_string()],
             Mode::Classes { timeouts } => {
                 vec!["--router-queue-timeout-ms".to_owned(), timeouts.to_string(), "--trust-priority-header".to_owned()]
             }
+            Mode::Tenants { timeout_ms } => vec![
+                "--router-queue-timeout-ms".to_owned(),
+                timeout_ms.to_string(),
+                "--tenants-file".to_owned(),
+                tenants_file::path().display().to_string(),
+            ],
             Mode::Off | Mode::Static => return Vec::new(),
         };
         if let Some(n) = args.router_queue_limit {
@@ -99,7 +112,7 @@ mod tests {
     }
 
     #[test]
-    fn only_the_line_mode_has_line_flags() {
+    fn only_the_line_modes_have_line_flags() {
         use clap::Parser;
         #[derive(Parser)]
         struct Cli {
@@ -113,5 +126,12 @@ mod tests {
             ["--router-queue-timeout-ms", "480", "--router-queue-limit", "32"]
         );
         assert!(!Mode::Off.sheds() && Mode::Static.sheds() && Mode::Line { timeout_ms: 1 }.sheds());
+        let tenants = Mode::Tenants { timeout_ms: 480 };
+        let file = tenants_file::path().display().to_string();
+        assert_eq!(
+            tenants.line_flags(&args),
+            ["--router-queue-timeout-ms", "480", "--tenants-file", &file, "--router-queue-limit", "32"]
+        );
+        assert!(tenants.sheds() && !tenants.has_classes());
     }
 }

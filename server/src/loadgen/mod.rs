@@ -47,6 +47,7 @@ pub(crate) use self::report::report_for_test;
 pub(crate) use self::report::ClassReport;
 pub use self::report::{BenchReport, Percentiles};
 pub use self::retry_storm::run_storm;
+pub use self::tenants::TenantMix;
 
 /// Runs `loadgate bench`.
 ///

@@ -50,6 +50,15 @@ impl TenantMix {
         &self.names[i]
     }
 
+    /// Tenant `i`'s share of the arrivals.
+    ///
+    /// # Panics
+    ///
+    /// `i` is not below [`TenantMix::len`].
+    pub fn share(&self, i: usize) -> f64 {
+        self.shares[i]
+    }
+
     /// How many tenants (at least 1).
     pub fn len(&self) -> usize {
         self.names.len()
