@@ -286,3 +286,32 @@ fn a_headroom_outside_zero_to_one_refuses_to_start() {
         assert!(stderr.contains("sheddable headroom must be a number in [0, 1)"), "{bad}: {stderr}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sheddable_waiter_kept_off_the_headroom_does_not_hold_up_the_line() {
+    let _box = common::shared().await;
+    let fe =
+        frontend(&["--sheddable-headroom", "0.5", "--trust-priority-header", "--router-queue-timeout-ms", "20000"]);
+    let mut worker = Controlled::register(&fe).await;
+    let client = common::client_within(Duration::from_secs(30));
+    // Free at 0.5, busy for sheddable requests (above 0.25).
+    worker.report_blocks(30);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let sheddable = tokio::spawn(send_with(&fe, client.clone(), "sheddable"));
+    wait_waiting(&fe, 1.0).await;
+    // A standard request behind it gets the free worker at once, and so
+    // does the next one (each report frees the worker for the line again).
+    for n in 1..=2 {
+        let (status, _, took) = send_with(&fe, client.clone(), "standard").await;
+        assert_eq!(status, 200, "standard request {n}");
+        assert!(took < Duration::from_secs(3), "standard request {n} waited {took:?}");
+        worker.report_blocks(30);
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!sheddable.is_finished(), "the sheddable request waits for the headroom");
+    // The worker's load falls below the lowered threshold: its next report
+    // wakes the sheddable waiter.
+    worker.report_blocks(20);
+    let (status, _, _) = tokio::time::timeout(Duration::from_secs(5), sheddable).await.expect("served").unwrap();
+    assert_eq!(status, 200);
+}

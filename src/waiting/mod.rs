@@ -100,7 +100,7 @@ use crossbeam_utils::CachePadded;
 use crate::class::Class;
 use crate::load::WorkerId;
 use crate::monitor::view::ModelView;
-use crate::sync::{lock, AtomicU64, AtomicUsize, Mutex, Ordering};
+use crate::sync::{lock, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 use crate::tenant::Tenant;
 
 pub use wait::Wait;
@@ -219,6 +219,9 @@ pub(crate) struct Line {
     /// `Queue::spent_bits`, stored under the lock after each change: a
     /// report of a worker whose bit is clear takes no lock.
     spent_hint: AtomicU64,
+    /// `Queue::any_held`, stored under the lock after each change: while
+    /// set, every report of the model's workers runs a pass.
+    held_hint: AtomicBool,
     queue: Mutex<Queue>,
 }
 
@@ -228,6 +231,7 @@ impl Line {
             waiting: CachePadded::new(AtomicUsize::new(0)),
             limits,
             spent_hint: AtomicU64::new(0),
+            held_hint: AtomicBool::new(false),
             queue: Mutex::new(Queue::default()),
         }
     }
@@ -262,27 +266,36 @@ impl Line {
         if self.waiting.fetch_add(0, Ordering::AcqRel) == 0 {
             return;
         }
-        wake_free(&mut lock(&self.queue), view);
+        let mut queue = lock(&self.queue);
+        if queue.any_held() {
+            queue.release();
+            self.sync_hint(&queue);
+        }
+        wake_free(&mut queue, view);
     }
 
     /// At a report of `worker` (its own, not the router's tracking), before
-    /// the publication it may cause: the line may give it a waiter again.
-    /// Returns whether it was spent (then [`Line::pass`] after the
+    /// the publication it may cause: the line may give it a waiter again,
+    /// and held waiters may be woken again. Returns whether a pass is due
+    /// (it was spent, or waiters were held: then [`Line::pass`] after the
     /// publication).
     #[inline]
     pub(crate) fn reported(&self, worker: WorkerId) -> bool {
-        // Relaxed: a hint; a report that misses a mark set at this moment
-        // (a dispatch racing the report) leaves it to the worker's next
+        // Relaxed: hints; a report that misses a mark set at this moment
+        // (a dispatch or a hold racing the report) leaves it to the next
         // report, the same as if it had come first.
-        if !self.is_waiting() || self.spent_hint.load(Ordering::Relaxed) & queue::spent_bit(worker) == 0 {
+        let spent = self.spent_hint.load(Ordering::Relaxed) & queue::spent_bit(worker) != 0;
+        if !self.is_waiting() || !(spent || self.held_hint.load(Ordering::Relaxed)) {
             return false;
         }
         let mut queue = lock(&self.queue);
         let was_spent = queue.reported(worker);
-        if was_spent {
+        let held = queue.any_held();
+        queue.release();
+        if was_spent || held {
             self.sync_hint(&queue);
         }
-        was_spent
+        was_spent || held
     }
 
     /// A wake-up pass with the current view (after a report that freed a
@@ -291,10 +304,12 @@ impl Line {
         wake_free(&mut lock(&self.queue), view);
     }
 
-    /// Stores the spent workers' bits after a change (under the lock).
+    /// Stores the spent workers' bits and whether waiters are held after a
+    /// change (under the lock).
     fn sync_hint(&self, queue: &Queue) {
         // Relaxed: see `reported`.
         self.spent_hint.store(queue.spent_bits(), Ordering::Relaxed);
+        self.held_hint.store(queue.any_held(), Ordering::Relaxed);
     }
 }
 

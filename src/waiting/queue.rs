@@ -40,6 +40,9 @@ struct Waiter {
     tokens: u64,
     /// Told that a worker may be free for it: its next poll routes.
     woken: bool,
+    /// A sheddable waiter the sheddable headroom kept off the free workers:
+    /// not woken again until a publication or a report.
+    held: bool,
     /// How to wake its task.
     waker: Waker,
     /// Its class's dispatches when it joined (at its expiry: how many of
@@ -69,13 +72,13 @@ struct TenantLine {
 }
 
 impl TenantLine {
-    /// Its next waiter to wake, if any sleeps: the first in key order, or
-    /// the last while the class is overrun.
+    /// Its next waiter to wake, if any sleeps (and is not held): the first
+    /// in key order, or the last while the class is overrun.
     fn next(&self, overrun: bool) -> Option<usize> {
         if overrun {
-            self.waiters.iter().rposition(|w| !w.woken)
+            self.waiters.iter().rposition(|w| !w.woken && !w.held)
         } else {
-            self.waiters.iter().position(|w| !w.woken)
+            self.waiters.iter().position(|w| !w.woken && !w.held)
         }
     }
 }
@@ -190,6 +193,8 @@ pub(super) struct Queue {
     tokens: u64,
     /// Waiters with `woken` set.
     woken: usize,
+    /// Waiters with `held` set.
+    held: usize,
     /// Workers the line dispatched to since their last report, while it had
     /// waiters: each stays out of the line's reach until it reports again.
     spent: Vec<WorkerId>,
@@ -301,7 +306,8 @@ impl Queue {
         self.len += 1;
         self.tokens += tokens;
         let line = &mut self.classes[class.index()];
-        let waiter = Waiter { key, tokens, woken: false, waker: waker.clone(), dispatched_before: line.dispatched };
+        let waiter =
+            Waiter { key, tokens, woken: false, held: false, waker: waker.clone(), dispatched_before: line.dispatched };
         let t = match line.tenant(tenant.id) {
             Some(t) => t,
             None => {
@@ -354,9 +360,41 @@ impl Queue {
         }
     }
 
-    /// Whether every waiter is woken (true for an empty line).
+    /// Whether every waiter is woken or held (true for an empty line): no
+    /// waiter sleeps that a free worker could take.
     pub(super) fn all_woken(&self) -> bool {
-        self.woken == self.len
+        self.woken + self.held == self.len
+    }
+
+    /// Whether some waiter is held ([`Queue::hold`]).
+    pub(super) fn any_held(&self) -> bool {
+        self.held != 0
+    }
+
+    /// A woken sheddable waiter found no worker free at the headroom's
+    /// thresholds: it waits again, and is not woken again until the next
+    /// publication or report ([`Queue::release`]), so a free worker goes to
+    /// whoever else waits instead.
+    pub(super) fn hold(&mut self, at: At) {
+        self.unwake(at);
+        let waiter = self.waiter(at);
+        if !waiter.held {
+            waiter.held = true;
+            self.held += 1;
+        }
+    }
+
+    /// A publication or a report: held waiters may be woken again.
+    pub(super) fn release(&mut self) {
+        if self.held == 0 {
+            return;
+        }
+        for class in &mut self.classes {
+            for line in &mut class.tenants {
+                line.waiters.iter_mut().for_each(|w| w.held = false);
+            }
+        }
+        self.held = 0;
     }
 
     /// Where the waiter at `key` is.
@@ -431,6 +469,9 @@ impl Queue {
         self.tokens -= waiter.tokens;
         if served {
             self.woken -= 1;
+        }
+        if waiter.held {
+            self.held -= 1;
         }
         if self.len == 0 {
             self.spent.clear();
@@ -779,6 +820,31 @@ mod tests {
         let critical = q.join(Class::Critical, Tenant::new(3, 1), now, 1, limits, &noop()).unwrap();
         assert_eq!(critical.displaced, 1);
         assert!(q.take_displaced(&b) && q.find(&a1).is_some() && q.find(&a2).is_some());
+    }
+
+    #[test]
+    fn a_held_waiter_is_passed_over_until_released() {
+        let mut q = Queue::default();
+        let now = Instant::now();
+        let limits = LineLimits::default();
+        let shed = q.join(Class::Sheddable, Tenant::default(), now, 1, limits, &noop()).unwrap().key;
+        q.wake(1);
+        assert!(q.is_woken(at(&q, shed)));
+        q.hold(at(&q, shed));
+        assert!(q.any_held() && q.all_woken(), "held: no sleeper a free worker could take");
+        q.wake(1);
+        assert!(!q.is_woken(at(&q, shed)), "held waiters are passed over");
+        let standard = join(&mut q, now, 1, limits);
+        assert!(!q.all_woken());
+        q.wake(1);
+        assert!(q.is_woken(at(&q, standard)), "the free worker goes to the next");
+        q.dispatched_to(at(&q, standard), 1);
+        q.release();
+        assert!(!q.any_held());
+        q.wake(1);
+        assert!(q.is_woken(at(&q, shed)), "woken again after a release");
+        q.hold(at(&q, shed));
+        assert!(!q.leave(at(&q, shed)) && !q.any_held() && q.len() == 0, "a held waiter leaves with its mark");
     }
 
     #[test]

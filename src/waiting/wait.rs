@@ -196,6 +196,12 @@ impl Routing<'_> {
     fn route(&self, exclude: &[WorkerId]) -> Result<WorkerId, RouteError> {
         self.router.route_class_routed(self.routed, exclude, self.class)
     }
+
+    /// Whether this request keeps off the sheddable headroom (a woken one
+    /// that finds no worker is held, see `Queue::hold`).
+    fn holds_off(&self) -> bool {
+        self.class == Class::Sheddable && self.router.headroom().is_some()
+    }
 }
 
 /// Under the lock: a woken waiter routes among the free workers (its own
@@ -233,6 +239,16 @@ fn dispatch(
             // the joiners' (module docs).
             line.waiting.fetch_sub(1, Ordering::AcqRel);
             Poll::Ready(Ok(worker))
+        }
+        Err(RouteError::Overloaded) if router.holds_off() => {
+            // Free workers, but none with the sheddable headroom (or none
+            // at all): held until the next publication or report, and the
+            // turn goes on to whoever else waits.
+            queue.set_waker(at, cx.waker());
+            queue.hold(at);
+            line.sync_hint(&queue);
+            wake_free(&mut queue, router.routed.state.view());
+            Poll::Pending
         }
         Err(RouteError::Overloaded) => {
             queue.unwake(at);

@@ -102,6 +102,10 @@ pub struct Args {
     /// frontend's --router-queue-timeout-ms form; a class not named: 0) instead of the computed one.
     #[arg(long, env = "LOADGATE_DEMO_CLASS_TIMEOUTS_MS", value_name = "CLASS=MS,...", requires = "mix")]
     pub class_timeouts_ms: Option<loadgate::PerClass<u64>>,
+    /// With --mix: the frontend's --sheddable-headroom (sheddable requests see each threshold x
+    /// (1 - F)); 0: none.
+    #[arg(long, env = "LOADGATE_DEMO_SHEDDABLE_HEADROOM", value_name = "F", default_value_t = 0.0, requires = "mix")]
+    pub sheddable_headroom: f64,
     /// Tenants instead of the three modes (simulated workers): each tenant's share of the
     /// requests (`big=10,small=1`), each sending its name as its API key. At --tenants-level x
     /// capacity it runs each tenant alone at its share of that rate, then all together with a

@@ -221,6 +221,9 @@ fn with_classes<P>(
             PerClass::all(runner.line_timeout(&fixed))
         }
     };
+    if args.sheddable_headroom > 0.0 {
+        println!("sheddable headroom: {} (the frontend's --sheddable-headroom)", args.sheddable_headroom);
+    }
     let runs = runner.levels(&start, Mode::Classes { timeouts }, capacity, &LEVELS)?;
     print!("{}", class_table(&runs, mix, capacity, args.slo_ttft(), timeouts));
     Ok(())

@@ -62,7 +62,15 @@ impl Mode {
         let mut flags = match self {
             Mode::Line { timeout_ms } => vec!["--router-queue-timeout-ms".to_owned(), timeout_ms.to_string()],
             Mode::Classes { timeouts } => {
-                vec!["--router-queue-timeout-ms".to_owned(), timeouts.to_string(), "--trust-priority-header".to_owned()]
+                let mut flags = vec![
+                    "--router-queue-timeout-ms".to_owned(),
+                    timeouts.to_string(),
+                    "--trust-priority-header".to_owned(),
+                ];
+                if args.sheddable_headroom > 0.0 {
+                    flags.push(format!("--sheddable-headroom={}", args.sheddable_headroom));
+                }
+                flags
             }
             Mode::Tenants { timeout_ms } => vec![
                 "--router-queue-timeout-ms".to_owned(),
