@@ -80,6 +80,7 @@
 //! assert!(partial.is_empty());
 //! ```
 
+pub mod envelope;
 mod handshake;
 
 use std::fmt;
