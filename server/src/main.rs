@@ -22,6 +22,7 @@ mod frontend;
 mod http_server;
 mod loadgen;
 mod logging;
+mod nats;
 mod openai;
 mod secret;
 mod throttle;

@@ -264,6 +264,30 @@ impl Secrets {
             .map(|key| wire::welcome_mac(key, frontend_nonce, worker_nonce))
     }
 
+    /// `frame` sealed for the NATS `subject` now, under the current secret
+    /// ([`wire::envelope`]).
+    ///
+    /// # Errors
+    ///
+    /// The frame or the subject is too long.
+    pub fn seal(&self, subject: &str, frame: &wire::Frame) -> Result<bytes::Bytes, wire::WireError> {
+        let mut buf = bytes::BytesMut::new();
+        wire::envelope::seal(&self.current, subject, unix_ms(), frame, &mut buf)?;
+        Ok(buf.freeze())
+    }
+
+    /// An envelope received on `subject`, opened under either secret.
+    ///
+    /// # Errors
+    ///
+    /// See [`wire::envelope::open`].
+    pub fn open(&self, subject: &str, data: &[u8]) -> Result<wire::envelope::Sealed, wire::envelope::EnvelopeError> {
+        match &self.previous {
+            Some(previous) => wire::envelope::open(&[&self.current, previous], subject, data),
+            None => wire::envelope::open(&[&self.current], subject, data),
+        }
+    }
+
     /// The worker's check of a frontend's Welcome (either secret).
     pub fn verify_event_welcome(&self, frontend_nonce: &Nonce, worker_nonce: &Nonce, mac: &[u8; TAG_LEN]) -> bool {
         self.verifying().any(|key| wire::verify_welcome_mac(key, frontend_nonce, worker_nonce, mac))

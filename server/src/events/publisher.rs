@@ -75,7 +75,7 @@ pub struct ReportSeq(Arc<AtomicU64>);
 
 impl ReportSeq {
     /// The next number (the first is 1).
-    fn next(&self) -> u64 {
+    pub(crate) fn next(&self) -> u64 {
         // Relaxed: the read-modify-write alone makes every number unique
         // and increasing; nothing else is published through it.
         self.0.fetch_add(1, Ordering::Relaxed) + 1

@@ -92,6 +92,9 @@ pub struct Args {
     /// Event-plane port where workers push load (0 picks a free one).
     #[arg(long, env = "LOADGATE_FRONTEND_EVENT_PORT", default_value_t = 8001)]
     pub event_port: u16,
+    /// The event plane (the TCP listener always runs; `nats` adds NATS) and how to reach NATS.
+    #[command(flatten)]
+    pub(crate) nats: crate::nats::NatsArgs,
     /// File holding the event-plane secret (line 1: current, optional line 2: previous).
     /// Without it: LOADGATE_EVENT_SECRET and LOADGATE_EVENT_SECRET_PREVIOUS.
     #[arg(long, env = "LOADGATE_FRONTEND_EVENT_SECRET_FILE", value_name = "PATH")]

@@ -58,6 +58,7 @@ pub use self::state::Frontend;
 use crate::directory::WorkerDirectory;
 use crate::events::{EventPlane, PlaneConfig, PlaneLimits};
 use crate::http_server::{self, Drained, ServeConfig, Tls};
+use crate::nats::NatsPlane;
 
 /// How long a worker whose event connection closed stays registered, waiting
 /// for it to reconnect.
@@ -111,6 +112,8 @@ pub struct RunningFrontend {
     admin_server: Option<tokio::task::JoinHandle<()>>,
     expiry: Option<tokio::task::JoinHandle<()>>,
     pruning: tokio::task::JoinHandle<()>,
+    /// The NATS event plane (`--event-plane nats`).
+    _nats: Option<NatsPlane>,
     /// Reloads `--tenants-file` on SIGHUP.
     tenants_reload: Option<tokio::task::JoinHandle<()>>,
     /// One per `--engine`.
@@ -240,6 +243,16 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
     let stats = frontend.event_stats.clone();
     let plane_config = PlaneConfig { grace: DEREGISTER_GRACE, secrets: secrets.clone(), limits, silence, stats };
     let plane = EventPlane::start(event_listener, monitor.clone(), directory.clone(), plane_config)?;
+    let nats = match (args.nats.is_nats(), &secrets) {
+        (false, _) => None,
+        (true, None) => anyhow::bail!(
+            "--event-plane nats needs the event secret (LOADGATE_EVENT_SECRET or --event-secret-file): \
+             every frame on NATS is sealed under it"
+        ),
+        (true, Some(secrets)) => Some(
+            NatsPlane::start(&args.nats, monitor.clone(), directory.clone(), secrets.clone(), limits, silence).await?,
+        ),
+    };
     let listener = http_server::bind(&args.http_host, args.http_port)
         .await
         .with_context(|| format!("cannot bind the HTTP listener on {}:{}", args.http_host, args.http_port))?;
@@ -304,6 +317,7 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
         pruning,
         tenants_reload,
         scrapers,
+        _nats: nats,
         _plane: plane,
     })
 }

@@ -53,6 +53,9 @@ pub struct Args {
     /// when --http-host is an unspecified address such as 0.0.0.0).
     #[arg(long, env = "LOADGATE_WORKER_ADVERTISE_ADDR", value_name = "HOST:PORT")]
     pub advertise_addr: Option<String>,
+    /// The event plane (TCP to each --frontend, or NATS) and how to reach NATS.
+    #[command(flatten)]
+    pub(crate) nats: crate::nats::NatsArgs,
     /// A frontend's event port, HOST:PORT (repeatable; none: standalone).
     #[arg(long = "frontend", env = "LOADGATE_WORKER_FRONTEND", value_name = "HOST:PORT", value_delimiter = ',')]
     pub frontends: Vec<String>,

@@ -53,8 +53,9 @@ use self::http::{Backend, Worker};
 use self::proof::ProofCheck;
 use self::sidecar::{Identity, Sidecar};
 use self::sim::{LoadSink, Simulator};
-use crate::events::{EventPublisher, Registration};
+use crate::events::{EventPublisher, Registration, ReportSeq};
 use crate::http_server::{self, BodyBudget, ServeConfig};
+use crate::nats::NatsPublisher;
 use crate::secret::ProofTarget;
 
 /// The worker's default write-progress deadline (`--http-write-timeout-secs`):
@@ -137,9 +138,10 @@ async fn serve(args: Args, admission: Option<Arc<Admission<()>>>) -> anyhow::Res
                 dp_size: args.dp_size,
                 http_addr: advertised.clone(),
             };
-            let (sink, publisher) = publish(&args, registration, secrets.clone())?;
+            let nats = nats_publisher(&args, &registration, secrets.as_ref()).await?;
+            let (sink, publisher) = publish(&args, registration, secrets.clone(), nats.clone())?;
             let simulator = Simulator::start(args.sim_config(), sink);
-            (Backend::Simulator(simulator), model, args.dp_size, Reporting::Simulated(publisher))
+            (Backend::Simulator(simulator), model, args.dp_size, Reporting::Simulated(publisher, nats))
         }
         Some(spec) => {
             let identity = Identity { worker: id, incarnation, http_addr: advertised.clone() };
@@ -192,11 +194,15 @@ async fn serve(args: Args, admission: Option<Arc<Admission<()>>>) -> anyhow::Res
         "shutdown signal received: leaving routing (Deregister to every frontend)"
     );
     let started = Instant::now();
-    let publisher = match reporting {
-        Reporting::Simulated(publisher) => publisher,
-        Reporting::Sidecar(sidecar) => sidecar.stop().await.map(Arc::new),
+    let (publisher, nats) = match reporting {
+        Reporting::Simulated(publisher, nats) => (publisher, nats),
+        Reporting::Sidecar(sidecar) => (sidecar.stop().await.map(Arc::new), None),
     };
-    let deregistered = deregister(publisher).await;
+    let deregistered = match nats {
+        Some(nats) => nats.shutdown().await,
+        None => true,
+    };
+    let deregistered = deregister(publisher).await && deregistered;
     tracing::info!(
         deregistered,
         took = ?started.elapsed(),
@@ -222,8 +228,9 @@ async fn serve(args: Args, admission: Option<Arc<Admission<()>>>) -> anyhow::Res
 /// Where the worker's load reports come from, kept until the shutdown's
 /// Deregister.
 enum Reporting {
-    /// The simulator's sink feeds this publisher (none: standalone).
-    Simulated(Option<Arc<EventPublisher>>),
+    /// The simulator's sink feeds these publishers (TCP, NATS; none:
+    /// standalone).
+    Simulated(Option<Arc<EventPublisher>>, Option<Arc<NatsPublisher>>),
     /// The sidecar's scraper feeds its own publisher.
     Sidecar(Sidecar),
 }
@@ -292,9 +299,14 @@ fn publish(
     args: &Args,
     registration: Registration,
     secrets: Option<Arc<crate::secret::Secrets>>,
+    nats: Option<Arc<NatsPublisher>>,
 ) -> anyhow::Result<(LoadSink, Option<Arc<EventPublisher>>)> {
     if args.frontends.is_empty() {
-        return Ok((Arc::new(|_, _| {}), None));
+        let sink: LoadSink = match nats {
+            Some(nats) => Arc::new(move |rank, load| nats.report(rank, load)),
+            None => Arc::new(|_, _| {}),
+        };
+        return Ok((sink, None));
     }
     let heartbeat = Duration::from_millis(args.heartbeat_ms);
     let publisher = Arc::new(
@@ -308,8 +320,33 @@ fn publish(
         if let Some(publisher) = reporter.upgrade() {
             publisher.report(rank, load);
         }
+        if let Some(nats) = &nats {
+            nats.report(rank, load);
+        }
     });
     Ok((sink, Some(publisher)))
+}
+
+/// With `--event-plane nats`: the NATS publisher of `registration` (the
+/// event secret required).
+async fn nats_publisher(
+    args: &Args,
+    registration: &Registration,
+    secrets: Option<&Arc<crate::secret::Secrets>>,
+) -> anyhow::Result<Option<Arc<NatsPublisher>>> {
+    if !args.nats.is_nats() {
+        return Ok(None);
+    }
+    let Some(secrets) = secrets else {
+        anyhow::bail!("--event-plane nats needs the event secret (LOADGATE_EVENT_SECRET or --event-secret-file)")
+    };
+    let client = args.nats.connect("loadgate worker", |event| tracing::info!(%event, "NATS")).await?;
+    let subjects = crate::nats::Subjects::new(&args.nats.nats_namespace);
+    let heartbeat = Duration::from_millis(args.heartbeat_ms);
+    let publisher =
+        NatsPublisher::start(client, &subjects, registration.clone(), heartbeat, secrets.clone(), ReportSeq::default())
+            .await?;
+    Ok(Some(Arc::new(publisher)))
 }
 
 /// Resolves on SIGTERM or ctrl-c.

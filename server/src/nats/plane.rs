@@ -1,0 +1,269 @@
+//! Frontend side of the NATS plane: [`NatsPlane`], a task that subscribes
+//! to every worker's frames, opens each envelope under the event secret and
+//! applies it as the TCP plane would, and a sweep that takes silent workers
+//! out of routing and forgets those silent for the idle timeout.
+//!
+//! What NATS does not give, the plane checks itself (nothing is applied
+//! otherwise):
+//! - the envelope's tag (a client without the secret can neither forge nor
+//!   alter a frame, nor move one to another subject: the subject is under
+//!   the tag, and a frame's worker must be the subject's);
+//! - the sender's clock, within [`CLOCK_WINDOW`] of the frontend's
+//!   (an old envelope replayed later is dropped);
+//! - the incarnation: a Register of an older incarnation than the one
+//!   registered is dropped, a newer one is a restart (a worker that moved
+//!   hosts comes back with its new address); a Load or Deregister must be
+//!   of the registered incarnation;
+//! - the seq: the monitor drops a Load not numbered above the last one it
+//!   applied for the rank (a replay within the window).
+//!
+//! Ownership: a worker id belongs to its registered incarnation until it
+//! deregisters or is silent for the idle timeout; an id named by `--worker`
+//! or `--engine` is never taken.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt as _;
+use loadgate::monitor::Publisher;
+use loadgate::wire::Frame;
+use loadgate::{LoadReport, WorkerId, WorkerMonitor};
+
+use super::args::NatsArgs;
+use super::subjects::Subjects;
+use crate::directory::WorkerDirectory;
+use crate::events::PlaneLimits;
+use crate::secret::{unix_ms, Secrets};
+
+/// How far a frame's clock may be from the frontend's (either way).
+pub(crate) const CLOCK_WINDOW: Duration = Duration::from_secs(30);
+
+/// How often the sweep looks for silent workers.
+const SWEEP_EVERY: Duration = Duration::from_millis(50);
+
+/// A worker the plane registered.
+struct Known {
+    incarnation: u64,
+    /// Its subject (every frame of it must come on it).
+    subject: String,
+    heard: Instant,
+    silent: bool,
+}
+
+/// The NATS plane of a frontend; dropping it stops it.
+#[derive(Debug)]
+pub(crate) struct NatsPlane {
+    task: tokio::task::JoinHandle<()>,
+    sweep: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for NatsPlane {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.sweep.abort();
+    }
+}
+
+/// What the plane applies frames to.
+struct Applier {
+    monitor: Arc<WorkerMonitor>,
+    directory: Arc<WorkerDirectory>,
+    secrets: Arc<Secrets>,
+    limits: PlaneLimits,
+    subjects: Subjects,
+    known: Mutex<HashMap<WorkerId, Known>>,
+}
+
+impl NatsPlane {
+    /// Connects to NATS, subscribes to every worker's frames and says
+    /// hello (every worker announces itself again), and again after each
+    /// reconnection.
+    ///
+    /// # Errors
+    ///
+    /// No connection at start (see [`NatsArgs::connect`]), or the
+    /// subscription cannot be made.
+    pub(crate) async fn start(
+        args: &NatsArgs,
+        monitor: Arc<WorkerMonitor>,
+        directory: Arc<WorkerDirectory>,
+        secrets: Arc<Secrets>,
+        limits: PlaneLimits,
+        silence: Duration,
+    ) -> anyhow::Result<NatsPlane> {
+        let (reconnected, mut reconnections) = tokio::sync::mpsc::unbounded_channel();
+        let client = args
+            .connect("loadgate frontend", move |event| {
+                tracing::info!(%event, "NATS");
+                if matches!(event, async_nats::Event::Connected) {
+                    let _ = reconnected.send(());
+                }
+            })
+            .await?;
+        let subjects = Subjects::new(&args.nats_namespace);
+        let mut frames = client.subscribe(subjects.all_events()).await?;
+        client.publish(subjects.hello(), bytes::Bytes::new()).await?;
+        let idle = limits.event_idle_timeout;
+        let applier = Arc::new(Applier { monitor, directory, secrets, limits, subjects, known: Mutex::default() });
+        let hello = applier.subjects.hello();
+        let receiving = applier.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    message = frames.next() => match message {
+                        Some(message) => receiving.apply(&message.subject, &message.payload),
+                        None => break,
+                    },
+                    Some(()) = reconnections.recv() => {
+                        // Workers heard nothing of this frontend while it was away.
+                        let _ = client.publish(hello.clone(), bytes::Bytes::new()).await;
+                    }
+                }
+            }
+        });
+        let sweep = tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(SWEEP_EVERY);
+            loop {
+                ticks.tick().await;
+                applier.sweep(silence, idle);
+            }
+        });
+        Ok(NatsPlane { task, sweep })
+    }
+}
+
+impl Applier {
+    /// One message from `subject`: opened, checked and applied (or dropped).
+    fn apply(&self, subject: &str, payload: &[u8]) {
+        let sealed = match self.secrets.open(subject, payload) {
+            Ok(sealed) => sealed,
+            Err(error) => {
+                tracing::debug!(subject, %error, "NATS frame dropped");
+                return;
+            }
+        };
+        let now_ms = unix_ms();
+        let window = CLOCK_WINDOW.as_millis() as u64;
+        if sealed.sent_ms.abs_diff(now_ms) > window {
+            tracing::debug!(subject, skew_ms = sealed.sent_ms.abs_diff(now_ms), "NATS frame outside the clock window");
+            return;
+        }
+        match sealed.frame {
+            Frame::Register { worker, incarnation, dp_size, model, http_addr } => {
+                if subject != self.subjects.events(&model, worker) {
+                    return;
+                }
+                self.register(subject, worker, incarnation, dp_size, &model, &http_addr);
+            }
+            Frame::Load { worker, incarnation, rank, seq, load } => {
+                if !self.heard(subject, worker, incarnation) {
+                    return;
+                }
+                let report = LoadReport { worker, incarnation, rank, publisher: Publisher::Worker, seq, load };
+                if let Err(error) = self.monitor.apply(&report) {
+                    tracing::debug!(worker, %error, "NATS load not applied");
+                }
+            }
+            Frame::Deregister { worker, incarnation } => {
+                let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+                let ours = known.get(&worker).is_some_and(|k| k.incarnation == incarnation && k.subject == subject);
+                if ours {
+                    known.remove(&worker);
+                    drop(known);
+                    self.forget(worker, incarnation);
+                }
+            }
+            // Handshake frames have no place on NATS.
+            _ => {}
+        }
+    }
+
+    /// A frame of `worker`'s `incarnation` on `subject`: whether it is the
+    /// registered one (then it is heard now, and back in routing).
+    fn heard(&self, subject: &str, worker: WorkerId, incarnation: u64) -> bool {
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(k) = known.get_mut(&worker) else { return false };
+        if k.incarnation != incarnation || k.subject != subject {
+            return false;
+        }
+        k.heard = Instant::now();
+        if std::mem::take(&mut k.silent) {
+            drop(known);
+            self.directory.set_silent(worker, false);
+        }
+        true
+    }
+
+    fn register(&self, subject: &str, worker: WorkerId, incarnation: u64, dp_size: u32, model: &str, http_addr: &str) {
+        if let Some(k) = self.known.lock().unwrap_or_else(|e| e.into_inner()).get(&worker) {
+            if incarnation < k.incarnation {
+                return; // an older life (a replay, or a late frame)
+            }
+        }
+        if self.heard(subject, worker, incarnation) {
+            return; // the same life announcing itself again (a heartbeat)
+        }
+        if let Err(refusal) =
+            self.limits.check_register(&self.monitor, &self.directory, worker, model, Some(http_addr), dp_size)
+        {
+            tracing::warn!(worker, %refusal.message, "NATS registration refused");
+            return;
+        }
+        // As the TCP plane: a new worker's address goes in first.
+        let new = !self.directory.contains(worker);
+        if new && !self.directory.insert(worker, http_addr, dp_size) {
+            tracing::warn!(worker, "NATS registration of an id registered by --worker or --engine refused");
+            return;
+        }
+        if let Err(error) = self.monitor.register(worker, model, dp_size, incarnation) {
+            if new {
+                self.directory.remove(worker);
+            }
+            tracing::warn!(worker, %error, "NATS registration refused");
+            return;
+        }
+        if !new && !self.directory.insert(worker, http_addr, dp_size) {
+            return;
+        }
+        self.directory.sync(worker);
+        let known = Known { incarnation, subject: subject.to_owned(), heard: Instant::now(), silent: false };
+        self.known.lock().unwrap_or_else(|e| e.into_inner()).insert(worker, known);
+        tracing::info!(worker, incarnation, model, dp_size, http_addr, "worker registered (NATS)");
+    }
+
+    fn forget(&self, worker: WorkerId, incarnation: u64) {
+        if self.monitor.deregister_incarnation(worker, incarnation) {
+            self.directory.remove(worker);
+            tracing::info!(worker, incarnation, "worker deregistered (NATS)");
+        }
+    }
+
+    /// Takes workers silent for `silence` out of routing, and forgets those
+    /// silent for `idle`.
+    fn sweep(&self, silence: Duration, idle: Duration) {
+        let now = Instant::now();
+        let (mut quiet, mut gone) = (Vec::new(), Vec::new());
+        {
+            let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+            known.retain(|worker, k| {
+                let for_how_long = now.duration_since(k.heard);
+                if for_how_long >= idle {
+                    gone.push((*worker, k.incarnation));
+                    return false;
+                }
+                if for_how_long >= silence && !k.silent {
+                    k.silent = true;
+                    quiet.push(*worker);
+                }
+                true
+            });
+        }
+        for worker in quiet {
+            self.directory.set_silent(worker, true);
+        }
+        for (worker, incarnation) in gone {
+            self.forget(worker, incarnation);
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! Worker side of the NATS plane: [`NatsPublisher`], a task that publishes
+//! the worker's sealed frames to its subject — each rank's load when it
+//! changes, everything again every heartbeat and whenever a frontend says
+//! hello, and the Deregister at shutdown. While NATS is away the client
+//! buffers (bounded) and the task keeps only each rank's latest load.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use loadgate::wire::Frame;
+use loadgate::RankLoad;
+use tokio::sync::Notify;
+
+use super::subjects::Subjects;
+use crate::events::{Registration, ReportSeq};
+use crate::secret::Secrets;
+
+/// What the task publishes next.
+#[derive(Default)]
+struct State {
+    latest: Vec<Option<RankLoad>>,
+    /// Ranks whose latest load is not published yet.
+    changed: Vec<bool>,
+    stop: bool,
+}
+
+/// Publishes one worker's registration and load to NATS; dropping it (or
+/// [`NatsPublisher::shutdown`]) sends the Deregister.
+pub(crate) struct NatsPublisher {
+    state: Arc<(Mutex<State>, Notify)>,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl NatsPublisher {
+    /// Starts publishing `registration` with `client` (call from within a
+    /// tokio runtime).
+    ///
+    /// # Errors
+    ///
+    /// The hello subscription cannot be made.
+    pub(crate) async fn start(
+        client: async_nats::Client,
+        subjects: &Subjects,
+        registration: Registration,
+        heartbeat: Duration,
+        secrets: Arc<Secrets>,
+        seq: ReportSeq,
+    ) -> anyhow::Result<NatsPublisher> {
+        let hellos = client.subscribe(subjects.hello()).await?;
+        let dp = registration.dp_size as usize;
+        let state = Arc::new((
+            Mutex::new(State { latest: vec![None; dp], changed: vec![false; dp], stop: false }),
+            Notify::new(),
+        ));
+        let sender = Sender {
+            client,
+            subject: subjects.events(&registration.model, registration.worker),
+            registration,
+            secrets,
+            seq,
+        };
+        let task = tokio::spawn(run(sender, state.clone(), hellos, heartbeat));
+        Ok(NatsPublisher { state, task: Mutex::new(Some(task)) })
+    }
+
+    /// Records `rank`'s load; the task publishes it (coalesced: only the
+    /// latest of those made while it is busy).
+    pub(crate) fn report(&self, rank: u32, load: RankLoad) {
+        let (state, wake) = &*self.state;
+        let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
+        let rank = rank as usize;
+        if rank < state.latest.len() && state.latest[rank] != Some(load) {
+            state.latest[rank] = Some(load);
+            state.changed[rank] = true;
+            drop(state);
+            wake.notify_one();
+        }
+    }
+
+    /// Sends the Deregister and waits (bounded: 2 s) until NATS has it;
+    /// true when it did in time.
+    pub(crate) async fn shutdown(&self) -> bool {
+        self.stop();
+        let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match task {
+            Some(task) => tokio::time::timeout(Duration::from_secs(2), task).await.is_ok(),
+            None => true,
+        }
+    }
+
+    fn stop(&self) {
+        let (state, wake) = &*self.state;
+        state.lock().unwrap_or_else(|e| e.into_inner()).stop = true;
+        wake.notify_one();
+    }
+}
+
+impl Drop for NatsPublisher {
+    fn drop(&mut self) {
+        // The task sends the Deregister on its own (if the runtime still runs).
+        self.stop();
+    }
+}
+
+/// Seals and publishes the worker's frames.
+struct Sender {
+    client: async_nats::Client,
+    subject: String,
+    registration: Registration,
+    secrets: Arc<Secrets>,
+    seq: ReportSeq,
+}
+
+impl Sender {
+    async fn send(&self, frame: &Frame) {
+        match self.secrets.seal(&self.subject, frame) {
+            Ok(payload) => {
+                if let Err(error) = self.client.publish(self.subject.clone(), payload).await {
+                    tracing::debug!(%error, "NATS publish failed (the client reconnects)");
+                }
+            }
+            Err(error) => tracing::warn!(%error, kind = frame.kind_name(), "frame not sealed"),
+        }
+    }
+
+    fn register(&self) -> Frame {
+        let r = &self.registration;
+        Frame::Register {
+            worker: r.worker,
+            incarnation: r.incarnation,
+            dp_size: r.dp_size,
+            model: r.model.clone(),
+            http_addr: r.http_addr.clone(),
+        }
+    }
+
+    fn load(&self, rank: usize, load: RankLoad) -> Frame {
+        let r = &self.registration;
+        Frame::Load { worker: r.worker, incarnation: r.incarnation, rank: rank as u32, seq: self.seq.next(), load }
+    }
+}
+
+/// The task: loads as they change, everything at each heartbeat and hello,
+/// the Deregister at the end.
+async fn run(
+    sender: Sender,
+    state: Arc<(Mutex<State>, Notify)>,
+    mut hellos: async_nats::Subscriber,
+    heartbeat: Duration,
+) {
+    let mut ticks = tokio::time::interval(heartbeat);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut everything = true;
+    loop {
+        let (pending, stop) = {
+            let mut s = state.0.lock().unwrap_or_else(|e| e.into_inner());
+            let pending: Vec<(usize, RankLoad)> = (0..s.latest.len())
+                .filter_map(|rank| {
+                    let due = everything || s.changed[rank];
+                    s.changed[rank] = false;
+                    s.latest[rank].filter(|_| due).map(|load| (rank, load))
+                })
+                .collect();
+            (pending, s.stop)
+        };
+        if stop {
+            break;
+        }
+        if everything {
+            sender.send(&sender.register()).await;
+        }
+        for (rank, load) in pending {
+            sender.send(&sender.load(rank, load)).await;
+        }
+        everything = false;
+        tokio::select! {
+            () = state.1.notified() => {}
+            _ = ticks.tick() => everything = true,
+            Some(_) = hellos.next() => everything = true,
+        }
+    }
+    let r = &sender.registration;
+    sender.send(&Frame::Deregister { worker: r.worker, incarnation: r.incarnation }).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), sender.client.flush()).await;
+}
