@@ -35,6 +35,10 @@ impl Nats {
             let probe = TcpListener::bind("127.0.0.1:0").unwrap();
             probe.local_addr().unwrap().port()
         };
+        Nats::start_on(port, extra)
+    }
+
+    fn start_on(port: u16, extra: &[&str]) -> Nats {
         let child = Command::new("nats-server")
             .args(["-a", "127.0.0.1", "-p", &port.to_string()])
             .args(extra)
@@ -179,6 +183,50 @@ async fn a_client_without_the_secret_can_neither_register_nor_replay_nor_move_fr
     for _ in 0..5 {
         assert_eq!(fe.complete(MODEL).await.0, 200);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
+async fn a_nats_outage_of_ten_seconds_costs_no_request_and_heals_by_itself() {
+    let _box = common::shared().await;
+    let nats = Nats::start(&[]);
+    let port: u16 = nats.url.rsplit(':').next().unwrap().parse().unwrap();
+    let fe = frontend(&nats, &[]);
+    let _w1 = worker(&nats, 1);
+    let _w2 = worker(&nats, 2);
+    fe.wait_workers(2, Duration::from_secs(10)).await;
+    // Load through the outage: one request every 20 ms.
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let client = fe.client.clone();
+    let url = fe.http.clone();
+    let load = tokio::spawn(async move {
+        let mut statuses = std::collections::BTreeMap::new();
+        loop {
+            let (status, _) = common::complete(&client, &url, MODEL, None).await;
+            *statuses.entry(status).or_insert(0u32) += 1;
+            tokio::select! {
+                _ = &mut stopped => return statuses,
+                () = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+        }
+    });
+    drop(nats);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(fe.workers().await, Some(2), "the workers stayed in the last view");
+    let _nats = Nats::start_on(port, &[]);
+    let back = Instant::now();
+    // Recovered: a worker that starts now is known (the frontend and the
+    // workers reconnected, the frontend subscribed again).
+    let _w3 = worker(&_nats, 3);
+    fe.wait_workers(3, Duration::from_secs(10)).await;
+    let recovery = back.elapsed();
+    eprintln!("recovered {recovery:?} after nats-server came back");
+    let _ = stop.send(());
+    let statuses = load.await.unwrap();
+    eprintln!("answers during the outage and after: {statuses:?}");
+    assert_eq!(statuses.keys().copied().collect::<Vec<_>>(), [200], "{statuses:?}");
+    // 2 s, plus 1 s for a busy 2-core machine (the worker's own start included).
+    assert!(recovery < Duration::from_secs(3), "{recovery:?}");
 }
 
 #[test]

@@ -103,9 +103,10 @@ impl NatsArgs {
             .subscription_capacity(capacity)
             .client_capacity(capacity.min(1 << 16))
             .max_reconnects(None)
-            // 0, then doubling from 50 ms up to 2 s, with jitter.
+            // Doubling from 50 ms up to 1 s, jittered (half to all of it):
+            // back within a second of the server's return.
             .reconnect_delay_callback(|attempts| {
-                let base = 50u64.saturating_mul(1 << attempts.min(6)).min(2000);
+                let base = 50u64.saturating_mul(1 << attempts.min(5)).min(1000);
                 Duration::from_millis(base / 2 + fastrand::u64(0..=base / 2))
             })
             .event_callback(move |event| {

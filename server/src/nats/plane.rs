@@ -20,8 +20,15 @@
 //! Ownership: a worker id belongs to its registered incarnation until it
 //! deregisters or is silent for the idle timeout; an id named by `--worker`
 //! or `--engine` is never taken.
+//!
+//! A NATS outage is not the workers' silence: while the frontend is
+//! disconnected the sweep takes no worker out of routing (the frontend
+//! serves on the last view, with `--load-staleness-ms` if set), and on
+//! reconnection every worker's silence starts over and the frontend says
+//! hello, so every worker re-announces itself at once.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -73,6 +80,8 @@ struct Applier {
     limits: PlaneLimits,
     subjects: Subjects,
     known: Mutex<HashMap<WorkerId, Known>>,
+    /// Connected to NATS now (set by the client's events).
+    connected: Arc<AtomicBool>,
 }
 
 impl NatsPlane {
@@ -93,11 +102,20 @@ impl NatsPlane {
         silence: Duration,
     ) -> anyhow::Result<NatsPlane> {
         let (reconnected, mut reconnections) = tokio::sync::mpsc::unbounded_channel();
+        let connected = Arc::new(AtomicBool::new(true));
+        let link = connected.clone();
         let client = args
             .connect("loadgate frontend", move |event| {
                 tracing::info!(%event, "NATS");
-                if matches!(event, async_nats::Event::Connected) {
-                    let _ = reconnected.send(());
+                match event {
+                    async_nats::Event::Connected => {
+                        // Relaxed: a hint for the sweep; the reconnection
+                        // itself is handled in order through the channel.
+                        link.store(true, Ordering::Relaxed);
+                        let _ = reconnected.send(());
+                    }
+                    async_nats::Event::Disconnected => link.store(false, Ordering::Relaxed),
+                    _ => {}
                 }
             })
             .await?;
@@ -105,7 +123,8 @@ impl NatsPlane {
         let mut frames = client.subscribe(subjects.all_events()).await?;
         client.publish(subjects.hello(), bytes::Bytes::new()).await?;
         let idle = limits.event_idle_timeout;
-        let applier = Arc::new(Applier { monitor, directory, secrets, limits, subjects, known: Mutex::default() });
+        let applier =
+            Arc::new(Applier { monitor, directory, secrets, limits, subjects, known: Mutex::default(), connected });
         let hello = applier.subjects.hello();
         let receiving = applier.clone();
         let task = tokio::spawn(async move {
@@ -116,7 +135,9 @@ impl NatsPlane {
                         None => break,
                     },
                     Some(()) = reconnections.recv() => {
-                        // Workers heard nothing of this frontend while it was away.
+                        // Every worker's silence starts over, and every
+                        // worker announces itself again.
+                        receiving.heard_all_now();
                         let _ = client.publish(hello.clone(), bytes::Bytes::new()).await;
                     }
                 }
@@ -239,9 +260,21 @@ impl Applier {
         }
     }
 
+    /// After a reconnection: every worker counts as heard now.
+    fn heard_all_now(&self) {
+        let now = Instant::now();
+        self.known.lock().unwrap_or_else(|e| e.into_inner()).values_mut().for_each(|k| k.heard = now);
+    }
+
     /// Takes workers silent for `silence` out of routing, and forgets those
-    /// silent for `idle`.
+    /// silent for `idle` (not while NATS is away: that is no one's silence).
     fn sweep(&self, silence: Duration, idle: Duration) {
+        // Relaxed: see `start`; a sweep that misses the flag by a tick is
+        // undone by the reconnection's `heard_all_now`.
+        if !self.connected.load(Ordering::Relaxed) {
+            self.heard_all_now();
+            return;
+        }
         let now = Instant::now();
         let (mut quiet, mut gone) = (Vec::new(), Vec::new());
         {
