@@ -16,7 +16,7 @@ pub struct PlaneStats {
 impl PlaneStats {
     /// A Load frame was stored (`flipped`: and its worker's busy bit flipped).
     #[inline]
-    pub(super) fn load_applied(&self, flipped: bool) {
+    pub(crate) fn load_applied(&self, flipped: bool) {
         // Relaxed: a counter, read on its own.
         self.loads_applied.fetch_add(1, Ordering::Relaxed);
         if flipped {

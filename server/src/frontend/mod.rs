@@ -250,7 +250,16 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
              every frame on NATS is sealed under it"
         ),
         (true, Some(secrets)) => Some(
-            NatsPlane::start(&args.nats, monitor.clone(), directory.clone(), secrets.clone(), limits, silence).await?,
+            NatsPlane::start(
+                &args.nats,
+                monitor.clone(),
+                directory.clone(),
+                secrets.clone(),
+                limits,
+                silence,
+                frontend.event_stats.clone(),
+            )
+            .await?,
         ),
     };
     let listener = http_server::bind(&args.http_host, args.http_port)

@@ -33,14 +33,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
-use loadgate::monitor::Publisher;
+use loadgate::monitor::{Applied, Publisher};
 use loadgate::wire::Frame;
 use loadgate::{LoadReport, WorkerId, WorkerMonitor};
 
 use super::args::NatsArgs;
 use super::subjects::Subjects;
 use crate::directory::WorkerDirectory;
-use crate::events::PlaneLimits;
+use crate::events::{PlaneLimits, PlaneStats};
 use crate::secret::{unix_ms, Secrets};
 
 /// How far a frame's clock may be from the frontend's (either way).
@@ -82,6 +82,8 @@ struct Applier {
     known: Mutex<HashMap<WorkerId, Known>>,
     /// Connected to NATS now (set by the client's events).
     connected: Arc<AtomicBool>,
+    /// Loads applied and busy flips (the frontend's `/metrics`, with the TCP plane's).
+    stats: Arc<PlaneStats>,
 }
 
 impl NatsPlane {
@@ -100,6 +102,7 @@ impl NatsPlane {
         secrets: Arc<Secrets>,
         limits: PlaneLimits,
         silence: Duration,
+        stats: Arc<PlaneStats>,
     ) -> anyhow::Result<NatsPlane> {
         let (reconnected, mut reconnections) = tokio::sync::mpsc::unbounded_channel();
         let connected = Arc::new(AtomicBool::new(true));
@@ -123,8 +126,16 @@ impl NatsPlane {
         let mut frames = client.subscribe(subjects.all_events()).await?;
         client.publish(subjects.hello(), bytes::Bytes::new()).await?;
         let idle = limits.event_idle_timeout;
-        let applier =
-            Arc::new(Applier { monitor, directory, secrets, limits, subjects, known: Mutex::default(), connected });
+        let applier = Arc::new(Applier {
+            monitor,
+            directory,
+            secrets,
+            limits,
+            subjects,
+            known: Mutex::default(),
+            connected,
+            stats,
+        });
         let hello = applier.subjects.hello();
         let receiving = applier.clone();
         let task = tokio::spawn(async move {
@@ -182,8 +193,12 @@ impl Applier {
                     return;
                 }
                 let report = LoadReport { worker, incarnation, rank, publisher: Publisher::Worker, seq, load };
-                if let Err(error) = self.monitor.apply(&report) {
-                    tracing::debug!(worker, %error, "NATS load not applied");
+                match self.monitor.apply(&report) {
+                    Ok(applied @ (Applied::Stored | Applied::Flipped)) => {
+                        self.stats.load_applied(applied == Applied::Flipped);
+                    }
+                    Ok(_) => {}
+                    Err(error) => tracing::debug!(worker, %error, "NATS load not applied"),
                 }
             }
             Frame::Deregister { worker, incarnation } => {
