@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""NATS event-plane throughput: the load reports one frontend applies from
+NATS, against what a bare async-nats subscriber receives of the same
+publishers in the same run (server/examples/nats_flood.rs).
+
+Starts Debian's nats-server (scripts/prepare-nats-server) on a free
+127.0.0.1 port, one `loadgate frontend --event-plane nats` (release build),
+then the flood: --workers simulated workers registered with sealed
+Registers, then sealed Loads round-robin as fast as two publishing
+connections go, every 10th flipping its worker. The frontend's
+`loadgate_frontend_event_loads_applied` is read at the flood's
+`phase=measure` and `phase=done`; the ratio applied / bare received is the
+figure (the issue's bound: >= 0.80).
+
+    cargo build --release -p loadgate-server --bin loadgate --example nats_flood
+    benches/nats_plane/run.py --workers 1000 --seconds 5 --rounds 3
+"""
+import argparse
+import json
+import os
+import re
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.path.join(ROOT, "target", "release", "loadgate")
+FLOOD = os.path.join(ROOT, "target", "release", "examples", "nats_flood")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def applied(http):
+    text = urllib.request.urlopen(f"{http}/metrics", timeout=10).read().decode()
+    match = re.search(r"^loadgate_frontend_event_loads_applied(?:_total)? (\d+)", text, re.M)
+    return int(match.group(1)) if match else 0
+
+
+def one_round(args, env):
+    port = free_port()
+    nats = subprocess.Popen(["nats-server", "-a", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"nats://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+                break
+            except OSError:
+                time.sleep(0.02)
+        fe = subprocess.Popen([BIN, "frontend", "--http-host", "127.0.0.1", "--http-port", "0", "--event-port", "0",
+                               "--admin-port", "0", "--event-plane", "nats", "--nats-url", url,
+                               "--max-workers", str(args.workers + 100), "--worker-health-check-ms", "0",
+                               "--active-decode-blocks-threshold", "0.5", "--event-silence-ms", "60000",
+                               "--event-idle-timeout-ms", "120000"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+        line = fe.stdout.readline()
+        http = "http://" + re.search(r"http=(\S+)", line).group(1)
+        flood = subprocess.Popen([FLOOD, "--nats-url", url, "--workers", str(args.workers),
+                                  "--seconds", str(args.seconds)], stdout=subprocess.PIPE, env=env, text=True)
+        before = after = None
+        result = None
+        for out in flood.stdout:
+            if out.startswith("phase=measure"):
+                before = applied(http)
+            elif out.startswith("phase=done"):
+                after = applied(http)
+            elif out.startswith("result "):
+                result = json.loads(out[len("result "):])
+        flood.wait()
+        fe.terminate()
+        fe.wait(timeout=10)
+        frontend = (after - before) / args.seconds
+        return frontend, result
+    finally:
+        nats.terminate()
+        nats.wait(timeout=10)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", type=int, default=1000)
+    p.add_argument("--seconds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args()
+    env = dict(os.environ)
+    env.setdefault("LOADGATE_EVENT_SECRET", secrets.token_hex(24))
+    env["RUST_LOG"] = "warn"
+    print(f"| round | published/s | bare subscriber received/s | frontend applied/s | frontend / bare |")
+    print(f"|---:|---:|---:|---:|---:|")
+    ratios = []
+    for r in range(1, args.rounds + 1):
+        frontend, result = one_round(args, env)
+        bare = result["bare_received_per_s"]
+        ratio = frontend / bare if bare else 0.0
+        ratios.append(ratio)
+        print(f"| {r} | {result['published_per_s']:,.0f} | {bare:,.0f} | {frontend:,.0f} | {ratio:.3f} |", flush=True)
+    ratios.sort()
+    print(f"\nmedian frontend / bare: {ratios[len(ratios) // 2]:.3f} ({args.workers} workers, {args.seconds} s per round)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
