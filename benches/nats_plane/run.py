@@ -37,10 +37,73 @@ def free_port():
         return s.getsockname()[1]
 
 
+def metrics(http):
+    return urllib.request.urlopen(f"{http}/metrics", timeout=10).read().decode()
+
+
 def applied(http):
-    text = urllib.request.urlopen(f"{http}/metrics", timeout=10).read().decode()
-    match = re.search(r"^loadgate_frontend_event_loads_applied(?:_total)? (\d+)", text, re.M)
+    match = re.search(r"^loadgate_frontend_event_loads_applied(?:_total)? (\d+)", metrics(http), re.M)
     return int(match.group(1)) if match else 0
+
+
+def flip_lag(http):
+    """The flip lag histogram's cumulative buckets: [(le seconds, count)]."""
+    rows = re.findall(r'^loadgate_frontend_event_flip_lag_seconds_bucket\{le="([^"]+)"\} (\d+)', metrics(http), re.M)
+    return [(float("inf") if le == "+Inf" else float(le), int(n)) for le, n in rows]
+
+
+def quantile(buckets, q):
+    total = buckets[-1][1] if buckets else 0
+    for le, n in buckets:
+        if total and n >= q * total:
+            return le, total
+    return float("nan"), total
+
+
+def start_nats():
+    port = free_port()
+    nats = subprocess.Popen(["nats-server", "-a", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+            break
+        except OSError:
+            time.sleep(0.02)
+    return nats, f"nats://127.0.0.1:{port}"
+
+
+def start_frontend(url, workers, env):
+    fe = subprocess.Popen([BIN, "frontend", "--http-host", "127.0.0.1", "--http-port", "0", "--event-port", "0",
+                           "--admin-port", "0", "--event-plane", "nats", "--nats-url", url,
+                           "--max-workers", str(workers + 100), "--worker-health-check-ms", "0",
+                           "--active-decode-blocks-threshold", "0.5", "--event-silence-ms", "60000",
+                           "--event-idle-timeout-ms", "120000"],
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+    line = fe.stdout.readline()
+    return fe, "http://" + re.search(r"http=(\S+)", line).group(1)
+
+
+def lag_round(args, env):
+    """`--frontends` frontends, loads at `--rate`: each frontend's flip lag."""
+    nats, url = start_nats()
+    frontends = []
+    try:
+        frontends = [start_frontend(url, args.workers, env) for _ in range(args.frontends)]
+        flood = subprocess.run([FLOOD, "--nats-url", url, "--workers", str(args.workers), "--seconds",
+                                str(args.seconds), "--rate", str(args.rate)], capture_output=True, env=env, text=True)
+        result = json.loads(flood.stdout.split("result ", 1)[1])
+        rows = []
+        for _, http in frontends:
+            buckets = flip_lag(http)
+            rows.append((quantile(buckets, 0.5)[0], quantile(buckets, 0.99)[0], quantile(buckets, 0.99)[1]))
+        return result, rows
+    finally:
+        for fe, _ in frontends:
+            fe.terminate()
+            fe.wait(timeout=10)
+        nats.terminate()
+        nats.wait(timeout=10)
 
 
 def one_round(args, env):
@@ -89,10 +152,23 @@ def main():
     p.add_argument("--workers", type=int, default=1000)
     p.add_argument("--seconds", type=int, default=5)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--lag", action="store_true", help="the flip lag at --rate across --frontends instead")
+    p.add_argument("--frontends", type=int, default=3)
+    p.add_argument("--rate", type=int, default=10000)
     args = p.parse_args()
     env = dict(os.environ)
     env.setdefault("LOADGATE_EVENT_SECRET", secrets.token_hex(24))
     env["RUST_LOG"] = "warn"
+    if args.lag:
+        print("| round | loads/s published | frontend | flips applied | p50 lag (ms, <=) | p99 lag (ms, <=) |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        for r in range(1, args.rounds + 1):
+            result, rows = lag_round(args, env)
+            for i, (p50, p99, n) in enumerate(rows):
+                print(f"| {r} | {result['published_per_s']:,.0f} | {i + 1} | {n:,} | {p50 * 1000:g} | {p99 * 1000:g} |",
+                      flush=True)
+        print(f"\n({args.workers} workers, {args.frontends} frontends, 1 ms resolution: the bucket bound)")
+        return
     print(f"| round | published/s | bare subscriber received/s | frontend applied/s | frontend / bare |")
     print(f"|---:|---:|---:|---:|---:|")
     ratios = []

@@ -50,6 +50,9 @@ struct Args {
     /// Publishing connections.
     #[arg(long, default_value_t = 2)]
     publishers: u64,
+    /// Loads per second in all (0: as fast as the publishers go).
+    #[arg(long, default_value_t = 0)]
+    rate: u64,
 }
 
 fn unix_ms() -> u64 {
@@ -107,10 +110,17 @@ async fn main() -> anyhow::Result<()> {
         let first = args.first_id + i as u64 * share;
         let last = (first + share).min(args.first_id + args.workers);
         let flip_every = args.flip_every.max(1);
+        // This publisher's pace: one load every `gap` (none: no pace).
+        let gap = (args.rate > 0).then(|| Duration::from_secs_f64(args.publishers.max(1) as f64 / args.rate as f64));
         tasks.push(tokio::spawn(async move {
             let mut seq = 1;
+            let mut sent = 0u32;
             while Instant::now() < end {
                 for w in first..last {
+                    if let Some(gap) = gap {
+                        sent += 1;
+                        tokio::time::sleep_until((start + gap * sent).into()).await;
+                    }
                     let busy = (seq / flip_every) % 2 == 1;
                     let load = RankLoad {
                         active_decode_blocks: if busy { 95 } else { 5 },

@@ -1,16 +1,36 @@
 //! [`PlaneStats`]: what the event plane has applied, counted on its thread
 //! and read by `/metrics` (`loadgate_frontend_event_loads_applied_total`,
-//! `loadgate_frontend_event_busy_flips_total`).
+//! `loadgate_frontend_event_busy_flips_total`), and how late the NATS plane
+//! applies flips (`loadgate_frontend_event_flip_lag_seconds`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus_client::metrics::histogram::Histogram;
+
+/// Upper bounds of the flip lag's buckets (seconds): the sender's clock has
+/// millisecond resolution.
+const FLIP_LAG_BUCKETS: [f64; 12] = [0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0];
 
 /// Counters of the event plane's thread. Each is a relaxed increment where
 /// it happens: one thread writes them, and a reader wants a total, not an
 /// order with anything else.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PlaneStats {
     loads_applied: AtomicU64,
     busy_flips: AtomicU64,
+    /// From a flip's seal to its application (NATS plane only: its frames
+    /// carry the sender's clock).
+    flip_lag: Histogram,
+}
+
+impl Default for PlaneStats {
+    fn default() -> Self {
+        PlaneStats {
+            loads_applied: AtomicU64::default(),
+            busy_flips: AtomicU64::default(),
+            flip_lag: Histogram::new(FLIP_LAG_BUCKETS),
+        }
+    }
 }
 
 impl PlaneStats {
@@ -22,6 +42,17 @@ impl PlaneStats {
         if flipped {
             self.busy_flips.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// A flip sealed at `sent_ms` was applied now (`now_ms`, the same
+    /// clock: both on one host, or synchronised).
+    pub(crate) fn flip_lag(&self, sent_ms: u64, now_ms: u64) {
+        self.flip_lag.observe(now_ms.saturating_sub(sent_ms) as f64 / 1000.0);
+    }
+
+    /// The flip lag histogram (for `/metrics`).
+    pub(crate) fn flip_lag_histogram(&self) -> Histogram {
+        self.flip_lag.clone()
     }
 
     /// Load frames the monitor stored (stale, contended and other

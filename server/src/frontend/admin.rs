@@ -193,4 +193,9 @@ fn register_event_plane(registry: &mut Registry, stats: &PlaneStats) {
         counter.inc_by(value);
         registry.register(name, help, counter);
     }
+    registry.register(
+        "loadgate_frontend_event_flip_lag_seconds",
+        "From a busy flip's seal by its worker to its application (NATS plane; 1 ms resolution)",
+        stats.flip_lag_histogram(),
+    );
 }

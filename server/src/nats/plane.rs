@@ -196,6 +196,9 @@ impl Applier {
                 match self.monitor.apply(&report) {
                     Ok(applied @ (Applied::Stored | Applied::Flipped)) => {
                         self.stats.load_applied(applied == Applied::Flipped);
+                        if applied == Applied::Flipped {
+                            self.stats.flip_lag(sealed.sent_ms, unix_ms());
+                        }
                     }
                     Ok(_) => {}
                     Err(error) => tracing::debug!(worker, %error, "NATS load not applied"),
