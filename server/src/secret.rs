@@ -276,15 +276,11 @@ impl Secrets {
         Ok(buf.freeze())
     }
 
-    /// An envelope received on `subject`, opened under either secret.
-    ///
-    /// # Errors
-    ///
-    /// See [`wire::envelope::open`].
-    pub fn open(&self, subject: &str, data: &[u8]) -> Result<wire::envelope::Sealed, wire::envelope::EnvelopeError> {
+    /// What opens envelopes under either secret, each key prepared once.
+    pub fn openers(&self) -> wire::envelope::Openers {
         match &self.previous {
-            Some(previous) => wire::envelope::open(&[&self.current, previous], subject, data),
-            None => wire::envelope::open(&[&self.current], subject, data),
+            Some(previous) => wire::envelope::Openers::new(&[&self.current, previous]),
+            None => wire::envelope::Openers::new(&[&self.current]),
         }
     }
 

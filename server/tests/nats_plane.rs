@@ -4,7 +4,9 @@
 //! `--event-plane nats`, and a raw NATS client playing the attacker.
 //!
 //! `#[ignore]` in plain `cargo test` (they need `nats-server`); `.ci/run`
-//! installs it and runs them with `--ignored`, where a missing server fails.
+//! installs it and runs them with `--ignored`, in release (the flood test
+//! measures throughput: a debug frontend opens about 80,000 envelopes a
+//! second, a release one about a million), where a missing server fails.
 //!
 //! Margins: a frontend must know every worker within max(1 s, one
 //! heartbeat) of its start; asserted within 1 s plus 1 s for a 2-core
@@ -18,8 +20,16 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
 use common::{metric, metrics_text, Frontend, SECRET};
 use futures_util::StreamExt as _;
+use loadgate::wire::envelope::seal;
+use loadgate::wire::Frame;
+use loadgate::RankLoad;
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
 
 const MODEL: &str = "nats-model";
 
@@ -227,6 +237,141 @@ async fn a_nats_outage_of_ten_seconds_costs_no_request_and_heals_by_itself() {
     assert_eq!(statuses.keys().copied().collect::<Vec<_>>(), [200], "{statuses:?}");
     // 2 s, plus 1 s for a busy 2-core machine (the worker's own start included).
     assert!(recovery < Duration::from_secs(3), "{recovery:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
+async fn a_worker_that_moves_hosts_is_routed_to_its_new_address_only() {
+    let _box = common::shared().await;
+    let nats = Nats::start(&[]);
+    let fe = frontend(&nats, &[]);
+    let mut old = worker(&nats, 5);
+    fe.wait_workers(1, Duration::from_secs(10)).await;
+    assert_eq!(fe.complete(MODEL).await.0, 200);
+    let old_http = old.http.clone();
+    // kill -9 (no Deregister), then the same id elsewhere: a new address
+    // and a new incarnation.
+    old.proc.kill();
+    let moved = worker(&nats, 5);
+    assert_ne!(moved.http, old_http);
+    // Its Register (a newer incarnation) replaces the old one at once: the
+    // old address is dead, so any request sent there would fail.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fe.complete(MODEL).await.0 != 200 {
+        assert!(Instant::now() < deadline, "the moved worker was not routed to");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for _ in 0..20 {
+        let (status, body) = fe.complete(MODEL).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(fe.workers().await, Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
+async fn a_flood_without_the_secret_leaves_health_and_real_flips_working() {
+    let _box = common::shared().await;
+    let nats = Nats::start(&[]);
+    let fe = frontend(&nats, &["--active-decode-blocks-threshold", "0.5", "--worker-health-check-ms", "0"]);
+    let _w = worker(&nats, 1);
+    // A second worker this test speaks for, with the secret: its flips are
+    // the real ones measured under the flood.
+    let honest = async_nats::connect(nats.url.as_str()).await.expect("connects");
+    let subject = format!("loadgate.ev.{MODEL}.42");
+    let incarnation = unix_ms() * 1000;
+    let send = |frame: Frame| {
+        let mut buf = BytesMut::new();
+        seal(SECRET.as_bytes(), &subject, unix_ms(), &frame, &mut buf).unwrap();
+        let (honest, subject) = (honest.clone(), subject.clone());
+        async move { honest.publish(subject, buf.freeze()).await.unwrap() }
+    };
+    let register = Frame::Register {
+        worker: 42,
+        incarnation,
+        dp_size: 1,
+        model: MODEL.to_owned(),
+        http_addr: "127.0.0.1:9".to_owned(),
+    };
+    send(register).await;
+    fe.wait_workers(2, Duration::from_secs(10)).await;
+    // Forged frames on every worker subject, as fast as one connection goes,
+    // for 3 s (bounded).
+    let url = nats.url.clone();
+    let flood = tokio::spawn(async move {
+        let attacker = async_nats::connect(url.as_str()).await.expect("attacker connects");
+        let until = Instant::now() + Duration::from_secs(3);
+        let mut sent = 0u64;
+        while Instant::now() < until {
+            for w in 0..64u64 {
+                let mut forged = vec![0xE1u8; 120];
+                forged[9] = 0xB2;
+                forged[10..18].copy_from_slice(&w.to_be_bytes());
+                attacker.publish(format!("loadgate.ev.{MODEL}.{w}"), forged.into()).await.unwrap();
+                sent += 1;
+            }
+        }
+        let _ = attacker.flush().await;
+        sent
+    });
+    // Meanwhile: 100 real flips of worker 42, one every 20 ms, each sent
+    // as a worker sends a change (once more 5 ms later, with the next seq:
+    // `a_changed_load_is_sent_again_5_ms_later`); /health answers.
+    let mut answered = 0;
+    for flip in 1..=100u64 {
+        let busy = flip % 2 == 1;
+        let load =
+            RankLoad { active_decode_blocks: if busy { 90 } else { 10 }, kv_total_blocks: 100, ..Default::default() };
+        send(Frame::Load { worker: 42, incarnation, rank: 0, seq: 2 * flip - 1, load }).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        send(Frame::Load { worker: 42, incarnation, rank: 0, seq: 2 * flip, load }).await;
+        if flip % 10 == 0 {
+            assert_eq!(fe.workers().await, Some(2), "/health answers with the two workers");
+            answered += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(15)).await;
+    }
+    let sent = flood.await.unwrap();
+    let text = metrics_text(&fe.client, &fe.http).await;
+    let bucket = |le: &str| {
+        let series = format!("loadgate_frontend_event_flip_lag_seconds_bucket{{le=\"{le}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(series.as_str())).and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    let (within, all) = (bucket("0.1").unwrap_or(0.0), bucket("+Inf").unwrap_or(0.0));
+    let dropped: Vec<&str> = text.lines().filter(|l| l.starts_with("loadgate_frontend_event_frames_dropped")).collect();
+    eprintln!("{sent} forged frames; flips applied {all}, within 100 ms {within}; {answered} health checks answered");
+    eprintln!("{dropped:?}");
+    assert_eq!(all, 100.0, "every real flip applied:\n{text}");
+    assert!(within >= 99.0, "p99 of the flips within 100 ms: {within} of {all}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
+async fn a_changed_load_is_sent_again_5_ms_later() {
+    let _box = common::shared().await;
+    let nats = Nats::start(&[]);
+    let listener = async_nats::connect(nats.url.as_str()).await.expect("connects");
+    let subject = format!("loadgate.ev.{MODEL}.8");
+    let mut frames = listener.subscribe(subject.clone()).await.unwrap();
+    let fe = frontend(&nats, &[]);
+    let _w = worker(&nats, 8);
+    fe.wait_workers(1, Duration::from_secs(10)).await;
+    // A request changes the worker's load (and its end changes it back).
+    assert_eq!(fe.complete(MODEL).await.0, 200);
+    let mut loads = Vec::new();
+    let until = Instant::now() + Duration::from_millis(400);
+    while let Ok(Some(message)) = tokio::time::timeout_at(until.into(), frames.next()).await {
+        let opened = loadgate::wire::envelope::open(&[SECRET.as_bytes()], &subject, &message.payload).unwrap();
+        if let Frame::Load { seq, load, .. } = opened.frame {
+            loads.push((Instant::now(), seq, load));
+        }
+    }
+    // Some load sent twice in a row, with increasing seqs, within 50 ms
+    // (a heartbeat's re-send comes only every 200 ms).
+    let repeated =
+        loads.windows(2).any(|w| w[0].2 == w[1].2 && w[1].1 > w[0].1 && w[1].0 - w[0].0 < Duration::from_millis(50));
+    let seen: Vec<(u64, u32)> = loads.iter().map(|l| (l.1, l.2.active_decode_blocks)).collect();
+    assert!(repeated, "no change sent twice: {seen:?}");
 }
 
 #[test]

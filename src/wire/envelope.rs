@@ -70,15 +70,55 @@ impl std::fmt::Display for EnvelopeError {
 
 impl std::error::Error for EnvelopeError {}
 
-fn keyed(secret: &[u8], subject: &str, body: &[u8]) -> Hmac<Sha256> {
+/// The HMAC of one secret with the context already in (the key's pads and
+/// the context hashed once, not per envelope).
+fn keyed_context(secret: &[u8]) -> Hmac<Sha256> {
     // HMAC accepts keys of any length, so this never fails.
     let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC accepts any key length");
     mac.update(CONTEXT);
+    mac
+}
+
+fn tagged(mut mac: Hmac<Sha256>, subject: &str, body: &[u8]) -> Hmac<Sha256> {
     // At most MAX_SUBJECT: fits in two bytes.
     mac.update(&(subject.len() as u16).to_be_bytes());
     mac.update(subject.as_bytes());
     mac.update(body);
     mac
+}
+
+fn keyed(secret: &[u8], subject: &str, body: &[u8]) -> Hmac<Sha256> {
+    tagged(keyed_context(secret), subject, body)
+}
+
+/// The secrets that open envelopes, each prepared once: what a receiver
+/// keeps to open many ([`Openers::open`] is [`open`] without rehashing the
+/// keys).
+#[derive(Clone)]
+pub struct Openers(Vec<Hmac<Sha256>>);
+
+impl std::fmt::Debug for Openers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Openers({} secrets)", self.0.len())
+    }
+}
+
+impl Openers {
+    /// Prepares `secrets` (the current one first).
+    pub fn new(secrets: &[&[u8]]) -> Self {
+        Openers(secrets.iter().map(|s| keyed_context(s)).collect())
+    }
+
+    /// As [`open`] with these secrets.
+    ///
+    /// # Errors
+    ///
+    /// See [`EnvelopeError`].
+    pub fn open(&self, subject: &str, src: &[u8]) -> Result<Sealed, EnvelopeError> {
+        open_with(src, subject, |body, tag| {
+            self.0.iter().any(|mac| tagged(mac.clone(), subject, body).verify_slice(tag).is_ok())
+        })
+    }
 }
 
 /// Appends `frame`, sealed for `subject` at `sent_ms` under `secret`, to
@@ -111,6 +151,13 @@ pub fn seal(secret: &[u8], subject: &str, sent_ms: u64, frame: &Frame, dst: &mut
 /// See [`EnvelopeError`]; nothing is decoded from an envelope whose tag does
 /// not match.
 pub fn open(secrets: &[&[u8]], subject: &str, src: &[u8]) -> Result<Sealed, EnvelopeError> {
+    open_with(src, subject, |body, tag| {
+        secrets.iter().any(|secret| keyed(secret, subject, body).verify_slice(tag).is_ok())
+    })
+}
+
+/// [`open`] with `verified(body, tag)` deciding the tag.
+fn open_with(src: &[u8], subject: &str, verified: impl Fn(&[u8], &[u8]) -> bool) -> Result<Sealed, EnvelopeError> {
     if src.len() < 1 + 8 + TAG_LEN + 1 || src.len() > MAX_ENVELOPE {
         return Err(EnvelopeError::Length(src.len()));
     }
@@ -121,7 +168,7 @@ pub fn open(secrets: &[&[u8]], subject: &str, src: &[u8]) -> Result<Sealed, Enve
         return Err(EnvelopeError::Subject(subject.len()));
     }
     let (body, tag) = src.split_at(src.len() - TAG_LEN);
-    if !secrets.iter().any(|secret| keyed(secret, subject, body).verify_slice(tag).is_ok()) {
+    if !verified(body, tag) {
         return Err(EnvelopeError::Tag);
     }
     let sent_ms = u64::from_be_bytes(body[1..9].try_into().expect("8 bytes"));
@@ -173,6 +220,15 @@ mod tests {
         bent[0] ^= 1;
         assert!(matches!(open(&[SECRET], "lg.ev.m.7", &bent), Err(EnvelopeError::Magic(_))));
         assert!(matches!(open(&[SECRET], "lg.ev.m.7", &bytes[..20]), Err(EnvelopeError::Length(20))));
+    }
+
+    #[test]
+    fn prepared_openers_agree_with_open() {
+        let bytes = sealed("lg.ev.m.7");
+        let openers = Openers::new(&[b"old secret", SECRET]);
+        assert_eq!(openers.open("lg.ev.m.7", &bytes), open(&[SECRET], "lg.ev.m.7", &bytes));
+        assert_eq!(openers.open("lg.ev.m.8", &bytes), Err(EnvelopeError::Tag));
+        assert_eq!(Openers::new(&[b"old secret"]).open("lg.ev.m.7", &bytes), Err(EnvelopeError::Tag));
     }
 
     #[test]

@@ -21,6 +21,10 @@ pub struct PlaneStats {
     /// From a flip's seal to its application (NATS plane only: its frames
     /// carry the sender's clock).
     flip_lag: Histogram,
+    /// NATS frames dropped unopened (no secret, altered, moved) or
+    /// refused after opening (clock, subject, incarnation).
+    unsealed: AtomicU64,
+    refused: AtomicU64,
 }
 
 impl Default for PlaneStats {
@@ -29,6 +33,8 @@ impl Default for PlaneStats {
             loads_applied: AtomicU64::default(),
             busy_flips: AtomicU64::default(),
             flip_lag: Histogram::new(FLIP_LAG_BUCKETS),
+            unsealed: AtomicU64::default(),
+            refused: AtomicU64::default(),
         }
     }
 }
@@ -48,6 +54,20 @@ impl PlaneStats {
     /// clock: both on one host, or synchronised).
     pub(crate) fn flip_lag(&self, sent_ms: u64, now_ms: u64) {
         self.flip_lag.observe(now_ms.saturating_sub(sent_ms) as f64 / 1000.0);
+    }
+
+    /// A NATS frame was dropped: its envelope did not open (`unsealed`), or
+    /// it opened and was refused.
+    pub(crate) fn frame_dropped(&self, unsealed: bool) {
+        // Relaxed: counters, read on their own.
+        let counter = if unsealed { &self.unsealed } else { &self.refused };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// NATS frames dropped: (unopened, refused after opening).
+    pub fn frames_dropped(&self) -> (u64, u64) {
+        // Relaxed: counters read on their own.
+        (self.unsealed.load(Ordering::Relaxed), self.refused.load(Ordering::Relaxed))
     }
 
     /// The flip lag histogram (for `/metrics`).

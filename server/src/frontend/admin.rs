@@ -12,6 +12,7 @@ use axum::{Extension, Json};
 use loadgate::metrics::MetricsFormat;
 use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
@@ -193,6 +194,15 @@ fn register_event_plane(registry: &mut Registry, stats: &PlaneStats) {
         counter.inc_by(value);
         registry.register(name, help, counter);
     }
+    let (unsealed, refused) = stats.frames_dropped();
+    let dropped = Family::<[(&'static str, &'static str); 1], Counter>::default();
+    dropped.get_or_create(&[("reason", "unsealed")]).inc_by(unsealed);
+    dropped.get_or_create(&[("reason", "refused")]).inc_by(refused);
+    registry.register(
+        "loadgate_frontend_event_frames_dropped",
+        "NATS frames dropped: unsealed (no secret, altered or moved) or refused once opened (clock, subject)",
+        dropped,
+    );
     registry.register(
         "loadgate_frontend_event_flip_lag_seconds",
         "From a busy flip's seal by its worker to its application (NATS plane; 1 ms resolution)",

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
 use loadgate::monitor::{Applied, Publisher};
+use loadgate::wire::envelope::Openers;
 use loadgate::wire::Frame;
 use loadgate::{LoadReport, WorkerId, WorkerMonitor};
 
@@ -76,7 +77,8 @@ impl Drop for NatsPlane {
 struct Applier {
     monitor: Arc<WorkerMonitor>,
     directory: Arc<WorkerDirectory>,
-    secrets: Arc<Secrets>,
+    /// The event secrets, prepared to open envelopes.
+    openers: Openers,
     limits: PlaneLimits,
     subjects: Subjects,
     known: Mutex<HashMap<WorkerId, Known>>,
@@ -129,7 +131,7 @@ impl NatsPlane {
         let applier = Arc::new(Applier {
             monitor,
             directory,
-            secrets,
+            openers: secrets.openers(),
             limits,
             subjects,
             known: Mutex::default(),
@@ -168,9 +170,10 @@ impl NatsPlane {
 impl Applier {
     /// One message from `subject`: opened, checked and applied (or dropped).
     fn apply(&self, subject: &str, payload: &[u8]) {
-        let sealed = match self.secrets.open(subject, payload) {
+        let sealed = match self.openers.open(subject, payload) {
             Ok(sealed) => sealed,
             Err(error) => {
+                self.stats.frame_dropped(true);
                 tracing::debug!(subject, %error, "NATS frame dropped");
                 return;
             }
@@ -178,18 +181,21 @@ impl Applier {
         let now_ms = unix_ms();
         let window = CLOCK_WINDOW.as_millis() as u64;
         if sealed.sent_ms.abs_diff(now_ms) > window {
+            self.stats.frame_dropped(false);
             tracing::debug!(subject, skew_ms = sealed.sent_ms.abs_diff(now_ms), "NATS frame outside the clock window");
             return;
         }
         match sealed.frame {
             Frame::Register { worker, incarnation, dp_size, model, http_addr } => {
                 if subject != self.subjects.events(&model, worker) {
+                    self.stats.frame_dropped(false);
                     return;
                 }
                 self.register(subject, worker, incarnation, dp_size, &model, &http_addr);
             }
             Frame::Load { worker, incarnation, rank, seq, load } => {
                 if !self.heard(subject, worker, incarnation) {
+                    self.stats.frame_dropped(false);
                     return;
                 }
                 let report = LoadReport { worker, incarnation, rank, publisher: Publisher::Worker, seq, load };

@@ -141,8 +141,14 @@ impl Sender {
     }
 }
 
-/// The task: loads as they change, everything at each heartbeat and hello,
-/// the Deregister at the end.
+/// How long after a change its load is sent once more: core NATS delivers
+/// at most once, and a frontend under a flood of forged frames may drop a
+/// few; the repeat (a new seq, the rank's latest load) makes a lost flip
+/// rare without waiting for the heartbeat.
+const REPEAT_AFTER: Duration = Duration::from_millis(5);
+
+/// The task: loads as they change (and once more [`REPEAT_AFTER`]),
+/// everything at each heartbeat and hello, the Deregister at the end.
 async fn run(
     sender: Sender,
     state: Arc<(Mutex<State>, Notify)>,
@@ -152,6 +158,9 @@ async fn run(
     let mut ticks = tokio::time::interval(heartbeat);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut everything = true;
+    // Ranks to send once more, and when.
+    let mut repeat: Vec<usize> = Vec::new();
+    let mut repeat_at: Option<tokio::time::Instant> = None;
     loop {
         let (pending, stop) = {
             let mut s = state.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -170,14 +179,29 @@ async fn run(
         if everything {
             sender.send(&sender.register()).await;
         }
-        for (rank, load) in pending {
+        for &(rank, load) in &pending {
             sender.send(&sender.load(rank, load)).await;
+            if !everything && !repeat.contains(&rank) {
+                repeat.push(rank);
+            }
+        }
+        if !everything && !pending.is_empty() && repeat_at.is_none() {
+            repeat_at = Some(tokio::time::Instant::now() + REPEAT_AFTER);
         }
         everything = false;
         tokio::select! {
             () = state.1.notified() => {}
             _ = ticks.tick() => everything = true,
             Some(_) = hellos.next() => everything = true,
+            () = tokio::time::sleep_until(repeat_at.unwrap_or_else(tokio::time::Instant::now)), if repeat_at.is_some() => {
+                repeat_at = None;
+                let latest = state.0.lock().unwrap_or_else(|e| e.into_inner()).latest.clone();
+                for rank in repeat.drain(..) {
+                    if let Some(load) = latest[rank] {
+                        sender.send(&sender.load(rank, load)).await;
+                    }
+                }
+            }
         }
     }
     let r = &sender.registration;
