@@ -107,25 +107,10 @@ def lag_round(args, env):
 
 
 def one_round(args, env):
-    port = free_port()
-    nats = subprocess.Popen(["nats-server", "-a", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"nats://127.0.0.1:{port}"
+    nats, url = start_nats()
+    fe = None
     try:
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-                break
-            except OSError:
-                time.sleep(0.02)
-        fe = subprocess.Popen([BIN, "frontend", "--http-host", "127.0.0.1", "--http-port", "0", "--event-port", "0",
-                               "--admin-port", "0", "--event-plane", "nats", "--nats-url", url,
-                               "--max-workers", str(args.workers + 100), "--worker-health-check-ms", "0",
-                               "--active-decode-blocks-threshold", "0.5", "--event-silence-ms", "60000",
-                               "--event-idle-timeout-ms", "120000"],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
-        line = fe.stdout.readline()
-        http = "http://" + re.search(r"http=(\S+)", line).group(1)
+        fe, http = start_frontend(url, args.workers, env)
         flood = subprocess.Popen([FLOOD, "--nats-url", url, "--workers", str(args.workers),
                                   "--seconds", str(args.seconds)], stdout=subprocess.PIPE, env=env, text=True)
         before = after = None
@@ -138,11 +123,11 @@ def one_round(args, env):
             elif out.startswith("result "):
                 result = json.loads(out[len("result "):])
         flood.wait()
-        fe.terminate()
-        fe.wait(timeout=10)
-        frontend = (after - before) / args.seconds
-        return frontend, result
+        return (after - before) / args.seconds, result
     finally:
+        if fe:
+            fe.terminate()
+            fe.wait(timeout=10)
         nats.terminate()
         nats.wait(timeout=10)
 

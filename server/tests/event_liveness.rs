@@ -20,7 +20,6 @@ mod common;
 
 use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -371,33 +370,7 @@ async fn an_event_peer_cannot_take_a_static_worker_id_during_startup() {
 /// Runs `loadgate frontend <args>` (no secret), which must exit (bounded);
 /// returns its stderr.
 fn frontend_refuses(args: &[&str]) -> String {
-    let mut child = Command::new(common::bin())
-        .arg("frontend")
-        .args(["--http-host", "127.0.0.1", "--http-port", "0", "--event-port", "0", "--admin-port", "0"])
-        .args(args)
-        .env_remove("LOADGATE_EVENT_SECRET")
-        .env_remove("LOADGATE_EVENT_SECRET_PREVIOUS")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn loadgate");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            let out = child.wait_with_output().expect("output");
-            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-            assert!(!status.success(), "the frontend started with {args:?}; stderr: {stderr}");
-            assert!(!String::from_utf8_lossy(&out.stdout).contains("listening"), "{args:?} listened");
-            return stderr;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the frontend with {args:?} neither started nor exited within 20 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::frontend_refuses(args, &[])
 }
 
 /// What a `--worker URL`'s `/info` names passes the same limits as an

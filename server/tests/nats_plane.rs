@@ -378,32 +378,14 @@ async fn a_changed_load_is_sent_again_5_ms_later() {
 #[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
 fn without_the_secret_or_with_wrong_credentials_a_frontend_refuses_to_start() {
     let nats = Nats::start(&["--user", "lg", "--pass", "right-password"]);
-    let refuses = |env: &[(&str, &str)], extra: &[&str]| {
-        let out = Command::new(common::bin())
-            .args([
-                "frontend",
-                "--http-host",
-                "127.0.0.1",
-                "--http-port",
-                "0",
-                "--event-port",
-                "0",
-                "--admin-port",
-                "0",
-            ])
-            .args(["--event-plane", "nats", "--nats-url", nats.url.as_str(), "--nats-connect-timeout-secs", "2"])
-            .args(extra)
-            .env_remove("LOADGATE_EVENT_SECRET")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .output()
-            .expect("run loadgate");
-        assert!(!out.status.success());
-        String::from_utf8_lossy(&out.stderr).into_owned()
+    let url = nats.url.clone();
+    let refuses = |env: &[(&str, &str)]| {
+        let plane = ["--event-plane", "nats", "--nats-url", url.as_str(), "--nats-connect-timeout-secs", "2"];
+        common::frontend_refuses(&plane, env)
     };
-    let stderr = refuses(&[], &[]);
+    let stderr = refuses(&[]);
     assert!(stderr.contains("--event-plane nats needs the event secret"), "{stderr}");
     let wrong = [("LOADGATE_EVENT_SECRET", SECRET), ("LOADGATE_NATS_USER", "lg"), ("LOADGATE_NATS_PASSWORD", "wrong")];
-    let stderr = refuses(&wrong, &[]);
+    let stderr = refuses(&wrong);
     assert!(stderr.contains("cannot connect to NATS at"), "{stderr}");
 }

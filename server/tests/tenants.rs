@@ -15,7 +15,6 @@ mod common;
 mod line;
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{metric, metrics_text};
@@ -81,7 +80,10 @@ async fn send_keyed(
     }
     let response = request.send().await.expect("send");
     let reason = response.headers().get("x-loadgate-rejected-reason").and_then(|v| v.to_str().ok()).map(str::to_owned);
-    (response.status().as_u16(), reason, start.elapsed())
+    let status = response.status().as_u16();
+    // Read to its end: a body dropped unread counts as the client gone.
+    let _ = response.bytes().await;
+    (status, reason, start.elapsed())
 }
 
 fn spawn_keyed(
@@ -170,17 +172,26 @@ async fn a_key_decides_the_tenant_and_caps_its_class() {
     worker.report(false);
     let (status, _, _) = tokio::time::timeout(Duration::from_secs(5), gold).await.expect("served").unwrap();
     assert_eq!(status, 200);
-    let text = metrics_text(&fe.client, &fe.http).await;
-    let count = |tenant: &str, outcome: &str| {
+    // A request is counted when its response ends (the observer's end of the
+    // body), which may come just after the client read the status: bounded
+    // wait (5 s) for every count.
+    let count = |text: &str, tenant: &str, outcome: &str| {
         metric_with(
-            &text,
+            text,
             "loadgate_frontend_tenant_requests_total",
             &format!("tenant=\"{tenant}\",outcome=\"{outcome}\""),
         )
     };
-    assert_eq!(count("gold", "ok"), Some(1.0), "{text}");
-    assert_eq!(count("capped", "rejected"), Some(2.0), "{text}");
-    assert_eq!(count("default", "rejected"), Some(1.0), "{text}");
+    let expected = [("gold", "ok", 1.0), ("capped", "rejected", 2.0), ("default", "rejected", 1.0)];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let text = loop {
+        let text = metrics_text(&fe.client, &fe.http).await;
+        if expected.iter().all(|(t, o, n)| count(&text, t, o) == Some(*n)) {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "tenant counts never reached {expected:?}:\n{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let shed = metric_with(&text, "loadgate_frontend_rejection_class_reason_total", "reason=\"tenant_cap\"");
     assert_eq!(shed, Some(1.0), "{text}");
 }
@@ -188,27 +199,7 @@ async fn a_key_decides_the_tenant_and_caps_its_class() {
 #[test]
 fn a_bad_tenants_file_stops_the_start_and_names_its_line() {
     let file = File::new("bad.toml", &(tenant("a", "") + "\n" + &tenant("b", "weight = 0")));
-    let mut child = Command::new(common::bin())
-        .args(["frontend", "--http-host", "127.0.0.1", "--http-port", "0", "--event-port", "0", "--admin-port", "0"])
-        .args(["--tenants-file", file.arg()])
-        .env_remove("LOADGATE_EVENT_SECRET")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn loadgate");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while child.try_wait().expect("try_wait").is_none() {
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            panic!("the frontend started with a bad tenants file");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().expect("output");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(!String::from_utf8_lossy(&out.stdout).contains("listening"));
+    let stderr = common::frontend_refuses(&["--tenants-file", file.arg()], &[]);
     let expected = format!("{}:9: tenant \"b\": weight must be 1..=1000, not 0", file.arg());
     assert!(stderr.contains(&expected), "wanted {expected:?} in {stderr}");
 }

@@ -196,3 +196,36 @@ pub fn worker_with_env(events: Option<SocketAddr>, model: &str, env: &[(&str, &s
     let http = field(&line, "http").unwrap_or_else(|| panic!("no http= in {line:?}"));
     Worker { proc, http: format!("http://{http}") }
 }
+
+/// Runs `loadgate frontend <args>` on free ports with no secret but `env`,
+/// which must exit (bounded: 20 s) without listening; returns its stderr.
+pub fn frontend_refuses(args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut child = std::process::Command::new(super::bin())
+        .arg("frontend")
+        .args(["--http-host", "127.0.0.1", "--http-port", "0", "--event-port", "0", "--admin-port", "0"])
+        .args(args)
+        .env_remove("LOADGATE_EVENT_SECRET")
+        .env_remove("LOADGATE_EVENT_SECRET_PREVIOUS")
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn loadgate");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            let out = child.wait_with_output().expect("output");
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(!status.success(), "the frontend started with {args:?}; stderr: {stderr}");
+            assert!(!String::from_utf8_lossy(&out.stdout).contains("listening"), "{args:?} listened");
+            return stderr;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the frontend with {args:?} neither started nor exited within 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
