@@ -374,6 +374,36 @@ async fn a_changed_load_is_sent_again_5_ms_later() {
     assert!(repeated, "no change sent twice: {seen:?}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
+async fn the_plane_runs_over_tls_and_an_unknown_ca_is_refused() {
+    let _box = common::shared().await;
+    let generated = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+        .expect("generate a certificate");
+    let dir = std::env::temp_dir().join(format!("loadgate-nats-tls-{}-{}", std::process::id(), fastrand::u64(..)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert, generated.cert.pem()).unwrap();
+    std::fs::write(&key, generated.key_pair.serialize_pem()).unwrap();
+    let (cert, key) = (cert.to_str().unwrap().to_owned(), key.to_str().unwrap().to_owned());
+    let nats = Nats::start(&["--tls", "--tlscert", &cert, "--tlskey", &key]);
+    let url = nats.url.replace("nats://", "tls://");
+    let tls = ["--event-plane", "nats", "--nats-url", url.as_str(), "--nats-tls-ca-file", cert.as_str()];
+    let fe = Frontend::secured(&tls);
+    let mut worker_flags = tls.to_vec();
+    worker_flags.extend(["--worker-id", "3"]);
+    let _w = common::worker(None, MODEL, Some(SECRET), &worker_flags);
+    fe.wait_workers(1, Duration::from_secs(10)).await;
+    assert_eq!(fe.complete(MODEL).await.0, 200);
+    // Without the CA, the server's certificate is not trusted: a clear error at start.
+    let stderr = common::frontend_refuses(
+        &["--event-plane", "nats", "--nats-url", url.as_str(), "--nats-connect-timeout-secs", "2"],
+        &[("LOADGATE_EVENT_SECRET", SECRET)],
+    );
+    assert!(stderr.contains("cannot connect to NATS at"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 #[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
 fn without_the_secret_or_with_wrong_credentials_a_frontend_refuses_to_start() {
