@@ -15,6 +15,9 @@
 
 #[path = "common/mod.rs"]
 mod common;
+#[allow(dead_code)]
+#[path = "sidecar/fake_engine.rs"]
+mod fake_engine;
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -402,6 +405,66 @@ async fn the_plane_runs_over_tls_and_an_unknown_ca_is_refused() {
     );
     assert!(stderr.contains("cannot connect to NATS at"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The frontend's waiting requests of worker 41, rank 0.
+async fn waiting_of_41(fe: &Frontend) -> Option<f64> {
+    let text = metrics_text(&fe.client, &fe.http).await;
+    let series = "loadgate_frontend_worker_waiting_requests{worker_id=\"41\",dp_rank=\"0\"} ";
+    text.lines().find_map(|l| l.strip_prefix(series)).and_then(|v| v.trim().parse().ok())
+}
+
+/// Waits (bounded: 10 s) until `check` holds.
+async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
+async fn a_sidecar_reports_its_engine_over_nats_leaves_and_rejoins() {
+    let _box = common::shared().await;
+    let nats = Nats::start(&[]);
+    let fe = frontend(&nats, &[]);
+    let engine = fake_engine::FakeEngine::start(1).await;
+    engine.set_waiting(&[3]);
+    let spec = engine.spec();
+    let args = [
+        "worker",
+        "--engine",
+        spec.as_str(),
+        "--http-host",
+        "127.0.0.1",
+        "--http-port",
+        "0",
+        "--event-plane",
+        "nats",
+        "--nats-url",
+        nats.url.as_str(),
+        "--worker-id",
+        "41",
+        "--engine-scrape-interval-ms",
+        "20",
+        "--engine-scrape-failures",
+        "2",
+        "--heartbeat-ms",
+        "50",
+    ];
+    let (_sidecar, _) = common::spawn("sidecar", &args, &[("LOADGATE_EVENT_SECRET", SECRET)]);
+    fe.wait_workers(1, Duration::from_secs(10)).await;
+    until("the engine's load", async || waiting_of_41(&fe).await == Some(3.0)).await;
+    assert_eq!(fe.complete(fake_engine::MODEL).await.0, 200);
+    // The engine stops answering its scrapes: the sidecar deregisters over NATS.
+    engine.set_metrics_up(false);
+    fe.wait_workers(0, Duration::from_secs(10)).await;
+    // It answers again, with a new load: the sidecar rejoins with it.
+    engine.set_waiting(&[9]);
+    engine.set_metrics_up(true);
+    fe.wait_workers(1, Duration::from_secs(10)).await;
+    until("the new load", async || waiting_of_41(&fe).await == Some(9.0)).await;
 }
 
 #[test]

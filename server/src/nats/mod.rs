@@ -28,5 +28,5 @@ mod subjects;
 
 pub(crate) use self::args::NatsArgs;
 pub(crate) use self::plane::NatsPlane;
-pub(crate) use self::publisher::NatsPublisher;
+pub(crate) use self::publisher::{NatsLink, NatsPublisher};
 pub(crate) use self::subjects::Subjects;

@@ -33,21 +33,17 @@ pub(crate) struct NatsPublisher {
 }
 
 impl NatsPublisher {
-    /// Starts publishing `registration` with `client` (call from within a
-    /// tokio runtime).
-    ///
-    /// # Errors
-    ///
-    /// The hello subscription cannot be made.
-    pub(crate) async fn start(
-        client: async_nats::Client,
-        subjects: &Subjects,
+    /// Starts publishing `registration` over `link` (call from within a
+    /// tokio runtime); reports are numbered from `seq`.
+    pub(crate) fn start(
+        link: &NatsLink,
         registration: Registration,
         heartbeat: Duration,
         secrets: Arc<Secrets>,
         seq: ReportSeq,
-    ) -> anyhow::Result<NatsPublisher> {
-        let hellos = client.subscribe(subjects.hello()).await?;
+    ) -> NatsPublisher {
+        let (client, subjects) = (link.client.clone(), &link.subjects);
+        let hello = subjects.hello();
         let dp = registration.dp_size as usize;
         let state = Arc::new((
             Mutex::new(State { latest: vec![None; dp], changed: vec![false; dp], stop: false }),
@@ -60,8 +56,18 @@ impl NatsPublisher {
             secrets,
             seq,
         };
-        let task = tokio::spawn(run(sender, state.clone(), hellos, heartbeat));
-        Ok(NatsPublisher { state, task: Mutex::new(Some(task)) })
+        let shared = state.clone();
+        let task = tokio::spawn(async move {
+            let hellos = match sender.client.subscribe(hello).await {
+                Ok(hellos) => Some(hellos),
+                Err(error) => {
+                    tracing::warn!(%error, "no NATS hello subscription: announcing only every heartbeat");
+                    None
+                }
+            };
+            run(sender, shared, hellos, heartbeat).await;
+        });
+        NatsPublisher { state, task: Mutex::new(Some(task)) }
     }
 
     /// Records `rank`'s load; the task publishes it (coalesced: only the
@@ -152,7 +158,7 @@ const REPEAT_AFTER: Duration = Duration::from_millis(5);
 async fn run(
     sender: Sender,
     state: Arc<(Mutex<State>, Notify)>,
-    mut hellos: async_nats::Subscriber,
+    mut hellos: Option<async_nats::Subscriber>,
     heartbeat: Duration,
 ) {
     let mut ticks = tokio::time::interval(heartbeat);
@@ -192,7 +198,7 @@ async fn run(
         tokio::select! {
             () = state.1.notified() => {}
             _ = ticks.tick() => everything = true,
-            Some(_) = hellos.next() => everything = true,
+            Some(_) = next_hello(&mut hellos) => everything = true,
             () = tokio::time::sleep_until(repeat_at.unwrap_or_else(tokio::time::Instant::now)), if repeat_at.is_some() => {
                 repeat_at = None;
                 let latest = state.0.lock().unwrap_or_else(|e| e.into_inner()).latest.clone();
@@ -207,4 +213,26 @@ async fn run(
     let r = &sender.registration;
     sender.send(&Frame::Deregister { worker: r.worker, incarnation: r.incarnation }).await;
     let _ = tokio::time::timeout(Duration::from_secs(1), sender.client.flush()).await;
+}
+
+/// The next hello (never, without the subscription).
+async fn next_hello(hellos: &mut Option<async_nats::Subscriber>) -> Option<async_nats::Message> {
+    match hellos {
+        Some(hellos) => hellos.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A worker's connection to NATS and its namespace's subjects (one per
+/// worker; every publisher of it, after a rejoin too, shares it).
+#[derive(Clone, Debug)]
+pub(crate) struct NatsLink {
+    pub(crate) client: async_nats::Client,
+    pub(crate) subjects: Subjects,
+}
+
+impl std::fmt::Debug for NatsPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsPublisher").finish_non_exhaustive()
+    }
 }

@@ -55,7 +55,7 @@ use self::sidecar::{Identity, Sidecar};
 use self::sim::{LoadSink, Simulator};
 use crate::events::{EventPublisher, Registration, ReportSeq};
 use crate::http_server::{self, BodyBudget, ServeConfig};
-use crate::nats::NatsPublisher;
+use crate::nats::{NatsLink, NatsPublisher};
 use crate::secret::ProofTarget;
 
 /// The worker's default write-progress deadline (`--http-write-timeout-secs`):
@@ -128,6 +128,7 @@ async fn serve(args: Args, admission: Option<Arc<Admission<()>>>) -> anyhow::Res
             );
         }
     }
+    let nats = nats_link(&args, secrets.as_ref()).await?;
     let (backend, model, dp_size, reporting) = match &args.engine {
         None => {
             let Some(model) = args.model.clone() else { anyhow::bail!("--model is required without --engine") };
@@ -138,14 +139,22 @@ async fn serve(args: Args, admission: Option<Arc<Admission<()>>>) -> anyhow::Res
                 dp_size: args.dp_size,
                 http_addr: advertised.clone(),
             };
-            let nats = nats_publisher(&args, &registration, secrets.as_ref()).await?;
+            let nats = match (&nats, &secrets) {
+                (Some(link), Some(secrets)) => {
+                    let heartbeat = Duration::from_millis(args.heartbeat_ms);
+                    let seq = ReportSeq::default();
+                    Some(Arc::new(NatsPublisher::start(link, registration.clone(), heartbeat, secrets.clone(), seq)))
+                }
+                _ => None,
+            };
             let (sink, publisher) = publish(&args, registration, secrets.clone(), nats.clone())?;
             let simulator = Simulator::start(args.sim_config(), sink);
             (Backend::Simulator(simulator), model, args.dp_size, Reporting::Simulated(publisher, nats))
         }
         Some(spec) => {
             let identity = Identity { worker: id, incarnation, http_addr: advertised.clone() };
-            let (started, sidecar) = Sidecar::start(&args, spec, identity, admission.clone(), secrets.clone()).await?;
+            let (started, sidecar) =
+                Sidecar::start(&args, spec, identity, admission.clone(), secrets.clone(), nats).await?;
             let backend = Backend::Sidecar { proxy: started.proxy, health: started.health };
             (backend, started.model, started.dp_size, Reporting::Sidecar(sidecar))
         }
@@ -196,7 +205,10 @@ async fn serve(args: Args, admission: Option<Arc<Admission<()>>>) -> anyhow::Res
     let started = Instant::now();
     let (publisher, nats) = match reporting {
         Reporting::Simulated(publisher, nats) => (publisher, nats),
-        Reporting::Sidecar(sidecar) => (sidecar.stop().await.map(Arc::new), None),
+        Reporting::Sidecar(sidecar) => match sidecar.stop().await {
+            Some(publishers) => (publishers.tcp.map(Arc::new), publishers.nats.map(Arc::new)),
+            None => (None, None),
+        },
     };
     let deregistered = match nats {
         Some(nats) => nats.shutdown().await,
@@ -327,26 +339,18 @@ fn publish(
     Ok((sink, Some(publisher)))
 }
 
-/// With `--event-plane nats`: the NATS publisher of `registration` (the
-/// event secret required).
-async fn nats_publisher(
-    args: &Args,
-    registration: &Registration,
-    secrets: Option<&Arc<crate::secret::Secrets>>,
-) -> anyhow::Result<Option<Arc<NatsPublisher>>> {
+/// With `--event-plane nats`: the worker's connection to NATS (the event
+/// secret required).
+async fn nats_link(args: &Args, secrets: Option<&Arc<crate::secret::Secrets>>) -> anyhow::Result<Option<NatsLink>> {
     if !args.nats.is_nats() {
         return Ok(None);
     }
-    let Some(secrets) = secrets else {
-        anyhow::bail!("--event-plane nats needs the event secret (LOADGATE_EVENT_SECRET or --event-secret-file)")
-    };
+    anyhow::ensure!(
+        secrets.is_some(),
+        "--event-plane nats needs the event secret (LOADGATE_EVENT_SECRET or --event-secret-file)"
+    );
     let client = args.nats.connect("loadgate worker", |event| tracing::info!(%event, "NATS")).await?;
-    let subjects = crate::nats::Subjects::new(&args.nats.nats_namespace);
-    let heartbeat = Duration::from_millis(args.heartbeat_ms);
-    let publisher =
-        NatsPublisher::start(client, &subjects, registration.clone(), heartbeat, secrets.clone(), ReportSeq::default())
-            .await?;
-    Ok(Some(Arc::new(publisher)))
+    Ok(Some(NatsLink { client, subjects: crate::nats::Subjects::new(&args.nats.nats_namespace) }))
 }
 
 /// Resolves on SIGTERM or ctrl-c.

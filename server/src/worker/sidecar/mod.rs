@@ -19,12 +19,14 @@ mod reports;
 pub(crate) use self::forward::EngineProxy;
 pub(crate) use self::reports::EngineHealth;
 
+pub(crate) use self::reports::Publishers;
 use self::reports::{EngineReports, PublisherConfig};
 use super::Args;
 use crate::engines::models::list_models;
 use crate::engines::scrape::{scrape_once, spawn_scraper};
 use crate::engines::spec::EngineSpec;
-use crate::events::{EventPublisher, Registration};
+use crate::events::Registration;
+use crate::nats::NatsLink;
 use crate::secret::Secrets;
 
 /// How long a starting sidecar waits for its engine to answer.
@@ -86,6 +88,7 @@ impl Sidecar {
         identity: Identity,
         admission: Option<Arc<Admission<()>>>,
         secrets: Option<Arc<Secrets>>,
+        nats: Option<NatsLink>,
     ) -> anyhow::Result<(Started, Sidecar)> {
         let named = match (&args.model, &spec.model) {
             (Some(flag), Some(option)) if flag != option => {
@@ -113,6 +116,7 @@ impl Sidecar {
             registration,
             heartbeat: Duration::from_millis(args.heartbeat_ms),
             secrets,
+            nats,
         };
         let reports =
             EngineReports::start(publishing, admission, health.clone(), scrape.failures_to_leave, &engine.first)
@@ -129,7 +133,7 @@ impl Sidecar {
 
     /// Stops scraping and hands over the publisher, if the worker is in
     /// routing (its drop sends the Deregisters).
-    pub(crate) async fn stop(self) -> Option<EventPublisher> {
+    pub(crate) async fn stop(self) -> Option<Publishers> {
         self.scraper.abort();
         // Bounded: an aborted task ends at its next await point.
         let _ = tokio::time::timeout(Duration::from_secs(1), self.scraper).await;

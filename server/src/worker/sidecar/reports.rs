@@ -47,6 +47,7 @@ use loadgate::{Admission, RankLoad};
 
 use crate::engines::scrape::ScrapeEvent;
 use crate::events::{EventPublisher, Registration, ReportSeq};
+use crate::nats::{NatsLink, NatsPublisher};
 use crate::secret::Secrets;
 
 /// Whether the engine answers its scrapes, for `/health`.
@@ -92,6 +93,26 @@ pub(crate) struct PublisherConfig {
     pub(crate) heartbeat: Duration,
     /// The event secret.
     pub(crate) secrets: Option<Arc<Secrets>>,
+    /// `--event-plane nats`: the worker's connection to NATS.
+    pub(crate) nats: Option<NatsLink>,
+}
+
+/// The worker's publishers: TCP to each `--frontend`, NATS, or both.
+#[derive(Debug)]
+pub(crate) struct Publishers {
+    pub(crate) tcp: Option<EventPublisher>,
+    pub(crate) nats: Option<NatsPublisher>,
+}
+
+impl Publishers {
+    fn report(&self, rank: u32, load: RankLoad) {
+        if let Some(tcp) = &self.tcp {
+            tcp.report(rank, load);
+        }
+        if let Some(nats) = &self.nats {
+            nats.report(rank, load);
+        }
+    }
 }
 
 /// The load path of the sidecar (see the module docs).
@@ -101,7 +122,7 @@ pub(crate) struct EngineReports {
     /// The numbering of this run's reports, shared by every publisher.
     seq: ReportSeq,
     /// `None` while out of routing (or standalone).
-    publisher: Option<EventPublisher>,
+    publisher: Option<Publishers>,
     /// The previous publisher being dropped (its Deregisters going out).
     retiring: Option<tokio::task::JoinHandle<()>>,
     admission: Option<Arc<Admission<()>>>,
@@ -140,19 +161,23 @@ impl EngineReports {
         Ok(reports)
     }
 
-    fn new_publisher(&self) -> std::io::Result<Option<EventPublisher>> {
-        if self.config.frontends.is_empty() {
-            return Ok(None);
-        }
+    fn new_publisher(&self) -> std::io::Result<Option<Publishers>> {
         let config = &self.config;
-        EventPublisher::start_numbered(
-            config.frontends.clone(),
-            config.registration.clone(),
-            config.heartbeat,
-            config.secrets.clone(),
-            self.seq.clone(),
-        )
-        .map(Some)
+        let tcp = match config.frontends.is_empty() {
+            true => None,
+            false => Some(EventPublisher::start_numbered(
+                config.frontends.clone(),
+                config.registration.clone(),
+                config.heartbeat,
+                config.secrets.clone(),
+                self.seq.clone(),
+            )?),
+        };
+        // The worker refuses `--event-plane nats` without a secret.
+        let nats = config.nats.as_ref().zip(config.secrets.as_ref()).map(|(link, secrets)| {
+            NatsPublisher::start(link, config.registration.clone(), config.heartbeat, secrets.clone(), self.seq.clone())
+        });
+        Ok((tcp.is_some() || nats.is_some()).then_some(Publishers { tcp, nats }))
     }
 
     /// One scrape's outcome: report it, or count it towards leaving routing.
@@ -172,9 +197,18 @@ impl EngineReports {
                     let reason = format!("{consecutive} engine scrapes failed in a row; the last: {error}");
                     tracing::warn!("{reason}: unhealthy, leaving routing (Deregister to every frontend)");
                     self.health.set(false, &reason);
-                    if let Some(publisher) = self.publisher.take() {
-                        // Its drop sends the Deregisters (blocking writes, 1 s timeout each).
-                        self.retiring = Some(tokio::task::spawn_blocking(move || drop(publisher)));
+                    if let Some(Publishers { tcp, nats }) = self.publisher.take() {
+                        self.retiring = Some(tokio::spawn(async move {
+                            // The NATS Deregister goes out (bounded) before a
+                            // rejoin's Register can.
+                            if let Some(nats) = nats {
+                                nats.shutdown().await;
+                            }
+                            // Its drop sends the Deregisters (blocking writes, 1 s timeout each).
+                            if let Some(tcp) = tcp {
+                                let _ = tokio::task::spawn_blocking(move || drop(tcp)).await;
+                            }
+                        }));
                     }
                 }
             }
@@ -220,7 +254,7 @@ impl EngineReports {
 
     /// Stops reporting and hands over the publisher (for the shutdown's
     /// Deregister).
-    pub(crate) fn take_publisher(&mut self) -> Option<EventPublisher> {
+    pub(crate) fn take_publisher(&mut self) -> Option<Publishers> {
         self.publisher.take()
     }
 }
@@ -304,6 +338,7 @@ mod tests {
             registration,
             heartbeat: Duration::from_millis(5),
             secrets: None,
+            nats: None,
         };
         let health = Arc::new(EngineHealth::new());
         let mut reports = EngineReports::start(config, None, health.clone(), 1, &scrape(1)).unwrap();
