@@ -15,7 +15,12 @@
 //!   hosts comes back with its new address); a Load or Deregister must be
 //!   of the registered incarnation;
 //! - the seq: the monitor drops a Load not numbered above the last one it
-//!   applied for the rank (a replay within the window).
+//!   applied for the rank (a replay within the window);
+//! - the order of a life's Register and Deregister (one incarnation may
+//!   leave and rejoin: a sidecar whose engine stopped answering): a
+//!   Deregister sealed before the Register that made the current life, or
+//!   a Register sealed before the Deregister that ended one (kept for the
+//!   clock window), is a replay and dropped.
 //!
 //! Ownership: a worker id belongs to its registered incarnation until it
 //! deregisters or is silent for the idle timeout; an id named by `--worker`
@@ -55,6 +60,8 @@ struct Known {
     incarnation: u64,
     /// Its subject (every frame of it must come on it).
     subject: String,
+    /// When the Register that made this life was sealed.
+    since_ms: u64,
     heard: Instant,
     silent: bool,
 }
@@ -82,6 +89,9 @@ struct Applier {
     limits: PlaneLimits,
     subjects: Subjects,
     known: Mutex<HashMap<WorkerId, Known>>,
+    /// Lives that deregistered within the clock window: (incarnation, when
+    /// their Deregister was sealed).
+    ended: Mutex<HashMap<WorkerId, (u64, u64)>>,
     /// Connected to NATS now (set by the client's events).
     connected: Arc<AtomicBool>,
     /// Loads applied and busy flips (the frontend's `/metrics`, with the TCP plane's).
@@ -135,6 +145,7 @@ impl NatsPlane {
             limits,
             subjects,
             known: Mutex::default(),
+            ended: Mutex::default(),
             connected,
             stats,
         });
@@ -191,7 +202,12 @@ impl Applier {
                     self.stats.frame_dropped(false);
                     return;
                 }
-                self.register(subject, worker, incarnation, dp_size, &model, &http_addr);
+                let ended = self.ended.lock().unwrap_or_else(|e| e.into_inner()).get(&worker).copied();
+                if ended.is_some_and(|(life, at)| life == incarnation && sealed.sent_ms <= at) {
+                    self.stats.frame_dropped(false);
+                    return; // a Register replayed after its life ended
+                }
+                self.register(subject, worker, incarnation, sealed.sent_ms, (dp_size, &model, &http_addr));
             }
             Frame::Load { worker, incarnation, rank, seq, load } => {
                 if !self.heard(subject, worker, incarnation) {
@@ -212,12 +228,17 @@ impl Applier {
             }
             Frame::Deregister { worker, incarnation } => {
                 let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
-                let ours = known.get(&worker).is_some_and(|k| k.incarnation == incarnation && k.subject == subject);
-                if ours {
-                    known.remove(&worker);
-                    drop(known);
-                    self.forget(worker, incarnation);
+                let ours = known.get(&worker).is_some_and(|k| {
+                    k.incarnation == incarnation && k.subject == subject && sealed.sent_ms >= k.since_ms
+                });
+                if !ours {
+                    self.stats.frame_dropped(false);
+                    return;
                 }
+                known.remove(&worker);
+                drop(known);
+                self.ended.lock().unwrap_or_else(|e| e.into_inner()).insert(worker, (incarnation, sealed.sent_ms));
+                self.forget(worker, incarnation);
             }
             // Handshake frames have no place on NATS.
             _ => {}
@@ -240,7 +261,10 @@ impl Applier {
         true
     }
 
-    fn register(&self, subject: &str, worker: WorkerId, incarnation: u64, dp_size: u32, model: &str, http_addr: &str) {
+    /// A Register of `worker`'s `incarnation`, sealed at `sent_ms`, for
+    /// (dp size, model, address).
+    fn register(&self, subject: &str, worker: WorkerId, incarnation: u64, sent_ms: u64, what: (u32, &str, &str)) {
+        let (dp_size, model, http_addr) = what;
         if let Some(k) = self.known.lock().unwrap_or_else(|e| e.into_inner()).get(&worker) {
             if incarnation < k.incarnation {
                 return; // an older life (a replay, or a late frame)
@@ -272,7 +296,8 @@ impl Applier {
             return;
         }
         self.directory.sync(worker);
-        let known = Known { incarnation, subject: subject.to_owned(), heard: Instant::now(), silent: false };
+        let known =
+            Known { incarnation, subject: subject.to_owned(), since_ms: sent_ms, heard: Instant::now(), silent: false };
         self.known.lock().unwrap_or_else(|e| e.into_inner()).insert(worker, known);
         tracing::info!(worker, incarnation, model, dp_size, http_addr, "worker registered (NATS)");
     }
@@ -319,8 +344,65 @@ impl Applier {
         for worker in quiet {
             self.directory.set_silent(worker, true);
         }
+        // A Register sealed before the window is dropped by its clock anyway.
+        let horizon = unix_ms().saturating_sub(CLOCK_WINDOW.as_millis() as u64);
+        self.ended.lock().unwrap_or_else(|e| e.into_inner()).retain(|_, (_, at)| *at >= horizon);
         for (worker, incarnation) in gone {
             self.forget(worker, incarnation);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::BytesMut;
+    use loadgate::wire::envelope::seal;
+    use loadgate::MonitorConfig;
+
+    const SECRET: &[u8] = b"the event secret of the tests, 32+";
+
+    fn applier() -> Applier {
+        let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
+        let directory = Arc::new(WorkerDirectory::new(monitor.clone()));
+        Applier {
+            monitor,
+            directory,
+            openers: Openers::new(&[SECRET]),
+            limits: PlaneLimits::default(),
+            subjects: Subjects::new("lg"),
+            known: Mutex::default(),
+            ended: Mutex::default(),
+            connected: Arc::new(AtomicBool::new(true)),
+            stats: Arc::default(),
+        }
+    }
+
+    /// `frame` of worker 7 sealed `ago_ms` ago, applied.
+    fn deliver(a: &Applier, frame: &Frame, ago_ms: u64) {
+        let subject = a.subjects.events("m", 7);
+        let mut buf = BytesMut::new();
+        seal(SECRET, &subject, unix_ms() - ago_ms, frame, &mut buf).unwrap();
+        a.apply(&subject, &buf);
+    }
+
+    #[test]
+    fn a_life_that_left_and_rejoined_is_safe_from_its_old_frames() {
+        let a = applier();
+        let register =
+            Frame::Register { worker: 7, incarnation: 5, dp_size: 1, model: "m".into(), http_addr: "h:1".into() };
+        let deregister = Frame::Deregister { worker: 7, incarnation: 5 };
+        deliver(&a, &register, 3000);
+        assert_eq!(a.monitor.incarnation(7), Some(5));
+        deliver(&a, &deregister, 2000);
+        assert_eq!(a.monitor.incarnation(7), None, "it left");
+        deliver(&a, &register, 3000);
+        assert_eq!(a.monitor.incarnation(7), None, "its old Register replayed does not bring it back");
+        deliver(&a, &register, 1000);
+        assert_eq!(a.monitor.incarnation(7), Some(5), "it rejoins with a new Register");
+        deliver(&a, &deregister, 2000);
+        assert_eq!(a.monitor.incarnation(7), Some(5), "its old Deregister replayed does not take it out");
+        deliver(&a, &register, (CLOCK_WINDOW + Duration::from_secs(1)).as_millis() as u64);
+        assert_eq!(a.stats.frames_dropped().1, 3, "two replays and one frame outside the clock window");
     }
 }
