@@ -84,6 +84,54 @@ def start_frontend(url, workers, env):
     return fe, "http://" + re.search(r"http=(\S+)", line).group(1)
 
 
+def cpu_seconds(pid):
+    """utime + stime of `pid` so far, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def fleet_round(args, env):
+    """`--frontends` frontends, loads at `--rate`: CPU and memory of each
+    frontend and of nats-server over the counted window."""
+    nats, url = start_nats()
+    frontends = []
+    try:
+        frontends = [start_frontend(url, args.workers, env) for _ in range(args.frontends)]
+        flood = subprocess.Popen([FLOOD, "--nats-url", url, "--workers", str(args.workers), "--seconds",
+                                  str(args.seconds), "--rate", str(args.rate)], stdout=subprocess.PIPE, env=env,
+                                 text=True)
+        pids = [fe.pid for fe, _ in frontends] + [nats.pid]
+        before = after = None
+        applied_before = applied_after = None
+        for out in flood.stdout:
+            if out.startswith("phase=measure"):
+                before = [cpu_seconds(p) for p in pids]
+                applied_before = [applied(http) for _, http in frontends]
+            elif out.startswith("phase=done"):
+                after = [cpu_seconds(p) for p in pids]
+                applied_after = [applied(http) for _, http in frontends]
+                rss = [rss_mib(p) for p in pids]
+        flood.wait()
+        cpu = [(a - b) / args.seconds for a, b in zip(after, before)]
+        applied_per_s = [(a - b) / args.seconds for a, b in zip(applied_after, applied_before)]
+        return cpu, rss, applied_per_s
+    finally:
+        for fe, _ in frontends:
+            fe.terminate()
+            fe.wait(timeout=10)
+        nats.terminate()
+        nats.wait(timeout=10)
+
+
 def lag_round(args, env):
     """`--frontends` frontends, loads at `--rate`: each frontend's flip lag."""
     nats, url = start_nats()
@@ -140,10 +188,26 @@ def main():
     p.add_argument("--lag", action="store_true", help="the flip lag at --rate across --frontends instead")
     p.add_argument("--frontends", type=int, default=3)
     p.add_argument("--rate", type=int, default=10000)
+    p.add_argument("--fleet", action="store_true",
+                   help="CPU and memory of --frontends frontends and nats-server at --rate instead")
     args = p.parse_args()
     env = dict(os.environ)
     env.setdefault("LOADGATE_EVENT_SECRET", secrets.token_hex(24))
     env["RUST_LOG"] = "warn"
+    if args.fleet:
+        for r in range(1, args.rounds + 1):
+            cpu, rss, applied_per_s = fleet_round(args, env)
+            n = args.frontends
+            print(f"round {r}: {args.frontends} frontends, {args.workers} workers, {args.rate:,} loads/s published")
+            print("| process | CPU (% of a core) | RSS (MiB) | loads applied/s | CPU µs per applied load |")
+            print("|---|---:|---:|---:|---:|")
+            for i in range(n):
+                per = cpu[i] / applied_per_s[i] * 1e6 if applied_per_s[i] else float("nan")
+                print(f"| frontend {i + 1} | {cpu[i] * 100:.1f} | {rss[i]:.1f} | {applied_per_s[i]:,.0f} | {per:.2f} |")
+            print(f"| nats-server | {cpu[n] * 100:.1f} | {rss[n]:.1f} | - | - |")
+            print(f"| all frontends | {sum(cpu[:n]) * 100:.1f} | {sum(rss[:n]):.1f} | {sum(applied_per_s):,.0f} | - |",
+                  flush=True)
+        return
     if args.lag:
         print("| round | loads/s published | frontend | flips applied | p50 lag (ms, <=) | p99 lag (ms, <=) |")
         print("|---:|---:|---:|---:|---:|---:|")
