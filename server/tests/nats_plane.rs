@@ -298,12 +298,17 @@ async fn a_flood_without_the_secret_leaves_health_and_real_flips_working() {
     };
     send(register).await;
     fe.wait_workers(2, Duration::from_secs(10)).await;
-    // Forged frames on every worker subject, as fast as one connection goes,
-    // for 3 s (bounded).
+    // Forged frames on every worker subject for 3 s (bounded), at
+    // `LOADGATE_TEST_FLOOD_RATE` a second (default 300,000; 0: as fast as
+    // one connection goes, about a million here, where this 2-core machine
+    // runs the attacker, nats-server and the frontend at once: measured, not
+    // asserted, in docs/deployment.md).
+    let rate: u64 = std::env::var("LOADGATE_TEST_FLOOD_RATE").ok().and_then(|r| r.parse().ok()).unwrap_or(300_000);
     let url = nats.url.clone();
     let flood = tokio::spawn(async move {
         let attacker = async_nats::connect(url.as_str()).await.expect("attacker connects");
-        let until = Instant::now() + Duration::from_secs(3);
+        let start = Instant::now();
+        let until = start + Duration::from_secs(3);
         let mut sent = 0u64;
         while Instant::now() < until {
             for w in 0..64u64 {
@@ -313,26 +318,34 @@ async fn a_flood_without_the_secret_leaves_health_and_real_flips_working() {
                 attacker.publish(format!("loadgate.ev.{MODEL}.{w}"), forged.into()).await.unwrap();
                 sent += 1;
             }
+            if rate > 0 {
+                let due = start + Duration::from_secs_f64(sent as f64 / rate as f64);
+                tokio::time::sleep_until(due.into()).await;
+            }
         }
         let _ = attacker.flush().await;
         sent
     });
-    // Meanwhile: 100 real flips of worker 42, one every 20 ms, each sent
-    // as a worker sends a change (once more 5 ms later, with the next seq:
-    // `a_changed_load_is_sent_again_5_ms_later`); /health answers.
+    // Meanwhile: 50 real flips of worker 42, one every 60 ms, each sent as
+    // a worker sends a change (again 5 ms and 50 ms later, each with the next
+    // seq: `a_changed_load_is_sent_again_5_ms_later`); /health answers. A
+    // flip whose first send is lost is applied by a repeat: at most 50 ms
+    // late, within the 100 ms asked.
     let mut answered = 0;
-    for flip in 1..=100u64 {
+    for flip in 1..=50u64 {
         let busy = flip % 2 == 1;
         let load =
             RankLoad { active_decode_blocks: if busy { 90 } else { 10 }, kv_total_blocks: 100, ..Default::default() };
-        send(Frame::Load { worker: 42, incarnation, rank: 0, seq: 2 * flip - 1, load }).await;
+        send(Frame::Load { worker: 42, incarnation, rank: 0, seq: 3 * flip - 2, load }).await;
         tokio::time::sleep(Duration::from_millis(5)).await;
-        send(Frame::Load { worker: 42, incarnation, rank: 0, seq: 2 * flip, load }).await;
-        if flip % 10 == 0 {
+        send(Frame::Load { worker: 42, incarnation, rank: 0, seq: 3 * flip - 1, load }).await;
+        tokio::time::sleep(Duration::from_millis(45)).await;
+        send(Frame::Load { worker: 42, incarnation, rank: 0, seq: 3 * flip, load }).await;
+        if flip % 5 == 0 {
             assert_eq!(fe.workers().await, Some(2), "/health answers with the two workers");
             answered += 1;
         }
-        tokio::time::sleep(Duration::from_millis(15)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let sent = flood.await.unwrap();
     let text = metrics_text(&fe.client, &fe.http).await;
@@ -344,8 +357,8 @@ async fn a_flood_without_the_secret_leaves_health_and_real_flips_working() {
     let dropped: Vec<&str> = text.lines().filter(|l| l.starts_with("loadgate_frontend_event_frames_dropped")).collect();
     eprintln!("{sent} forged frames; flips applied {all}, within 100 ms {within}; {answered} health checks answered");
     eprintln!("{dropped:?}");
-    assert_eq!(all, 100.0, "every real flip applied:\n{text}");
-    assert!(within >= 99.0, "p99 of the flips within 100 ms: {within} of {all}");
+    assert_eq!(all, 50.0, "every real flip applied:\n{text}");
+    assert_eq!(within, 50.0, "every flip within 100 ms of its seal: {within} of {all}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -121,7 +121,11 @@ impl NatsPlane {
         let link = connected.clone();
         let client = args
             .connect("loadgate frontend", move |event| {
-                tracing::info!(%event, "NATS");
+                match &event {
+                    // Once per drop: not a line per message under a flood.
+                    async_nats::Event::SlowConsumer(_) => tracing::debug!(%event, "NATS"),
+                    _ => tracing::info!(%event, "NATS"),
+                }
                 match event {
                     async_nats::Event::Connected => {
                         // Relaxed: a hint for the sweep; the reconnection

@@ -147,13 +147,14 @@ impl Sender {
     }
 }
 
-/// How long after a change its load is sent once more: core NATS delivers
-/// at most once, and a frontend under a flood of forged frames may drop a
-/// few; the repeat (a new seq, the rank's latest load) makes a lost flip
-/// rare without waiting for the heartbeat.
-const REPEAT_AFTER: Duration = Duration::from_millis(5);
+/// How long after a change its load is sent again, twice: core NATS
+/// delivers at most once, and a frontend under a flood of forged frames
+/// drops a few of what it receives (in bursts while its buffer is full);
+/// a repeat soon and one later (each a new seq and the rank's latest load)
+/// make a lost change rare without waiting for the heartbeat.
+const REPEATS: [Duration; 2] = [Duration::from_millis(5), Duration::from_millis(50)];
 
-/// The task: loads as they change (and once more [`REPEAT_AFTER`]),
+/// The task: loads as they change (and again after each of [`REPEATS`]),
 /// everything at each heartbeat and hello, the Deregister at the end.
 async fn run(
     sender: Sender,
@@ -164,9 +165,9 @@ async fn run(
     let mut ticks = tokio::time::interval(heartbeat);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut everything = true;
-    // Ranks to send once more, and when.
-    let mut repeat: Vec<usize> = Vec::new();
-    let mut repeat_at: Option<tokio::time::Instant> = None;
+    // Per rank, when each repeat of its last change is due.
+    let dp = state.0.lock().unwrap_or_else(|e| e.into_inner()).latest.len();
+    let mut repeats: Vec<[Option<tokio::time::Instant>; REPEATS.len()]> = vec![[None; REPEATS.len()]; dp];
     loop {
         let (pending, stop) = {
             let mut s = state.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -185,25 +186,31 @@ async fn run(
         if everything {
             sender.send(&sender.register()).await;
         }
+        let now = tokio::time::Instant::now();
         for &(rank, load) in &pending {
             sender.send(&sender.load(rank, load)).await;
-            if !everything && !repeat.contains(&rank) {
-                repeat.push(rank);
+            if !everything {
+                repeats[rank] = REPEATS.map(|after| Some(now + after));
             }
         }
-        if !everything && !pending.is_empty() && repeat_at.is_none() {
-            repeat_at = Some(tokio::time::Instant::now() + REPEAT_AFTER);
-        }
         everything = false;
+        let next_repeat = repeats.iter().flatten().flatten().min().copied();
         tokio::select! {
             () = state.1.notified() => {}
             _ = ticks.tick() => everything = true,
             Some(_) = next_hello(&mut hellos) => everything = true,
-            () = tokio::time::sleep_until(repeat_at.unwrap_or_else(tokio::time::Instant::now)), if repeat_at.is_some() => {
-                repeat_at = None;
+            () = tokio::time::sleep_until(next_repeat.unwrap_or(now)), if next_repeat.is_some() => {
+                let now = tokio::time::Instant::now();
                 let latest = state.0.lock().unwrap_or_else(|e| e.into_inner()).latest.clone();
-                for rank in repeat.drain(..) {
-                    if let Some(load) = latest[rank] {
+                for (rank, dues) in repeats.iter_mut().enumerate() {
+                    let mut due_now = false;
+                    for due in dues.iter_mut() {
+                        if due.is_some_and(|at| at <= now) {
+                            *due = None;
+                            due_now = true;
+                        }
+                    }
+                    if let (true, Some(load)) = (due_now, latest[rank]) {
                         sender.send(&sender.load(rank, load)).await;
                     }
                 }
