@@ -92,6 +92,14 @@ fn report(seq: u64, blocks: u32) -> LoadReport {
     LoadReport { worker: 1, seq, load, ..Default::default() }
 }
 
+/// A thread applying the worker's free report (seq 2, 10 of 100 blocks).
+fn spawn_freer(monitor: &Arc<WorkerMonitor>) -> thread::JoinHandle<()> {
+    let monitor = monitor.clone();
+    thread::spawn(move || {
+        monitor.apply(&report(2, 10)).unwrap();
+    })
+}
+
 fn waiting(monitor: &WorkerMonitor) -> usize {
     monitor.line_stats(MODEL).unwrap().waiting
 }
@@ -102,12 +110,7 @@ fn waiting(monitor: &WorkerMonitor) -> usize {
 fn a_worker_freed_while_a_request_joins_serves_it() {
     run_model_with("waiting/a_worker_freed_while_a_request_joins_serves_it", 3, || {
         let (monitor, router) = busy_pool(4);
-        let freer = {
-            let monitor = monitor.clone();
-            thread::spawn(move || {
-                monitor.apply(&report(2, 10)).unwrap();
-            })
-        };
+        let freer = spawn_freer(&monitor);
         let mut waiter = Waiter::new(&router);
         let first = waiter.poll();
         freer.join().unwrap();
@@ -133,12 +136,7 @@ fn a_waiter_dropped_while_the_worker_frees_leaves_and_passes_its_turn() {
         let mut second = Waiter::new(&router);
         assert_eq!(first.poll(), Poll::Pending);
         assert_eq!(second.poll(), Poll::Pending);
-        let freer = {
-            let monitor = monitor.clone();
-            thread::spawn(move || {
-                monitor.apply(&report(2, 10)).unwrap();
-            })
-        };
+        let freer = spawn_freer(&monitor);
         drop(first);
         freer.join().unwrap();
         assert_eq!(waiting(&monitor), 1, "the dropped waiter left");
@@ -237,12 +235,7 @@ fn one_report_dispatches_one_waiter() {
         let mut second = Waiter::new(&router);
         assert_eq!(first.poll(), Poll::Pending);
         assert_eq!(second.poll(), Poll::Pending);
-        let freer = {
-            let monitor = monitor.clone();
-            thread::spawn(move || {
-                monitor.apply(&report(2, 10)).unwrap();
-            })
-        };
+        let freer = spawn_freer(&monitor);
         let mut done = [false; 2];
         let poll_woken = |waiters: [&mut Waiter<'_>; 2], done: &mut [bool; 2]| {
             for (waiter, done) in waiters.into_iter().zip(done.iter_mut()) {
