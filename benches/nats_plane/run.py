@@ -16,6 +16,7 @@ figure (the issue's bound: >= 0.80).
     benches/nats_plane/run.py --workers 1000 --seconds 5 --rounds 3
 """
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -99,19 +100,35 @@ def rss_mib(pid):
     return float("nan")
 
 
+@contextlib.contextmanager
+def fleet(args, env, frontends):
+    """nats-server and `frontends` frontends on it, stopped on the way out:
+    yields (nats-server's process, its URL, [(frontend process, http URL)])."""
+    nats, url = start_nats()
+    started = []
+    try:
+        for _ in range(frontends):
+            started.append(start_frontend(url, args.workers, env))
+        yield nats, url, started
+    finally:
+        for fe, _ in started:
+            fe.terminate()
+            fe.wait(timeout=10)
+        nats.terminate()
+        nats.wait(timeout=10)
+
+
+def flood_command(args, url, rate):
+    return [FLOOD, "--nats-url", url, "--workers", str(args.workers), "--seconds", str(args.seconds),
+            "--rate", str(rate)]
+
+
 def fleet_round(args, env):
     """`--frontends` frontends, loads at `--rate`: CPU and memory of each
     frontend and of nats-server over the counted window."""
-    nats, url = start_nats()
-    frontends = []
-    try:
-        frontends = [start_frontend(url, args.workers, env) for _ in range(args.frontends)]
-        flood = subprocess.Popen([FLOOD, "--nats-url", url, "--workers", str(args.workers), "--seconds",
-                                  str(args.seconds), "--rate", str(args.rate)], stdout=subprocess.PIPE, env=env,
-                                 text=True)
+    with fleet(args, env, args.frontends) as (nats, url, frontends):
+        flood = subprocess.Popen(flood_command(args, url, args.rate), stdout=subprocess.PIPE, env=env, text=True)
         pids = [fe.pid for fe, _ in frontends] + [nats.pid]
-        before = after = None
-        applied_before = applied_after = None
         for out in flood.stdout:
             if out.startswith("phase=measure"):
                 before = [cpu_seconds(p) for p in pids]
@@ -124,44 +141,26 @@ def fleet_round(args, env):
         cpu = [(a - b) / args.seconds for a, b in zip(after, before)]
         applied_per_s = [(a - b) / args.seconds for a, b in zip(applied_after, applied_before)]
         return cpu, rss, applied_per_s
-    finally:
-        for fe, _ in frontends:
-            fe.terminate()
-            fe.wait(timeout=10)
-        nats.terminate()
-        nats.wait(timeout=10)
 
 
 def lag_round(args, env):
     """`--frontends` frontends, loads at `--rate`: each frontend's flip lag."""
-    nats, url = start_nats()
-    frontends = []
-    try:
-        frontends = [start_frontend(url, args.workers, env) for _ in range(args.frontends)]
-        flood = subprocess.run([FLOOD, "--nats-url", url, "--workers", str(args.workers), "--seconds",
-                                str(args.seconds), "--rate", str(args.rate)], capture_output=True, env=env, text=True)
+    with fleet(args, env, args.frontends) as (_, url, frontends):
+        flood = subprocess.run(flood_command(args, url, args.rate), capture_output=True, env=env, text=True)
         result = json.loads(flood.stdout.split("result ", 1)[1])
         rows = []
         for _, http in frontends:
             buckets = flip_lag(http)
             rows.append((quantile(buckets, 0.5)[0], quantile(buckets, 0.99)[0], quantile(buckets, 0.99)[1]))
         return result, rows
-    finally:
-        for fe, _ in frontends:
-            fe.terminate()
-            fe.wait(timeout=10)
-        nats.terminate()
-        nats.wait(timeout=10)
 
 
 def one_round(args, env):
-    nats, url = start_nats()
-    fe = None
-    try:
-        fe, http = start_frontend(url, args.workers, env)
-        flood = subprocess.Popen([FLOOD, "--nats-url", url, "--workers", str(args.workers),
-                                  "--seconds", str(args.seconds)], stdout=subprocess.PIPE, env=env, text=True)
-        before = after = None
+    """One frontend, loads as fast as they go: applied per second against
+    the bare subscriber's received."""
+    with fleet(args, env, 1) as (_, url, frontends):
+        http = frontends[0][1]
+        flood = subprocess.Popen(flood_command(args, url, 0), stdout=subprocess.PIPE, env=env, text=True)
         result = None
         for out in flood.stdout:
             if out.startswith("phase=measure"):
@@ -172,12 +171,6 @@ def one_round(args, env):
                 result = json.loads(out[len("result "):])
         flood.wait()
         return (after - before) / args.seconds, result
-    finally:
-        if fe:
-            fe.terminate()
-            fe.wait(timeout=10)
-        nats.terminate()
-        nats.wait(timeout=10)
 
 
 def main():
