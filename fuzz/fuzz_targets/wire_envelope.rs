@@ -1,7 +1,7 @@
 //! The NATS event plane's envelope (`wire::envelope`) against a reference
-//! built from the hmac crate directly: arbitrary bytes on an arbitrary
-//! subject never panic and open only when the reference tag over them
-//! matches under one of the secrets (then to the frame the reference
+//! built from the hmac and siphasher crates directly: arbitrary bytes on an
+//! arbitrary subject never panic and open only when the reference check and
+//! tag over them match under one of the secrets (then to the frame the reference
 //! decodes); an envelope sealed for a frame opens to it on its subject, and
 //! any one changed byte, another subject or another secret refuses it.
 #![no_main]
@@ -10,14 +10,18 @@ use bytes::BytesMut;
 use hmac::{Hmac, Mac};
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
-use loadgate::wire::envelope::{open, seal, EnvelopeError, Sealed, ENVELOPE_MAGIC, MAX_ENVELOPE, MAX_SUBJECT};
+use loadgate::wire::envelope::{
+    open, seal, EnvelopeError, Sealed, CHECK_LEN, ENVELOPE_MAGIC, MAX_ENVELOPE, MAX_SUBJECT,
+};
 use loadgate::wire::{decode, Frame, TAG_LEN};
 use loadgate::RankLoad;
 use sha2::Sha256;
+use siphasher::sip::SipHasher24;
+use std::hash::Hasher;
 
 #[derive(Arbitrary, Debug)]
 enum Input {
-    /// Bytes from the bus, with or without a correct tag appended.
+    /// Bytes from the bus, with or without a correct check and tag appended.
     Bytes { subject: String, secret: Vec<u8>, body: Vec<u8>, tag_it: bool },
     /// A frame sealed, then maybe changed.
     Sealed {
@@ -58,24 +62,38 @@ impl FrameInput {
     }
 }
 
-/// The reference tag.
-fn tag(secret: &[u8], subject: &str, body: &[u8]) -> [u8; TAG_LEN] {
+/// The reference tag over body and check.
+fn tag(secret: &[u8], subject: &str, checked: &[u8]) -> [u8; TAG_LEN] {
     let mut mac = Hmac::<Sha256>::new_from_slice(secret).unwrap();
-    mac.update(b"loadgate-envelope-v1");
+    mac.update(b"loadgate-envelope-v2");
     mac.update(&(subject.len() as u16).to_be_bytes());
     mac.update(subject.as_bytes());
-    mac.update(body);
+    mac.update(checked);
     mac.finalize().into_bytes().into()
+}
+
+/// The reference check over the body.
+fn check(secret: &[u8], subject: &str, body: &[u8]) -> [u8; CHECK_LEN] {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).unwrap();
+    mac.update(b"loadgate-envelope-check-v2");
+    let key: [u8; 16] = mac.finalize().into_bytes()[..16].try_into().unwrap();
+    let mut message = (subject.len() as u16).to_be_bytes().to_vec();
+    message.extend_from_slice(subject.as_bytes());
+    message.extend_from_slice(body);
+    let mut sip = SipHasher24::new_with_key(&key);
+    sip.write(&message);
+    sip.finish().to_le_bytes()
 }
 
 /// What the reference says `bytes` opens to under `secret` on `subject`.
 fn reference(secret: &[u8], subject: &str, bytes: &[u8]) -> Option<Sealed> {
-    let ok_len = bytes.len() > 1 + 8 + TAG_LEN && bytes.len() <= MAX_ENVELOPE;
+    let ok_len = bytes.len() > 1 + 8 + CHECK_LEN + TAG_LEN && bytes.len() <= MAX_ENVELOPE;
     if !ok_len || bytes[0] != ENVELOPE_MAGIC || subject.len() > MAX_SUBJECT {
         return None;
     }
-    let (body, got) = bytes.split_at(bytes.len() - TAG_LEN);
-    if tag(secret, subject, body) != got {
+    let (checked, got) = bytes.split_at(bytes.len() - TAG_LEN);
+    let (body, sum) = checked.split_at(checked.len() - CHECK_LEN);
+    if check(secret, subject, body) != sum || tag(secret, subject, checked) != got {
         return None;
     }
     let mut rest = BytesMut::from(&body[9..]);
@@ -86,6 +104,8 @@ fn reference(secret: &[u8], subject: &str, bytes: &[u8]) -> Option<Sealed> {
 fuzz_target!(|input: Input| match input {
     Input::Bytes { subject, secret, mut body, tag_it } => {
         if tag_it && subject.len() <= MAX_SUBJECT {
+            let sum = check(&secret, &subject, &body);
+            body.extend_from_slice(&sum);
             let t = tag(&secret, &subject, &body);
             body.extend_from_slice(&t);
         }

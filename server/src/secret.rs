@@ -264,16 +264,10 @@ impl Secrets {
             .map(|key| wire::welcome_mac(key, frontend_nonce, worker_nonce))
     }
 
-    /// `frame` sealed for the NATS `subject` now, under the current secret
-    /// ([`wire::envelope`]).
-    ///
-    /// # Errors
-    ///
-    /// The frame or the subject is too long.
-    pub fn seal(&self, subject: &str, frame: &wire::Frame) -> Result<bytes::Bytes, wire::WireError> {
-        let mut buf = bytes::BytesMut::new();
-        wire::envelope::seal(&self.current, subject, unix_ms(), frame, &mut buf)?;
-        Ok(buf.freeze())
+    /// What seals NATS envelopes under the current secret, its keys
+    /// prepared once ([`wire::envelope`]).
+    pub fn sealer(&self) -> wire::envelope::Sealer {
+        wire::envelope::Sealer::new(&self.current)
     }
 
     /// What opens envelopes under either secret, each key prepared once.

@@ -21,12 +21,14 @@ mod fake_engine;
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use common::{metric, metrics_text, Frontend, SECRET};
 use futures_util::StreamExt as _;
-use loadgate::wire::envelope::seal;
+use loadgate::wire::envelope::{seal, ENVELOPE_MAGIC};
 use loadgate::wire::Frame;
 use loadgate::RankLoad;
 
@@ -189,7 +191,7 @@ async fn a_client_without_the_secret_can_neither_register_nor_replay_nor_move_fr
             attacker.publish(message.subject.clone(), bent.into()).await.unwrap();
         }
         // Garbage.
-        attacker.publish(subject_1.clone(), vec![0xE1; 300].into()).await.unwrap();
+        attacker.publish(subject_1.clone(), vec![ENVELOPE_MAGIC; 300].into()).await.unwrap();
     }
     attacker.flush().await.unwrap();
     assert!(fe.workers().await == Some(2), "the attack changed the fleet");
@@ -274,6 +276,7 @@ async fn a_worker_that_moves_hosts_is_routed_to_its_new_address_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
 async fn a_flood_without_the_secret_leaves_health_and_real_flips_working() {
+    const FLIPS: u64 = 100;
     let _box = common::shared().await;
     let nats = Nats::start(&[]);
     let fe = frontend(&nats, &["--active-decode-blocks-threshold", "0.5", "--worker-health-check-ms", "0"]);
@@ -298,21 +301,26 @@ async fn a_flood_without_the_secret_leaves_health_and_real_flips_working() {
     };
     send(register).await;
     fe.wait_workers(2, Duration::from_secs(10)).await;
-    // Forged frames on every worker subject for 3 s (bounded), at
-    // `LOADGATE_TEST_FLOOD_RATE` a second (default 300,000; 0: as fast as
-    // one connection goes, about a million here, where this 2-core machine
-    // runs the attacker, nats-server and the frontend at once: measured, not
-    // asserted, in docs/deployment.md).
+    // Forged frames on every worker subject until the flips below are done
+    // (at most 20 s), at `LOADGATE_TEST_FLOOD_RATE` a second: 300,000 by
+    // default, which passes with two CPU hogs beside this 2-core machine's
+    // attacker, nats-server and frontend; 0 floods as fast as one connection
+    // publishes (about 1.1 million a second here), where a quiet machine
+    // passes and one with two hogs beside sometimes does not (figures in
+    // docs/deployment.md: measured, not asserted).
     let rate: u64 = std::env::var("LOADGATE_TEST_FLOOD_RATE").ok().and_then(|r| r.parse().ok()).unwrap_or(300_000);
     let url = nats.url.clone();
+    let done = Arc::new(AtomicBool::new(false));
+    let flooding = done.clone();
     let flood = tokio::spawn(async move {
         let attacker = async_nats::connect(url.as_str()).await.expect("attacker connects");
         let start = Instant::now();
-        let until = start + Duration::from_secs(3);
+        let until = start + Duration::from_secs(20);
         let mut sent = 0u64;
-        while Instant::now() < until {
+        // Relaxed: a stop hint; a few more frames after it change nothing.
+        while Instant::now() < until && !flooding.load(Ordering::Relaxed) {
             for w in 0..64u64 {
-                let mut forged = vec![0xE1u8; 120];
+                let mut forged = vec![ENVELOPE_MAGIC; 120];
                 forged[9] = 0xB2;
                 forged[10..18].copy_from_slice(&w.to_be_bytes());
                 attacker.publish(format!("loadgate.ev.{MODEL}.{w}"), forged.into()).await.unwrap();
@@ -324,15 +332,15 @@ async fn a_flood_without_the_secret_leaves_health_and_real_flips_working() {
             }
         }
         let _ = attacker.flush().await;
-        sent
+        (sent, start.elapsed())
     });
-    // Meanwhile: 50 real flips of worker 42, one every 60 ms, each sent as
+    // Meanwhile: 100 real flips of worker 42, one every 70 ms, each sent as
     // a worker sends a change (again 5 ms and 50 ms later, each with the next
     // seq: `a_changed_load_is_sent_again_5_ms_later`); /health answers. A
     // flip whose first send is lost is applied by a repeat: at most 50 ms
-    // late, within the 100 ms asked.
+    // late. The bound is p99 within 100 ms: 99 of the 100.
     let mut answered = 0;
-    for flip in 1..=50u64 {
+    for flip in 1..=FLIPS {
         let busy = flip % 2 == 1;
         let load =
             RankLoad { active_decode_blocks: if busy { 90 } else { 10 }, kv_total_blocks: 100, ..Default::default() };
@@ -341,13 +349,14 @@ async fn a_flood_without_the_secret_leaves_health_and_real_flips_working() {
         send(Frame::Load { worker: 42, incarnation, rank: 0, seq: 3 * flip - 1, load }).await;
         tokio::time::sleep(Duration::from_millis(45)).await;
         send(Frame::Load { worker: 42, incarnation, rank: 0, seq: 3 * flip, load }).await;
-        if flip % 5 == 0 {
+        if flip % 10 == 0 {
             assert_eq!(fe.workers().await, Some(2), "/health answers with the two workers");
             answered += 1;
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let sent = flood.await.unwrap();
+    done.store(true, Ordering::Relaxed);
+    let (sent, flooded) = flood.await.unwrap();
     let text = metrics_text(&fe.client, &fe.http).await;
     let bucket = |le: &str| {
         let series = format!("loadgate_frontend_event_flip_lag_seconds_bucket{{le=\"{le}\"}} ");
@@ -355,10 +364,12 @@ async fn a_flood_without_the_secret_leaves_health_and_real_flips_working() {
     };
     let (within, all) = (bucket("0.1").unwrap_or(0.0), bucket("+Inf").unwrap_or(0.0));
     let dropped: Vec<&str> = text.lines().filter(|l| l.starts_with("loadgate_frontend_event_frames_dropped")).collect();
-    eprintln!("{sent} forged frames; flips applied {all}, within 100 ms {within}; {answered} health checks answered");
+    eprintln!(
+        "{sent} forged frames in {flooded:.1?}; flips applied {all}, within 100 ms {within}; {answered} health checks answered"
+    );
     eprintln!("{dropped:?}");
-    assert_eq!(all, 50.0, "every real flip applied:\n{text}");
-    assert_eq!(within, 50.0, "every flip within 100 ms of its seal: {within} of {all}");
+    assert_eq!(all, FLIPS as f64, "every real flip applied:\n{text}");
+    assert!(within >= FLIPS as f64 * 0.99, "p99 of the flips within 100 ms of its seal: {within} of {all}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,13 +8,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
+use loadgate::wire::envelope::Sealer;
 use loadgate::wire::Frame;
 use loadgate::RankLoad;
 use tokio::sync::Notify;
 
 use super::subjects::Subjects;
 use crate::events::{Registration, ReportSeq};
-use crate::secret::Secrets;
+use crate::secret::{unix_ms, Secrets};
 
 /// What the task publishes next.
 #[derive(Default)]
@@ -53,7 +54,7 @@ impl NatsPublisher {
             client,
             subject: subjects.events(&registration.model, registration.worker),
             registration,
-            secrets,
+            sealer: secrets.sealer(),
             seq,
         };
         let shared = state.clone();
@@ -114,14 +115,17 @@ struct Sender {
     client: async_nats::Client,
     subject: String,
     registration: Registration,
-    secrets: Arc<Secrets>,
+    /// The current event secret, prepared.
+    sealer: Sealer,
     seq: ReportSeq,
 }
 
 impl Sender {
     async fn send(&self, frame: &Frame) {
-        match self.secrets.seal(&self.subject, frame) {
-            Ok(payload) => {
+        let mut buf = bytes::BytesMut::new();
+        match self.sealer.seal(&self.subject, unix_ms(), frame, &mut buf) {
+            Ok(()) => {
+                let payload = buf.freeze();
                 if let Err(error) = self.client.publish(self.subject.clone(), payload).await {
                     tracing::debug!(%error, "NATS publish failed (the client reconnects)");
                 }
