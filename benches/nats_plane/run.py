@@ -118,17 +118,19 @@ def fleet(args, env, frontends):
         nats.wait(timeout=10)
 
 
-def flood_command(args, url, rate):
+def flood_command(args, url, rate, bare=True):
     return [FLOOD, "--nats-url", url, "--workers", str(args.workers), "--seconds", str(args.seconds),
-            "--rate", str(rate)]
+            "--rate", str(rate)] + ([] if bare else ["--no-bare"])
 
 
 def fleet_round(args, env):
     """`--frontends` frontends, loads at `--rate`: CPU and memory of each
-    frontend and of nats-server over the counted window."""
+    frontend, of nats-server and of the publishers (every worker's sealing
+    and publishing, no bare subscriber) over the counted window."""
     with fleet(args, env, args.frontends) as (nats, url, frontends):
-        flood = subprocess.Popen(flood_command(args, url, args.rate), stdout=subprocess.PIPE, env=env, text=True)
-        pids = [fe.pid for fe, _ in frontends] + [nats.pid]
+        flood = subprocess.Popen(flood_command(args, url, args.rate, bare=False), stdout=subprocess.PIPE, env=env,
+                                 text=True)
+        pids = [fe.pid for fe, _ in frontends] + [nats.pid, flood.pid]
         for out in flood.stdout:
             if out.startswith("phase=measure"):
                 before = [cpu_seconds(p) for p in pids]
@@ -198,6 +200,7 @@ def main():
                 per = cpu[i] / applied_per_s[i] * 1e6 if applied_per_s[i] else float("nan")
                 print(f"| frontend {i + 1} | {cpu[i] * 100:.1f} | {rss[i]:.1f} | {applied_per_s[i]:,.0f} | {per:.2f} |")
             print(f"| nats-server | {cpu[n] * 100:.1f} | {rss[n]:.1f} | - | - |")
+            print(f"| publishers (every worker's sealing and publishing) | {cpu[n + 1] * 100:.1f} | - | - | - |")
             print(f"| all frontends | {sum(cpu[:n]) * 100:.1f} | {sum(rss[:n]):.1f} | {sum(applied_per_s):,.0f} | - |",
                   flush=True)
         return

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use clap::Parser;
 use futures_util::StreamExt as _;
-use loadgate::wire::envelope::seal;
+use loadgate::wire::envelope::Sealer;
 use loadgate::wire::Frame;
 use loadgate::RankLoad;
 
@@ -53,15 +53,19 @@ struct Args {
     /// Loads per second in all (0: as fast as the publishers go).
     #[arg(long, default_value_t = 0)]
     rate: u64,
+    /// No bare subscriber (this process's CPU is then the publishers', as
+    /// the workers' would be).
+    #[arg(long)]
+    no_bare: bool,
 }
 
 fn unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-fn sealed(secret: &[u8], subject: &str, frame: &Frame) -> bytes::Bytes {
+fn sealed(sealer: &Sealer, subject: &str, frame: &Frame) -> bytes::Bytes {
     let mut buf = BytesMut::new();
-    seal(secret, subject, unix_ms(), frame, &mut buf).expect("a small frame");
+    sealer.seal(subject, unix_ms(), frame, &mut buf).expect("a small frame");
     buf.freeze()
 }
 
@@ -69,17 +73,19 @@ fn sealed(secret: &[u8], subject: &str, frame: &Frame) -> bytes::Bytes {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let secret = std::env::var("LOADGATE_EVENT_SECRET").map_err(|_| anyhow::anyhow!("set LOADGATE_EVENT_SECRET"))?;
-    let secret = Arc::new(secret.trim().as_bytes().to_vec());
-    let counter = async_nats::connect(args.nats_url.as_str()).await?;
-    let mut seen = counter.subscribe(format!("{}.ev.>", args.namespace)).await?;
+    let secret = Arc::new(Sealer::new(secret.trim().as_bytes()));
     let received = Arc::new(AtomicU64::new(0));
-    let counting = received.clone();
-    tokio::spawn(async move {
-        while seen.next().await.is_some() {
-            // Relaxed: a count read after the window.
-            counting.fetch_add(1, Ordering::Relaxed);
-        }
-    });
+    if !args.no_bare {
+        let counter = async_nats::connect(args.nats_url.as_str()).await?;
+        let mut seen = counter.subscribe(format!("{}.ev.>", args.namespace)).await?;
+        let counting = received.clone();
+        tokio::spawn(async move {
+            while seen.next().await.is_some() {
+                // Relaxed: a count read after the window.
+                counting.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
     let incarnation = unix_ms() * 1_000_000;
     let subject = |w: u64| format!("{}.ev.{}.{w}", args.namespace, args.model);
     let mut clients = Vec::new();

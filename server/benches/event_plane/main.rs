@@ -30,6 +30,7 @@
 
 mod frontend;
 mod kernel;
+mod mesh;
 mod senders;
 
 use std::collections::BTreeMap;
@@ -43,7 +44,7 @@ use senders::Pace;
 const USAGE: &str = "\
 event_plane [--workers N] [--flip-percent P] [--seconds S] [--warmup S] [--hold S]
             [--connect-batch K --connect-pause-ms MS] [--frames-per-write F]
-            [--bin PATH] [--frontend-arg FLAG]...
+            [--frontends K --rate R] [--bin PATH] [--frontend-arg FLAG]...
   --workers N           simulated workers, one connection each (default 1000)
   --flip-percent P      % of Load frames that flip their worker's busy bit (default 0)
   --seconds S           measured seconds of the load phase (default 5; 0 skips it)
@@ -52,20 +53,25 @@ event_plane [--workers N] [--flip-percent P] [--seconds S] [--warmup S] [--hold 
   --connect-batch K     pause after every K connects (default 0: one loop)
   --connect-pause-ms MS the pause (default 10)
   --frames-per-write F  Load frames per write per connection (default 64)
+  --frontends K         K frontends, every worker connected to each (the mesh; default 1)
+  --rate R              loads a second in all, each written to every frontend (default 0:
+                        as fast as the sockets take them; needed with --frontends > 1)
   --bin PATH            the loadgate binary (default: this workspace's)
   --frontend-arg FLAG   one more frontend argument (repeatable)";
 
 /// The command line.
-struct Options {
-    workers: usize,
-    flip_percent: f64,
-    seconds: f64,
-    warmup: f64,
-    hold: f64,
-    pace: Pace,
-    per_write: usize,
-    bin: String,
-    extra: Vec<String>,
+pub(crate) struct Options {
+    pub(crate) workers: usize,
+    pub(crate) flip_percent: f64,
+    pub(crate) seconds: f64,
+    pub(crate) warmup: f64,
+    pub(crate) hold: f64,
+    pub(crate) pace: Pace,
+    pub(crate) per_write: usize,
+    pub(crate) bin: String,
+    pub(crate) extra: Vec<String>,
+    pub(crate) frontends: usize,
+    pub(crate) rate: u64,
 }
 
 impl Options {
@@ -80,6 +86,8 @@ impl Options {
             per_write: 64,
             bin: env!("CARGO_BIN_EXE_loadgate").to_owned(),
             extra: Vec::new(),
+            frontends: 1,
+            rate: 0,
         };
         let mut args = std::env::args().skip(1);
         while let Some(flag) = args.next() {
@@ -100,6 +108,8 @@ impl Options {
                 "--connect-batch" => o.pace.batch = num(&flag, value()?)?,
                 "--connect-pause-ms" => o.pace.pause = Duration::from_millis(num(&flag, value()?)?),
                 "--frames-per-write" => o.per_write = num(&flag, value()?)?,
+                "--frontends" => o.frontends = num(&flag, value()?)?,
+                "--rate" => o.rate = num(&flag, value()?)?,
                 "--bin" => o.bin = value()?,
                 "--frontend-arg" => o.extra.push(value()?),
                 "-h" | "--help" => return Err(USAGE.to_owned()),
@@ -111,6 +121,8 @@ impl Options {
             || !(0.0..=100.0).contains(&o.flip_percent)
             || ![o.seconds, o.warmup, o.hold].into_iter().all(bounded)
             || !(1..=1024).contains(&o.per_write)
+            || !(1..=64).contains(&o.frontends)
+            || (o.frontends > 1 && o.rate == 0)
         {
             return Err(format!("an argument is out of range\n{USAGE}"));
         }
@@ -126,12 +138,16 @@ fn main() {
             std::process::exit(2);
         }
     };
-    raise_nofile(o.workers as u64 + 256);
+    raise_nofile((o.workers * o.frontends) as u64 + 256);
     let log = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("event_plane-frontend.log");
     // The idle timeout and silence lie past every phase: only TCP closes a
     // connection here.
-    let bound = Duration::from_secs(60) + Duration::from_millis(o.workers as u64 * 10);
+    let bound = Duration::from_secs(60) + Duration::from_millis((o.workers * o.frontends) as u64 * 10);
     let idle_ms = ((o.hold + o.warmup + o.seconds) * 1000.0) as u64 + 2 * bound.as_millis() as u64;
+    if o.rate > 0 {
+        mesh::run(&o, idle_ms, bound);
+        return;
+    }
     let fe = Frontend::start(&o.bin, o.workers, idle_ms, &o.extra, &log);
     let port = fe.events.port();
     println!(

@@ -23,19 +23,19 @@ const FREE_BLOCKS: u32 = 100;
 const BUSY_BLOCKS: u32 = 900;
 /// Bytes of one Load frame, and where its fields sit (header of 4, then
 /// worker 8, incarnation 8, rank 4, seq 8, active_decode_blocks 4, …).
-const LOAD_LEN: usize = 52;
+pub const LOAD_LEN: usize = 52;
 const WORKER_AT: usize = 4;
 const SEQ_AT: usize = 24;
 const BLOCKS_AT: usize = 32;
 
 /// One simulated worker's connection.
 pub struct Conn {
-    stream: TcpStream,
-    worker: u64,
+    pub stream: TcpStream,
+    pub worker: u64,
     seq: u64,
     busy: bool,
     /// The tail of a batch the socket did not take whole.
-    leftover: Vec<u8>,
+    pub leftover: Vec<u8>,
     /// Closed (and why).
     pub closed: Option<String>,
 }
@@ -220,6 +220,16 @@ pub fn send(conns: &mut [Conn], per_write: usize, flip_permille: u32, stop: &Ato
         }
     }
     sent
+}
+
+/// One Load frame of `worker`, numbered `seq`, busy or free.
+pub fn load_frame(worker: u64, seq: u64, busy: bool) -> [u8; LOAD_LEN] {
+    let blocks = if busy { BUSY_BLOCKS } else { FREE_BLOCKS } + (seq % 64) as u32;
+    let load = RankLoad { active_decode_blocks: blocks, kv_total_blocks: KV_TOTAL, ..RankLoad::default() };
+    let frame = Frame::Load { worker, incarnation: INCARNATION, rank: 0, seq, load };
+    let mut buf = BytesMut::with_capacity(LOAD_LEN);
+    wire::encode(&frame, &mut buf).expect("a Load fits a frame");
+    buf[..].try_into().expect("a Load frame is LOAD_LEN bytes")
 }
 
 /// The template patched as [`send`] patches it decodes to the frame meant.
