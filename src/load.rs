@@ -56,27 +56,59 @@ impl RankLoad {
     }
 }
 
-/// Who measured a load: the worker itself, or the router from what it dispatched.
+impl RankLoad {
+    /// The field-wise sum of two publishers' loads (saturating numerators),
+    /// each denominator from `self` unless `self` does not know it (0): the
+    /// load several routers added together.
+    #[inline]
+    pub fn plus(&self, other: &RankLoad) -> RankLoad {
+        RankLoad {
+            active_decode_blocks: self.active_decode_blocks.saturating_add(other.active_decode_blocks),
+            kv_total_blocks: if self.kv_total_blocks != 0 { self.kv_total_blocks } else { other.kv_total_blocks },
+            active_prefill_tokens: self.active_prefill_tokens.saturating_add(other.active_prefill_tokens),
+            max_num_batched_tokens: if self.max_num_batched_tokens != 0 {
+                self.max_num_batched_tokens
+            } else {
+                other.max_num_batched_tokens
+            },
+            waiting_requests: self.waiting_requests.saturating_add(other.waiting_requests),
+        }
+    }
+}
+
+/// Who measured a load: the worker itself, this router from what it
+/// dispatched, or another frontend of the same fleet from what it
+/// dispatched (see [`MonitorConfig::shared`](crate::MonitorConfig::shared)).
 ///
-/// The two are stored apart and never overwrite each other; the busy decision
-/// uses the larger of the two.
+/// Each publisher has its own slot, so none overwrites another. The busy
+/// decision uses, field by field, the larger of the worker's own report and
+/// the **sum** of what this router tracks and what every other frontend
+/// published (fresh ones only).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Publisher {
     /// The worker's own report of its engine state.
     #[default]
     Worker,
     /// The router's own tracking of what it dispatched and not yet seen end.
     Router,
+    /// The load another frontend added (its own tracking, as it published
+    /// it), by the index this monitor gave that frontend:
+    /// `0..MonitorConfig::shared.frontends`.
+    Frontend(u16),
 }
 
 impl Publisher {
-    pub(crate) const COUNT: usize = 2;
+    /// Slots of a rank before the frontends' (the worker's and the router's).
+    pub(crate) const OWN: usize = 2;
 
+    /// The slot of a rank this publisher writes, among `OWN + frontends`.
     #[inline]
     pub(crate) fn index(self) -> usize {
         match self {
             Publisher::Worker => 0,
             Publisher::Router => 1,
+            Publisher::Frontend(n) => Publisher::OWN + usize::from(n),
         }
     }
 }
@@ -268,6 +300,22 @@ impl RankSlot {
         });
         // Release: publishes the words to readers that acquire `at`.
         w.at.store(now, Ordering::Release);
+    }
+
+    /// Empties the slot (never reported, no seq), unless a store holds it at
+    /// that moment ([`SlotUpdate::Contended`]; nothing changed then).
+    pub(crate) fn clear(&self) -> SlotUpdate {
+        let w = &*self.inner;
+        // Acquire: as in `store`, the previous holder's writes are seen.
+        let claim = w.claim.fetch_or(WRITING, Ordering::Acquire);
+        if claim & WRITING != 0 {
+            return SlotUpdate::Contended;
+        }
+        // Release: a reader that acquires NEVER reads nothing of the words.
+        w.at.store(NEVER, Ordering::Release);
+        // Release: hands the claim back without HAS_SEQ (a swap: as in `store`).
+        w.claim.swap(0, Ordering::Release);
+        SlotUpdate::Stored
     }
 
     /// The stored load and the time it was stored, or `None` if never reported.

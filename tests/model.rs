@@ -56,7 +56,9 @@ enum Op {
     Report {
         worker: u64,
         rank: u32,
-        router: bool,
+        /// 0: the worker, 1: the router, 2 + n: other frontend n (n = 2 is
+        /// one more than the monitor keeps).
+        publisher: u8,
         seq_step: i64,
         /// The worker's current incarnation, or (Some) this one.
         incarnation: Option<u64>,
@@ -67,6 +69,10 @@ enum Op {
         rank: u32,
         blocks: i64,
         tokens: i64,
+    },
+    /// Forget what other frontend `n` published.
+    ClearFrontend {
+        n: u16,
     },
     Capacity {
         worker: u64,
@@ -157,10 +163,11 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(worker, model, dp, incarnation)| Op::Register { worker, model, dp, incarnation }),
         1 => worker.clone().prop_map(|worker| Op::Deregister { worker }),
         1 => model.clone().prop_map(|model| Op::AddModel { model }),
-        10 => (worker.clone(), 0u32..5, any::<bool>(), -2i64..=3, prop::option::weighted(0.15, 0u64..3), load())
-            .prop_map(|(worker, rank, router, seq_step, incarnation, load)| {
-                Op::Report { worker, rank, router, seq_step, incarnation, load }
+        10 => (worker.clone(), 0u32..5, 0u8..=4, -2i64..=3, prop::option::weighted(0.15, 0u64..3), load())
+            .prop_map(|(worker, rank, publisher, seq_step, incarnation, load)| {
+                Op::Report { worker, rank, publisher, seq_step, incarnation, load }
             }),
+        1 => (0u16..=FRONTENDS).prop_map(|n| Op::ClearFrontend { n }),
         3 => (worker.clone(), 0u32..5, -6i64..=8, -6i64..=8)
             .prop_map(|(worker, rank, blocks, tokens)| Op::Track { worker, rank, blocks, tokens }),
         1 => (worker.clone(), 0u32..5, 0u32..=10, 0u32..=10)
@@ -224,6 +231,8 @@ struct RefWorker {
     incarnation: u64,
     reported: Vec<RefSlot>,
     tracked: Vec<RefSlot>,
+    /// Other frontends' publications, `[frontend][rank]`.
+    shared: Vec<Vec<RefSlot>>,
 }
 
 #[derive(Debug)]
@@ -263,9 +272,22 @@ impl Reference {
         slot.at.map(|_| slot.load)
     }
 
-    /// The larger numerators; the reported denominator unless it is unknown.
+    /// The fresh publications of other frontends, summed in index order
+    /// (denominators: the first known).
+    fn shared(&self, w: &RefWorker, rank: u32) -> Option<RankLoad> {
+        let fresh = w.shared.iter().map(|slots| slots[rank as usize]);
+        let fresh = fresh.filter(|s| s.at.is_some_and(|at| self.now - at <= SHARED_STALENESS_NS));
+        fresh.map(|s| s.load).reduce(|a, b| sum(&a, &b))
+    }
+
+    /// The larger numerators of the worker's report and of the tracked and
+    /// shared loads summed; the reported denominator unless it is unknown.
     fn effective(&self, w: &RefWorker, rank: u32) -> Option<RankLoad> {
-        match (self.reported(w, rank), self.tracked(w, rank)) {
+        let added = match (self.tracked(w, rank), self.shared(w, rank)) {
+            (Some(t), Some(s)) => Some(sum(&t, &s)),
+            (t, s) => t.or(s),
+        };
+        match (self.reported(w, rank), added) {
             (Some(r), Some(t)) => Some(RankLoad {
                 active_decode_blocks: r.active_decode_blocks.max(t.active_decode_blocks),
                 kv_total_blocks: if r.kv_total_blocks != 0 { r.kv_total_blocks } else { t.kv_total_blocks },
@@ -328,6 +350,31 @@ fn cost(id: WorkerId, load: &WorkerLoad) -> u64 {
     (id * 7 + load.active_decode_blocks + load.active_prefill_tokens) % 5
 }
 
+/// The slots of publisher `p` (as [`Op::Report`] numbers them), if kept.
+fn slots_of(w: &RefWorker, p: u8) -> Option<&Vec<RefSlot>> {
+    match p {
+        0 => Some(&w.reported),
+        1 => Some(&w.tracked),
+        n => w.shared.get(usize::from(n - 2)),
+    }
+}
+
+/// Other frontends the monitor keeps, and how long their publications count.
+const FRONTENDS: u16 = 2;
+const SHARED_STALENESS_NS: u64 = 40_000_000;
+
+/// Numerators added (saturating); each denominator from `a` unless unknown.
+fn sum(a: &RankLoad, b: &RankLoad) -> RankLoad {
+    let first = |x: u32, y: u32| if x != 0 { x } else { y };
+    RankLoad {
+        active_decode_blocks: a.active_decode_blocks.saturating_add(b.active_decode_blocks),
+        kv_total_blocks: first(a.kv_total_blocks, b.kv_total_blocks),
+        active_prefill_tokens: a.active_prefill_tokens.saturating_add(b.active_prefill_tokens),
+        max_num_batched_tokens: first(a.max_num_batched_tokens, b.max_num_batched_tokens),
+        waiting_requests: a.waiting_requests.saturating_add(b.waiting_requests),
+    }
+}
+
 fn to_real(t: RefThresholds) -> BusyThresholds {
     BusyThresholds {
         active_decode_blocks_threshold: t.decode.map(|p| p as f64 / 1e9),
@@ -367,6 +414,7 @@ impl System {
         let config = MonitorConfig {
             staleness: staleness_ms.map(Duration::from_millis),
             default_thresholds: to_real(default_thresholds),
+            shared: SharedLoad { frontends: FRONTENDS, staleness: Duration::from_nanos(SHARED_STALENESS_NS) },
             ..Default::default()
         };
         let monitor = Arc::new(WorkerMonitor::with_clock(config, clock).unwrap());
@@ -429,10 +477,16 @@ impl System {
                     let outcome = if current.is_some() { Registered::Restarted } else { Registered::New };
                     let fresh = vec![RefSlot::default(); dp as usize];
                     self.model.models.entry(name.to_owned()).or_insert(self.model.default_thresholds);
-                    let old = self.model.workers.insert(
-                        worker,
-                        RefWorker { model: name.to_owned(), dp, incarnation, reported: fresh.clone(), tracked: fresh },
-                    );
+                    let shared = vec![fresh.clone(); usize::from(FRONTENDS)];
+                    let worker_record = RefWorker {
+                        model: name.to_owned(),
+                        dp,
+                        incarnation,
+                        reported: fresh.clone(),
+                        tracked: fresh,
+                        shared,
+                    };
+                    let old = self.model.workers.insert(worker, worker_record);
                     if let Some(old) = old {
                         self.model.forget_if_unused(&old.model);
                     }
@@ -457,23 +511,31 @@ impl System {
                 }
                 prop_assert_eq!(self.monitor.add_model(name), new);
             }
-            Op::Report { worker, rank, router, seq_step, incarnation, load } => {
-                let publisher = if router { Publisher::Router } else { Publisher::Worker };
+            Op::Report { worker, rank, publisher: p, seq_step, incarnation, load } => {
+                let publisher = match p {
+                    0 => Publisher::Worker,
+                    1 => Publisher::Router,
+                    n => Publisher::Frontend(u16::from(n - 2)),
+                };
                 let current = self.model.workers.get(&worker);
-                let last = current.and_then(|w| {
-                    let slots = if router { &w.tracked } else { &w.reported };
-                    slots.get(rank as usize).and_then(|s| s.seq)
-                });
+                let last =
+                    current.and_then(|w| slots_of(w, p).and_then(|slots| slots.get(rank as usize)).and_then(|s| s.seq));
                 let seq = (last.unwrap_or(0) as i64 + seq_step).max(0) as u64;
                 let incarnation = incarnation.or(current.map(|w| w.incarnation)).unwrap_or(0);
                 let real = self.monitor.apply(&LoadReport { worker, incarnation, rank, publisher, seq, load });
+                let unkept = u16::from(p.saturating_sub(2)) >= FRONTENDS;
                 let expected = match self.slot_error(worker, rank) {
+                    _ if unkept => Err(ApplyError::UnknownPublisher(publisher)),
                     Some(e) => Err(e),
                     None if current.is_some_and(|w| w.incarnation != incarnation) => Ok(Applied::OtherIncarnation),
                     None => {
                         let now = self.model.now;
                         let w = self.model.workers.get_mut(&worker).unwrap();
-                        let slot = if router { &mut w.tracked[rank as usize] } else { &mut w.reported[rank as usize] };
+                        let slot = match p {
+                            0 => &mut w.reported[rank as usize],
+                            1 => &mut w.tracked[rank as usize],
+                            n => &mut w.shared[usize::from(n - 2)][rank as usize],
+                        };
                         // The first report of an incarnation applies whatever its seq.
                         if slot.seq.is_some_and(|last| seq <= last) {
                             Ok(Applied::Stale)
@@ -499,6 +561,18 @@ impl System {
                         slot.at = Some(now);
                         Ok(self.outcome(&before, worker))
                     }
+                };
+                prop_assert_eq!(real, expected);
+            }
+            Op::ClearFrontend { n } => {
+                let real = self.monitor.clear_publisher(Publisher::Frontend(n));
+                let expected = if n >= FRONTENDS {
+                    Err(ApplyError::UnknownPublisher(Publisher::Frontend(n)))
+                } else {
+                    for w in self.model.workers.values_mut() {
+                        w.shared[usize::from(n)].iter_mut().for_each(|s| *s = RefSlot::default());
+                    }
+                    Ok(before.iter().filter(|(&id, &bit)| self.model.busy(id) != bit).count())
                 };
                 prop_assert_eq!(real, expected);
             }
@@ -703,6 +777,7 @@ impl System {
                     rank,
                     reported: m.reported(w, rank),
                     tracked: m.tracked(w, rank),
+                    shared: m.shared(w, rank),
                 });
             }
         }

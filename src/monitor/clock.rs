@@ -8,17 +8,18 @@ pub(crate) struct MonitorClock {
     clock: quanta::Clock,
     base: quanta::Instant,
     staleness_ns: u64,
+    /// How long another frontend's publication counts.
+    shared_ns: u64,
 }
 
 impl MonitorClock {
-    /// `clock` from now on; `staleness` `None` means never stale.
-    pub(crate) fn new(clock: quanta::Clock, staleness: Option<Duration>) -> Self {
+    /// `clock` from now on; `staleness` `None` means never stale; other
+    /// frontends' publications count for `shared`.
+    pub(crate) fn new(clock: quanta::Clock, staleness: Option<Duration>, shared: Duration) -> Self {
         let base = clock.now();
-        let staleness_ns = match staleness {
-            Some(d) => u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
-            None => u64::MAX,
-        };
-        MonitorClock { clock, base, staleness_ns }
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let staleness_ns = staleness.map_or(u64::MAX, nanos);
+        MonitorClock { clock, base, staleness_ns, shared_ns: nanos(shared) }
     }
 
     /// Nanoseconds since the monitor started (never the "never reported"
@@ -32,6 +33,12 @@ impl MonitorClock {
     #[inline]
     pub(crate) fn is_fresh(&self, at: u64, now: u64) -> bool {
         now.saturating_sub(at) <= self.staleness_ns
+    }
+
+    /// Whether another frontend's publication stamped `at` still counts at `now`.
+    #[inline]
+    pub(crate) fn is_shared_fresh(&self, at: u64, now: u64) -> bool {
+        now.saturating_sub(at) <= self.shared_ns
     }
 
     /// The staleness window in nanoseconds (`u64::MAX`: none).

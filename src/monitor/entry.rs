@@ -3,7 +3,7 @@
 
 use crossbeam_utils::CachePadded;
 
-use crate::load::{Publisher, RankSlot, WorkerId};
+use crate::load::{Publisher, RankLoad, RankSlot, WorkerId};
 use crate::monitor::clock::MonitorClock;
 use crate::monitor::query::{RankSnapshot, WorkerLoad};
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -15,7 +15,9 @@ pub(crate) struct WorkerEntry {
     pub(crate) id: WorkerId,
     pub(crate) incarnation: u64,
     pub(crate) dp_size: u32,
-    /// `dp_size * Publisher::COUNT` slots, rank-major.
+    /// Other frontends kept per rank (their slots follow the own ones).
+    frontends: u16,
+    /// `dp_size * (Publisher::OWN + frontends)` slots, rank-major.
     slots: Box<[RankSlot]>,
     /// Bumped (RMW) after every change to this worker's inputs.
     pub(crate) version: CachePadded<AtomicU64>,
@@ -32,13 +34,16 @@ pub(crate) struct WorkerEntry {
 }
 
 impl WorkerEntry {
-    /// A worker with every rank unreported (so free).
-    pub(crate) fn new(id: WorkerId, incarnation: u64, dp_size: u32) -> Self {
+    /// A worker with every rank unreported (so free), keeping `frontends`
+    /// other frontends' loads per rank.
+    pub(crate) fn new(id: WorkerId, incarnation: u64, dp_size: u32, frontends: u16) -> Self {
+        let per_rank = Publisher::OWN + usize::from(frontends);
         WorkerEntry {
             id,
             incarnation,
             dp_size,
-            slots: (0..dp_size as usize * Publisher::COUNT).map(|_| RankSlot::new()).collect(),
+            frontends,
+            slots: (0..dp_size as usize * per_rank).map(|_| RankSlot::new()).collect(),
             version: CachePadded::new(AtomicU64::new(0)),
             busy: AtomicBool::new(false),
             reasons: AtomicU32::new(0),
@@ -47,10 +52,26 @@ impl WorkerEntry {
         }
     }
 
-    /// The slot of one rank and publisher; `rank < dp_size`.
+    /// The slot of one rank and publisher: `rank < dp_size`, and a
+    /// frontend's index below the frontends kept (the monitor checks it).
     #[inline]
     pub(crate) fn slot(&self, rank: u32, publisher: Publisher) -> &RankSlot {
-        &self.slots[rank as usize * Publisher::COUNT + publisher.index()]
+        let per_rank = Publisher::OWN + usize::from(self.frontends);
+        &self.slots[rank as usize * per_rank + publisher.index()]
+    }
+
+    /// Empties every rank's slot of `publisher` (a frontend index given to
+    /// another frontend); whether any slot held something.
+    pub(crate) fn clear(&self, publisher: Publisher) -> bool {
+        let mut held = false;
+        for rank in 0..self.dp_size {
+            let slot = self.slot(rank, publisher);
+            held |= slot.load().is_some();
+            // One writer per frontend slot (the event plane's): a store in
+            // progress can only be a racing embedder's; it wins.
+            let _ = slot.clear();
+        }
+        held
     }
 
     /// Evaluates the worker at `now`: busy only when every declared rank is
@@ -130,12 +151,21 @@ impl WorkerEntry {
         decode(self.reasons.load(Ordering::Relaxed))
     }
 
-    /// What one rank last reported (fresh only) and what the router tracks.
+    /// What one rank last reported (fresh only), what the router tracks,
+    /// and what other frontends published (fresh only, summed).
     pub(crate) fn snapshot(&self, rank: u32, clock: &MonitorClock, now: u64) -> RankSnapshot {
         let reported =
             self.slot(rank, Publisher::Worker).load().filter(|(_, at)| clock.is_fresh(*at, now)).map(|(load, _)| load);
         let tracked = self.slot(rank, Publisher::Router).load().map(|(load, _)| load);
-        RankSnapshot { worker: self.id, rank, reported, tracked }
+        let mut shared: Option<RankLoad> = None;
+        for n in 0..self.frontends {
+            let fresh =
+                self.slot(rank, Publisher::Frontend(n)).load().filter(|(_, at)| clock.is_shared_fresh(*at, now));
+            if let Some((load, _)) = fresh {
+                shared = Some(shared.map_or(load, |sum| sum.plus(&load)));
+            }
+        }
+        RankSnapshot { worker: self.id, rank, reported, tracked, shared }
     }
 
     /// Sum of the effective load over the ranks (no lock, no allocation).

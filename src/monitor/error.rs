@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::load::WorkerId;
+use crate::load::{Publisher, WorkerId};
 use crate::thresholds::ThresholdError;
 
 /// A report or tracking update that could not be applied.
@@ -20,6 +20,8 @@ pub enum ApplyError {
         /// The worker's declared data-parallel size.
         dp_size: u32,
     },
+    /// A frontend index not below [`SharedLoad::frontends`](crate::monitor::SharedLoad::frontends).
+    UnknownPublisher(Publisher),
 }
 
 impl fmt::Display for ApplyError {
@@ -29,6 +31,7 @@ impl fmt::Display for ApplyError {
             Self::RankOutOfRange { worker, rank, dp_size } => {
                 write!(f, "rank {rank} is out of range for worker {worker} with dp size {dp_size}")
             }
+            Self::UnknownPublisher(p) => write!(f, "no slot for publisher {p:?} (more frontends than kept)"),
         }
     }
 }

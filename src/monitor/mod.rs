@@ -17,6 +17,7 @@ mod publication;
 mod query;
 mod reasons;
 mod registry;
+mod shared;
 pub(crate) mod view;
 
 use std::fmt;
@@ -34,6 +35,7 @@ use self::registry::{Registry, WorkerRecord};
 
 pub use self::error::{ApplyError, RegisterError, SetThresholdsError};
 pub use self::query::{RankSnapshot, WorkerInfo, WorkerLoad};
+pub use self::shared::SharedLoad;
 pub use crate::busy::BusySet;
 pub use crate::load::{Publisher, RankSlot, SlotUpdate};
 
@@ -49,6 +51,8 @@ pub struct MonitorConfig {
     pub default_thresholds: BusyThresholds,
     /// How much each model's waiting line holds (see [`crate::waiting`]).
     pub line: LineLimits,
+    /// Other frontends' load kept per rank (none by default).
+    pub shared: SharedLoad,
 }
 
 /// Decides which workers are busy and publishes each model's busy set.
@@ -81,6 +85,8 @@ pub struct WorkerMonitor {
     line: LineLimits,
     /// The most instances a chunk of a model's view holds.
     chunk_capacity: usize,
+    /// Other frontends' slots per rank ([`SharedLoad::frontends`]).
+    frontends: u16,
 }
 
 impl fmt::Debug for WorkerMonitor {
@@ -146,7 +152,8 @@ impl WorkerMonitor {
         Ok(WorkerMonitor {
             registry: Registry::default(),
             registry_write: Mutex::new(()),
-            clock: MonitorClock::new(clock, config.staleness),
+            clock: MonitorClock::new(clock, config.staleness, config.shared.staleness),
+            frontends: config.shared.frontends,
             default_thresholds,
             line: config.line,
             chunk_capacity: publication::CHUNK_CAPACITY,
@@ -208,7 +215,7 @@ impl WorkerMonitor {
         let known = registry.model(model);
         let fresh = known.is_none();
         let state = known.unwrap_or_else(|| self.new_model(Arc::from(model)));
-        let entry = Arc::new(WorkerEntry::new(worker, incarnation, dp_size));
+        let entry = Arc::new(WorkerEntry::new(worker, incarnation, dp_size, self.frontends));
         let mut forgotten = None;
         match old {
             // A restart in the same model: one publication swaps the entries,
@@ -414,6 +421,7 @@ impl WorkerMonitor {
         publisher: Publisher,
         update: impl FnOnce(&RankSlot, u64) -> SlotUpdate,
     ) -> Result<Applied, ApplyError> {
+        self.has_slot(publisher)?;
         self.registry.with_rank(worker, rank, |rec| {
             if incarnation != rec.entry.incarnation {
                 return Applied::OtherIncarnation;
@@ -489,6 +497,36 @@ impl WorkerMonitor {
             }
         }
         flips
+    }
+
+    /// `Ok` if every rank has a slot for `publisher`.
+    #[inline]
+    fn has_slot(&self, publisher: Publisher) -> Result<(), ApplyError> {
+        match publisher {
+            Publisher::Frontend(n) if n >= self.frontends => Err(ApplyError::UnknownPublisher(publisher)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Forgets everything `publisher` published, on every worker (cold
+    /// path): before a frontend index is given to another frontend, whose
+    /// reports start their own numbering. Every worker it changes is
+    /// re-evaluated and published before this returns; returns how many
+    /// busy bits flipped.
+    ///
+    /// # Errors
+    ///
+    /// [`ApplyError::UnknownPublisher`] for a frontend index not kept.
+    pub fn clear_publisher(&self, publisher: Publisher) -> Result<usize, ApplyError> {
+        self.has_slot(publisher)?;
+        let mut flips = 0;
+        for rec in self.records() {
+            if rec.entry.clear(publisher) && self.changed(&rec.entry, &rec.model, self.clock.now()) == Applied::Flipped
+            {
+                flips += 1;
+            }
+        }
+        Ok(flips)
     }
 
     /// Replaces a model's thresholds; every worker of the model is

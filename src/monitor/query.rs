@@ -14,14 +14,22 @@ pub struct RankSnapshot {
     pub reported: Option<RankLoad>,
     /// The router's tracked load (`None`: never tracked).
     pub tracked: Option<RankLoad>,
+    /// The sum of what other frontends published for it, fresh ones only
+    /// (`None`: none; see [`SharedLoad`](crate::monitor::SharedLoad)).
+    pub shared: Option<RankLoad>,
 }
 
 impl RankSnapshot {
-    /// The load the busy decision uses: the larger of reported and tracked.
+    /// The load the busy decision uses: the larger of reported and the sum
+    /// of tracked and shared.
     pub fn effective(&self) -> Option<RankLoad> {
-        match (self.reported, self.tracked) {
-            (Some(r), Some(t)) => Some(r.max_with(&t)),
-            (r, t) => r.or(t),
+        let added = match (self.tracked, self.shared) {
+            (Some(t), Some(s)) => Some(t.plus(&s)),
+            (t, s) => t.or(s),
+        };
+        match (self.reported, added) {
+            (Some(r), Some(a)) => Some(r.max_with(&a)),
+            (r, a) => r.or(a),
         }
     }
 }

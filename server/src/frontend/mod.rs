@@ -194,6 +194,8 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
         staleness: args.load_staleness_ms.map(Duration::from_millis),
         default_thresholds: args.default_thresholds(),
         line: args.line_limits(),
+        // Other frontends' load: none kept until the frontends share it.
+        shared: Default::default(),
     };
     let monitor = Arc::new(WorkerMonitor::new(config).map_err(|e| anyhow::anyhow!("invalid threshold: {e}"))?);
     let directory = Arc::new(WorkerDirectory::new(monitor.clone()));

@@ -398,7 +398,7 @@ mod tests {
     use super::*;
 
     fn entries(ids: impl IntoIterator<Item = WorkerId>) -> Vec<Arc<WorkerEntry>> {
-        ids.into_iter().map(|id| Arc::new(WorkerEntry::new(id, 0, 1))).collect()
+        ids.into_iter().map(|id| Arc::new(WorkerEntry::new(id, 0, 1, 0))).collect()
     }
 
     fn listed(chunk: &Chunk) -> Vec<usize> {

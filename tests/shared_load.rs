@@ -1,0 +1,135 @@
+//! Several frontends, one fleet: other frontends' published load
+//! (`Publisher::Frontend`) is summed with this router's tracking, and the
+//! busy decision takes the larger of that sum and the worker's own report
+//! (`loadgate::monitor::SharedLoad`).
+
+use std::time::Duration;
+
+use loadgate::monitor::{Applied, ApplyError, MonitorConfig, Publisher, SharedLoad, WorkerMonitor};
+use loadgate::{BusyThresholds, LoadReport, RankLoad};
+
+const MODEL: &str = "m";
+const W: u64 = 7;
+
+/// A monitor keeping `frontends` other frontends, a prefill threshold of
+/// 1,000 tokens, on a mock clock; worker 7 registered (incarnation 1).
+fn monitor(frontends: u16) -> (WorkerMonitor, std::sync::Arc<quanta::Mock>) {
+    let (clock, mock) = quanta::Clock::mock();
+    let config = MonitorConfig {
+        default_thresholds: BusyThresholds { active_prefill_tokens_threshold: Some(1000), ..Default::default() },
+        shared: SharedLoad { frontends, staleness: Duration::from_millis(600) },
+        ..Default::default()
+    };
+    let monitor = WorkerMonitor::with_clock(config, clock).unwrap();
+    monitor.register(W, MODEL, 1, 1).unwrap();
+    (monitor, mock)
+}
+
+fn report(publisher: Publisher, seq: u64, prefill: u32) -> LoadReport {
+    let load = RankLoad { active_prefill_tokens: prefill, ..Default::default() };
+    LoadReport { worker: W, incarnation: 1, rank: 0, publisher, seq, load }
+}
+
+#[test]
+fn the_sum_of_the_frontends_decides_when_no_one_of_them_is_over() {
+    let (monitor, _) = monitor(2);
+    monitor.track(W, 1, 0, 0, 400).unwrap();
+    monitor.apply(&report(Publisher::Frontend(0), 1, 400)).unwrap();
+    assert!(!monitor.is_busy(W), "800 of 1,000: free");
+    assert_eq!(monitor.apply(&report(Publisher::Frontend(1), 1, 201)).unwrap(), Applied::Flipped);
+    assert!(monitor.is_busy(W), "1,001 > 1,000 though each publisher holds at most 400");
+    monitor.apply(&report(Publisher::Frontend(1), 2, 200)).unwrap();
+    assert!(!monitor.is_busy(W), "exactly 1,000: free (the threshold is strict)");
+    let snapshot = monitor.rank_snapshots()[0];
+    assert_eq!(snapshot.shared.map(|l| l.active_prefill_tokens), Some(600));
+    assert_eq!(snapshot.effective().map(|l| l.active_prefill_tokens), Some(1000));
+}
+
+#[test]
+fn the_workers_own_report_is_compared_with_the_sum_not_added_to_it() {
+    let (monitor, _) = monitor(1);
+    monitor.apply(&report(Publisher::Worker, 1, 700)).unwrap();
+    monitor.apply(&report(Publisher::Frontend(0), 1, 300)).unwrap();
+    monitor.track(W, 1, 0, 0, 300).unwrap();
+    assert!(!monitor.is_busy(W), "max(700, 300 + 300) = 700");
+    monitor.apply(&report(Publisher::Worker, 2, 1001)).unwrap();
+    assert!(monitor.is_busy(W), "the worker's own 1,001");
+}
+
+#[test]
+fn a_frontends_publication_stops_counting_after_its_staleness_whatever_the_workers() {
+    let (monitor, mock) = monitor(1);
+    monitor.apply(&report(Publisher::Worker, 1, 100)).unwrap();
+    monitor.apply(&report(Publisher::Frontend(0), 1, 1001)).unwrap();
+    assert!(monitor.is_busy(W));
+    mock.increment(Duration::from_millis(600));
+    assert_eq!(monitor.expire_stale(), 0, "600 ms old still counts");
+    mock.increment(Duration::from_millis(1));
+    assert_eq!(monitor.expire_stale(), 1, "601 ms old: the frontend stopped counting");
+    assert!(!monitor.is_busy(W));
+    assert_eq!(monitor.rank_snapshots()[0].shared, None);
+    // The worker's own report has no staleness window here: it still counts.
+    assert_eq!(monitor.rank_snapshots()[0].reported.map(|l| l.active_prefill_tokens), Some(100));
+}
+
+#[test]
+fn a_frontend_index_not_kept_is_refused() {
+    let (kept_two, _) = monitor(2);
+    let refused = Err(ApplyError::UnknownPublisher(Publisher::Frontend(2)));
+    assert_eq!(kept_two.apply(&report(Publisher::Frontend(2), 1, 5)), refused);
+    assert_eq!(kept_two.clear_publisher(Publisher::Frontend(2)), refused.map(|_| 0));
+    let (single, _) = monitor(0);
+    assert!(single.apply(&report(Publisher::Frontend(0), 1, 5)).is_err(), "a single frontend keeps none");
+    assert_eq!(single.apply(&report(Publisher::Worker, 1, 5)), Ok(Applied::Stored));
+}
+
+#[test]
+fn clearing_a_frontend_index_frees_its_load_and_restarts_its_numbering() {
+    let (monitor, _) = monitor(1);
+    monitor.apply(&report(Publisher::Frontend(0), 50, 1001)).unwrap();
+    assert!(monitor.is_busy(W));
+    assert_eq!(monitor.apply(&report(Publisher::Frontend(0), 3, 0)), Ok(Applied::Stale), "numbered below 50");
+    assert_eq!(monitor.clear_publisher(Publisher::Frontend(0)), Ok(1), "cleared: free again");
+    assert!(!monitor.is_busy(W));
+    assert_eq!(monitor.rank_snapshots()[0].shared, None);
+    // The index's next frontend starts its own numbering.
+    assert_eq!(monitor.apply(&report(Publisher::Frontend(0), 3, 1001)), Ok(Applied::Flipped));
+}
+
+#[test]
+fn tracked_capacity_and_shared_numerators_combine_field_by_field() {
+    let (clock, _) = quanta::Clock::mock();
+    let config = MonitorConfig {
+        default_thresholds: BusyThresholds { active_decode_blocks_threshold: Some(0.5), ..Default::default() },
+        shared: SharedLoad { frontends: 1, ..Default::default() },
+        ..Default::default()
+    };
+    let monitor = WorkerMonitor::with_clock(config, clock).unwrap();
+    monitor.register(W, MODEL, 1, 1).unwrap();
+    monitor.set_tracked_capacity(W, 1, 0, 100, 0).unwrap();
+    monitor.track(W, 1, 0, 30, 0).unwrap();
+    let load = RankLoad { active_decode_blocks: 20, ..Default::default() };
+    monitor
+        .apply(&LoadReport {
+            worker: W,
+            incarnation: 1,
+            publisher: Publisher::Frontend(0),
+            seq: 1,
+            load,
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(!monitor.is_busy(W), "50 of 100 blocks: not above half");
+    let load = RankLoad { active_decode_blocks: 21, ..Default::default() };
+    monitor
+        .apply(&LoadReport {
+            worker: W,
+            incarnation: 1,
+            publisher: Publisher::Frontend(0),
+            seq: 2,
+            load,
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(monitor.is_busy(W), "51 of the tracked capacity's 100");
+}
