@@ -92,6 +92,11 @@ pub enum Publisher {
     Worker,
     /// The router's own tracking of what it dispatched and not yet seen end.
     Router,
+    /// This router's own shared publication as it came back from the event
+    /// plane: what the other frontends have seen of its tracking (the
+    /// lease's reference, see `monitor::lease`). Kept only with other
+    /// frontends.
+    Echo,
     /// The load another frontend added (its own tracking, as it published
     /// it), by the index this monitor gave that frontend:
     /// `0..MonitorConfig::shared.frontends`.
@@ -99,16 +104,25 @@ pub enum Publisher {
 }
 
 impl Publisher {
-    /// Slots of a rank before the frontends' (the worker's and the router's).
-    pub(crate) const OWN: usize = 2;
+    /// Slots of a rank with `frontends` other frontends kept: the worker's
+    /// and the router's, and with others, the echo and one per other.
+    #[inline]
+    pub(crate) fn per_rank(frontends: u16) -> usize {
+        if frontends == 0 {
+            2
+        } else {
+            3 + usize::from(frontends)
+        }
+    }
 
-    /// The slot of a rank this publisher writes, among `OWN + frontends`.
+    /// The slot of a rank this publisher writes, among `per_rank`.
     #[inline]
     pub(crate) fn index(self) -> usize {
         match self {
             Publisher::Worker => 0,
             Publisher::Router => 1,
-            Publisher::Frontend(n) => Publisher::OWN + usize::from(n),
+            Publisher::Echo => 2,
+            Publisher::Frontend(n) => 3 + usize::from(n),
         }
     }
 }

@@ -414,7 +414,11 @@ impl System {
         let config = MonitorConfig {
             staleness: staleness_ms.map(Duration::from_millis),
             default_thresholds: to_real(default_thresholds),
-            shared: SharedLoad { frontends: FRONTENDS, staleness: Duration::from_nanos(SHARED_STALENESS_NS) },
+            shared: SharedLoad {
+                frontends: FRONTENDS,
+                staleness: Duration::from_nanos(SHARED_STALENESS_NS),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let monitor = Arc::new(WorkerMonitor::with_clock(config, clock).unwrap());

@@ -17,7 +17,7 @@ fn monitor(frontends: u16) -> (WorkerMonitor, std::sync::Arc<quanta::Mock>) {
     let (clock, mock) = quanta::Clock::mock();
     let config = MonitorConfig {
         default_thresholds: BusyThresholds { active_prefill_tokens_threshold: Some(1000), ..Default::default() },
-        shared: SharedLoad { frontends, staleness: Duration::from_millis(600) },
+        shared: SharedLoad { frontends, staleness: Duration::from_millis(600), ..Default::default() },
         ..Default::default()
     };
     let monitor = WorkerMonitor::with_clock(config, clock).unwrap();
@@ -132,4 +132,57 @@ fn tracked_capacity_and_shared_numerators_combine_field_by_field() {
         })
         .unwrap();
     assert!(monitor.is_busy(W), "51 of the tracked capacity's 100");
+}
+
+/// A monitor with the lease, two other frontends kept and live (k = 3).
+fn leased() -> WorkerMonitor {
+    let (clock, _) = quanta::Clock::mock();
+    let config = MonitorConfig {
+        default_thresholds: BusyThresholds { active_prefill_tokens_threshold: Some(1000), ..Default::default() },
+        shared: SharedLoad { frontends: 2, staleness: Duration::from_secs(60), lease: true },
+        ..Default::default()
+    };
+    let monitor = WorkerMonitor::with_clock(config, clock).unwrap();
+    monitor.register(W, MODEL, 1, 1).unwrap();
+    assert_eq!(monitor.set_other_frontends(2), 0);
+    monitor
+}
+
+#[test]
+fn a_frontend_takes_at_most_a_kth_of_the_seen_headroom_before_its_echo() {
+    let monitor = leased();
+    monitor.track(W, 1, 0, 0, 333).unwrap();
+    assert!(!monitor.is_busy(W), "333 x 3 = 999 <= 1,000 of headroom: free");
+    monitor.track(W, 1, 0, 0, 1).unwrap();
+    assert!(monitor.is_busy(W), "334 unseen x 3 > 1,000: busy until the echo");
+    assert_eq!(monitor.apply(&report(Publisher::Echo, 1, 334)), Ok(Applied::Flipped), "seen: free again");
+    // Seen now: 334 of ours and 300 of another frontend; headroom 366.
+    monitor.apply(&report(Publisher::Frontend(0), 1, 300)).unwrap();
+    monitor.track(W, 1, 0, 0, 122).unwrap();
+    assert!(!monitor.is_busy(W), "122 x 3 = 366: free");
+    monitor.track(W, 1, 0, 0, 1).unwrap();
+    assert!(monitor.is_busy(W), "123 x 3 > 366");
+    assert_eq!(monitor.set_other_frontends(0), 1, "alone: the threshold alone (757 of 1,000)");
+    assert_eq!(monitor.set_other_frontends(1), 0, "k = 2: 123 x 2 <= 366, still free");
+    assert_eq!(monitor.set_other_frontends(2), 1, "k = 3 again: busy");
+}
+
+#[test]
+fn the_workers_own_report_shrinks_the_headroom_too() {
+    let monitor = leased();
+    monitor.apply(&report(Publisher::Worker, 1, 700)).unwrap();
+    monitor.track(W, 1, 0, 0, 100).unwrap();
+    assert!(!monitor.is_busy(W), "100 x 3 <= 300");
+    monitor.track(W, 1, 0, 0, 1).unwrap();
+    assert!(monitor.is_busy(W), "101 x 3 > 1,000 - 700");
+}
+
+#[test]
+fn without_a_lease_or_other_frontends_the_echo_changes_nothing() {
+    let (unleased, _) = monitor(1);
+    unleased.track(W, 1, 0, 0, 900).unwrap();
+    assert!(!unleased.is_busy(W), "no lease: 900 unseen is fine");
+    assert_eq!(unleased.apply(&report(Publisher::Echo, 1, 0)), Ok(Applied::Stored));
+    let (single, _) = monitor(0);
+    assert!(single.apply(&report(Publisher::Echo, 1, 0)).is_err(), "no echo slot without other frontends");
 }

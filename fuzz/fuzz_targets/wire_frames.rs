@@ -19,12 +19,58 @@ enum Input {
 
 #[derive(Arbitrary, Debug)]
 enum FrameInput {
-    Register { worker: u64, incarnation: u64, dp_size: u32, model: String, http_addr: String, pad: u16 },
-    Load { worker: u64, incarnation: u64, rank: u32, seq: u64, load: [u32; 5] },
-    Deregister { worker: u64, incarnation: u64 },
-    Challenge { nonce: [u8; 32] },
-    Proof { nonce: [u8; 32], mac: [u8; 32] },
-    Welcome { mac: [u8; 32] },
+    Register {
+        worker: u64,
+        incarnation: u64,
+        dp_size: u32,
+        model: String,
+        http_addr: String,
+        pad: u16,
+    },
+    Load {
+        worker: u64,
+        incarnation: u64,
+        rank: u32,
+        seq: u64,
+        load: [u32; 5],
+    },
+    Deregister {
+        worker: u64,
+        incarnation: u64,
+    },
+    Challenge {
+        nonce: [u8; 32],
+    },
+    Proof {
+        nonce: [u8; 32],
+        mac: [u8; 32],
+    },
+    Welcome {
+        mac: [u8; 32],
+    },
+    FrontendLoad {
+        frontend: u64,
+        incarnation: u64,
+        seq: u64,
+        worker: u64,
+        worker_incarnation: u64,
+        rank: u32,
+        load: [u32; 5],
+    },
+    FrontendBeat {
+        frontend: u64,
+        incarnation: u64,
+    },
+}
+
+fn rank_load([a, b, c, d, e]: [u32; 5]) -> RankLoad {
+    RankLoad {
+        active_decode_blocks: a,
+        kv_total_blocks: b,
+        active_prefill_tokens: c,
+        max_num_batched_tokens: d,
+        waiting_requests: e,
+    }
 }
 
 impl FrameInput {
@@ -35,23 +81,25 @@ impl FrameInput {
                 model.extend(std::iter::repeat_n('m', usize::from(pad % 4200)));
                 Frame::Register { worker, incarnation, dp_size, model, http_addr }
             }
-            FrameInput::Load { worker, incarnation, rank, seq, load: [a, b, c, d, e] } => Frame::Load {
-                worker,
-                incarnation,
-                rank,
-                seq,
-                load: RankLoad {
-                    active_decode_blocks: a,
-                    kv_total_blocks: b,
-                    active_prefill_tokens: c,
-                    max_num_batched_tokens: d,
-                    waiting_requests: e,
-                },
-            },
+            FrameInput::Load { worker, incarnation, rank, seq, load } => {
+                Frame::Load { worker, incarnation, rank, seq, load: rank_load(load) }
+            }
             FrameInput::Deregister { worker, incarnation } => Frame::Deregister { worker, incarnation },
             FrameInput::Challenge { nonce } => Frame::Challenge { nonce },
             FrameInput::Proof { nonce, mac } => Frame::Proof { nonce, mac },
             FrameInput::Welcome { mac } => Frame::Welcome { mac },
+            FrameInput::FrontendLoad { frontend, incarnation, seq, worker, worker_incarnation, rank, load } => {
+                Frame::FrontendLoad {
+                    frontend,
+                    incarnation,
+                    seq,
+                    worker,
+                    worker_incarnation,
+                    rank,
+                    load: rank_load(load),
+                }
+            }
+            FrameInput::FrontendBeat { frontend, incarnation } => Frame::FrontendBeat { frontend, incarnation },
         }
     }
 }
@@ -65,6 +113,8 @@ fn encoded_len(frame: &Frame) -> usize {
             Frame::Deregister { .. } => 16,
             Frame::Challenge { .. } | Frame::Welcome { .. } => 32,
             Frame::Proof { .. } => 64,
+            Frame::FrontendLoad { .. } => 8 * 5 + 4 + 20,
+            Frame::FrontendBeat { .. } => 16,
         }
 }
 

@@ -1,7 +1,10 @@
-//! [`MonitorClock`]: the monitor's time in nanoseconds and the staleness
-//! window that decides whether a report still counts.
+//! [`MonitorClock`]: the monitor's time in nanoseconds, the staleness
+//! windows that decide whether a report still counts, and the fleet's lease
+//! that decides how much of other frontends' unseen load to assume.
 
 use std::time::Duration;
+
+use super::lease::Lease;
 
 /// The clock reports are stamped with, and the staleness window.
 pub(crate) struct MonitorClock {
@@ -10,16 +13,18 @@ pub(crate) struct MonitorClock {
     staleness_ns: u64,
     /// How long another frontend's publication counts.
     shared_ns: u64,
+    /// The fleet's lease (with other frontends).
+    pub(crate) lease: Lease,
 }
 
 impl MonitorClock {
     /// `clock` from now on; `staleness` `None` means never stale; other
     /// frontends' publications count for `shared`.
-    pub(crate) fn new(clock: quanta::Clock, staleness: Option<Duration>, shared: Duration) -> Self {
+    pub(crate) fn new(clock: quanta::Clock, staleness: Option<Duration>, shared: Duration, lease: Lease) -> Self {
         let base = clock.now();
         let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let staleness_ns = staleness.map_or(u64::MAX, nanos);
-        MonitorClock { clock, base, staleness_ns, shared_ns: nanos(shared) }
+        MonitorClock { clock, base, staleness_ns, shared_ns: nanos(shared), lease }
     }
 
     /// Nanoseconds since the monitor started (never the "never reported"

@@ -5,6 +5,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::load::{Publisher, RankLoad, RankSlot, WorkerId};
 use crate::monitor::clock::MonitorClock;
+use crate::monitor::lease::Slots;
 use crate::monitor::query::{RankSnapshot, WorkerLoad};
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use crate::thresholds::{BusySignals, Thresholds};
@@ -17,7 +18,7 @@ pub(crate) struct WorkerEntry {
     pub(crate) dp_size: u32,
     /// Other frontends kept per rank (their slots follow the own ones).
     frontends: u16,
-    /// `dp_size * (Publisher::OWN + frontends)` slots, rank-major.
+    /// `dp_size * Publisher::per_rank(frontends)` slots, rank-major.
     slots: Box<[RankSlot]>,
     /// Bumped (RMW) after every change to this worker's inputs.
     pub(crate) version: CachePadded<AtomicU64>,
@@ -37,7 +38,7 @@ impl WorkerEntry {
     /// A worker with every rank unreported (so free), keeping `frontends`
     /// other frontends' loads per rank.
     pub(crate) fn new(id: WorkerId, incarnation: u64, dp_size: u32, frontends: u16) -> Self {
-        let per_rank = Publisher::OWN + usize::from(frontends);
+        let per_rank = Publisher::per_rank(frontends);
         WorkerEntry {
             id,
             incarnation,
@@ -56,8 +57,7 @@ impl WorkerEntry {
     /// frontend's index below the frontends kept (the monitor checks it).
     #[inline]
     pub(crate) fn slot(&self, rank: u32, publisher: Publisher) -> &RankSlot {
-        let per_rank = Publisher::OWN + usize::from(self.frontends);
-        &self.slots[rank as usize * per_rank + publisher.index()]
+        &self.slots[rank as usize * Publisher::per_rank(self.frontends) + publisher.index()]
     }
 
     /// Empties every rank's slot of `publisher` (a frontend index given to
@@ -126,15 +126,25 @@ impl WorkerEntry {
     }
 
     /// Whether it is busy at `thresholds` now (every declared rank busy),
-    /// and the union of the signals that fired.
+    /// and the union of the signals that fired (under the fleet's lease,
+    /// with other frontends).
     pub(crate) fn signals(&self, thresholds: &Thresholds, clock: &MonitorClock, now: u64) -> (bool, BusySignals) {
         if !thresholds.is_enabled() {
             return (false, BusySignals::default());
         }
         let mut signals = BusySignals::default();
         for rank in 0..self.dp_size {
-            let Some(load) = self.snapshot(rank, clock, now).effective() else {
+            let snapshot = self.snapshot(rank, clock, now);
+            let Some(load) = snapshot.effective() else {
                 return (false, BusySignals::default()); // an unreported rank keeps its worker free
+            };
+            let load = if self.frontends == 0 {
+                load
+            } else {
+                let echo = self.slot(rank, Publisher::Echo).load().map(|(load, _)| load);
+                let slots =
+                    Slots { reported: snapshot.reported, tracked: snapshot.tracked, shared: snapshot.shared, echo };
+                clock.lease.apply(thresholds, load, &slots)
             };
             let fired = thresholds.evaluate(&load);
             if !fired.any() {

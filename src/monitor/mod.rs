@@ -13,6 +13,7 @@
 mod clock;
 pub(crate) mod entry;
 mod error;
+mod lease;
 mod publication;
 mod query;
 mod reasons;
@@ -152,7 +153,12 @@ impl WorkerMonitor {
         Ok(WorkerMonitor {
             registry: Registry::default(),
             registry_write: Mutex::new(()),
-            clock: MonitorClock::new(clock, config.staleness, config.shared.staleness),
+            clock: MonitorClock::new(
+                clock,
+                config.staleness,
+                config.shared.staleness,
+                lease::Lease::new(config.shared.lease),
+            ),
             frontends: config.shared.frontends,
             default_thresholds,
             line: config.line,
@@ -504,7 +510,20 @@ impl WorkerMonitor {
     fn has_slot(&self, publisher: Publisher) -> Result<(), ApplyError> {
         match publisher {
             Publisher::Frontend(n) if n >= self.frontends => Err(ApplyError::UnknownPublisher(publisher)),
+            Publisher::Echo if self.frontends == 0 => Err(ApplyError::UnknownPublisher(publisher)),
             _ => Ok(()),
+        }
+    }
+
+    /// How many other frontends are live now (the lease gives this one a
+    /// 1/k share of the headroom; see [`SharedLoad::lease`]); when it
+    /// changes, every worker is re-evaluated. Returns how many busy bits
+    /// flipped.
+    pub fn set_other_frontends(&self, others: u32) -> usize {
+        if self.clock.lease.set_others(others) {
+            self.expire_stale()
+        } else {
+            0
         }
     }
 
@@ -725,6 +744,19 @@ impl WorkerMonitor {
         ids.sort_unstable();
         ids.dedup();
         ids.into_iter().filter_map(|id| self.registry.with_worker(id, WorkerRecord::clone)).collect()
+    }
+
+    /// What this router tracks for one rank of `worker` (its own
+    /// dispatches, not yet ended), with the worker's current incarnation:
+    /// what a frontend publishes to the others ([`SharedLoad`]). `None` for
+    /// an unknown worker or rank; a rank never tracked has the default load.
+    pub fn tracked(&self, worker: WorkerId, rank: u32) -> Option<(u64, crate::RankLoad)> {
+        self.registry.with_worker(worker, |rec| {
+            (rank < rec.entry.dp_size).then(|| {
+                let load = rec.entry.slot(rank, Publisher::Router).load().map(|(load, _)| load);
+                (rec.entry.incarnation, load.unwrap_or_default())
+            })
+        })?
     }
 
     /// The effective load of `worker` summed over its ranks.

@@ -20,14 +20,18 @@ pub struct RankSnapshot {
 }
 
 impl RankSnapshot {
-    /// The load the busy decision uses: the larger of reported and the sum
-    /// of tracked and shared.
-    pub fn effective(&self) -> Option<RankLoad> {
-        let added = match (self.tracked, self.shared) {
+    /// What the routers added: the sum of tracked and shared.
+    pub fn added(&self) -> Option<RankLoad> {
+        match (self.tracked, self.shared) {
             (Some(t), Some(s)) => Some(t.plus(&s)),
             (t, s) => t.or(s),
-        };
-        match (self.reported, added) {
+        }
+    }
+
+    /// The load the busy decision uses (without a lease): the larger of
+    /// reported and the sum of tracked and shared.
+    pub fn effective(&self) -> Option<RankLoad> {
+        match (self.reported, self.added()) {
             (Some(r), Some(a)) => Some(r.max_with(&a)),
             (r, a) => r.or(a),
         }

@@ -25,10 +25,16 @@ pub struct SharedLoad {
     /// says. Frontends publish at least every heartbeat; three heartbeats
     /// is the intended value.
     pub staleness: Duration,
+    /// The lease: a frontend's growth not yet seen by the others stays
+    /// within its 1/k share of the headroom everyone has seen, so k
+    /// frontends admitting at once overshoot a threshold by at most k
+    /// requests (the argument is in the docs of `monitor/lease.rs`).
+    /// `false`: the sum alone.
+    pub lease: bool,
 }
 
 impl Default for SharedLoad {
     fn default() -> Self {
-        SharedLoad { frontends: 0, staleness: Duration::from_millis(600) }
+        SharedLoad { frontends: 0, staleness: Duration::from_millis(600), lease: false }
     }
 }

@@ -12,7 +12,8 @@
 //! 0      1     magic   0xB2 (format version 2; 0xB0 | v is version v,
 //!                      refused as `UnsupportedVersion`; anything else is garbage)
 //! 1      1     kind    1 = Register, 2 = Load, 3 = Deregister,
-//!                      4 = Challenge, 5 = Proof, 6 = Welcome
+//!                      4 = Challenge, 5 = Proof, 6 = Welcome,
+//!                      7 = FrontendLoad, 8 = FrontendBeat (NATS only)
 //! 2      2     length  payload length in bytes (header excluded)
 //! 4      n     payload
 //! ```
@@ -30,7 +31,14 @@
 //! Challenge  frontend_nonce [32]                                           (exactly 32 bytes)
 //! Proof      worker_nonce [32] | mac [32]                                  (exactly 64 bytes)
 //! Welcome    mac [32]                                                      (exactly 32 bytes)
+//! FrontendLoad frontend u64 | incarnation u64 | seq u64 | worker u64
+//!            | worker_incarnation u64 | rank u32 | the five load fields u32  (exactly 64 bytes)
+//! FrontendBeat frontend u64 | incarnation u64                              (exactly 16 bytes)
 //! ```
+//!
+//! The two frontend frames travel only on the NATS plane, between
+//! frontends (a frontend's added load, and that it is alive); the TCP
+//! plane refuses them from a worker.
 //!
 //! # Handshake
 //!
@@ -109,12 +117,16 @@ const KIND_DEREGISTER: u8 = 3;
 const KIND_CHALLENGE: u8 = 4;
 const KIND_PROOF: u8 = 5;
 const KIND_WELCOME: u8 = 6;
+const KIND_FRONTEND_LOAD: u8 = 7;
+const KIND_FRONTEND_BEAT: u8 = 8;
 
 const LOAD_PAYLOAD: usize = 8 + 8 + 4 + 8 + 5 * 4;
 const DEREGISTER_PAYLOAD: usize = 8 + 8;
 const CHALLENGE_PAYLOAD: usize = NONCE_LEN;
 const PROOF_PAYLOAD: usize = NONCE_LEN + TAG_LEN;
 const WELCOME_PAYLOAD: usize = TAG_LEN;
+const FRONTEND_LOAD_PAYLOAD: usize = 8 + 8 + 8 + 8 + 8 + 4 + 5 * 4;
+const FRONTEND_BEAT_PAYLOAD: usize = 8 + 8;
 /// Fixed part of a Register payload: worker, incarnation, dp size, two
 /// string lengths.
 const REGISTER_FIXED: usize = 8 + 8 + 4 + 2 + 2;
@@ -172,6 +184,31 @@ pub enum Frame {
         /// [`welcome_mac`] over both nonces.
         mac: [u8; TAG_LEN],
     },
+    /// Frontend to frontends: the load it added to one rank of a worker
+    /// (what it dispatched there and not yet seen end).
+    FrontendLoad {
+        /// The frontend's id.
+        frontend: u64,
+        /// The frontend's incarnation (picked at its start).
+        incarnation: u64,
+        /// Increasing over all of this frontend's frames within its incarnation.
+        seq: u64,
+        /// The worker.
+        worker: WorkerId,
+        /// The worker's incarnation the load belongs to.
+        worker_incarnation: u64,
+        /// The data-parallel rank.
+        rank: u32,
+        /// The load the frontend added.
+        load: RankLoad,
+    },
+    /// Frontend to frontends: it is alive (every heartbeat).
+    FrontendBeat {
+        /// The frontend's id.
+        frontend: u64,
+        /// The frontend's incarnation.
+        incarnation: u64,
+    },
 }
 
 impl Frame {
@@ -184,6 +221,8 @@ impl Frame {
             Frame::Challenge { .. } => "Challenge",
             Frame::Proof { .. } => "Proof",
             Frame::Welcome { .. } => "Welcome",
+            Frame::FrontendLoad { .. } => "FrontendLoad",
+            Frame::FrontendBeat { .. } => "FrontendBeat",
         }
     }
 }
@@ -262,11 +301,7 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) -> Result<(), WireError> {
             dst.put_u64(*incarnation);
             dst.put_u32(*rank);
             dst.put_u64(*seq);
-            dst.put_u32(load.active_decode_blocks);
-            dst.put_u32(load.kv_total_blocks);
-            dst.put_u32(load.active_prefill_tokens);
-            dst.put_u32(load.max_num_batched_tokens);
-            dst.put_u32(load.waiting_requests);
+            put_load(dst, load);
         }
         Frame::Deregister { worker, incarnation } => {
             dst.reserve(HEADER_LEN + DEREGISTER_PAYLOAD);
@@ -290,8 +325,43 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) -> Result<(), WireError> {
             put_header(dst, KIND_WELCOME, WELCOME_PAYLOAD);
             dst.put_slice(mac);
         }
+        Frame::FrontendLoad { frontend, incarnation, seq, worker, worker_incarnation, rank, load } => {
+            dst.reserve(HEADER_LEN + FRONTEND_LOAD_PAYLOAD);
+            put_header(dst, KIND_FRONTEND_LOAD, FRONTEND_LOAD_PAYLOAD);
+            dst.put_u64(*frontend);
+            dst.put_u64(*incarnation);
+            dst.put_u64(*seq);
+            dst.put_u64(*worker);
+            dst.put_u64(*worker_incarnation);
+            dst.put_u32(*rank);
+            put_load(dst, load);
+        }
+        Frame::FrontendBeat { frontend, incarnation } => {
+            dst.reserve(HEADER_LEN + FRONTEND_BEAT_PAYLOAD);
+            put_header(dst, KIND_FRONTEND_BEAT, FRONTEND_BEAT_PAYLOAD);
+            dst.put_u64(*frontend);
+            dst.put_u64(*incarnation);
+        }
     }
     Ok(())
+}
+
+fn put_load(dst: &mut BytesMut, load: &RankLoad) {
+    dst.put_u32(load.active_decode_blocks);
+    dst.put_u32(load.kv_total_blocks);
+    dst.put_u32(load.active_prefill_tokens);
+    dst.put_u32(load.max_num_batched_tokens);
+    dst.put_u32(load.waiting_requests);
+}
+
+fn get_load(p: &mut &[u8]) -> RankLoad {
+    RankLoad {
+        active_decode_blocks: p.get_u32(),
+        kv_total_blocks: p.get_u32(),
+        active_prefill_tokens: p.get_u32(),
+        max_num_batched_tokens: p.get_u32(),
+        waiting_requests: p.get_u32(),
+    }
 }
 
 fn put_header(dst: &mut BytesMut, kind: u8, payload: usize) {
@@ -328,7 +398,7 @@ pub fn decode(src: &mut BytesMut) -> Result<Option<Frame>, WireError> {
     let Some(&kind) = src.get(1) else {
         return Ok(None);
     };
-    if !matches!(kind, KIND_REGISTER..=KIND_WELCOME) {
+    if !matches!(kind, KIND_REGISTER..=KIND_FRONTEND_BEAT) {
         return Err(WireError::UnknownKind(kind));
     }
     if src.len() < HEADER_LEN {
@@ -344,6 +414,8 @@ pub fn decode(src: &mut BytesMut) -> Result<Option<Frame>, WireError> {
         KIND_CHALLENGE => len == CHALLENGE_PAYLOAD,
         KIND_PROOF => len == PROOF_PAYLOAD,
         KIND_WELCOME => len == WELCOME_PAYLOAD,
+        KIND_FRONTEND_LOAD => len == FRONTEND_LOAD_PAYLOAD,
+        KIND_FRONTEND_BEAT => len == FRONTEND_BEAT_PAYLOAD,
         _ => len >= REGISTER_FIXED,
     };
     if !length_ok {
@@ -366,14 +438,18 @@ fn parse_payload(kind: u8, mut p: &[u8]) -> Result<Frame, WireError> {
             incarnation: p.get_u64(),
             rank: p.get_u32(),
             seq: p.get_u64(),
-            load: RankLoad {
-                active_decode_blocks: p.get_u32(),
-                kv_total_blocks: p.get_u32(),
-                active_prefill_tokens: p.get_u32(),
-                max_num_batched_tokens: p.get_u32(),
-                waiting_requests: p.get_u32(),
-            },
+            load: get_load(&mut p),
         }),
+        KIND_FRONTEND_LOAD => Ok(Frame::FrontendLoad {
+            frontend: p.get_u64(),
+            incarnation: p.get_u64(),
+            seq: p.get_u64(),
+            worker: p.get_u64(),
+            worker_incarnation: p.get_u64(),
+            rank: p.get_u32(),
+            load: get_load(&mut p),
+        }),
+        KIND_FRONTEND_BEAT => Ok(Frame::FrontendBeat { frontend: p.get_u64(), incarnation: p.get_u64() }),
         KIND_DEREGISTER => Ok(Frame::Deregister { worker: p.get_u64(), incarnation: p.get_u64() }),
         KIND_CHALLENGE => Ok(Frame::Challenge { nonce: take_array(&mut p) }),
         KIND_PROOF => Ok(Frame::Proof { nonce: take_array(&mut p), mac: take_array(&mut p) }),
