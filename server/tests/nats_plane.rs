@@ -19,74 +19,18 @@ mod common;
 #[path = "sidecar/fake_engine.rs"]
 mod fake_engine;
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use common::{metric, metrics_text, Frontend, SECRET};
+use common::{frontend, metric, metrics_text, plane, unix_ms, Frontend, Nats, SECRET};
 use futures_util::StreamExt as _;
 use loadgate::wire::envelope::{seal, ENVELOPE_MAGIC};
 use loadgate::wire::Frame;
 use loadgate::RankLoad;
 
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
 const MODEL: &str = "nats-model";
-
-/// A `nats-server` on a free port, killed on drop.
-struct Nats {
-    child: Child,
-    url: String,
-}
-
-impl Nats {
-    fn start(extra: &[&str]) -> Nats {
-        let port = {
-            let probe = TcpListener::bind("127.0.0.1:0").unwrap();
-            probe.local_addr().unwrap().port()
-        };
-        Nats::start_on(port, extra)
-    }
-
-    fn start_on(port: u16, extra: &[&str]) -> Nats {
-        let child = Command::new("nats-server")
-            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nats-server (bash scripts/prepare-nats-server)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "nats-server did not listen on {port}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Nats { child, url: format!("nats://127.0.0.1:{port}") }
-    }
-}
-
-impl Drop for Nats {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn plane(nats: &Nats) -> Vec<String> {
-    ["--event-plane", "nats", "--nats-url", nats.url.as_str()].map(str::to_owned).to_vec()
-}
-
-fn frontend(nats: &Nats, extra: &[&str]) -> Frontend {
-    let mut flags = plane(nats);
-    flags.extend(extra.iter().map(|s| (*s).to_owned()));
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    Frontend::secured(&flags)
-}
 
 fn worker(nats: &Nats, id: u64) -> common::Worker {
     let id = id.to_string();

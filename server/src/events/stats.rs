@@ -25,6 +25,10 @@ pub struct PlaneStats {
     /// refused after opening (clock, subject, incarnation).
     unsealed: AtomicU64,
     refused: AtomicU64,
+    /// Other frontends' FrontendLoad frames applied (shared load).
+    shared_loads: AtomicU64,
+    /// Frontends counting together, this one included (0: not sharing).
+    shared_frontends: AtomicU64,
 }
 
 impl Default for PlaneStats {
@@ -35,6 +39,8 @@ impl Default for PlaneStats {
             flip_lag: Histogram::new(FLIP_LAG_BUCKETS),
             unsealed: AtomicU64::default(),
             refused: AtomicU64::default(),
+            shared_loads: AtomicU64::default(),
+            shared_frontends: AtomicU64::default(),
         }
     }
 }
@@ -62,6 +68,24 @@ impl PlaneStats {
         // Relaxed: counters, read on their own.
         let counter = if unsealed { &self.unsealed } else { &self.refused };
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Another frontend's load was applied.
+    pub(crate) fn shared_load_applied(&self) {
+        // Relaxed: a counter, read on its own.
+        self.shared_loads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many frontends count together now (this one included).
+    pub(crate) fn set_shared_frontends(&self, live: usize) {
+        // Relaxed: a gauge, read on its own.
+        self.shared_frontends.store(live as u64, Ordering::Relaxed);
+    }
+
+    /// (Other frontends' loads applied, frontends counting together.)
+    pub fn shared(&self) -> (u64, u64) {
+        // Relaxed: read on their own.
+        (self.shared_loads.load(Ordering::Relaxed), self.shared_frontends.load(Ordering::Relaxed))
     }
 
     /// NATS frames dropped: (unopened, refused after opening).

@@ -194,6 +194,19 @@ fn register_event_plane(registry: &mut Registry, stats: &PlaneStats) {
         counter.inc_by(value);
         registry.register(name, help, counter);
     }
+    let (shared_loads, shared_frontends) = stats.shared();
+    let counter = Counter::<u64>::default();
+    counter.inc_by(shared_loads);
+    registry.register(
+        "loadgate_frontend_shared_loads_applied",
+        "Other frontends' added load (FrontendLoad frames, NATS plane) applied",
+        counter,
+    );
+    registry.register(
+        "loadgate_frontend_shared_frontends",
+        "Frontends whose load counts together, this one included (0: not sharing)",
+        ConstGauge::new(i64::try_from(shared_frontends).unwrap_or(i64::MAX)),
+    );
     let (unsealed, refused) = stats.frames_dropped();
     let dropped = Family::<[(&'static str, &'static str); 1], Counter>::default();
     dropped.get_or_create(&[("reason", "unsealed")]).inc_by(unsealed);

@@ -95,6 +95,9 @@ pub struct Args {
     /// The event plane (the TCP listener always runs; `nats` adds NATS) and how to reach NATS.
     #[command(flatten)]
     pub(crate) nats: crate::nats::NatsArgs,
+    /// With NATS: how frontends count their load together.
+    #[command(flatten)]
+    pub(crate) sharing: crate::nats::sharing::SharingArgs,
     /// File holding the event-plane secret (line 1: current, optional line 2: previous).
     /// Without it: LOADGATE_EVENT_SECRET and LOADGATE_EVENT_SECRET_PREVIOUS.
     #[arg(long, env = "LOADGATE_FRONTEND_EVENT_SECRET_FILE", value_name = "PATH")]
@@ -264,6 +267,12 @@ pub struct Args {
 }
 
 impl Args {
+    /// Whether this frontend shares its load with the others (NATS plane
+    /// and `--share-load`).
+    pub(crate) fn shares_load(&self) -> bool {
+        self.nats.is_nats() && self.sharing.share_load
+    }
+
     /// The bounds on every wait for a worker (`--upstream-*`): connect, a
     /// refused or timed-out connection migrates the request (and quarantines
     /// the worker for a second); first byte, the response head and its first

@@ -16,7 +16,7 @@
 use std::fmt;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use std::time::Instant;
 
@@ -24,6 +24,7 @@ use loadgate::{WorkerId, WorkerMonitor};
 
 use crate::directory::WorkerAddress;
 use crate::frontend::retry_hint::RetryHint;
+use crate::nats::sharing::changes::Changes;
 use crate::tokens::{blocks_for, SseEvents};
 
 /// Frontend-wide totals of what in-flight requests hold.
@@ -41,6 +42,9 @@ pub struct InFlight {
     next_rank: AtomicUsize,
     /// Learns how long requests take (for the retry hint).
     hint: Arc<RetryHint>,
+    /// Where each change of the tracked load is noted for the other
+    /// frontends (set once the NATS plane shares load).
+    changes: OnceLock<Changes>,
 }
 
 /// How the router tracks its own load (`--router-mode kv`).
@@ -76,6 +80,20 @@ impl InFlight {
             tracked_blocks: AtomicU64::new(0),
             tracked_prefill_tokens: AtomicU64::new(0),
             next_rank: AtomicUsize::new(0),
+            changes: OnceLock::new(),
+        }
+    }
+
+    /// From now on, notes every change of the tracked load in `changes`
+    /// (the load this frontend publishes to the others); once.
+    pub(crate) fn share_changes(&self, changes: Changes) {
+        let _ = self.changes.set(changes);
+    }
+
+    /// The tracked load of `worker`'s `rank` changed.
+    fn changed(&self, worker: WorkerId, rank: u32) {
+        if let Some(changes) = self.changes.get() {
+            changes.note(worker, rank);
         }
     }
 
@@ -197,6 +215,7 @@ impl Held {
         self.ledger.tracked_prefill_tokens.fetch_add(prefill_tokens, Ordering::Relaxed);
         let _ =
             self.ledger.monitor.track(self.worker, self.incarnation, self.rank, signed(blocks), signed(prefill_tokens));
+        self.ledger.changed(self.worker, self.rank);
     }
 
     fn sub(&mut self, blocks: u64, prefill_tokens: u64) {
@@ -217,6 +236,7 @@ impl Held {
             -signed(blocks),
             -signed(prefill_tokens),
         );
+        self.ledger.changed(self.worker, self.rank);
     }
 }
 

@@ -50,6 +50,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use axum::routing::{get, post};
+use loadgate::monitor::SharedLoad;
 use loadgate::{MonitorConfig, WorkerMonitor};
 
 use self::admin_auth::AdminToken;
@@ -58,7 +59,8 @@ pub use self::state::Frontend;
 use crate::directory::WorkerDirectory;
 use crate::events::{EventPlane, PlaneConfig, PlaneLimits};
 use crate::http_server::{self, Drained, ServeConfig, Tls};
-use crate::nats::NatsPlane;
+use crate::nats::sharing::publish::Identity;
+use crate::nats::{NatsPlane, Sharing};
 
 /// How long a worker whose event connection closed stays registered, waiting
 /// for it to reconnect.
@@ -194,8 +196,16 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
         staleness: args.load_staleness_ms.map(Duration::from_millis),
         default_thresholds: args.default_thresholds(),
         line: args.line_limits(),
-        // Other frontends' load: none kept until the frontends share it.
-        shared: Default::default(),
+        // Other frontends' load: kept when the frontends share it.
+        shared: if args.shares_load() {
+            SharedLoad {
+                frontends: args.sharing.max_frontends,
+                staleness: args.sharing.staleness(),
+                lease: args.sharing.frontend_lease,
+            }
+        } else {
+            SharedLoad::default()
+        },
     };
     let monitor = Arc::new(WorkerMonitor::new(config).map_err(|e| anyhow::anyhow!("invalid threshold: {e}"))?);
     let directory = Arc::new(WorkerDirectory::new(monitor.clone()));
@@ -244,25 +254,35 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
         .map_or(limits.event_idle_timeout, Duration::from_millis);
     let stats = frontend.event_stats.clone();
     let plane_config = PlaneConfig { grace: DEREGISTER_GRACE, secrets: secrets.clone(), limits, silence, stats };
-    let plane = EventPlane::start(event_listener, monitor.clone(), directory.clone(), plane_config)?;
+    let plane = EventPlane::start(event_listener, monitor.clone(), directory.clone(), plane_config.clone())?;
     let nats = match (args.nats.is_nats(), &secrets) {
         (false, _) => None,
         (true, None) => anyhow::bail!(
             "--event-plane nats needs the event secret (LOADGATE_EVENT_SECRET or --event-secret-file): \
              every frame on NATS is sealed under it"
         ),
-        (true, Some(secrets)) => Some(
+        (true, Some(secrets)) => Some({
+            let sharing = args.shares_load().then(|| {
+                let (changes, feed) = crate::nats::sharing::changes::changes();
+                frontend.inflight.share_changes(changes);
+                Sharing {
+                    identity: Identity::new(),
+                    slots: args.sharing.max_frontends,
+                    heartbeat: args.sharing.heartbeat(),
+                    staleness: args.sharing.staleness(),
+                    feed,
+                }
+            });
             NatsPlane::start(
                 &args.nats,
                 monitor.clone(),
                 directory.clone(),
                 secrets.clone(),
-                limits,
-                silence,
-                frontend.event_stats.clone(),
+                &plane_config,
+                sharing,
             )
-            .await?,
-        ),
+            .await?
+        }),
     };
     let listener = http_server::bind(&args.http_host, args.http_port)
         .await
@@ -294,7 +314,10 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
         },
         drain,
     ));
-    let expiry = args.load_staleness_ms.map(|ms| {
+    // Stale reports (--load-staleness-ms) and other frontends' load (three
+    // of their beats) stop counting: re-evaluated a few times per window.
+    let shared_ms = args.shares_load().then(|| args.sharing.staleness().as_millis() as u64);
+    let expiry = args.load_staleness_ms.into_iter().chain(shared_ms).min().map(|ms| {
         let monitor = monitor.clone();
         let period = Duration::from_millis((ms / 4).clamp(1, 1000));
         tokio::spawn(async move {

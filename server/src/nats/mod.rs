@@ -12,6 +12,7 @@
 //! |---|---|---|
 //! | `{ns}.ev.{model}.{worker}` | a worker | one sealed frame: Register, Load or Deregister |
 //! | `{ns}.hello` | a frontend, at start and after each reconnect | empty: every worker re-sends its registration and latest load |
+//! | `{ns}.fe.{frontend}` | a frontend sharing its load | one sealed frame: FrontendLoad or FrontendBeat ([`sharing`]) |
 //!
 //! `{model}` is the model name with every byte outside `A-Z a-z 0-9 _ -`
 //! written `~XX` (hex), so that no model name can add tokens or wildcards.
@@ -24,9 +25,10 @@
 mod args;
 mod plane;
 mod publisher;
+pub(crate) mod sharing;
 mod subjects;
 
 pub(crate) use self::args::NatsArgs;
-pub(crate) use self::plane::NatsPlane;
+pub(crate) use self::plane::{NatsPlane, Sharing};
 pub(crate) use self::publisher::{NatsLink, NatsPublisher};
 pub(crate) use self::subjects::Subjects;

@@ -44,9 +44,12 @@ use loadgate::wire::Frame;
 use loadgate::{LoadReport, WorkerId, WorkerMonitor};
 
 use super::args::NatsArgs;
+use super::sharing::changes::ChangeFeed;
+use super::sharing::peers::{Added, Heard, Peers};
+use super::sharing::publish::{Identity, SharePublisher};
 use super::subjects::Subjects;
 use crate::directory::WorkerDirectory;
-use crate::events::{PlaneLimits, PlaneStats};
+use crate::events::{PlaneConfig, PlaneLimits, PlaneStats};
 use crate::secret::{unix_ms, Secrets};
 
 /// How far a frame's clock may be from the frontend's (either way).
@@ -71,6 +74,17 @@ struct Known {
 pub(crate) struct NatsPlane {
     task: tokio::task::JoinHandle<()>,
     sweep: tokio::task::JoinHandle<()>,
+    /// Publishing this frontend's load (when shared).
+    _share: Option<SharePublisher>,
+}
+
+/// How a frontend shares its load on the plane (`--share-load`).
+pub(crate) struct Sharing {
+    pub(crate) identity: Identity,
+    pub(crate) slots: u16,
+    pub(crate) heartbeat: Duration,
+    pub(crate) staleness: Duration,
+    pub(crate) feed: ChangeFeed,
 }
 
 impl Drop for NatsPlane {
@@ -96,6 +110,8 @@ struct Applier {
     connected: Arc<AtomicBool>,
     /// Loads applied and busy flips (the frontend's `/metrics`, with the TCP plane's).
     stats: Arc<PlaneStats>,
+    /// The other frontends (when load is shared).
+    peers: Option<Peers>,
 }
 
 impl NatsPlane {
@@ -112,10 +128,10 @@ impl NatsPlane {
         monitor: Arc<WorkerMonitor>,
         directory: Arc<WorkerDirectory>,
         secrets: Arc<Secrets>,
-        limits: PlaneLimits,
-        silence: Duration,
-        stats: Arc<PlaneStats>,
+        config: &PlaneConfig,
+        sharing: Option<Sharing>,
     ) -> anyhow::Result<NatsPlane> {
+        let (limits, silence, stats) = (config.limits, config.silence, config.stats.clone());
         let (reconnected, mut reconnections) = tokio::sync::mpsc::unbounded_channel();
         let connected = Arc::new(AtomicBool::new(true));
         let link = connected.clone();
@@ -140,6 +156,27 @@ impl NatsPlane {
             .await?;
         let subjects = Subjects::new(&args.nats_namespace);
         let mut frames = client.subscribe(subjects.all_events()).await?;
+        // Without sharing, a stream that never yields.
+        let mut shared = match &sharing {
+            Some(_) => client.subscribe(subjects.all_frontends()).await?.boxed(),
+            None => futures_util::stream::pending().boxed(),
+        };
+        let (peers, share) = match sharing {
+            Some(s) => {
+                let peers = Peers::new(s.identity, monitor.clone(), s.slots, s.staleness);
+                let publisher = SharePublisher::start(
+                    s.identity,
+                    subjects.frontend(s.identity.frontend),
+                    secrets.sealer(),
+                    client.clone(),
+                    monitor.clone(),
+                    s.feed,
+                    s.heartbeat,
+                );
+                (Some(peers), Some(publisher))
+            }
+            None => (None, None),
+        };
         client.publish(subjects.hello(), bytes::Bytes::new()).await?;
         let idle = limits.event_idle_timeout;
         let applier = Arc::new(Applier {
@@ -152,6 +189,7 @@ impl NatsPlane {
             ended: Mutex::default(),
             connected,
             stats,
+            peers,
         });
         let hello = applier.subjects.hello();
         let receiving = applier.clone();
@@ -162,6 +200,7 @@ impl NatsPlane {
                         Some(message) => receiving.apply(&message.subject, &message.payload),
                         None => break,
                     },
+                    Some(message) = shared.next() => receiving.apply(&message.subject, &message.payload),
                     Some(()) = reconnections.recv() => {
                         // Every worker's silence starts over, and every
                         // worker announces itself again.
@@ -178,7 +217,7 @@ impl NatsPlane {
                 applier.sweep(silence, idle);
             }
         });
-        Ok(NatsPlane { task, sweep })
+        Ok(NatsPlane { task, sweep, _share: share })
     }
 }
 
@@ -243,6 +282,25 @@ impl Applier {
                 drop(known);
                 self.ended.lock().unwrap_or_else(|e| e.into_inner()).insert(worker, (incarnation, sealed.sent_ms));
                 self.forget(worker, incarnation);
+            }
+            Frame::FrontendLoad { frontend, incarnation, seq, worker, worker_incarnation, rank, load } => {
+                let Some(peers) = &self.peers else { return };
+                if subject != self.subjects.frontend(frontend) {
+                    self.stats.frame_dropped(false);
+                    return;
+                }
+                let added = Added { frontend, incarnation, seq, worker, worker_incarnation, rank, load };
+                match peers.load(added) {
+                    Heard::Taken => self.stats.shared_load_applied(),
+                    Heard::Own => {}
+                    Heard::Dropped => self.stats.frame_dropped(false),
+                }
+            }
+            Frame::FrontendBeat { frontend, incarnation } => {
+                let Some(peers) = &self.peers else { return };
+                if subject != self.subjects.frontend(frontend) || peers.beat(frontend, incarnation) == Heard::Dropped {
+                    self.stats.frame_dropped(false);
+                }
             }
             // Handshake frames have no place on NATS.
             _ => {}
@@ -328,6 +386,9 @@ impl Applier {
             self.heard_all_now();
             return;
         }
+        if let Some(peers) = &self.peers {
+            self.stats.set_shared_frontends(peers.live());
+        }
         let now = Instant::now();
         let (mut quiet, mut gone) = (Vec::new(), Vec::new());
         {
@@ -379,6 +440,7 @@ mod tests {
             ended: Mutex::default(),
             connected: Arc::new(AtomicBool::new(true)),
             stats: Arc::default(),
+            peers: None,
         }
     }
 

@@ -25,6 +25,16 @@ impl Subjects {
         format!("{}.ev.>", self.namespace)
     }
 
+    /// Where frontend `frontend` publishes the load it adds (and its beats).
+    pub(crate) fn frontend(&self, frontend: u64) -> String {
+        format!("{}.fe.{frontend}", self.namespace)
+    }
+
+    /// Every frontend's shared load (what a sharing frontend subscribes to).
+    pub(crate) fn all_frontends(&self) -> String {
+        format!("{}.fe.>", self.namespace)
+    }
+
     /// A frontend's request that every worker announce itself again.
     pub(crate) fn hello(&self) -> String {
         format!("{}.hello", self.namespace)

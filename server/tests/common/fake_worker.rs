@@ -1,5 +1,6 @@
 //! A fake worker (the impostor's endpoint): answers every request with 200
-//! and counts what it receives.
+//! and counts what it receives; or, holding, answers each after a while
+//! and records how many it held at once.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -17,38 +18,52 @@ pub struct FakeWorker {
     pub addr: SocketAddr,
     requests: Arc<AtomicUsize>,
     bytes: Arc<AtomicU64>,
+    /// Requests held now, and the most held at once.
+    held: Arc<(AtomicUsize, AtomicUsize)>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl FakeWorker {
     pub fn start() -> FakeWorker {
+        FakeWorker::holding(Duration::ZERO)
+    }
+
+    /// As [`start`](Self::start), holding each request `hold` before its answer.
+    pub fn holding(hold: Duration) -> FakeWorker {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the fake worker");
         listener.set_nonblocking(true).expect("nonblocking listener");
         let addr = listener.local_addr().expect("fake worker address");
         let requests = Arc::new(AtomicUsize::new(0));
         let bytes = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
-        let (r, b, s) = (requests.clone(), bytes.clone(), stop.clone());
+        let held = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
+        let (r, b, s, h) = (requests.clone(), bytes.clone(), stop.clone(), held.clone());
         let thread = std::thread::spawn(move || {
             // Acquire: pairs with the Release store in drop.
             while !s.load(Ordering::Acquire) {
                 match listener.accept() {
                     Ok((stream, _)) => {
-                        let (r, b) = (r.clone(), b.clone());
-                        std::thread::spawn(move || serve_fake(stream, &r, &b));
+                        let (r, b, h) = (r.clone(), b.clone(), h.clone());
+                        std::thread::spawn(move || serve_fake(stream, &r, &b, &h, hold));
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(5)),
                 }
             }
         });
-        FakeWorker { addr, requests, bytes, stop, thread: Some(thread) }
+        FakeWorker { addr, requests, bytes, held, stop, thread: Some(thread) }
     }
 
     /// Requests received so far.
     pub fn requests(&self) -> usize {
         // Relaxed: a counter read after the fact.
         self.requests.load(Ordering::Relaxed)
+    }
+
+    /// The most requests it held at once (see [`holding`](Self::holding)).
+    pub fn peak(&self) -> usize {
+        // Relaxed: read after the fact.
+        self.held.1.load(Ordering::Relaxed)
     }
 
     /// Bytes received so far (heads and bodies).
@@ -68,8 +83,15 @@ impl Drop for FakeWorker {
     }
 }
 
-/// Serves one connection of the fake worker: one request, 200, close.
-fn serve_fake(mut stream: TcpStream, requests: &AtomicUsize, bytes: &AtomicU64) {
+/// Serves one connection of the fake worker: one request, 200 (after
+/// `hold`), close.
+fn serve_fake(
+    mut stream: TcpStream,
+    requests: &AtomicUsize,
+    bytes: &AtomicU64,
+    held: &(AtomicUsize, AtomicUsize),
+    hold: Duration,
+) {
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
     let mut head = Vec::new();
@@ -104,6 +126,13 @@ fn serve_fake(mut stream: TcpStream, requests: &AtomicUsize, bytes: &AtomicU64) 
                 body_seen += n;
             }
         }
+    }
+    if !hold.is_zero() {
+        // Relaxed: counters; the peak is a max over every update.
+        let now = held.0.fetch_add(1, Ordering::Relaxed) + 1;
+        held.1.fetch_max(now, Ordering::Relaxed);
+        std::thread::sleep(hold);
+        held.0.fetch_sub(1, Ordering::Relaxed);
     }
     let body = format!(
         r#"{{"id":"cmpl-x","object":"text_completion","model":"m","choices":[{{"index":0,"text":"{IMPOSTOR_MARK}","finish_reason":"stop"}}],"usage":{{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}}}"#

@@ -5,7 +5,7 @@
 //! handshake of spec section 2 or not ([`event_conn`]), the request proof
 //! ([`proof`]), a fake worker that counts what it receives
 //! ([`fake_worker`]), one that reports a full KV cache ([`busy_worker`]),
-//! and signals, metrics and load ([`faults`]). Every item
+//! signals, metrics and load ([`faults`]), and a `nats-server` ([`nats`]). Every item
 //! is re-exported here, so tests name it `common::X`.
 //!
 //! Every wait here is bounded in time; every socket has a timeout.
@@ -19,6 +19,7 @@ mod cluster;
 mod event_conn;
 mod fake_worker;
 mod faults;
+mod nats;
 mod procs;
 mod proof;
 
@@ -33,6 +34,8 @@ pub use event_conn::*;
 pub use fake_worker::*;
 #[allow(unused_imports)]
 pub use faults::*;
+#[allow(unused_imports)]
+pub use nats::*;
 #[allow(unused_imports)]
 pub use procs::*;
 #[allow(unused_imports)]

@@ -1,0 +1,227 @@
+//! [`Peers`]: the other frontends of the fleet, as this one hears them.
+//! Each gets one of the monitor's `--max-frontends` slots
+//! (`Publisher::Frontend(index)`) at its first frame; a restarted one (a
+//! newer incarnation) keeps its index, emptied first; an index is given to
+//! another frontend only once its holder has been silent past the shared
+//! staleness (its load counts no more by then), emptied first too. Frames
+//! of an older incarnation, of this frontend itself, or of more frontends
+//! than there are slots are dropped.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use loadgate::monitor::{Applied, Publisher};
+use loadgate::{LoadReport, RankLoad, WorkerId, WorkerMonitor};
+
+use super::publish::Identity;
+
+/// What a FrontendLoad frame says.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Added {
+    pub(crate) frontend: u64,
+    pub(crate) incarnation: u64,
+    pub(crate) seq: u64,
+    pub(crate) worker: WorkerId,
+    pub(crate) worker_incarnation: u64,
+    pub(crate) rank: u32,
+    pub(crate) load: RankLoad,
+}
+
+/// What became of a frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Heard {
+    /// Applied (or a beat taken).
+    Taken,
+    /// This frontend's own frame, back from NATS.
+    Own,
+    /// An older incarnation, a stale or other-incarnation load, or no slot left.
+    Dropped,
+}
+
+struct Peer {
+    incarnation: u64,
+    index: u16,
+    heard: Instant,
+}
+
+struct Table {
+    by_id: HashMap<u64, Peer>,
+    /// Indexes never given, or given back.
+    free: Vec<u16>,
+}
+
+/// The other frontends.
+pub(crate) struct Peers {
+    own: Identity,
+    monitor: Arc<WorkerMonitor>,
+    staleness: Duration,
+    table: Mutex<Table>,
+}
+
+impl Peers {
+    /// `slots` other frontends at most; a silent one gives its slot up
+    /// after `staleness`.
+    pub(crate) fn new(own: Identity, monitor: Arc<WorkerMonitor>, slots: u16, staleness: Duration) -> Self {
+        let free = (0..slots).rev().collect();
+        Peers { own, monitor, staleness, table: Mutex::new(Table { by_id: HashMap::new(), free }) }
+    }
+
+    /// A FrontendLoad frame: another frontend's load goes to its slot; this
+    /// frontend's own, back from NATS, is its echo (what the others have
+    /// seen of it: the lease's reference).
+    pub(crate) fn load(&self, added: Added) -> Heard {
+        let (publisher, heard) = if added.frontend == self.own.frontend {
+            if added.incarnation != self.own.incarnation {
+                return Heard::Dropped; // a previous life's frame, or a replay
+            }
+            (Publisher::Echo, Heard::Own)
+        } else {
+            match self.slot(added.frontend, added.incarnation) {
+                Some(index) => (Publisher::Frontend(index), Heard::Taken),
+                None => return Heard::Dropped,
+            }
+        };
+        let report = LoadReport {
+            worker: added.worker,
+            incarnation: added.worker_incarnation,
+            rank: added.rank,
+            publisher,
+            seq: added.seq,
+            load: added.load,
+        };
+        match self.monitor.apply(&report) {
+            Ok(Applied::Stored | Applied::Flipped) => heard,
+            Ok(_) => Heard::Dropped,
+            // A worker this frontend does not know (yet, or any more).
+            Err(_) => Heard::Dropped,
+        }
+    }
+
+    /// A FrontendBeat frame.
+    pub(crate) fn beat(&self, frontend: u64, incarnation: u64) -> Heard {
+        match self.slot(frontend, incarnation) {
+            Some(_) => Heard::Taken,
+            None if frontend == self.own.frontend => Heard::Own,
+            None => Heard::Dropped,
+        }
+    }
+
+    /// Frontends heard within the staleness, this one included; the
+    /// monitor's lease is told how many others.
+    pub(crate) fn live(&self) -> usize {
+        let others = {
+            let table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+            table.by_id.values().filter(|p| p.heard.elapsed() <= self.staleness).count()
+        };
+        self.monitor.set_other_frontends(u32::try_from(others).unwrap_or(u32::MAX));
+        1 + others
+    }
+
+    /// The slot of `frontend`'s `incarnation`, heard now; `None` for this
+    /// frontend, an older incarnation, or no slot left.
+    fn slot(&self, frontend: u64, incarnation: u64) -> Option<u16> {
+        if frontend == self.own.frontend {
+            return None;
+        }
+        let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if let Some(peer) = table.by_id.get_mut(&frontend) {
+            if incarnation < peer.incarnation {
+                return None;
+            }
+            if incarnation > peer.incarnation {
+                // A restart: its numbering starts over.
+                peer.incarnation = incarnation;
+                let _ = self.monitor.clear_publisher(Publisher::Frontend(peer.index));
+                tracing::info!(frontend, incarnation, "frontend restarted");
+            }
+            peer.heard = now;
+            return Some(peer.index);
+        }
+        let index = match table.free.pop() {
+            Some(index) => index,
+            None => {
+                let staleness = self.staleness;
+                let silent = table
+                    .by_id
+                    .iter()
+                    .filter(|(_, p)| now.duration_since(p.heard) > staleness)
+                    .min_by_key(|(_, p)| p.heard)
+                    .map(|(&id, _)| id);
+                let Some(id) = silent else {
+                    tracing::debug!(frontend, "frontend frame dropped: every --max-frontends slot is live");
+                    return None;
+                };
+                table.by_id.remove(&id).map(|p| p.index)?
+            }
+        };
+        let _ = self.monitor.clear_publisher(Publisher::Frontend(index));
+        table.by_id.insert(frontend, Peer { incarnation, index, heard: now });
+        tracing::info!(frontend, incarnation, index, "frontend joined the shared load");
+        Some(index)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loadgate::monitor::SharedLoad;
+    use loadgate::{BusyThresholds, MonitorConfig};
+
+    fn monitor(slots: u16) -> Arc<WorkerMonitor> {
+        let config = MonitorConfig {
+            default_thresholds: BusyThresholds { active_prefill_tokens_threshold: Some(100), ..Default::default() },
+            shared: SharedLoad { frontends: slots, staleness: Duration::from_millis(60), ..Default::default() },
+            ..Default::default()
+        };
+        let monitor = Arc::new(WorkerMonitor::new(config).unwrap());
+        monitor.register(1, "m", 1, 9).unwrap();
+        monitor
+    }
+
+    fn added(frontend: u64, incarnation: u64, seq: u64, tokens: u32) -> Added {
+        let load = RankLoad { active_prefill_tokens: tokens, ..Default::default() };
+        Added { frontend, incarnation, seq, worker: 1, worker_incarnation: 9, rank: 0, load }
+    }
+
+    const OWN: Identity = Identity { frontend: 1000, incarnation: 1 };
+
+    #[test]
+    fn two_frontends_add_up_and_the_own_frames_are_their_echo() {
+        let monitor = monitor(2);
+        let peers = Peers::new(OWN, monitor.clone(), 2, Duration::from_millis(60));
+        assert_eq!(peers.load(added(1000, 1, 1, 500)), Heard::Own);
+        assert!(!monitor.is_busy(1), "the echo adds nothing");
+        assert_eq!(peers.load(added(1000, 0, 2, 500)), Heard::Dropped, "a previous life's echo");
+        assert_eq!(peers.load(added(1, 1, 1, 60)), Heard::Taken);
+        assert!(!monitor.is_busy(1));
+        assert_eq!(peers.load(added(2, 1, 1, 41)), Heard::Taken);
+        assert!(monitor.is_busy(1), "60 + 41 > 100");
+        assert_eq!(peers.live(), 3);
+    }
+
+    #[test]
+    fn a_restart_starts_over_and_an_older_life_is_dropped() {
+        let monitor = monitor(1);
+        let peers = Peers::new(OWN, monitor.clone(), 1, Duration::from_millis(60));
+        assert_eq!(peers.load(added(1, 5, 90, 101)), Heard::Taken);
+        assert!(monitor.is_busy(1));
+        assert_eq!(peers.load(added(1, 4, 91, 0)), Heard::Dropped, "an older incarnation");
+        assert_eq!(peers.load(added(1, 6, 1, 10)), Heard::Taken, "the restart's seq 1 applies");
+        assert!(!monitor.is_busy(1));
+    }
+
+    #[test]
+    fn a_slot_goes_to_a_new_frontend_only_once_its_holder_is_silent() {
+        let monitor = monitor(1);
+        let peers = Peers::new(OWN, monitor.clone(), 1, Duration::from_millis(60));
+        assert_eq!(peers.load(added(1, 1, 1, 101)), Heard::Taken);
+        assert_eq!(peers.beat(2, 1), Heard::Dropped, "the one slot is live");
+        assert!(monitor.is_busy(1));
+        std::thread::sleep(Duration::from_millis(80));
+        assert_eq!(peers.load(added(2, 1, 1, 10)), Heard::Taken, "frontend 1 silent past 60 ms");
+        assert!(!monitor.is_busy(1), "frontend 1's load went with its slot");
+        assert_eq!(peers.live(), 2);
+    }
+}

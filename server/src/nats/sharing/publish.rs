@@ -1,0 +1,180 @@
+//! [`SharePublisher`]: this frontend's side of the shared load. Every
+//! change of what its router tracks for a (worker, rank) is published at
+//! once, one sealed `FrontendLoad` each (the changes of a burst coalesced);
+//! every heartbeat a `FrontendBeat` and every non-zero load again (the
+//! others drop a frontend's load three beats after its last frame, so a
+//! live one must repeat it; a dead one stops counting by itself).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use loadgate::wire::envelope::Sealer;
+use loadgate::wire::Frame;
+use loadgate::{RankLoad, WorkerId, WorkerMonitor};
+
+use super::changes::ChangeFeed;
+use crate::secret::unix_ms;
+
+/// The most changes coalesced into one round of publications.
+const BURST: usize = 1024;
+
+/// Who this frontend is on the shared plane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Identity {
+    /// Its id (random at start).
+    pub(crate) frontend: u64,
+    /// Its incarnation (its start, in ns since the epoch).
+    pub(crate) incarnation: u64,
+}
+
+impl Identity {
+    /// A fresh identity.
+    pub(crate) fn new() -> Self {
+        let incarnation = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        Identity { frontend: fastrand::u64(..), incarnation }
+    }
+}
+
+/// The publishing task; dropping it stops it.
+#[derive(Debug)]
+pub(crate) struct SharePublisher {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for SharePublisher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct Own {
+    identity: Identity,
+    seq: u64,
+    subject: String,
+    sealer: Sealer,
+    client: async_nats::Client,
+    monitor: Arc<WorkerMonitor>,
+    /// What was last published non-zero (republished every beat).
+    nonzero: HashSet<(WorkerId, u32)>,
+}
+
+impl SharePublisher {
+    /// Starts publishing on `subject` (call from within a tokio runtime).
+    pub(crate) fn start(
+        identity: Identity,
+        subject: String,
+        sealer: Sealer,
+        client: async_nats::Client,
+        monitor: Arc<WorkerMonitor>,
+        mut feed: ChangeFeed,
+        heartbeat: Duration,
+    ) -> SharePublisher {
+        let mut own = Own { identity, seq: 0, subject, sealer, client, monitor, nonzero: HashSet::new() };
+        let task = tokio::spawn(async move {
+            let mut beats = tokio::time::interval(heartbeat);
+            beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut burst = HashSet::new();
+            loop {
+                tokio::select! {
+                    first = feed.rx.recv() => {
+                        let Some(first) = first else { return };
+                        burst.insert(first);
+                        while burst.len() < BURST {
+                            match feed.rx.try_recv() {
+                                Ok(change) => { burst.insert(change); }
+                                Err(_) => break,
+                            }
+                        }
+                        if feed.take_lost() {
+                            burst.extend(own.everything());
+                        }
+                        for (worker, rank) in burst.drain() {
+                            own.publish(worker, rank).await;
+                        }
+                    }
+                    _ = beats.tick() => {
+                        let beat = Frame::FrontendBeat {
+                            frontend: own.identity.frontend,
+                            incarnation: own.identity.incarnation,
+                        };
+                        own.send(&beat).await;
+                        let mut again: Vec<_> = own.nonzero.iter().copied().collect();
+                        if feed.take_lost() {
+                            again.extend(own.everything());
+                        }
+                        for (worker, rank) in again {
+                            own.publish(worker, rank).await;
+                        }
+                    }
+                }
+            }
+        });
+        SharePublisher { task }
+    }
+}
+
+impl Own {
+    /// Every rank of every registered worker (after lost changes).
+    fn everything(&self) -> Vec<(WorkerId, u32)> {
+        let workers = self.monitor.workers();
+        workers.iter().flat_map(|w| (0..w.dp_size).map(move |rank| (w.id, rank))).collect()
+    }
+
+    /// Publishes what the router tracks now for `worker`'s `rank`.
+    async fn publish(&mut self, worker: WorkerId, rank: u32) {
+        let Some((worker_incarnation, load)) = self.monitor.tracked(worker, rank) else {
+            self.nonzero.remove(&(worker, rank));
+            return;
+        };
+        if is_zero(&load) {
+            // Published once (the others drop it to zero), then not repeated.
+            if !self.nonzero.remove(&(worker, rank)) {
+                return;
+            }
+        } else {
+            self.nonzero.insert((worker, rank));
+        }
+        self.seq += 1;
+        let frame = Frame::FrontendLoad {
+            frontend: self.identity.frontend,
+            incarnation: self.identity.incarnation,
+            seq: self.seq,
+            worker,
+            worker_incarnation,
+            rank,
+            load,
+        };
+        self.send(&frame).await;
+    }
+
+    async fn send(&self, frame: &Frame) {
+        let mut buf = BytesMut::new();
+        match self.sealer.seal(&self.subject, unix_ms(), frame, &mut buf) {
+            Ok(()) => {
+                if let Err(error) = self.client.publish(self.subject.clone(), buf.freeze()).await {
+                    tracing::debug!(%error, "NATS publish of the shared load failed (the client reconnects)");
+                }
+            }
+            Err(error) => tracing::warn!(%error, "shared load not sealed"),
+        }
+    }
+}
+
+/// Nothing added (numerators all zero).
+fn is_zero(load: &RankLoad) -> bool {
+    load.active_decode_blocks == 0 && load.active_prefill_tokens == 0 && load.waiting_requests == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identities_differ() {
+        assert_ne!(Identity::new().frontend, Identity::new().frontend);
+    }
+}

@@ -1,0 +1,168 @@
+//! Many frontends, one fleet (issue 26), end to end: a real `nats-server`,
+//! three real `loadgate frontend` processes on the NATS plane, and two
+//! workers this test plays (sealed Registers and Loads on NATS, whose loads
+//! report no prefill at all, and an HTTP endpoint that holds every request
+//! 1.5 s and records how many it held at once). Each frontend is sent 60
+//! requests of 100 prompt tokens at once; the prefill threshold is 1,000
+//! tokens, so a worker's load is its held requests × 100.
+//!
+//! - without sharing (`--share-load false`) each frontend fills each worker
+//!   to the threshold by itself: about 3× it;
+//! - sharing with the lease (the default): within the stated bound,
+//!   threshold + k requests (k = 3 frontends: 1,300 tokens, 13 requests).
+//!   The bound assumes a frontend hears another's publication no later
+//!   than that one hears its own echo (one nats-server, see
+//!   `loadgate::monitor` `lease`); on a 2-core machine busy with a build a
+//!   frontend may lag, so the assertion allows one more request per
+//!   frontend (16); the figure is printed.
+//!
+//! `#[ignore]` in plain `cargo test` (they need `nats-server`); `.ci/run`
+//! runs them (release). Every wait is bounded.
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use common::{frontend, metric, metrics_text, unix_ms, FakeWorker, Frontend, Nats, SECRET};
+use loadgate::wire::envelope::seal;
+use loadgate::wire::Frame;
+use loadgate::RankLoad;
+use serde_json::json;
+
+const MODEL: &str = "shared-model";
+/// The prefill threshold, and each request's prompt (whitespace words).
+const THRESHOLD: u32 = 1000;
+const PROMPT_TOKENS: u32 = 100;
+/// How long a worker holds each request.
+const HOLD: Duration = Duration::from_millis(1500);
+
+/// Two workers played by this test: registered on NATS with sealed frames
+/// (again every 200 ms, with a load reporting no prefill) until dropped.
+struct Workers {
+    endpoints: Vec<FakeWorker>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn workers(nats: &Nats) -> Workers {
+    let endpoints: Vec<FakeWorker> = (0..2).map(|_| FakeWorker::holding(HOLD)).collect();
+    let client = async_nats::connect(nats.url.as_str()).await.expect("the workers connect to NATS");
+    let incarnation = unix_ms() * 1000;
+    let registered: Vec<(u64, String)> =
+        endpoints.iter().enumerate().map(|(i, e)| (51 + i as u64, e.addr.to_string())).collect();
+    let task = tokio::spawn(async move {
+        for seq in 1u64.. {
+            for (worker, addr) in &registered {
+                let subject = format!("loadgate.ev.{MODEL}.{worker}");
+                let register = Frame::Register {
+                    worker: *worker,
+                    incarnation,
+                    dp_size: 1,
+                    model: MODEL.to_owned(),
+                    http_addr: addr.clone(),
+                };
+                // Reports of prefill off: the engine's own KV only.
+                let load = RankLoad { kv_total_blocks: 1000, ..Default::default() };
+                let report = Frame::Load { worker: *worker, incarnation, rank: 0, seq, load };
+                for frame in [register, report] {
+                    let mut buf = BytesMut::new();
+                    seal(SECRET.as_bytes(), &subject, unix_ms(), &frame, &mut buf).unwrap();
+                    let _ = client.publish(subject.clone(), buf.freeze()).await;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    Workers { endpoints, task }
+}
+
+/// Three frontends in `kv` mode with the prefill threshold and `extra`,
+/// each knowing both workers (and, sharing, all three frontends).
+async fn frontends(nats: &Nats, extra: &[&str], sharing: bool) -> Vec<Frontend> {
+    let threshold = THRESHOLD.to_string();
+    let mut flags = vec!["--router-mode", "kv", "--active-prefill-tokens-threshold", &threshold];
+    flags.extend_from_slice(extra);
+    let fes: Vec<Frontend> = (0..3).map(|_| frontend(nats, &flags)).collect();
+    for fe in &fes {
+        fe.wait_workers(2, Duration::from_secs(10)).await;
+    }
+    if sharing {
+        for fe in &fes {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let text = metrics_text(&fe.client, &fe.http).await;
+                if metric(&text, "loadgate_frontend_shared_frontends") == Some(3.0) {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "a frontend did not hear the other two within 10 s:\n{text}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    fes
+}
+
+/// `n` requests sent to each frontend at once; the statuses.
+async fn burst(fes: &[Frontend], n: usize) -> Vec<u16> {
+    let client = Arc::new(common::client_within(Duration::from_secs(30)));
+    let prompt = "word ".repeat(PROMPT_TOKENS as usize);
+    let mut sent = Vec::new();
+    for fe in fes {
+        for _ in 0..n {
+            let (client, url) = (client.clone(), format!("{}/v1/completions", fe.http));
+            let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 1});
+            sent.push(tokio::spawn(async move {
+                client.post(url).json(&body).send().await.map_or(0, |r| r.status().as_u16())
+            }));
+        }
+    }
+    let mut statuses = Vec::new();
+    for s in sent {
+        statuses.push(s.await.unwrap_or(0));
+    }
+    statuses
+}
+
+/// One round: the most tokens either worker held at once, as a multiple of
+/// the threshold, and the statuses.
+async fn round(extra: &[&str], sharing: bool) -> (f64, Vec<u16>) {
+    let nats = Nats::start(&[]);
+    let workers = workers(&nats).await;
+    let fes = frontends(&nats, extra, sharing).await;
+    let statuses = burst(&fes, 60).await;
+    let peak = workers.endpoints.iter().map(FakeWorker::peak).max().unwrap_or(0);
+    let ratio = f64::from(peak as u32 * PROMPT_TOKENS) / f64::from(THRESHOLD);
+    (ratio, statuses)
+}
+
+fn count(statuses: &[u16], status: u16) -> usize {
+    statuses.iter().filter(|&&s| s == status).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
+async fn three_frontends_admitting_at_once_stay_within_the_lease_bound_and_not_sharing_is_three_times() {
+    let _box = common::exclusive().await;
+    let (alone, statuses) = round(&["--share-load", "false"], false).await;
+    eprintln!(
+        "not sharing: peak {alone:.2} x the threshold; {} x 200, {} x 529",
+        count(&statuses, 200),
+        count(&statuses, 529)
+    );
+    let (sum, statuses) = round(&["--frontend-lease", "false"], true).await;
+    eprintln!("sum, no lease: peak {sum:.2} x; {} x 200, {} x 529", count(&statuses, 200), count(&statuses, 529));
+    let (leased, statuses) = round(&[], true).await;
+    eprintln!("sum and lease: peak {leased:.2} x; {} x 200, {} x 529", count(&statuses, 200), count(&statuses, 529));
+    assert!(statuses.iter().all(|s| [200, 529].contains(s)), "only 200 and 529: {statuses:?}");
+    assert!(alone >= 2.5, "each frontend alone fills each worker: about 3x, got {alone:.2}");
+    assert!(leased <= 1.6, "within threshold + k requests (1.3x; 1.6x allowed, see the module docs): {leased:.2}");
+    assert!(count(&statuses, 200) >= 20, "the lease still fills the workers: {} admitted", count(&statuses, 200));
+}
