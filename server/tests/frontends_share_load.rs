@@ -38,6 +38,9 @@ const THRESHOLD: u32 = 1000;
 const PROMPT_TOKENS: u32 = 100;
 /// How long a worker holds each request.
 const HOLD: Duration = Duration::from_millis(1500);
+/// The frontends' beat (their default): a dead frontend's load stops
+/// counting three beats after its last frame.
+const BEAT: Duration = Duration::from_millis(200);
 
 /// Two workers played by this test: registered on NATS with sealed frames
 /// (again every 200 ms, with a load reporting no prefill) until dropped.
@@ -52,8 +55,8 @@ impl Drop for Workers {
     }
 }
 
-async fn workers(nats: &Nats) -> Workers {
-    let endpoints: Vec<FakeWorker> = (0..2).map(|_| FakeWorker::holding(HOLD)).collect();
+async fn workers(nats: &Nats, hold: Duration) -> Workers {
+    let endpoints: Vec<FakeWorker> = (0..2).map(|_| FakeWorker::holding(hold)).collect();
     let client = async_nats::connect(nats.url.as_str()).await.expect("the workers connect to NATS");
     let incarnation = unix_ms() * 1000;
     let registered: Vec<(u64, String)> =
@@ -113,15 +116,10 @@ async fn frontends(nats: &Nats, extra: &[&str], sharing: bool) -> Vec<Frontend> 
 /// `n` requests sent to each frontend at once; the statuses.
 async fn burst(fes: &[Frontend], n: usize) -> Vec<u16> {
     let client = Arc::new(common::client_within(Duration::from_secs(30)));
-    let prompt = "word ".repeat(PROMPT_TOKENS as usize);
     let mut sent = Vec::new();
     for fe in fes {
         for _ in 0..n {
-            let (client, url) = (client.clone(), format!("{}/v1/completions", fe.http));
-            let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 1});
-            sent.push(tokio::spawn(async move {
-                client.post(url).json(&body).send().await.map_or(0, |r| r.status().as_u16())
-            }));
+            sent.push(tokio::spawn(send(client.clone(), fe.http.clone())));
         }
     }
     let mut statuses = Vec::new();
@@ -131,11 +129,19 @@ async fn burst(fes: &[Frontend], n: usize) -> Vec<u16> {
     statuses
 }
 
+/// One request of [`PROMPT_TOKENS`] to the frontend at `http`: its status
+/// (0: no answer within the client's timeout).
+async fn send(client: Arc<reqwest::Client>, http: String) -> u16 {
+    let body = json!({"model": MODEL, "prompt": "word ".repeat(PROMPT_TOKENS as usize), "max_tokens": 1});
+    let answer = client.post(format!("{http}/v1/completions")).json(&body).send().await;
+    answer.map_or(0, |r| r.status().as_u16())
+}
+
 /// One round: the most tokens either worker held at once, as a multiple of
 /// the threshold, and the statuses.
 async fn round(extra: &[&str], sharing: bool) -> (f64, Vec<u16>) {
     let nats = Nats::start(&[]);
-    let workers = workers(&nats).await;
+    let workers = workers(&nats, HOLD).await;
     let fes = frontends(&nats, extra, sharing).await;
     let statuses = burst(&fes, 60).await;
     let peak = workers.endpoints.iter().map(FakeWorker::peak).max().unwrap_or(0);
@@ -165,4 +171,47 @@ async fn three_frontends_admitting_at_once_stay_within_the_lease_bound_and_not_s
     assert!(alone >= 2.5, "each frontend alone fills each worker: about 3x, got {alone:.2}");
     assert!(leased <= 1.6, "within threshold + k requests (1.3x; 1.6x allowed, see the module docs): {leased:.2}");
     assert!(count(&statuses, 200) >= 20, "the lease still fills the workers: {} admitted", count(&statuses, 200));
+}
+
+/// Frontend A fills both workers (paced, so its echoes keep up); B and C
+/// are refused. A is killed (-9): its load stops counting three beats after
+/// its last frame (the expiry runs every 150 ms), and B takes the headroom.
+/// Probes every 25 ms; one that gets no 529 within 300 ms was admitted
+/// (the worker holds it 6 s). Margin: admitted within 3 beats + 150 ms +
+/// 250 ms (a busy 2-core machine), not before the 3 beats less one beat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
+async fn a_killed_frontends_share_is_released_within_three_beats_and_the_others_take_it() {
+    let _box = common::exclusive().await;
+    let nats = Nats::start(&[]);
+    let _workers = workers(&nats, Duration::from_secs(6)).await;
+    let mut fes = frontends(&nats, &[], true).await;
+    let long = Arc::new(common::client_within(Duration::from_secs(30)));
+    let mut held = Vec::new();
+    for _ in 0..40 {
+        held.push(tokio::spawn(send(long.clone(), fes[0].http.clone())));
+        tokio::time::sleep(Duration::from_millis(15)).await;
+    }
+    let probe = Arc::new(common::client_within(Duration::from_millis(300)));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for fe in &fes[1..] {
+        assert_eq!(send(probe.clone(), fe.http.clone()).await, 529, "the workers are full of A's requests");
+    }
+    fes[0].proc.kill();
+    let killed = Instant::now();
+    let admitted = loop {
+        let at = killed.elapsed();
+        let status = send(probe.clone(), fes[1].http.clone()).await;
+        if status != 529 {
+            break at;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(5), "B never took A's share");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    eprintln!("B admitted {admitted:?} after A was killed (3 beats = {:?})", 3 * BEAT);
+    assert!(admitted >= 2 * BEAT, "A's load stopped counting before its 3 beats: {admitted:?}");
+    assert!(admitted <= 3 * BEAT + Duration::from_millis(400), "not within 3 beats (+ margin): {admitted:?}");
+    let text = metrics_text(&fes[2].client, &fes[2].http).await;
+    assert_eq!(metric(&text, "loadgate_frontend_shared_frontends"), Some(2.0), "C counts B and itself");
+    drop(held);
 }
