@@ -60,6 +60,8 @@ enum FrameInput {
     FrontendBeat {
         frontend: u64,
         incarnation: u64,
+        in_flight: u32,
+        waiting: u32,
     },
 }
 
@@ -99,7 +101,9 @@ impl FrameInput {
                     load: rank_load(load),
                 }
             }
-            FrameInput::FrontendBeat { frontend, incarnation } => Frame::FrontendBeat { frontend, incarnation },
+            FrameInput::FrontendBeat { frontend, incarnation, in_flight, waiting } => {
+                Frame::FrontendBeat { frontend, incarnation, in_flight, waiting }
+            }
         }
     }
 }
@@ -114,7 +118,7 @@ fn encoded_len(frame: &Frame) -> usize {
             Frame::Challenge { .. } | Frame::Welcome { .. } => 32,
             Frame::Proof { .. } => 64,
             Frame::FrontendLoad { .. } => 8 * 5 + 4 + 20,
-            Frame::FrontendBeat { .. } => 16,
+            Frame::FrontendBeat { .. } => 24,
         }
 }
 

@@ -18,6 +18,8 @@ pub(crate) struct WorkerEntry {
     pub(crate) dp_size: u32,
     /// Other frontends kept per rank (their slots follow the own ones).
     frontends: u16,
+    /// Slots per rank (`Publisher::per_rank(frontends)`).
+    per_rank: usize,
     /// `dp_size * Publisher::per_rank(frontends)` slots, rank-major.
     slots: Box<[RankSlot]>,
     /// Bumped (RMW) after every change to this worker's inputs.
@@ -44,6 +46,7 @@ impl WorkerEntry {
             incarnation,
             dp_size,
             frontends,
+            per_rank,
             slots: (0..dp_size as usize * per_rank).map(|_| RankSlot::new()).collect(),
             version: CachePadded::new(AtomicU64::new(0)),
             busy: AtomicBool::new(false),
@@ -57,7 +60,7 @@ impl WorkerEntry {
     /// frontend's index below the frontends kept (the monitor checks it).
     #[inline]
     pub(crate) fn slot(&self, rank: u32, publisher: Publisher) -> &RankSlot {
-        &self.slots[rank as usize * Publisher::per_rank(self.frontends) + publisher.index()]
+        &self.slots[rank as usize * self.per_rank + publisher.index()]
     }
 
     /// Empties every rank's slot of `publisher` (a frontend index given to
@@ -163,10 +166,20 @@ impl WorkerEntry {
 
     /// What one rank last reported (fresh only), what the router tracks,
     /// and what other frontends published (fresh only, summed).
+    #[inline]
     pub(crate) fn snapshot(&self, rank: u32, clock: &MonitorClock, now: u64) -> RankSnapshot {
         let reported =
             self.slot(rank, Publisher::Worker).load().filter(|(_, at)| clock.is_fresh(*at, now)).map(|(load, _)| load);
         let tracked = self.slot(rank, Publisher::Router).load().map(|(load, _)| load);
+        let shared = if self.frontends == 0 { None } else { self.shared(rank, clock, now) };
+        RankSnapshot { worker: self.id, rank, reported, tracked, shared }
+    }
+
+    /// What other frontends published for one rank, fresh ones summed
+    /// (apart from `snapshot`, which stays small enough to inline on the
+    /// report path of a single frontend).
+    #[inline(never)]
+    fn shared(&self, rank: u32, clock: &MonitorClock, now: u64) -> Option<RankLoad> {
         let mut shared: Option<RankLoad> = None;
         for n in 0..self.frontends {
             let fresh =
@@ -175,7 +188,7 @@ impl WorkerEntry {
                 shared = Some(shared.map_or(load, |sum| sum.plus(&load)));
             }
         }
-        RankSnapshot { worker: self.id, rank, reported, tracked, shared }
+        shared
     }
 
     /// Sum of the effective load over the ranks (no lock, no allocation).

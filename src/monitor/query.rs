@@ -21,6 +21,7 @@ pub struct RankSnapshot {
 
 impl RankSnapshot {
     /// What the routers added: the sum of tracked and shared.
+    #[inline]
     pub fn added(&self) -> Option<RankLoad> {
         match (self.tracked, self.shared) {
             (Some(t), Some(s)) => Some(t.plus(&s)),
@@ -30,6 +31,7 @@ impl RankSnapshot {
 
     /// The load the busy decision uses (without a lease): the larger of
     /// reported and the sum of tracked and shared.
+    #[inline]
     pub fn effective(&self) -> Option<RankLoad> {
         match (self.reported, self.added()) {
             (Some(r), Some(a)) => Some(r.max_with(&a)),

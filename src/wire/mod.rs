@@ -33,7 +33,7 @@
 //! Welcome    mac [32]                                                      (exactly 32 bytes)
 //! FrontendLoad frontend u64 | incarnation u64 | seq u64 | worker u64
 //!            | worker_incarnation u64 | rank u32 | the five load fields u32  (exactly 64 bytes)
-//! FrontendBeat frontend u64 | incarnation u64                              (exactly 16 bytes)
+//! FrontendBeat frontend u64 | incarnation u64 | in_flight u32 | waiting u32 (exactly 24 bytes)
 //! ```
 //!
 //! The two frontend frames travel only on the NATS plane, between
@@ -126,7 +126,7 @@ const CHALLENGE_PAYLOAD: usize = NONCE_LEN;
 const PROOF_PAYLOAD: usize = NONCE_LEN + TAG_LEN;
 const WELCOME_PAYLOAD: usize = TAG_LEN;
 const FRONTEND_LOAD_PAYLOAD: usize = 8 + 8 + 8 + 8 + 8 + 4 + 5 * 4;
-const FRONTEND_BEAT_PAYLOAD: usize = 8 + 8;
+const FRONTEND_BEAT_PAYLOAD: usize = 8 + 8 + 4 + 4;
 /// Fixed part of a Register payload: worker, incarnation, dp size, two
 /// string lengths.
 const REGISTER_FIXED: usize = 8 + 8 + 4 + 2 + 2;
@@ -202,12 +202,17 @@ pub enum Frame {
         /// The load the frontend added.
         load: RankLoad,
     },
-    /// Frontend to frontends: it is alive (every heartbeat).
+    /// Frontend to frontends: it is alive (every heartbeat), and what it
+    /// holds (for the pool-wide retry hint).
     FrontendBeat {
         /// The frontend's id.
         frontend: u64,
         /// The frontend's incarnation.
         incarnation: u64,
+        /// Requests it dispatched and not yet finished.
+        in_flight: u32,
+        /// Requests in its waiting lines.
+        waiting: u32,
     },
 }
 
@@ -336,11 +341,13 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) -> Result<(), WireError> {
             dst.put_u32(*rank);
             put_load(dst, load);
         }
-        Frame::FrontendBeat { frontend, incarnation } => {
+        Frame::FrontendBeat { frontend, incarnation, in_flight, waiting } => {
             dst.reserve(HEADER_LEN + FRONTEND_BEAT_PAYLOAD);
             put_header(dst, KIND_FRONTEND_BEAT, FRONTEND_BEAT_PAYLOAD);
             dst.put_u64(*frontend);
             dst.put_u64(*incarnation);
+            dst.put_u32(*in_flight);
+            dst.put_u32(*waiting);
         }
     }
     Ok(())
@@ -449,7 +456,12 @@ fn parse_payload(kind: u8, mut p: &[u8]) -> Result<Frame, WireError> {
             rank: p.get_u32(),
             load: get_load(&mut p),
         }),
-        KIND_FRONTEND_BEAT => Ok(Frame::FrontendBeat { frontend: p.get_u64(), incarnation: p.get_u64() }),
+        KIND_FRONTEND_BEAT => Ok(Frame::FrontendBeat {
+            frontend: p.get_u64(),
+            incarnation: p.get_u64(),
+            in_flight: p.get_u32(),
+            waiting: p.get_u32(),
+        }),
         KIND_DEREGISTER => Ok(Frame::Deregister { worker: p.get_u64(), incarnation: p.get_u64() }),
         KIND_CHALLENGE => Ok(Frame::Challenge { nonce: take_array(&mut p) }),
         KIND_PROOF => Ok(Frame::Proof { nonce: take_array(&mut p), mac: take_array(&mut p) }),
@@ -608,8 +620,37 @@ mod tests {
             }
             assert_eq!(decode(&mut BytesMut::from(&[MAGIC, kind, 0, good][..])), Ok(None));
         }
-        assert_eq!(decode(&mut BytesMut::from(&[MAGIC, 7][..])), Err(WireError::UnknownKind(7)));
+        assert_eq!(decode(&mut BytesMut::from(&[MAGIC, 9][..])), Err(WireError::UnknownKind(9)));
         assert_eq!(decode(&mut BytesMut::from(&[MAGIC, 0][..])), Err(WireError::UnknownKind(0)));
+    }
+
+    #[test]
+    fn frontend_frames_have_their_fixed_lengths() {
+        for (kind, good) in [(KIND_FRONTEND_LOAD, 64u8), (KIND_FRONTEND_BEAT, 24)] {
+            for len in [0, good - 1, good + 1] {
+                let refused = decode(&mut BytesMut::from(&[MAGIC, kind, 0, len][..]));
+                assert_eq!(refused, Err(WireError::BadLength { kind, len: usize::from(len) }));
+            }
+        }
+        let load = RankLoad { active_prefill_tokens: 300, ..Default::default() };
+        let frames = [
+            Frame::FrontendLoad {
+                frontend: 1,
+                incarnation: 2,
+                seq: 3,
+                worker: 4,
+                worker_incarnation: 5,
+                rank: 6,
+                load,
+            },
+            Frame::FrontendBeat { frontend: 1, incarnation: 2, in_flight: 7, waiting: 8 },
+        ];
+        for frame in frames {
+            let mut buf = BytesMut::new();
+            encode(&frame, &mut buf).unwrap();
+            assert_eq!(decode(&mut buf), Ok(Some(frame)));
+            assert!(buf.is_empty());
+        }
     }
 
     #[test]
