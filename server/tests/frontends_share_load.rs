@@ -215,3 +215,74 @@ async fn a_killed_frontends_share_is_released_within_three_beats_and_the_others_
     assert_eq!(metric(&text, "loadgate_frontend_shared_frontends"), Some(2.0), "C counts B and itself");
     drop(held);
 }
+
+/// A storm against three frontends: 2 simulated workers on NATS (256 KV
+/// blocks, 20 ms steps), three frontends in `kv` mode busy past half the
+/// blocks, with `--retry-hint-scope scope`; 200 clients of `loadgate bench
+/// --retry-storm` spread over the three (each retry to the next frontend,
+/// as a load balancer would), honouring the hints. The bench's summary.
+async fn storm(scope: &str) -> serde_json::Value {
+    let nats = Nats::start(&[]);
+    let flags = ["--kv-total-blocks", "256", "--decode-step-ms", "20"];
+    let mut worker_flags = common::plane(&nats);
+    worker_flags.extend(flags.iter().map(|s| (*s).to_owned()));
+    let worker_flags: Vec<&str> = worker_flags.iter().map(String::as_str).collect();
+    let _workers: Vec<common::Worker> =
+        (0..2).map(|_| common::worker(None, "storm-model", Some(SECRET), &worker_flags)).collect();
+    let fe_flags = ["--router-mode", "kv", "--active-decode-blocks-threshold", "0.5", "--retry-hint-scope", scope];
+    let fes: Vec<Frontend> = (0..3).map(|_| frontend(&nats, &fe_flags)).collect();
+    for fe in &fes {
+        fe.wait_workers(2, Duration::from_secs(10)).await;
+    }
+    let also = format!("{},{}", fes[1].http, fes[2].http);
+    let args = [
+        "bench",
+        "--url",
+        &fes[0].http,
+        "--also-url",
+        &also,
+        "--model",
+        "storm-model",
+        "--retry-storm",
+        "200",
+        "--prompt-tokens",
+        "64",
+        "--output-tokens",
+        "20",
+        "--duration",
+        "10",
+        "--drain-timeout",
+        "2",
+        "--request-timeout",
+        "5",
+        "--max-attempts",
+        "40",
+        "--json",
+    ];
+    let (_bench, line) =
+        tokio::task::block_in_place(|| common::spawn_within("bench", &args, &[], Duration::from_secs(14)));
+    eprintln!("retry storm over three frontends, hint scope {scope}: {line}");
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("bench --json: {e}: {line}"))
+}
+
+/// The pool-wide hint against each frontend's own, same run: both end
+/// with every client served; the figures go to docs/benchmarks.md.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
+async fn a_retry_storm_over_three_frontends_with_the_pool_hint_and_each_frontends() {
+    let _box = common::exclusive().await;
+    let num = |s: &serde_json::Value, key: &str| s[key].as_f64().unwrap_or_else(|| panic!("no {key} in {s}"));
+    let mut rows = Vec::new();
+    for scope in ["frontend", "pool"] {
+        let s = storm(scope).await;
+        assert_eq!(num(&s, "succeeded"), num(&s, "clients"), "{scope}: every client succeeds: {s}");
+        assert_eq!(num(&s, "unhinted_refusals"), 0.0, "{scope}: every refusal carries a hint");
+        let p50 = s["time_to_success_ms"]["p50"].as_f64().unwrap_or(f64::NAN);
+        rows.push((scope, num(&s, "peak_retries_10ms"), num(&s, "retries"), num(&s, "goodput_rps"), p50));
+    }
+    for (scope, peak, retries, goodput, p50) in rows {
+        eprintln!(
+            "{scope}: peak {peak} retries / 10 ms, {retries} retries, goodput {goodput:.1} req/s, p50 {p50:.0} ms"
+        );
+    }
+}

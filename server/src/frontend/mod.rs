@@ -38,7 +38,7 @@ mod proxy;
 mod register;
 mod reply;
 mod request;
-mod retry_hint;
+pub(crate) mod retry_hint;
 mod state;
 pub(crate) mod tenants;
 mod threshold_api;
@@ -59,7 +59,8 @@ pub use self::state::Frontend;
 use crate::directory::WorkerDirectory;
 use crate::events::{EventPlane, PlaneConfig, PlaneLimits};
 use crate::http_server::{self, Drained, ServeConfig, Tls};
-use crate::nats::sharing::publish::Identity;
+use crate::nats::sharing::publish::{Holds, Identity};
+use crate::nats::sharing::HintScope;
 use crate::nats::{NatsPlane, Sharing};
 
 /// How long a worker whose event connection closed stays registered, waiting
@@ -265,23 +266,26 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
             let sharing = args.shares_load().then(|| {
                 let (changes, feed) = crate::nats::sharing::changes::changes();
                 frontend.inflight.share_changes(changes);
+                let (inflight, mon) = (frontend.inflight.clone(), monitor.clone());
+                let holds: Holds = Arc::new(move || {
+                    let waiting: u64 =
+                        mon.models().iter().filter_map(|m| mon.line_stats(m)).map(|l| l.waiting as u64).sum();
+                    let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+                    (clamp(inflight.totals().requests), clamp(waiting))
+                });
+                let pool_scope = args.sharing.retry_hint_scope == HintScope::Pool;
                 Sharing {
                     identity: Identity::new(),
+                    holds,
+                    pool_hint: pool_scope.then(|| frontend.retry_hint.clone()),
                     slots: args.sharing.max_frontends,
                     heartbeat: args.sharing.heartbeat(),
                     staleness: args.sharing.staleness(),
                     feed,
                 }
             });
-            NatsPlane::start(
-                &args.nats,
-                monitor.clone(),
-                directory.clone(),
-                secrets.clone(),
-                &plane_config,
-                sharing,
-            )
-            .await?
+            NatsPlane::start(&args.nats, monitor.clone(), directory.clone(), secrets.clone(), &plane_config, sharing)
+                .await?
         }),
     };
     let listener = http_server::bind(&args.http_host, args.http_port)

@@ -43,7 +43,19 @@
 //! client gets add up to at least 2 s), never less than the waiting line's
 //! expected wait (up to the cap), at most 30 s.
 //!
-//! A refusal costs two atomic loads and one compare-and-swap loop, no lock.
+//! **Several frontends** (issue 26, `--event-plane nats` sharing load, and
+//! `--retry-hint-scope pool`, the default there): the pool's figures, not
+//! this frontend's. With `k` live frontends holding `in_flight` requests in
+//! all (this one's own count, and each other's from its last beat, but the
+//! others at least `k − 1` times this one's: the clients are spread over
+//! the frontends and a beat may be 200 ms old) and
+//! `waiting` in their lines, `slot = W · k / max(in_flight, 1)` (this
+//! frontend hands out its k-th of the pool's retry slots, the clients being
+//! spread over the frontends) and `floor = min(max(1 s, waiting · W /
+//! max(in_flight, 1)), 30 s)` (the pool's line's expected wait). Alone, the
+//! same as above.
+//!
+//! A refusal costs a few atomic loads and one compare-and-swap loop, no lock.
 //! `--retry-after-mode constant` always answers 1 s (the behaviour before
 //! issue 10, kept to measure the difference).
 
@@ -83,6 +95,11 @@ pub struct RetryHint {
     mean_ns: AtomicU64,
     /// Answered requests seen (up to the EWMA's window).
     samples: AtomicU64,
+    /// The other live frontends (0: alone, or a frontend-scoped hint), and
+    /// the requests they hold in flight and waiting, from their beats.
+    others: AtomicU64,
+    others_in_flight: AtomicU64,
+    others_waiting: AtomicU64,
 }
 
 impl RetryHint {
@@ -94,7 +111,20 @@ impl RetryHint {
             next_slot_ns: AtomicU64::new(0),
             mean_ns: AtomicU64::new(nanos(INITIAL_MEAN)),
             samples: AtomicU64::new(0),
+            others: AtomicU64::new(0),
+            others_in_flight: AtomicU64::new(0),
+            others_waiting: AtomicU64::new(0),
         }
+    }
+
+    /// The other live frontends of the pool: how many, and the requests
+    /// they hold in flight and waiting (every beat; see the module docs).
+    pub(crate) fn set_others(&self, others: u64, in_flight: u64, waiting: u64) {
+        // Relaxed: three figures read on their own by each refusal; a
+        // refusal between two stores mixes two beats, harmlessly.
+        self.others.store(others, Ordering::Relaxed);
+        self.others_in_flight.store(in_flight, Ordering::Relaxed);
+        self.others_waiting.store(waiting, Ordering::Relaxed);
     }
 
     /// A request answered by a worker finished after `took`.
@@ -125,8 +155,16 @@ impl RetryHint {
             return CONSTANT_RETRY_AFTER;
         }
         let now = nanos(self.epoch.elapsed());
-        let slot = (nanos(self.mean()) / in_flight.max(1)).max(1);
-        let floor = floor_ns(slot, waiting);
+        // Relaxed: see `set_others`.
+        let frontends = 1 + self.others.load(Ordering::Relaxed);
+        // The others hold at least what this one holds (the clients spread
+        // over the frontends; their beats lag by up to one).
+        let others = self.others_in_flight.load(Ordering::Relaxed).max(in_flight.saturating_mul(frontends - 1));
+        let in_flight = in_flight.saturating_add(others).max(1);
+        let waiting = waiting.saturating_add(self.others_waiting.load(Ordering::Relaxed));
+        let pool_slot = (nanos(self.mean()) / in_flight).max(1);
+        let slot = pool_slot.saturating_mul(frontends);
+        let floor = floor_ns(pool_slot, waiting);
         let earliest = now.saturating_add(floor);
         // The queue never reaches past the longest hint: a client that
         // ignores its hint and hammers cannot push everyone else's out for
@@ -192,6 +230,21 @@ mod tests {
                 assert_eq!(hint.refused(in_flight, waiting), CONSTANT_RETRY_AFTER);
             }
         }
+    }
+
+    #[test]
+    fn with_other_frontends_the_slots_and_the_floor_are_the_pools() {
+        let alone = hint_with_mean(Duration::from_millis(100));
+        let pooled = hint_with_mean(Duration::from_millis(100));
+        // Two others hold 20 in flight and 300 waiting: pool 30 in flight, 3 frontends.
+        pooled.set_others(2, 20, 300);
+        // Alone with 10 in flight and 100 waiting: floor 100 · 10 ms = 1 s.
+        let first = alone.refused(10, 100);
+        assert!(first < MIN_RETRY_AFTER + 11 * MS, "{first:?}");
+        // The pool's line: 400 waiting · 100 ms / 30 = 1.33 s; slots of 10 ms (3 · 100/30 ms).
+        let first = pooled.refused(10, 100);
+        let floor = Duration::from_nanos(400 * 100_000_000 / 30);
+        assert!(first >= floor && first < floor + 11 * MS, "{first:?} vs the pool's floor {floor:?}");
     }
 
     #[test]

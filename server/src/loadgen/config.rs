@@ -79,6 +79,11 @@ pub struct Args {
     /// name. The report counts each tenant apart.
     #[arg(long, env = "LOADGATE_BENCH_TENANTS", value_name = "NAME=SHARE,...", conflicts_with = "retry_storm")]
     pub tenants: Option<TenantMix>,
+    /// With --retry-storm: more frontends of the same pool (repeatable; or comma-separated in
+    /// LOADGATE_BENCH_ALSO_URL): client i starts at the i-th URL of --url and these, and each retry
+    /// goes to the next one, as a load balancer would spread them.
+    #[arg(long, env = "LOADGATE_BENCH_ALSO_URL", value_delimiter = ',', requires = "retry_storm")]
+    pub also_url: Vec<String>,
 }
 
 /// Most clients `--retry-storm` takes (each holds a connection).
@@ -157,6 +162,8 @@ pub struct StormConfig {
     pub fallback: Duration,
     /// Bound on one attempt.
     pub request_timeout: Duration,
+    /// Every frontend's completions URL (`request.url` first), spread over.
+    pub urls: Vec<String>,
 }
 
 impl StormConfig {
@@ -187,6 +194,7 @@ impl StormConfig {
             max_attempts: args.max_attempts,
             fallback: Duration::from_millis(args.retry_fallback_ms),
             request_timeout: flag_limits::seconds(args.request_timeout, "--request-timeout", false)?,
+            urls: std::iter::once(&args.url).chain(&args.also_url).map(|u| completions_url(u)).collect(),
         }))
     }
 }

@@ -48,7 +48,7 @@ pub async fn run_storm(config: &StormConfig) -> anyhow::Result<StormReport> {
     let (go, ready) = watch::channel(None::<Instant>);
     let (connected, mut connections) = mpsc::channel::<()>(config.clients as usize);
     let mut tasks = JoinSet::new();
-    for _ in 0..config.clients {
+    for index in 0..config.clients as usize {
         // One client each, as separate processes would be: its own connection.
         let client = reqwest::Client::builder()
             .tcp_nodelay(true)
@@ -57,14 +57,14 @@ pub async fn run_storm(config: &StormConfig) -> anyhow::Result<StormReport> {
             .build()?;
         let (body, mut ready, connected, config) = (body.clone(), ready.clone(), connected.clone(), config.clone());
         tasks.spawn(async move {
-            connect(&client, &config.request.url).await;
+            connect(&client, config.url(index, 1)).await;
             let _ = connected.send(()).await;
             drop(connected);
             let start = match ready.wait_for(Option::is_some).await {
                 Ok(start) => (*start)?,
                 Err(_) => return None,
             };
-            Some(one_client(&client, body, start, &config).await)
+            Some(one_client(&client, body, start, &config, index).await)
         });
     }
     drop(connected);
@@ -101,6 +101,15 @@ pub async fn run_storm(config: &StormConfig) -> anyhow::Result<StormReport> {
     Ok(StormReport { config: config.clone(), runs, unfinished, elapsed })
 }
 
+impl StormConfig {
+    /// Where client `index` sends its attempt `attempt` (from 1): the
+    /// frontends in turn, starting at its own.
+    fn url(&self, index: usize, attempt: u32) -> &str {
+        let n = self.urls.len().max(1);
+        self.urls.get((index + attempt as usize - 1) % n).unwrap_or(&self.request.url)
+    }
+}
+
 /// Opens the client's connection before the burst (one `GET` of the URL,
 /// answered 405 and not counted), so that the burst measures the server and
 /// not TCP handshakes; a failure is left for the attempts to meet.
@@ -112,7 +121,13 @@ async fn connect(client: &reqwest::Client, url: &str) {
 
 /// One client: the first attempt at `start`, then a retry after every
 /// refusal, within the bounds of `config`.
-async fn one_client(client: &reqwest::Client, body: bytes::Bytes, start: Instant, config: &StormConfig) -> ClientRun {
+async fn one_client(
+    client: &reqwest::Client,
+    body: bytes::Bytes,
+    start: Instant,
+    config: &StormConfig,
+    index: usize,
+) -> ClientRun {
     let end = start + config.request.duration;
     let mut run = ClientRun::default();
     let mut due = start;
@@ -120,7 +135,7 @@ async fn one_client(client: &reqwest::Client, body: bytes::Bytes, start: Instant
         if attempt > 1 {
             run.retries.push(due - start);
         }
-        let wait = match attempt_once(client, &config.request.url, body.clone()).await {
+        let wait = match attempt_once(client, config.url(index, attempt), body.clone()).await {
             Ok((status, hint)) => {
                 run.statuses.push(status);
                 if (200..300).contains(&status) {

@@ -46,10 +46,11 @@ use loadgate::{LoadReport, WorkerId, WorkerMonitor};
 use super::args::NatsArgs;
 use super::sharing::changes::ChangeFeed;
 use super::sharing::peers::{Added, Heard, Peers};
-use super::sharing::publish::{Identity, SharePublisher};
+use super::sharing::publish::{Holds, Identity, Outbox, SharePublisher};
 use super::subjects::Subjects;
 use crate::directory::WorkerDirectory;
 use crate::events::{PlaneConfig, PlaneLimits, PlaneStats};
+use crate::frontend::retry_hint::RetryHint;
 use crate::secret::{unix_ms, Secrets};
 
 /// How far a frame's clock may be from the frontend's (either way).
@@ -81,6 +82,10 @@ pub(crate) struct NatsPlane {
 /// How a frontend shares its load on the plane (`--share-load`).
 pub(crate) struct Sharing {
     pub(crate) identity: Identity,
+    /// What this frontend holds (in flight, waiting), for its beats.
+    pub(crate) holds: Holds,
+    /// The retry hint to tell the pool's figures (`None`: a frontend's own).
+    pub(crate) pool_hint: Option<Arc<RetryHint>>,
     pub(crate) slots: u16,
     pub(crate) heartbeat: Duration,
     pub(crate) staleness: Duration,
@@ -112,6 +117,8 @@ struct Applier {
     stats: Arc<PlaneStats>,
     /// The other frontends (when load is shared).
     peers: Option<Peers>,
+    /// The retry hint told the pool's figures (`--retry-hint-scope pool`).
+    pool_hint: Option<Arc<RetryHint>>,
 }
 
 impl NatsPlane {
@@ -161,18 +168,17 @@ impl NatsPlane {
             Some(_) => client.subscribe(subjects.all_frontends()).await?.boxed(),
             None => futures_util::stream::pending().boxed(),
         };
+        let pool_hint = sharing.as_ref().and_then(|s| s.pool_hint.clone());
         let (peers, share) = match sharing {
             Some(s) => {
                 let peers = Peers::new(s.identity, monitor.clone(), s.slots, s.staleness);
-                let publisher = SharePublisher::start(
-                    s.identity,
-                    subjects.frontend(s.identity.frontend),
-                    secrets.sealer(),
-                    client.clone(),
-                    monitor.clone(),
-                    s.feed,
-                    s.heartbeat,
-                );
+                let outbox = Outbox {
+                    subject: subjects.frontend(s.identity.frontend),
+                    sealer: secrets.sealer(),
+                    client: client.clone(),
+                };
+                let publisher =
+                    SharePublisher::start(s.identity, outbox, monitor.clone(), s.feed, s.heartbeat, s.holds);
                 (Some(peers), Some(publisher))
             }
             None => (None, None),
@@ -190,6 +196,7 @@ impl NatsPlane {
             connected,
             stats,
             peers,
+            pool_hint,
         });
         let hello = applier.subjects.hello();
         let receiving = applier.clone();
@@ -296,9 +303,12 @@ impl Applier {
                     Heard::Dropped => self.stats.frame_dropped(false),
                 }
             }
-            Frame::FrontendBeat { frontend, incarnation } => {
+            Frame::FrontendBeat { frontend, incarnation, in_flight, waiting } => {
                 let Some(peers) = &self.peers else { return };
-                if subject != self.subjects.frontend(frontend) || peers.beat(frontend, incarnation) == Heard::Dropped {
+                let holds = (in_flight, waiting);
+                if subject != self.subjects.frontend(frontend)
+                    || peers.beat(frontend, incarnation, holds) == Heard::Dropped
+                {
                     self.stats.frame_dropped(false);
                 }
             }
@@ -387,7 +397,11 @@ impl Applier {
             return;
         }
         if let Some(peers) = &self.peers {
-            self.stats.set_shared_frontends(peers.live());
+            let pool = peers.pool();
+            self.stats.set_shared_frontends(pool.frontends);
+            if let Some(hint) = &self.pool_hint {
+                hint.set_others(pool.frontends as u64 - 1, pool.in_flight, pool.waiting);
+            }
         }
         let now = Instant::now();
         let (mut quiet, mut gone) = (Vec::new(), Vec::new());
@@ -441,6 +455,7 @@ mod tests {
             connected: Arc::new(AtomicBool::new(true)),
             stats: Arc::default(),
             peers: None,
+            pool_hint: None,
         }
     }
 

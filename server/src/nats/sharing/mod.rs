@@ -42,6 +42,20 @@ pub(crate) struct SharingArgs {
     /// requests. `false`: the sum alone (k frontends admitting at once can overshoot up to k times).
     #[arg(long, env = "LOADGATE_FRONTEND_LEASE", value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub(crate) frontend_lease: bool,
+    /// Whose figures the computed retry hint works from, sharing load: `pool` (every live
+    /// frontend's requests in flight and waiting, from their beats) or `frontend` (this one's
+    /// alone, as without sharing).
+    #[arg(long, env = "LOADGATE_FRONTEND_RETRY_HINT_SCOPE", value_enum, default_value = "pool")]
+    pub(crate) retry_hint_scope: HintScope,
+}
+
+/// Whose figures the retry hint works from (`--retry-hint-scope`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum HintScope {
+    /// Every live frontend's.
+    Pool,
+    /// This frontend's alone.
+    Frontend,
 }
 
 impl SharingArgs {

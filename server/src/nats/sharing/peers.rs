@@ -43,6 +43,17 @@ struct Peer {
     incarnation: u64,
     index: u16,
     heard: Instant,
+    /// (in flight, waiting) at its last beat.
+    holds: (u32, u32),
+}
+
+/// The live frontends of the pool, this one included, and what the others
+/// hold (from their last beats).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Pool {
+    pub(crate) frontends: usize,
+    pub(crate) in_flight: u64,
+    pub(crate) waiting: u64,
 }
 
 struct Table {
@@ -98,24 +109,35 @@ impl Peers {
         }
     }
 
-    /// A FrontendBeat frame.
-    pub(crate) fn beat(&self, frontend: u64, incarnation: u64) -> Heard {
+    /// A FrontendBeat frame, with what its sender holds (in flight, waiting).
+    pub(crate) fn beat(&self, frontend: u64, incarnation: u64, holds: (u32, u32)) -> Heard {
         match self.slot(frontend, incarnation) {
-            Some(_) => Heard::Taken,
+            Some(_) => {
+                let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(peer) = table.by_id.get_mut(&frontend) {
+                    peer.holds = holds;
+                }
+                Heard::Taken
+            }
             None if frontend == self.own.frontend => Heard::Own,
             None => Heard::Dropped,
         }
     }
 
-    /// Frontends heard within the staleness, this one included; the
-    /// monitor's lease is told how many others.
-    pub(crate) fn live(&self) -> usize {
-        let others = {
+    /// The frontends heard within the staleness (this one included) and
+    /// what the others hold; the monitor's lease is told how many others.
+    pub(crate) fn pool(&self) -> Pool {
+        let mut pool = Pool { frontends: 1, ..Pool::default() };
+        {
             let table = self.table.lock().unwrap_or_else(|e| e.into_inner());
-            table.by_id.values().filter(|p| p.heard.elapsed() <= self.staleness).count()
-        };
-        self.monitor.set_other_frontends(u32::try_from(others).unwrap_or(u32::MAX));
-        1 + others
+            for peer in table.by_id.values().filter(|p| p.heard.elapsed() <= self.staleness) {
+                pool.frontends += 1;
+                pool.in_flight += u64::from(peer.holds.0);
+                pool.waiting += u64::from(peer.holds.1);
+            }
+        }
+        self.monitor.set_other_frontends(u32::try_from(pool.frontends - 1).unwrap_or(u32::MAX));
+        pool
     }
 
     /// The slot of `frontend`'s `incarnation`, heard now; `None` for this
@@ -157,7 +179,7 @@ impl Peers {
             }
         };
         let _ = self.monitor.clear_publisher(Publisher::Frontend(index));
-        table.by_id.insert(frontend, Peer { incarnation, index, heard: now });
+        table.by_id.insert(frontend, Peer { incarnation, index, heard: now, holds: (0, 0) });
         tracing::info!(frontend, incarnation, index, "frontend joined the shared load");
         Some(index)
     }
@@ -198,7 +220,8 @@ mod tests {
         assert!(!monitor.is_busy(1));
         assert_eq!(peers.load(added(2, 1, 1, 41)), Heard::Taken);
         assert!(monitor.is_busy(1), "60 + 41 > 100");
-        assert_eq!(peers.live(), 3);
+        assert_eq!(peers.beat(2, 1, (7, 3)), Heard::Taken);
+        assert_eq!(peers.pool(), Pool { frontends: 3, in_flight: 7, waiting: 3 });
     }
 
     #[test]
@@ -217,11 +240,11 @@ mod tests {
         let monitor = monitor(1);
         let peers = Peers::new(OWN, monitor.clone(), 1, Duration::from_millis(60));
         assert_eq!(peers.load(added(1, 1, 1, 101)), Heard::Taken);
-        assert_eq!(peers.beat(2, 1), Heard::Dropped, "the one slot is live");
+        assert_eq!(peers.beat(2, 1, (0, 0)), Heard::Dropped, "the one slot is live");
         assert!(monitor.is_busy(1));
         std::thread::sleep(Duration::from_millis(80));
         assert_eq!(peers.load(added(2, 1, 1, 10)), Heard::Taken, "frontend 1 silent past 60 ms");
         assert!(!monitor.is_busy(1), "frontend 1's load went with its slot");
-        assert_eq!(peers.live(), 2);
+        assert_eq!(peers.pool().frontends, 2);
     }
 }

@@ -39,6 +39,18 @@ impl Identity {
     }
 }
 
+/// What this frontend holds now: (requests in flight, requests waiting),
+/// for its beats.
+pub(crate) type Holds = Arc<dyn Fn() -> (u32, u32) + Send + Sync>;
+
+/// Where and how this frontend publishes: its subject, its event secret
+/// prepared, its NATS client.
+pub(crate) struct Outbox {
+    pub(crate) subject: String,
+    pub(crate) sealer: Sealer,
+    pub(crate) client: async_nats::Client,
+}
+
 /// The publishing task; dropping it stops it.
 #[derive(Debug)]
 pub(crate) struct SharePublisher {
@@ -66,13 +78,13 @@ impl SharePublisher {
     /// Starts publishing on `subject` (call from within a tokio runtime).
     pub(crate) fn start(
         identity: Identity,
-        subject: String,
-        sealer: Sealer,
-        client: async_nats::Client,
+        outbox: Outbox,
         monitor: Arc<WorkerMonitor>,
         mut feed: ChangeFeed,
         heartbeat: Duration,
+        holds: Holds,
     ) -> SharePublisher {
+        let Outbox { subject, sealer, client } = outbox;
         let mut own = Own { identity, seq: 0, subject, sealer, client, monitor, nonzero: HashSet::new() };
         let task = tokio::spawn(async move {
             let mut beats = tokio::time::interval(heartbeat);
@@ -97,9 +109,12 @@ impl SharePublisher {
                         }
                     }
                     _ = beats.tick() => {
+                        let (in_flight, waiting) = holds();
                         let beat = Frame::FrontendBeat {
                             frontend: own.identity.frontend,
                             incarnation: own.identity.incarnation,
+                            in_flight,
+                            waiting,
                         };
                         own.send(&beat).await;
                         let mut again: Vec<_> = own.nonzero.iter().copied().collect();
