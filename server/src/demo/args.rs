@@ -31,6 +31,15 @@ pub struct Args {
     /// Simulated workers behind the frontend.
     #[arg(long, env = "LOADGATE_DEMO_WORKERS", default_value_t = 4, conflicts_with = "engines")]
     pub workers: usize,
+    /// Frontends in front of the workers, counting their load together over NATS (needs
+    /// --event-plane nats); the load is spread over them in turn, as a load balancer would.
+    #[arg(long, env = "LOADGATE_DEMO_FRONTENDS", default_value_t = 1, conflicts_with = "engines",
+          value_parser = clap::value_parser!(u16).range(1..=8))]
+    pub frontends: u16,
+    /// The event plane: `tcp`, or `nats` (the demo starts a nats-server of its own on 127.0.0.1:
+    /// `bash scripts/prepare-nats-server` installs it).
+    #[arg(long, env = "LOADGATE_DEMO_EVENT_PLANE", value_enum, default_value = "tcp", conflicts_with = "engines")]
+    pub event_plane: crate::nats::EventPlaneKind,
     /// Seconds of arrivals per run [default: 8; 20 with --engines].
     #[arg(long, env = "LOADGATE_DEMO_DURATION")]
     pub duration: Option<f64>,

@@ -45,6 +45,7 @@ mod group;
 mod install;
 mod llama_server;
 mod modes;
+mod nats_server;
 mod pool;
 mod table;
 mod tenant_shares;
@@ -84,8 +85,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let objective = args.slo_ttft().as_millis();
     match args.engines {
         None => {
+            let frontends = match (args.frontends, args.event_plane) {
+                (1, crate::nats::EventPlaneKind::Tcp) => "1 frontend".to_owned(),
+                (1, crate::nats::EventPlaneKind::Nats) => "1 frontend on NATS".to_owned(),
+                (k, _) => format!("{k} frontends sharing their load over NATS"),
+            };
             let pool = format!(
-                "1 frontend + {} workers ({} KV blocks of 16 tokens, {} ms steps)",
+                "{frontends} + {} workers ({} KV blocks of 16 tokens, {} ms steps)",
                 args.workers, args.kv_total_blocks, args.decode_step_ms
             );
             println!(
@@ -292,10 +298,14 @@ impl<'a> Runner<'a> {
         Ok(Runner { args, runtime, setup, duration, drain_timeout })
     }
 
-    /// One run's load: `rate` req/s to `http`, arrivals from `seed`.
+    /// One run's load: `rate` req/s to `http` (several frontends: their
+    /// addresses comma-separated, the requests spread over them in turn),
+    /// arrivals from `seed`.
     fn bench(&self, http: &str, rate: f64, seed: u64) -> BenchConfig {
+        let mut urls = http.split(',').map(completions_url);
         BenchConfig {
-            url: completions_url(http),
+            url: urls.next().unwrap_or_default(),
+            also: urls.collect(),
             model: self.setup.model.to_owned(),
             rate,
             duration: self.duration,

@@ -1,19 +1,24 @@
 //! A frontend and its simulated workers as child processes of this binary,
 //! over real sockets on 127.0.0.1; stopped when dropped. They share a random
-//! event secret, so the demo runs with an authenticated event plane.
+//! event secret, so the demo runs with an authenticated event plane. With
+//! `--event-plane nats`, a nats-server of the pool's own carries it, and
+//! `--frontends K` frontends share the workers (and their load).
 
 use std::time::{Duration, Instant};
 
 use crate::demo::args::{Args, MODEL};
 use crate::demo::child::{field, frontend_args, random_secret, spawn_loadgate, Process};
 use crate::demo::modes::Mode;
+use crate::demo::nats_server::NatsServer;
+use crate::nats::EventPlaneKind;
 
-/// A frontend and its workers, stopped when dropped.
+/// Frontends and their workers, stopped when dropped.
 pub(crate) struct Pool {
-    /// The frontend's inference address, `127.0.0.1:PORT`.
+    /// The frontends' inference addresses, `127.0.0.1:PORT`, comma-separated.
     pub(crate) http: String,
-    _frontend: Process,
+    _frontends: Vec<Process>,
     _workers: Vec<Process>,
+    _nats: Option<NatsServer>,
 }
 
 impl Pool {
@@ -22,14 +27,34 @@ impl Pool {
     /// registered.
     pub(crate) fn start(args: &Args, mode: Mode) -> anyhow::Result<Pool> {
         let secret = random_secret()?;
+        let nats = match args.event_plane {
+            EventPlaneKind::Nats => Some(NatsServer::start()?),
+            EventPlaneKind::Tcp => None,
+        };
+        anyhow::ensure!(
+            args.frontends == 1 || nats.is_some(),
+            "--frontends {} count their load together over NATS: add --event-plane nats",
+            args.frontends
+        );
+        let plane: Vec<String> = match &nats {
+            Some(n) => ["--event-plane", "nats", "--nats-url", n.url.as_str()].map(str::to_owned).into(),
+            None => Vec::new(),
+        };
         let mut frontend_args = frontend_args(&args.router_mode());
         if mode.sheds() {
             frontend_args.extend(["--active-decode-blocks-threshold".to_owned(), args.threshold.to_string()]);
         }
         frontend_args.extend(mode.line_flags(args));
-        let (frontend, line) = spawn_loadgate(&frontend_args, &secret)?;
-        let http = field(&line, "http")?;
-        let events = field(&line, "events")?;
+        frontend_args.extend(plane.iter().cloned());
+        let mut frontends = Vec::new();
+        let mut https = Vec::new();
+        let mut events = String::new();
+        for _ in 0..args.frontends {
+            let (frontend, line) = spawn_loadgate(&frontend_args, &secret)?;
+            https.push(field(&line, "http")?);
+            events = field(&line, "events")?;
+            frontends.push(frontend);
+        }
         let workers = (0..args.workers)
             .map(|i| {
                 let worker_args = [
@@ -40,8 +65,6 @@ impl Pool {
                     "127.0.0.1".to_owned(),
                     "--http-port".to_owned(),
                     "0".to_owned(),
-                    "--frontend".to_owned(),
-                    events.clone(),
                     "--worker-id".to_owned(),
                     (i + 1).to_string(),
                     "--kv-total-blocks".to_owned(),
@@ -51,22 +74,29 @@ impl Pool {
                     "--decode-step-ms".to_owned(),
                     args.decode_step_ms.to_string(),
                 ];
+                let mut worker_args = worker_args.to_vec();
+                match &nats {
+                    Some(_) => worker_args.extend(plane.iter().cloned()),
+                    None => worker_args.extend(["--frontend".to_owned(), events.clone()]),
+                }
                 spawn_loadgate(&worker_args, &secret).map(|(p, _)| p)
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let pool = Pool { http, _frontend: frontend, _workers: workers };
-        pool.wait_for_workers(args.workers)?;
+        let pool = Pool { http: https.join(","), _frontends: frontends, _workers: workers, _nats: nats };
+        for http in &https {
+            pool.wait_for_workers(http, args.workers)?;
+        }
         Ok(pool)
     }
 
-    /// Polls the frontend's `/health` until every worker has registered.
-    fn wait_for_workers(&self, n: usize) -> anyhow::Result<()> {
+    /// Polls a frontend's `/health` until every worker has registered.
+    fn wait_for_workers(&self, http: &str, n: usize) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         runtime.block_on(async {
             let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
             loop {
-                let health = client.get(format!("http://{}/health", self.http)).send().await;
+                let health = client.get(format!("http://{http}/health")).send().await;
                 if let Ok(resp) = health {
                     let v: serde_json::Value = resp.json().await.unwrap_or_default();
                     if v["workers"].as_u64() == Some(n as u64) {

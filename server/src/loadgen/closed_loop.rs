@@ -30,8 +30,8 @@ pub async fn saturate(
     let (from, until) = (start + warmup, start + warmup + measure);
     let deadline = until + config.drain_timeout;
     let mut tasks = JoinSet::new();
-    for _ in 0..clients {
-        let (client, url, body) = (client.clone(), config.url.clone(), body.clone());
+    for i in 0..clients {
+        let (client, url, body) = (client.clone(), config.url_for(i).to_owned(), body.clone());
         tasks.spawn(async move {
             let mut served = Vec::new();
             while Instant::now() < until {

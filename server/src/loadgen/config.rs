@@ -121,6 +121,19 @@ pub struct BenchConfig {
     /// The share of requests each tenant sends (`None`: no key and no
     /// tenant sent).
     pub tenants: Option<TenantMix>,
+    /// More frontends of the same pool (completions URLs): the requests are
+    /// spread over `url` and these in turn (a client-side load balancer).
+    pub also: Vec<String>,
+}
+
+impl BenchConfig {
+    /// Where the `i`-th request (or closed-loop client) goes.
+    pub fn url_for(&self, i: usize) -> &str {
+        match i % (1 + self.also.len()) {
+            0 => &self.url,
+            k => &self.also[k - 1],
+        }
+    }
 }
 
 impl BenchConfig {
@@ -145,6 +158,7 @@ impl BenchConfig {
             progress: !args.json,
             mix: args.mix,
             tenants: args.tenants.clone(),
+            also: Vec::new(),
         })
     }
 }
@@ -187,6 +201,7 @@ impl StormConfig {
             progress: false,
             mix: None,
             tenants: None,
+            also: Vec::new(),
         };
         Ok(Some(StormConfig {
             request,

@@ -105,7 +105,7 @@ pub async fn run_bench(config: &BenchConfig) -> anyhow::Result<BenchReport> {
                     by_tenant[tenant].sent += 1;
                 }
                 let request = Request {
-                    url: config.url.clone(),
+                    url: config.url_for(report.sent as usize).to_owned(),
                     body: body.clone(),
                     stream: config.stream,
                     class,

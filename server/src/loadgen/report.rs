@@ -361,6 +361,7 @@ pub(crate) fn report_for_test(
         progress: false,
         mix: None,
         tenants: None,
+        also: Vec::new(),
     };
     let ok = ttft.len();
     BenchReport {

@@ -28,7 +28,7 @@ mod publisher;
 pub(crate) mod sharing;
 mod subjects;
 
-pub(crate) use self::args::NatsArgs;
+pub(crate) use self::args::{EventPlaneKind, NatsArgs};
 pub(crate) use self::plane::{NatsPlane, Sharing};
 pub(crate) use self::publisher::{NatsLink, NatsPublisher};
 pub(crate) use self::subjects::Subjects;
