@@ -29,7 +29,8 @@ enum Verdict {
 }
 
 /// The documented layout, read directly: kind 4 = 32-byte nonce, 5 = nonce
-/// then mac, 6 = mac; 1..=3 are the load frames (not modelled here).
+/// then mac, 6 = mac; 1..=3 are the load frames and 7..=8 the frontends'
+/// (not modelled here).
 fn reference(bytes: &[u8]) -> Option<Verdict> {
     let fixed = |kind: u8| match kind {
         4 => Some(NONCE_LEN),
@@ -42,7 +43,8 @@ fn reference(bytes: &[u8]) -> Option<Verdict> {
     }
     let kind = bytes[1];
     let Some(want) = fixed(kind) else {
-        return if (1..=3).contains(&kind) { None } else { Some(Verdict::Refused(WireError::UnknownKind(kind))) };
+        let modelled_elsewhere = (1..=3).contains(&kind) || (7..=8).contains(&kind);
+        return if modelled_elsewhere { None } else { Some(Verdict::Refused(WireError::UnknownKind(kind))) };
     };
     if bytes.len() < HEADER_LEN {
         return Some(Verdict::NeedMore);
