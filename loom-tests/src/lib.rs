@@ -55,3 +55,19 @@ where
         started.elapsed().as_secs_f64()
     );
 }
+
+/// Applies both `reports` to `monitor` at once, each on a loom thread of its
+/// own; their outcomes, in order.
+pub fn apply_on_two_threads(
+    monitor: &Arc<loadgate::WorkerMonitor>,
+    reports: [loadgate::LoadReport; 2],
+) -> Vec<loadgate::monitor::Applied> {
+    let writers: Vec<_> = reports
+        .into_iter()
+        .map(|r| {
+            let monitor = monitor.clone();
+            loom::thread::spawn(move || monitor.apply(&r).unwrap())
+        })
+        .collect();
+    writers.into_iter().map(|w| w.join().unwrap()).collect()
+}

@@ -12,7 +12,7 @@ use loadgate::{
     monitor::{Applied, Publisher, Registered},
     BusyThresholds, LoadReport, MonitorConfig, Policy, RankLoad, RouteError, WorkerId, WorkerMonitor, WorkerRouter,
 };
-use loadgate_loom_tests::run_model_with;
+use loadgate_loom_tests::{apply_on_two_threads, run_model_with};
 use loom::thread;
 
 const MODEL: &str = "m";
@@ -346,18 +346,6 @@ fn expire_stale_counts_the_bits_it_flipped() {
         let parity = usize::from(!end ^ (applied == Applied::Flipped));
         assert_eq!(flips % 2, parity, "expiry returned {flips}; busy -> {end}, A {applied:?}");
     });
-}
-
-/// Applies the two reports at once, one thread each; their outcomes in order.
-fn apply_on_two_threads(monitor: &Arc<WorkerMonitor>, reports: [LoadReport; 2]) -> Vec<Applied> {
-    let writers: Vec<_> = reports
-        .into_iter()
-        .map(|r| {
-            let monitor = monitor.clone();
-            thread::spawn(move || monitor.apply(&r).unwrap())
-        })
-        .collect();
-    writers.into_iter().map(|w| w.join().unwrap()).collect()
 }
 
 const STALENESS: Duration = Duration::from_secs(3);

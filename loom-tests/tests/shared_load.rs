@@ -9,8 +9,7 @@ use std::sync::Arc;
 
 use loadgate::monitor::{Publisher, SharedLoad};
 use loadgate::{BusyThresholds, LoadReport, MonitorConfig, RankLoad, WorkerMonitor};
-use loadgate_loom_tests::run_model_with;
-use loom::thread;
+use loadgate_loom_tests::{apply_on_two_threads, run_model_with};
 
 const MODEL: &str = "m";
 
@@ -38,16 +37,7 @@ fn monitor(tracked: i64) -> Arc<WorkerMonitor> {
 /// Applies both publications on two threads, then checks the published
 /// bit (the set and the mirror agree) against `busy`.
 fn race(monitor: &Arc<WorkerMonitor>, reports: [LoadReport; 2], busy: bool) {
-    let writers: Vec<_> = reports
-        .into_iter()
-        .map(|r| {
-            let monitor = monitor.clone();
-            thread::spawn(move || monitor.apply(&r).unwrap())
-        })
-        .collect();
-    for w in writers {
-        w.join().unwrap();
-    }
+    apply_on_two_threads(monitor, reports);
     let (_, set) = monitor.busy_set(MODEL).expect("model known");
     assert_eq!(set.is_busy(0), busy, "published bit");
     assert_eq!(monitor.workers()[0].busy, busy, "mirror");
