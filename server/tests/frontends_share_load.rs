@@ -163,7 +163,7 @@ async fn three_frontends_admitting_at_once_stay_within_the_lease_bound_and_not_s
         count(&statuses, 200),
         count(&statuses, 529)
     );
-    let (sum, statuses) = round(&["--frontend-lease", "false"], true).await;
+    let (sum, statuses) = round(&["--share-lease", "false"], true).await;
     eprintln!("sum, no lease: peak {sum:.2} x; {} x 200, {} x 529", count(&statuses, 200), count(&statuses, 529));
     let (leased, statuses) = round(&[], true).await;
     eprintln!("sum and lease: peak {leased:.2} x; {} x 200, {} x 529", count(&statuses, 200), count(&statuses, 529));
@@ -234,35 +234,10 @@ async fn storm(scope: &str) -> serde_json::Value {
     for fe in &fes {
         fe.wait_workers(2, Duration::from_secs(10)).await;
     }
-    let also = format!("{},{}", fes[1].http, fes[2].http);
-    let args = [
-        "bench",
-        "--url",
-        &fes[0].http,
-        "--also-url",
-        &also,
-        "--model",
-        "storm-model",
-        "--retry-storm",
-        "200",
-        "--prompt-tokens",
-        "64",
-        "--output-tokens",
-        "20",
-        "--duration",
-        "10",
-        "--drain-timeout",
-        "2",
-        "--request-timeout",
-        "5",
-        "--max-attempts",
-        "40",
-        "--json",
-    ];
-    let (_bench, line) =
-        tokio::task::block_in_place(|| common::spawn_within("bench", &args, &[], Duration::from_secs(14)));
-    eprintln!("retry storm over three frontends, hint scope {scope}: {line}");
-    serde_json::from_str(&line).unwrap_or_else(|e| panic!("bench --json: {e}: {line}"))
+    let urls: Vec<&str> = fes.iter().map(|fe| fe.http.as_str()).collect();
+    let summary = common::retry_storm(&urls, "storm-model", "200", "10", Duration::from_secs(14));
+    eprintln!("retry storm over three frontends, hint scope {scope}: {summary}");
+    summary
 }
 
 /// The pool-wide hint against each frontend's own, same run: both end

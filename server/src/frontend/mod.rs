@@ -202,7 +202,7 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
             SharedLoad {
                 frontends: args.sharing.max_frontends,
                 staleness: args.sharing.staleness(),
-                lease: args.sharing.frontend_lease,
+                lease: args.sharing.share_lease,
             }
         } else {
             SharedLoad::default()

@@ -5,7 +5,7 @@
 //! handshake of spec section 2 or not ([`event_conn`]), the request proof
 //! ([`proof`]), a fake worker that counts what it receives
 //! ([`fake_worker`]), one that reports a full KV cache ([`busy_worker`]),
-//! signals, metrics and load ([`faults`]), and a `nats-server` ([`nats`]). Every item
+//! signals, metrics and load ([`faults`]), a `nats-server` ([`nats`]) and a retry storm ([`storm`]). Every item
 //! is re-exported here, so tests name it `common::X`.
 //!
 //! Every wait here is bounded in time; every socket has a timeout.
@@ -22,6 +22,7 @@ mod faults;
 mod nats;
 mod procs;
 mod proof;
+mod storm;
 
 // A test binary that uses nothing of a submodule would warn of its re-export.
 #[allow(unused_imports)]
@@ -40,6 +41,8 @@ pub use nats::*;
 pub use procs::*;
 #[allow(unused_imports)]
 pub use proof::*;
+#[allow(unused_imports)]
+pub use storm::*;
 
 use std::time::Duration;
 

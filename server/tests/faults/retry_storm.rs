@@ -84,33 +84,8 @@ async fn warm_up(frontend: &Frontend) {
 /// Runs the storm against a fresh pool in `mode`; the bench's `--json` summary.
 async fn storm(mode: &str) -> Value {
     let pool = pool(mode).await;
-    let url = pool.frontend.http.clone();
-    let args = [
-        "bench",
-        "--url",
-        &url,
-        "--model",
-        MODEL,
-        "--retry-storm",
-        CLIENTS,
-        "--prompt-tokens",
-        "64",
-        "--output-tokens",
-        "20",
-        "--duration",
-        STORM_SECS,
-        "--drain-timeout",
-        "2",
-        "--request-timeout",
-        "5",
-        "--max-attempts",
-        "40",
-        "--json",
-    ];
-    // `--json` prints one line, at the end: the first stdout line.
-    let (_bench, line) = tokio::task::block_in_place(|| common::spawn_within("bench", &args, &[], BENCH_WITHIN));
-    let summary: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("bench --json: {e}: {line}"));
-    eprintln!("retry storm, {mode}: {line}");
+    let summary = common::retry_storm(&[&pool.frontend.http], MODEL, CLIENTS, STORM_SECS, BENCH_WITHIN);
+    eprintln!("retry storm, {mode}: {summary}");
     summary
 }
 

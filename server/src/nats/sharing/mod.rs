@@ -10,7 +10,7 @@
 //!
 //! - [`changes`]: the requests' tracking notes which (worker, rank) changed;
 //! - [`publish`]: the own side, publishing each change at once and every
-//!   non-zero load again with a beat every `--frontend-heartbeat-ms`;
+//!   non-zero load again with a beat every `--share-heartbeat-ms`;
 //! - [`peers`]: the other frontends, each given one of `--max-frontends`
 //!   monitor slots, dropped three heartbeats after its last frame.
 
@@ -34,14 +34,14 @@ pub(crate) struct SharingArgs {
     pub(crate) max_frontends: u16,
     /// Milliseconds between this frontend's beats (and re-publications of its load); another
     /// frontend's load stops counting three beats after its last frame.
-    #[arg(long, env = "LOADGATE_FRONTEND_HEARTBEAT_MS", value_name = "MS", default_value_t = 200, value_parser = crate::flag_limits::ms(10))]
-    pub(crate) frontend_heartbeat_ms: u64,
+    #[arg(long, env = "LOADGATE_FRONTEND_SHARE_HEARTBEAT_MS", value_name = "MS", default_value_t = 200, value_parser = crate::flag_limits::ms(10))]
+    pub(crate) share_heartbeat_ms: u64,
     /// The lease: what this frontend adds to a worker before the other frontends have seen it
     /// (its publication back from NATS) stays within its 1/k share of the headroom everyone has
     /// seen (k live frontends), so k frontends admitting at once overshoot a threshold by at most k
     /// requests. `false`: the sum alone (k frontends admitting at once can overshoot up to k times).
-    #[arg(long, env = "LOADGATE_FRONTEND_LEASE", value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
-    pub(crate) frontend_lease: bool,
+    #[arg(long, env = "LOADGATE_FRONTEND_SHARE_LEASE", value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub(crate) share_lease: bool,
     /// Whose figures the computed retry hint works from, sharing load: `pool` (every live
     /// frontend's requests in flight and waiting, from their beats) or `frontend` (this one's
     /// alone, as without sharing).
@@ -61,7 +61,7 @@ pub(crate) enum HintScope {
 impl SharingArgs {
     /// The beat period.
     pub(crate) fn heartbeat(&self) -> Duration {
-        Duration::from_millis(self.frontend_heartbeat_ms)
+        Duration::from_millis(self.share_heartbeat_ms)
     }
 
     /// How long another frontend's publication counts: three beats.
