@@ -1,12 +1,14 @@
 //! An axum router embedding loadgate. Two workers serve "llama"; load
 //! reports mark them busy; a request is routed around busy workers (529 when
-//! all are, 503 for a model with no worker, 404 for an unknown one) and then
-//! waits in its worker's gate (`N = 1` running, `Q = 2` waiting) for a slot
-//! that it holds until its SSE stream ends or the client goes away.
+//! all are, 503 for a model with no worker, 404 for an unknown one, each
+//! counted on `/metrics`) and then waits in its worker's gate (`N = 1`
+//! running, `Q = 2` waiting) for a slot that it holds until its SSE stream
+//! ends or the client goes away.
 //!
-//! Run: `cargo run --example axum_router --features axum`, then
-//! `curl -N localhost:3000/v1/chat/completions -d '{"model":"llama"}'` and
-//! `curl -X POST localhost:3000/load/1/90` (worker 1: 90 of 100 KV blocks).
+//! Run: `cargo run --example axum_router --features axum,prometheus`, then
+//! `curl -N localhost:3000/v1/chat/completions -d '{"model":"llama"}'`,
+//! `curl -X POST localhost:3000/load/1/90` (worker 1: 90 of 100 KV blocks)
+//! and `curl localhost:3000/metrics`.
 
 use std::{collections::HashMap, convert::Infallible, sync::Arc, time::Duration};
 
@@ -14,15 +16,17 @@ use axum::extract::{FromRef, Path, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event, Sse};
 use axum::response::IntoResponse;
-use axum::routing::post;
+use axum::routing::{get, post};
 use futures_util::stream::{self, StreamExt};
-use loadgate::*;
+use loadgate::{metrics::RejectionMetrics, *};
 
-/// The service's state; each field is an extractor's `State`.
+/// The service's state; each field is an extractor's `State` (the derive
+/// needs axum's `macros` feature).
 #[derive(Clone, FromRef)]
 pub struct App {
     pub router: WorkerRouter,
     pub retry_after: RetryAfter,
+    pub metrics: Exposition,
     pub gates: Arc<HashMap<WorkerId, Arc<Admission<()>>>>,
 }
 
@@ -32,25 +36,28 @@ pub fn app() -> (axum::Router, App) {
     let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).expect("default config"));
     let mut gates = HashMap::new();
     for worker in [1, 2] {
-        monitor.register(worker, "llama", 1, 0).expect("a new worker");
+        monitor.register_worker(Registration::new(worker, "llama")).expect("a new worker");
         gates.insert(worker, Admission::new(1, 2).expect("N = 1, Q = 2"));
     }
     let busy = BusyThresholds { active_decode_blocks_threshold: Some(0.85), ..Default::default() };
     monitor.set_thresholds("llama", busy).expect("a valid threshold");
     monitor.add_model("empty");
+    let rejections = Arc::new(RejectionMetrics::default()); // `Routed` counts its 529s here
+    let metrics = Exposition::frontend(rejections.clone(), monitor.clone());
     let router = WorkerRouter::new(monitor, Policy::RoundRobin);
-    let app = App { router, retry_after: RetryAfter::fixed(Duration::from_secs(2)), gates: Arc::new(gates) };
-    let http =
-        axum::Router::new().route("/v1/chat/completions", post(chat)).route("/load/{worker}/{blocks}", post(load));
+    let app = App { router, retry_after: RetryAfter::default(), metrics, gates: Arc::new(gates) };
+    let http = axum::Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/load/{worker}/{blocks}", post(load))
+        .route("/metrics", get(web::metrics))
+        .layer(axum::Extension(rejections));
     (http.with_state(app.clone()), app)
 }
 
 /// A worker's load report: `blocks` of its 100 KV blocks are in use.
 async fn load(State(app): State<App>, Path((worker, blocks)): Path<(WorkerId, u32)>) -> StatusCode {
     let load = RankLoad { active_decode_blocks: blocks, kv_total_blocks: 100, ..Default::default() };
-    let seq = std::time::UNIX_EPOCH.elapsed().map_or(0, |t| t.as_nanos() as u64);
-    let report = LoadReport { worker, seq, load, ..Default::default() };
-    match app.router.monitor().apply(&report) {
+    match app.router.monitor().reporter(worker).and_then(|worker| worker.report(load)) {
         Ok(_) => StatusCode::NO_CONTENT,
         Err(_) => StatusCode::NOT_FOUND,
     }
@@ -61,8 +68,7 @@ async fn load(State(app): State<App>, Path((worker, blocks)): Path<(WorkerId, u3
 async fn chat(State(app): State<App>, to: Routed) -> Result<impl IntoResponse, Refusal> {
     let request: serde_json::Value = serde_json::from_slice(&to.body).unwrap_or_default();
     let max_tokens = request["max_tokens"].as_u64().unwrap_or(5);
-    let admitted = app.gates[&to.worker].admit(()).await;
-    let ((), permit) = admitted.map_err(|refused| Refusal::from(refused).retry_after(app.retry_after.get()))?;
+    let ((), permit) = app.gates[&to.worker].admit(()).await.map_err(Refusal::from)?;
     let tokens = stream::iter(0..max_tokens).then(move |i| async move {
         tokio::time::sleep(Duration::from_millis(100)).await;
         Ok::<_, Infallible>(Event::default().data(format!("token {i} from worker {}", to.worker)))

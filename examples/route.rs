@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use loadgate::{
-    monitor::Publisher, Admission, Admitted, BusyThresholds, LoadReport, Migration, MonitorConfig, Policy, RankLoad,
-    Rejection, RouteError, WorkerMonitor, WorkerRouter,
+    Admission, Admitted, BusyThresholds, Migration, MonitorConfig, Policy, RankLoad, Registration, Rejection,
+    RouteError, WorkerMonitor, WorkerRouter,
 };
 
 const MODEL: &str = "llama-3-8b";
@@ -16,19 +16,16 @@ const MODEL: &str = "llama-3-8b";
 fn main() {
     let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).expect("valid config"));
     for worker in 1..=4 {
-        monitor.register(worker, MODEL, 2, 0).expect("registers"); // 2 data-parallel ranks each
+        monitor.register_worker(Registration::new(worker, MODEL).dp_size(2)).expect("registers");
     }
     let thresholds = BusyThresholds { active_decode_blocks_threshold: Some(0.85), ..Default::default() };
     monitor.set_thresholds(MODEL, thresholds).expect("valid thresholds");
     let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
     println!("4 workers x 2 ranks, decode threshold 0.85 (busy when more than 85 of 100 blocks are in use)\n");
 
-    let mut seq = 0;
-    let mut report = |worker, rank, blocks| {
-        seq += 1;
+    let report = |worker, rank, blocks| {
         let load = RankLoad { active_decode_blocks: blocks, kv_total_blocks: 100, ..Default::default() };
-        let applied =
-            monitor.apply(&LoadReport { worker, incarnation: 0, rank, publisher: Publisher::Worker, seq, load });
+        let applied = monitor.reporter(worker).and_then(|worker| worker.report_rank(rank, load));
         println!("  report worker {worker} rank {rank}: {blocks:>3}/100 blocks -> {:?}", applied.expect("registered"));
     };
     let route = |label: &str| {

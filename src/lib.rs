@@ -24,13 +24,13 @@
 //!
 //! | you write | use |
 //! |---|---|
-//! | the frontend's registry and load intake | [`WorkerMonitor`], [`MonitorConfig`], [`BusyThresholds`], [`LoadReport`], [`RankLoad`] |
+//! | the frontend's registry and load intake | [`WorkerMonitor`], [`MonitorConfig`], [`BusyThresholds`], [`Registration`] (`register_worker`), [`Reporter`] (`monitor.reporter(worker)`: numbered reports), [`LoadReport`], [`RankLoad`] |
 //! | routing | [`WorkerRouter`] (below: which handle), [`Policy`], [`RouteError`] |
 //! | retry on another worker | [`Migration`] (`run` blocking, `run_async` awaited), [`MigrationError`] |
 //! | a worker's hard cap | [`Admission`], [`Permit`], [`PermitStream`]; [`Admitted`] and [`Rejected`] for `try_admit` |
-//! | the HTTP answer of a refusal | [`Rejection`]; with `tower`: `Refusal`, `RetryAfter`, `AdmissionLayer`, `PermitBody`; with `axum`: `IntoResponse` for all of them and the `Routed` extractor |
+//! | the HTTP answer of a refusal | [`Rejection`], `openai_error` (the bodies; feature `openai-error`, pulled by `tower`), [`retry_hint`] (`Retry-After` from the drain rate); with `tower`: `Refusal`, `RetryAfter`, `AdmissionLayer`, `PermitBody`; with `axum`: `IntoResponse` for all of them and the `Routed` extractor |
 //! | a client that backs off | [`RetryPolicy`] |
-//! | Prometheus metrics | `metrics` (feature `prometheus`): register into your `Registry`; `MetricsFormat` answers each scraper in OpenMetrics or the 0.0.4 text format |
+//! | Prometheus metrics | `metrics` (feature `prometheus`): register into your `Registry`; `MetricsFormat` answers each scraper in OpenMetrics or the 0.0.4 text format; with `axum` too, `web::metrics`, a ready `/metrics` handler, and `Exposition` |
 //! | load from vLLM's, SGLang's or llama.cpp's own `/metrics` (and `/slots`) | `engines` (feature `engines`): `engines::snapshot` per scrape |
 //! | the event plane or `/busy_threshold` codecs | `wire` (feature `wire`), `patch` (feature `threshold-api`) |
 //!
@@ -38,6 +38,14 @@
 //! environment constants) is in the modules: [`admission`], [`monitor`],
 //! [`thresholds`], [`route`], [`rejection`], [`migration`], [`backoff`].
 //! Background reading is in [`docs`].
+//!
+//! **Sharing:** constructors return the value itself (only
+//! [`Admission::new`] returns an `Arc`, since each permit keeps its gate
+//! alive), and every call that keeps a shared value takes it as
+//! `impl Into<Arc<T>>` (`WorkerRouter::new`, `RejectionMetrics::register`'s
+//! monitor, `AdmissionLayer::new`, …: pass the value, or a clone of the
+//! `Arc` you keep) or, when it keeps its receiver, as `self: &Arc<Self>`
+//! (`WorkerMonitor::reporter`, the metrics' `register`).
 //!
 //! ## Which routing handle
 //!
@@ -63,17 +71,18 @@
 //! use loadgate::*;
 //!
 //! let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
-//! // Worker id, model, data-parallel size, incarnation (picked at the worker's start).
-//! monitor.register(1, "llama", 1, 100).unwrap();
-//! monitor.register(2, "llama", 1, 200).unwrap();
+//! // The incarnation is picked at the worker's start (a restart picks a new one).
+//! monitor.register_worker(Registration::new(1, "llama").dp_size(1).incarnation(100)).unwrap();
+//! monitor.register_worker(Registration::new(2, "llama").incarnation(200)).unwrap();
 //! monitor
 //!     .set_thresholds("llama", BusyThresholds { active_decode_blocks_threshold: Some(0.85), ..Default::default() })
 //!     .unwrap();
 //! let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
 //!
-//! // Worker 1 fills its KV cache: 90 of 100 blocks.
+//! // Worker 1 fills its KV cache: 90 of 100 blocks (an in-process report;
+//! // the event plane's come numbered, through `monitor.apply(&LoadReport { .. })`).
 //! let full = RankLoad { active_decode_blocks: 90, kv_total_blocks: 100, ..Default::default() };
-//! monitor.apply(&LoadReport { worker: 1, incarnation: 100, seq: 1, load: full, ..Default::default() }).unwrap();
+//! monitor.reporter(1).unwrap().report(full).unwrap();
 //! assert_eq!(router.route("llama", &[]), Ok(2)); // routed around the busy worker
 //!
 //! monitor.apply(&LoadReport { worker: 2, incarnation: 200, seq: 1, load: full, ..Default::default() }).unwrap();
@@ -87,8 +96,8 @@
 //! # drop(running);
 //! ```
 //!
-//! An axum service that routes, sheds and streams in under 80 lines is
-//! `examples/axum_router.rs`.
+//! An axum service that routes, sheds, streams and serves `/metrics` in
+//! under 90 lines is `examples/axum_router.rs`.
 //!
 //! # Growing without breaking
 //!
@@ -119,11 +128,14 @@ mod load;
 pub mod metrics;
 pub mod migration;
 pub mod monitor;
+#[cfg(feature = "openai-error")]
+pub mod openai_error;
 mod padded;
 #[cfg(feature = "threshold-api")]
 #[cfg_attr(docsrs, doc(cfg(feature = "threshold-api")))]
 pub mod patch;
 pub mod rejection;
+pub mod retry_hint;
 pub mod route;
 mod sync;
 pub mod tenant;
@@ -142,12 +154,14 @@ pub use class::{Class, PerClass};
 pub use headroom::HeadroomError;
 pub use load::{LoadReport, RankLoad, WorkerId};
 pub use migration::{Migration, MigrationError};
-pub use monitor::{MonitorConfig, WorkerMonitor};
+pub use monitor::{MonitorConfig, Registration, Reporter, WorkerMonitor};
 pub use rejection::Rejection;
 pub use route::{LocalRouter, ModelRouter, Policy, RouteError, WorkerRouter};
 pub use tenant::Tenant;
 pub use thresholds::BusyThresholds;
 pub use waiting::{LineLimits, Ticket, Wait, WaitError};
+#[cfg(all(feature = "axum", feature = "prometheus"))]
+pub use web::Exposition;
 #[cfg(feature = "axum")]
 pub use web::Routed;
 #[cfg(feature = "tower")]

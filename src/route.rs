@@ -155,9 +155,10 @@ impl RoutedModel {
 }
 
 impl WorkerRouter {
-    /// A router over `monitor`'s workers using `policy`.
-    pub fn new(monitor: Arc<WorkerMonitor>, policy: Policy) -> Self {
-        WorkerRouter { monitor, policy, models: Arc::default(), headroom: None }
+    /// A router over `monitor`'s workers using `policy`: pass the monitor
+    /// or a clone of the `Arc` you keep it in.
+    pub fn new(monitor: impl Into<Arc<WorkerMonitor>>, policy: Policy) -> Self {
+        WorkerRouter { monitor: monitor.into(), policy, models: Arc::default(), headroom: None }
     }
 
     /// This router with `fraction` of each busy threshold kept from

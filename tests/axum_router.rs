@@ -1,5 +1,6 @@
-//! Runs `examples/axum_router.rs` on a real socket: the statuses and bodies
-//! of shedding, and a permit that lasts exactly as long as its SSE body.
+//! Runs `examples/axum_router.rs` on a real socket: the statuses, hints and
+//! bodies of shedding, its `/metrics`, and a permit that lasts exactly as
+//! long as its SSE body.
 
 #[allow(dead_code)] // its `main`
 #[path = "../examples/axum_router.rs"]
@@ -34,6 +35,14 @@ async fn chat_tokens(base: &str, model: &str, max_tokens: u64) -> reqwest::Respo
     client().post(format!("{base}/v1/chat/completions")).body(body).send().await.unwrap()
 }
 
+/// The default hint ([`loadgate::retry_hint::default_retry_after`]): 1 s
+/// to 2 s, rounded up to whole seconds in `retry-after`.
+fn assert_default_hint(response: &reqwest::Response) {
+    let header = |name| response.headers()[name].to_str().unwrap().parse::<u64>().unwrap();
+    let (secs, ms) = (header("retry-after"), header("retry-after-ms"));
+    assert!((1000..=2000).contains(&ms) && secs == ms.div_ceil(1000), "{secs} s, {ms} ms");
+}
+
 async fn error_of(response: reqwest::Response) -> Value {
     assert_eq!(response.headers()["content-type"], "application/json");
     response.json::<Value>().await.unwrap()
@@ -53,18 +62,19 @@ async fn sheds_with_proper_statuses_and_bodies() {
     let (base, _app) = serve().await;
     let unknown = chat(&base, "gpt-9").await;
     assert_eq!(unknown.status(), 404);
-    let body = error_of(unknown).await;
-    assert_eq!(body["error"]["type"], "NotFound");
-    assert_eq!(body["error"]["code"], 404);
+    assert!(!unknown.headers().contains_key("retry-after"));
+    // The `loadgate` binary's 404, byte for byte.
+    assert_eq!(unknown.text().await.unwrap(), loadgate::openai_error::unknown_model(Some("gpt-9")));
 
     let empty = chat(&base, "empty").await;
     assert_eq!(empty.status(), 503);
-    assert_eq!(empty.headers()["retry-after"], "2");
+    assert_default_hint(&empty);
     assert_eq!(error_of(empty).await["error"]["type"], "Unavailable");
 
     let bad = client().post(format!("{base}/v1/chat/completions")).body("{}").send().await.unwrap();
     assert_eq!(bad.status(), 400);
-    assert_eq!(error_of(bad).await["error"]["code"], 400);
+    let body = error_of(bad).await;
+    assert_eq!((body["error"]["code"].as_u64(), body["error"]["param"].as_str()), (Some(400), Some("model")));
 
     // Both workers report 90 of 100 blocks: past 0.85, every worker is busy.
     for worker in [1, 2] {
@@ -74,8 +84,7 @@ async fn sheds_with_proper_statuses_and_bodies() {
     assert_eq!(client().post(format!("{base}/load/7/90")).send().await.unwrap().status(), 404);
     let shed = chat(&base, "llama").await;
     assert_eq!(shed.status(), 529);
-    assert_eq!(shed.headers()["retry-after"], "2");
-    assert_eq!(shed.headers()["retry-after-ms"], "2000");
+    assert_default_hint(&shed);
     let body = error_of(shed).await;
     assert_eq!(
         body,
@@ -125,7 +134,7 @@ async fn the_permit_lasts_until_the_sse_body_ends_or_the_client_leaves() {
     eventually("two requests wait", || gate.queued() == 2).await;
     let refused = chat(&base, "llama").await;
     assert_eq!(refused.status(), 529);
-    assert_eq!(refused.headers()["retry-after"], "2");
+    assert_default_hint(&refused);
     assert_eq!(error_of(refused).await["error"]["message"], "Server overloaded: worker at capacity");
 
     // The client goes away mid-stream: its slot passes to the oldest waiter.
@@ -151,6 +160,35 @@ async fn the_permit_lasts_until_the_sse_body_ends_or_the_client_leaves() {
         drop(body); // disconnects mid-stream
     }
     eventually("every disconnected stream releases its slot", || gate.running() == 0 && gate.queued() == 0).await;
+}
+
+/// `/metrics` answers each scraper in its format, with the example's 529s
+/// (counted by `Routed`) and the workers' reported load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_the_overloads_in_the_scrapers_format() {
+    let (base, _app) = serve().await;
+    for worker in [1, 2] {
+        client().post(format!("{base}/load/{worker}/90")).send().await.unwrap();
+    }
+    for _ in 0..3 {
+        assert_eq!(chat(&base, "llama").await.status(), 529);
+    }
+    let scrape = |accept: &'static str| {
+        let request = client().get(format!("{base}/metrics"));
+        async move { request.header("accept", accept).send().await.unwrap() }
+    };
+    let classic = scrape("text/plain").await;
+    assert_eq!(classic.headers()["content-type"], "text/plain; version=0.0.4; charset=utf-8");
+    assert_eq!(classic.headers()["vary"], "Accept");
+    let text = classic.text().await.unwrap();
+    let rejected = r#"dynamo_frontend_model_rejection_total{model="llama",endpoint="chat_completions"} 3"#;
+    assert!(text.lines().any(|l| l == rejected), "{text}");
+    assert!(text.contains(r#"dynamo_frontend_worker_active_decode_blocks{worker_id="1",dp_rank="0"} 90"#), "{text}");
+    assert!(!text.contains("# EOF"));
+    let openmetrics = scrape("application/openmetrics-text;version=1.0.0,text/plain;q=0.5").await;
+    assert_eq!(openmetrics.headers()["content-type"], "application/openmetrics-text; version=1.0.0; charset=utf-8");
+    let text = openmetrics.text().await.unwrap();
+    assert!(text.lines().any(|l| l == rejected) && text.ends_with("# EOF\n"), "{text}");
 }
 
 async fn long_chat(base: String) -> reqwest::Response {

@@ -133,19 +133,119 @@ async fn rejection_types_answer_with_status_and_openai_body() {
     let cases = [
         (RouteError::Overloaded.into_response(), 529, "Overloaded"),
         (RouteError::Unavailable.into_response(), 503, "Unavailable"),
-        (RouteError::UnknownModel.into_response(), 404, "NotFound"),
+        (RouteError::UnknownModel.into_response(), 404, "invalid_request_error"),
         (Rejection::WorkerOverloaded.into_response(), 529, "Overloaded"),
         (MigrationError::Exhausted.into_response(), 529, "Overloaded"),
-        (MigrationError::Route(RouteError::UnknownModel).into_response(), 404, "NotFound"),
+        (MigrationError::Route(RouteError::UnknownModel).into_response(), 404, "invalid_request_error"),
     ];
     for (response, status, kind) in cases {
         assert_eq!(response.status(), status);
-        assert!(!response.headers().contains_key("retry-after"), "no hint was given");
+        if status == 404 {
+            assert!(!response.headers().contains_key("retry-after"), "no hint for an unknown model");
+        } else {
+            // No hint was given: the default one, 1 s to 2 s.
+            let ms: u64 = response.headers()["retry-after-ms"].to_str().unwrap().parse().unwrap();
+            assert!((1000..=2000).contains(&ms), "{ms}");
+        }
         let body = response.into_body().collect().await.unwrap().to_bytes();
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(json["error"]["type"], kind);
         assert_eq!(json["error"]["code"], status);
     }
+}
+
+/// A layer given no hint refuses with the default one; a computed hint
+/// asks its `RetryHint` with the caller's in-flight count at each refusal.
+#[tokio::test]
+async fn hints_default_and_computed() {
+    use loadgate::retry_hint::{RetryHint, MIN_RETRY_AFTER};
+
+    let gate = Admission::new(1, 2).unwrap();
+    let app = axum::Router::new().route("/generate", get(|| async { "ok" })).layer(AdmissionLayer::new(gate.clone()));
+    let Ok(loadgate::Admitted::Now((), held)) = gate.try_admit(()) else { panic!("a slot was free") };
+    let waiting: Vec<_> = (0..2).map(|_| tokio::spawn(app.clone().oneshot(request()))).collect();
+    while gate.queued() < 2 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let refused = app.oneshot(request()).await.unwrap();
+    assert_eq!(refused.status(), 529);
+    let ms: u64 = refused.headers()["retry-after-ms"].to_str().unwrap().parse().unwrap();
+    assert!((1000..=2000).contains(&ms), "the default hint: {ms} ms");
+    drop(held);
+    for waiter in waiting {
+        assert_eq!(waiter.await.unwrap().unwrap().status(), 200);
+    }
+
+    let hint = Arc::new(RetryHint::computed());
+    hint.finished(Duration::from_millis(100));
+    let in_flight = Arc::new(AtomicU64::new(10));
+    let computed = RetryAfter::computed(hint.clone(), {
+        let in_flight = in_flight.clone();
+        move || in_flight.load(Ordering::Relaxed)
+    });
+    // 10 in flight at 100 ms: 10 ms slots after the 1 s floor, one per refusal.
+    let burst: Vec<Duration> = (0..50).map(|_| computed.get()).collect();
+    assert!(burst.iter().all(|h| *h >= MIN_RETRY_AFTER), "{burst:?}");
+    assert!(burst[49] > burst[0] + Duration::from_millis(400), "spread over the slots: {burst:?}");
+    assert!(burst[49] < MIN_RETRY_AFTER + Duration::from_millis(520), "{burst:?}");
+    assert!(RetryAfter::default().get() >= MIN_RETRY_AFTER);
+}
+
+/// `loadgate::web::metrics` serves the state's `Exposition` in the format
+/// each scraper asks for, with the embedder's own families beside loadgate's.
+#[tokio::test]
+async fn the_metrics_handler_answers_each_scraper_in_its_format() {
+    use loadgate::metrics::{Endpoint, RejectionMetrics};
+    use loadgate::{Exposition, MonitorConfig, Registration, WorkerMonitor};
+    use prometheus_client::metrics::counter::Counter;
+
+    let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
+    monitor.register_worker(Registration::new(3, "llama").dp_size(2)).unwrap();
+    let load = loadgate::RankLoad { active_decode_blocks: 5, kv_total_blocks: 8, ..Default::default() };
+    monitor.reporter(3).unwrap().report_rank(1, load).unwrap();
+    let rejections = Arc::new(RejectionMetrics::default());
+    rejections.record("llama", Endpoint::Completions, []);
+    let mut registry = prometheus_client::registry::Registry::default();
+    let requests = Counter::<u64>::default();
+    requests.inc();
+    registry.register("app_requests", "Requests served", requests);
+    rejections.register(&mut registry, monitor.clone());
+    let app = axum::Router::new().route("/metrics", get(loadgate::web::metrics)).with_state(Exposition::new(registry));
+    let scrape = |accept: Option<&'static str>| {
+        let mut request = axum::http::Request::get("/metrics");
+        if let Some(accept) = accept {
+            request = request.header("accept", accept);
+        }
+        let app = app.clone();
+        async move {
+            let response = app.oneshot(request.body(Body::empty()).unwrap()).await.unwrap();
+            assert_eq!(response.status(), axum::http::StatusCode::OK);
+            assert_eq!(response.headers()["vary"], "Accept");
+            let content_type = response.headers()["content-type"].to_str().unwrap().to_owned();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (content_type, String::from_utf8(body.to_vec()).unwrap())
+        }
+    };
+    let lines = [
+        "app_requests_total 1",
+        r#"dynamo_frontend_model_rejection_total{model="llama",endpoint="completions"} 1"#,
+        r#"dynamo_frontend_worker_active_decode_blocks{worker_id="3",dp_rank="1"} 5"#,
+    ];
+    for accept in [None, Some("text/plain"), Some("*/*")] {
+        let (content_type, text) = scrape(accept).await;
+        assert_eq!(content_type, "text/plain; version=0.0.4; charset=utf-8", "{accept:?}");
+        assert!(text.contains("# TYPE app_requests_total counter\n") && !text.contains("# EOF"), "{text}");
+        assert!(lines.iter().all(|line| text.lines().any(|l| l == *line)), "{text}");
+    }
+    let (content_type, text) = scrape(Some("application/openmetrics-text;version=1.0.0;q=0.9,*/*;q=0.1")).await;
+    assert_eq!(content_type, "application/openmetrics-text; version=1.0.0; charset=utf-8");
+    assert!(text.contains("# TYPE app_requests counter\n") && text.ends_with("# EOF\n"), "{text}");
+    assert!(lines.iter().all(|line| text.lines().any(|l| l == *line)), "{text}");
+
+    // The frontend's families alone, from the same `Arc`s.
+    let alone = Exposition::frontend(rejections, monitor);
+    assert!(!alone.render(loadgate::metrics::MetricsFormat::Prometheus).contains("app_requests"));
+    assert!(alone.render(loadgate::metrics::MetricsFormat::OpenMetrics).contains(lines[1]));
 }
 
 /// The state a `Routed` handler needs.
@@ -222,6 +322,15 @@ async fn routed_counts_its_overloads_in_the_extensions_rejection_metrics() {
     assert_eq!(post(&counted, "/v1/completions", json!({"model": "empty"})).await, 503);
     assert_eq!(post(&counted, "/v1/completions", json!({"model": "gpt-9"})).await, 404);
     assert_eq!(post(&counted, "/v1/completions", json!({})).await, 400);
+    // Their bodies are the `loadgate` binary's, byte for byte.
+    for (body, expected) in [
+        (json!({"model": "gpt-\"9\""}), loadgate::openai_error::unknown_model(Some("gpt-\"9\""))),
+        (json!({"model": ""}), loadgate::openai_error::invalid_model()),
+    ] {
+        let request = axum::http::Request::post("/v1/completions").body(Body::from(body.to_string())).unwrap();
+        let response = counted.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), expected);
+    }
     assert_eq!(metrics.total("empty", Endpoint::Completions) + metrics.total("gpt-9", Endpoint::Completions), 0);
 
     // The exposition a `/metrics` handler writes from the same `Arc`.
@@ -272,6 +381,7 @@ mod globs {
         Rejection,
         (LocalRouter, ModelRouter, Policy, RouteError, WorkerRouter, BusyThresholds),
         (Routed, AdmissionLayer, PermitBody<(), ()>, Refusal, RetryAfter),
+        (Registration<'static>, Reporter, Exposition),
     );
     type Modules = (
         admission::Admit<()>,
@@ -279,6 +389,8 @@ mod globs {
         metrics::RejectionMetrics,
         migration::Migration,
         monitor::Registered,
+        retry_hint::RetryHint,
+        web::Scrape,
         patch::ThresholdPatch,
         rejection::Rejection,
         route::CostFn,
@@ -290,5 +402,7 @@ mod globs {
     type Theirs = (Router, Json<()>, ServiceBuilder<layer::util::Identity>);
     const DOCS: () = {
         use docs::architecture as _;
+        use openai_error::body as _;
+        use web::metrics as _;
     };
 }

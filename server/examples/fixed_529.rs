@@ -1,6 +1,6 @@
 //! The reject-path baseline: a bare axum server that answers
 //! `POST /v1/chat/completions` with the frontend's overload reply, fixed:
-//! 529, `Retry-After: 1` and the same JSON body, without looking at the
+//! 529 with the reason phrase `Overloaded`, `Retry-After: 1` and the same JSON body, without looking at the
 //! request (it only reads the body, as the frontend's handler does).
 //!
 //! Served like the frontend (multi-threaded runtime, `TCP_NODELAY` on every
@@ -40,6 +40,8 @@ async fn overloaded(_body: Bytes) -> Response {
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     headers.insert("retry-after-ms", HeaderValue::from_static("1000"));
+    // The frontend's status line too: `HTTP/1.1 529 Overloaded`.
+    response.extensions_mut().insert(hyper::ext::ReasonPhrase::from_static(b"Overloaded"));
     response
 }
 

@@ -2,14 +2,16 @@
 //! `code` the status sent, `param` the field at fault or `null`) and the
 //! retry hint headers. Shared: the frontend's routes, the worker's, and the
 //! request-body reader both of them use (`http_server/body_budget.rs`)
-//! answer in this one shape.
+//! answer in this one shape, whose bodies the library writes
+//! (`loadgate::openai_error`): an embedder's `Refusal` and `Routed` answer
+//! with the same bytes.
 
 use std::time::Duration;
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use crate::openai::{error_body, InvalidRequest, INVALID_REQUEST_ERROR};
+use crate::openai::{InvalidRequest, INVALID_REQUEST_ERROR};
 
 /// `{"error":{"message","type","param":null,"code"}}` with `status`.
 pub fn openai_error(status: StatusCode, kind: &str, message: &str) -> Response {
@@ -19,7 +21,18 @@ pub fn openai_error(status: StatusCode, kind: &str, message: &str) -> Response {
 /// `{"error":{"message","type","param","code"}}` with `status`, naming
 /// `param` (`None`: `null`).
 pub fn error_with_param(status: StatusCode, kind: &str, param: Option<&str>, message: &str) -> Response {
-    let body = error_body(message, kind, param, status.as_u16());
+    json_error(status, loadgate::openai_error::body(message, kind, param, status.as_u16()))
+}
+
+/// No such model: 404 naming `model`, `loadgate::openai_error::unknown_model`'s
+/// body (an embedder's `Refusal` and `Routed` send the same bytes).
+pub fn unknown_model(model: &str) -> Response {
+    json_error(StatusCode::NOT_FOUND, loadgate::openai_error::unknown_model(Some(model)))
+}
+
+/// `body`, one of `loadgate::openai_error`'s, with `status`, as
+/// `application/json`.
+fn json_error(status: StatusCode, body: String) -> Response {
     (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response()
 }
 
@@ -47,4 +60,42 @@ pub const RETRY_AFTER_MS: &str = "retry-after-ms";
 pub fn bad_request(error: impl Into<InvalidRequest>) -> Response {
     let error = error.into();
     error_with_param(StatusCode::BAD_REQUEST, INVALID_REQUEST_ERROR, error.param, &error.message)
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::to_bytes;
+    use loadgate::{Refusal, RouteError};
+
+    use super::*;
+
+    async fn body_of(response: Response) -> axum::body::Bytes {
+        to_bytes(response.into_body(), 1 << 16).await.unwrap()
+    }
+
+    /// The binary's 404 for an unknown model (`reply::unknown_model` sends
+    /// this one) and the library's (`Refusal`, as `Routed` sends it) are the
+    /// same bytes, whatever the name.
+    #[tokio::test]
+    async fn the_unknown_model_404_is_the_librarys() {
+        for model in ["llama", "gpt-9", "a \"quoted\" name", "org/a model.gguf", "tab\there", "é😀"] {
+            let binary = unknown_model(model);
+            let library = Refusal::from(RouteError::UnknownModel).with_model(model).to_http();
+            assert_eq!(binary.status(), library.status());
+            assert_eq!(binary.headers()[header::CONTENT_TYPE], library.headers()[header::CONTENT_TYPE]);
+            assert_eq!(body_of(binary).await, library.body(), "{model}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_bodies_are_the_librarys() {
+        let response = error_with_param(StatusCode::BAD_REQUEST, INVALID_REQUEST_ERROR, Some("model"), "no");
+        assert_eq!(
+            body_of(response).await,
+            loadgate::openai_error::body("no", INVALID_REQUEST_ERROR, Some("model"), 400)
+        );
+        let response =
+            openai_error(StatusCode::SERVICE_UNAVAILABLE, "Unavailable", "No worker is available for this model");
+        assert_eq!(body_of(response).await, loadgate::openai_error::rejection(loadgate::Rejection::Unavailable));
+    }
 }

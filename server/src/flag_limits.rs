@@ -15,13 +15,78 @@ pub const MAX_SECS: u64 = 86_400;
 pub const MAX_MS: u64 = MAX_SECS * 1_000;
 
 /// The parser of a flag of whole seconds, from `min` to [`MAX_SECS`].
-pub fn secs(min: u64) -> clap::builder::RangedU64ValueParser {
-    clap::value_parser!(u64).range(min..=MAX_SECS)
+pub fn secs(min: u64) -> Units {
+    Units { unit: "seconds", example: "30", min, max: MAX_SECS }
+}
+
+/// The parser of a flag of whole seconds, from `min` to `max`.
+pub fn secs_within(min: u64, max: u64) -> Units {
+    Units { max, ..secs(min) }
 }
 
 /// The parser of a flag of whole milliseconds, from `min` to [`MAX_MS`].
-pub fn ms(min: u64) -> clap::builder::RangedU64ValueParser {
-    clap::value_parser!(u64).range(min..=MAX_MS)
+pub fn ms(min: u64) -> Units {
+    Units { unit: "milliseconds", example: "2000", min, max: MAX_MS }
+}
+
+/// The parser of a flag of seconds that may have a fraction (`2.5`).
+pub fn fractional_secs() -> FractionalSecs {
+    FractionalSecs
+}
+
+/// Parses a flag of seconds given as a number (`10`, `2.5`); its error
+/// names the flag and says the unit (`2s` says it takes a number of
+/// seconds). The range is checked where the value is used (`seconds`).
+#[derive(Debug, Clone, Copy)]
+pub struct FractionalSecs;
+
+impl clap::builder::TypedValueParser for FractionalSecs {
+    type Value = f64;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<f64, clap::Error> {
+        let text = value.to_string_lossy();
+        text.trim().parse::<f64>().map_err(|_| {
+            let flag = arg.and_then(clap::Arg::get_long).map_or_else(|| "the value".to_owned(), |l| format!("--{l}"));
+            let message = format!("{flag} takes a number of seconds (e.g. 10 or 2.5), not `{text}`\n");
+            clap::Error::raw(clap::error::ErrorKind::ValueValidation, message).with_cmd(cmd)
+        })
+    }
+}
+
+/// Parses a duration flag given as a whole number of `unit`; its errors
+/// name the flag and the unit (`2s` to a milliseconds flag says so).
+#[derive(Debug, Clone, Copy)]
+pub struct Units {
+    unit: &'static str,
+    example: &'static str,
+    min: u64,
+    max: u64,
+}
+
+impl clap::builder::TypedValueParser for Units {
+    type Value = u64;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<u64, clap::Error> {
+        let text = value.to_string_lossy();
+        let flag = arg.and_then(clap::Arg::get_long).map_or_else(|| "the value".to_owned(), |l| format!("--{l}"));
+        let Units { unit, example, min, max } = *self;
+        let message = match text.trim().parse::<u64>() {
+            Ok(n) if (min..=max).contains(&n) => return Ok(n),
+            Ok(n) => format!("{flag} takes {min} to {max} {unit}, not {n}"),
+            Err(_) => format!("{flag} takes a whole number of {unit} (e.g. {example}), not `{text}`"),
+        };
+        Err(clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{message}\n")).with_cmd(cmd))
+    }
 }
 
 /// `value` seconds of the flag `flag`, at most [`MAX_SECS`],
@@ -43,6 +108,29 @@ pub(crate) fn seconds(value: f64, flag: &str, zero_ok: bool) -> anyhow::Result<D
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn duration_flags_name_the_flag_and_the_unit() {
+        #[derive(clap::Parser, Debug)]
+        struct Flags {
+            #[arg(long, default_value_t = 1, value_parser = ms(1))]
+            wait_ms: u64,
+            #[arg(long, default_value_t = 0, value_parser = secs(0))]
+            idle_secs: u64,
+        }
+        let parse = |args: &[&str]| {
+            <Flags as clap::Parser>::try_parse_from(std::iter::once("t").chain(args.iter().copied()))
+                .map(|f| (f.wait_ms, f.idle_secs))
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(parse(&["--wait-ms", "2000", "--idle-secs", "0"]), Ok((2000, 0)));
+        let error = parse(&["--wait-ms", "2s"]).unwrap_err();
+        assert!(error.contains("--wait-ms takes a whole number of milliseconds (e.g. 2000), not `2s`"), "{error}");
+        let error = parse(&["--idle-secs", "1.5"]).unwrap_err();
+        assert!(error.contains("--idle-secs takes a whole number of seconds"), "{error}");
+        let error = parse(&["--wait-ms", "0"]).unwrap_err();
+        assert!(error.contains("--wait-ms takes 1 to 86400000 milliseconds, not 0"), "{error}");
+    }
 
     #[test]
     fn seconds_are_bounded_and_positive() {

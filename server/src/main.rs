@@ -16,6 +16,7 @@ mod api_error;
 mod demo;
 mod directory;
 mod engines;
+mod env_names;
 mod events;
 mod flag_limits;
 mod frontend;
@@ -24,13 +25,14 @@ mod loadgen;
 mod logging;
 mod nats;
 mod openai;
+mod reason_phrase;
 mod secret;
 mod throttle;
 mod tokens;
 mod upstream;
 mod worker;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 
 /// Request rejection (load shedding) for LLM inference routers.
 #[derive(Debug, Parser)]
@@ -45,9 +47,11 @@ enum Command {
     /// Run the HTTP frontend: routes OpenAI requests, sheds load.
     // Boxed: the frontend has many flags, and the enum is as large as its largest variant.
     Frontend(Box<frontend::Args>),
-    /// Run a simulated continuous-batching worker.
+    /// Run a worker: a simulated continuous-batching engine, or with --engine KIND=URL a sidecar
+    /// that caps a real engine (vLLM, SGLang, llama.cpp) at N + Q requests and reports its load.
     Worker(Box<worker::Args>),
-    /// Generate open-loop load (or, with --retry-storm N, a retry storm) against a frontend or worker.
+    /// Generate load against a frontend or worker: open loop (--rate R --duration S) or a retry
+    /// storm (--retry-storm N), with a report and an optional plot.
     Bench(loadgen::Args),
     /// A frontend, simulated workers (or, with --engines llamacpp, real llama.cpp servers) and load at
     /// 0.5x..3x capacity, shedding off and on.
@@ -57,12 +61,36 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    // Each command's own variable names (`env_names`): the old shared
+    // names are read (deprecated) before clap reads the environment.
+    env_names::carry_deprecated(&env_names::renames(&Cli::command()));
+    let cli = Cli::from_arg_matches(&env_names::apply(Cli::command()).get_matches()).unwrap_or_else(|e| e.exit());
     match cli.command {
         Command::Frontend(args) => frontend::run(*args),
         Command::Worker(args) => worker::run(*args),
         Command::Bench(args) => loadgen::run(args),
         Command::Demo(args) => demo::run(args),
         Command::HashKey => frontend::print_key_hash(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    /// Every flag of every command is listed under a heading of `--help`
+    /// (listeners, shedding, limits, ...), not in one flat list.
+    #[test]
+    fn every_flag_has_a_help_heading() {
+        let cli = super::Cli::command();
+        let mut missing = Vec::new();
+        for sub in cli.get_subcommands() {
+            for arg in sub.get_arguments().filter(|a| a.get_long().is_some()) {
+                if arg.get_help_heading().is_none() {
+                    missing.push(format!("{} --{}", sub.get_name(), arg.get_long().unwrap_or_default()));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "flags without a heading: {missing:?}");
     }
 }

@@ -47,26 +47,12 @@ pub const INVALID_REQUEST_ERROR: &str = "invalid_request_error";
 /// DESIGN's `Overloaded` and `Unavailable`): OpenAI's.
 pub const SERVER_ERROR: &str = "server_error";
 
-/// `{"error":{"message","type","param","code"}}`: OpenAI's error shape,
-/// with `code` the HTTP status sent and `param` the field at fault (`null`
-/// when none).
-pub fn error_body(message: &str, kind: &str, param: Option<&str>, status: u16) -> String {
-    /// The fields in OpenAI's order.
-    #[derive(Serialize)]
-    struct Error<'a> {
-        message: &'a str,
-        #[serde(rename = "type")]
-        kind: &'a str,
-        param: Option<&'a str>,
-        code: u16,
-    }
-    #[derive(Serialize)]
-    struct Body<'a> {
-        error: Error<'a>,
-    }
-    let body = Body { error: Error { message, kind, param, code: status } };
-    serde_json::to_string(&body).expect("serialising plain data cannot fail")
-}
+/// `{"error":{"message","type","param","code"}}`, OpenAI's error shape, is
+/// written by the library (`loadgate::openai_error::body`, through
+/// `api_error`), the one builder the frontend, the worker and an embedder's
+/// refusals share; the shape test below checks it.
+#[cfg(test)]
+use loadgate::openai_error::body as error_body;
 
 /// Why a request body is refused with 400: its message, and the field at
 /// fault (`None` when the body as a whole is unusable).

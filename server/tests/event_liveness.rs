@@ -398,3 +398,19 @@ async fn worker_url_registrations_pass_the_event_plane_limits() {
         eprintln!("{args:?} refused: {line}");
     }
 }
+
+/// A worker without the event secret, against a frontend that has one,
+/// says what is wrong (the frontend's challenge went unanswered) instead of
+/// only "Broken pipe".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_without_the_secret_says_the_frontend_expects_one() {
+    let _box = shared().await;
+    let fe = Frontend::secured(&[]);
+    let w = worker(Some(fe.events), MODEL, None, &[]);
+    let said = "the frontend expects an event secret (it sent a handshake challenge) and this worker has none";
+    // Refused at its first write after the Register (a heartbeat every 200
+    // ms), then at each retry: well within 5 s.
+    assert!(w.proc.wait_log(said, Duration::from_secs(5)), "{}", w.proc.stderr());
+    assert!(!w.proc.stderr().contains("Broken pipe"), "{}", w.proc.stderr());
+    assert_eq!(fe.workers().await, Some(0));
+}

@@ -20,7 +20,8 @@ use crate::RankLoad;
 impl RejectionMetrics {
     /// Registers the frontend's families into `registry`: every encoding of
     /// `registry` from now on writes the current rejection counters and
-    /// `monitor`'s latest per-rank load, with the names, helps and labels of
+    /// `monitor`'s latest per-rank load (pass the monitor, or a clone of its
+    /// `Arc`), with the names, helps and labels of
     /// [`render_frontend`](Self::render_frontend).
     ///
     /// | family | type | labels |
@@ -59,8 +60,8 @@ impl RejectionMetrics {
     /// encode(&mut text, &registry).unwrap();
     /// assert!(text.contains(r#"dynamo_frontend_model_rejection_total{model="llama",endpoint="completions"} 1"#));
     /// ```
-    pub fn register(self: &Arc<Self>, registry: &mut Registry, monitor: Arc<WorkerMonitor>) {
-        registry.register_collector(Box::new(FrontendCollector { metrics: self.clone(), monitor }));
+    pub fn register(self: &Arc<Self>, registry: &mut Registry, monitor: impl Into<Arc<WorkerMonitor>>) {
+        registry.register_collector(Box::new(FrontendCollector { metrics: self.clone(), monitor: monitor.into() }));
     }
 
     /// Renders the frontend's metrics as a complete exposition: rejections,

@@ -86,7 +86,8 @@
 //! `Content-Type`, and [`MetricsFormat::encode`] (a registry),
 //! [`MetricsFormat::convert`] (an OpenMetrics text),
 //! [`RejectionMetrics::render_frontend_as`] and [`render_worker_as`] write
-//! the body.
+//! the body. With `axum` too, the handler `loadgate::web::metrics` does all
+//! of it for the state's `Exposition` (a registry).
 //!
 //! ```
 //! use loadgate::metrics::{MetricsFormat, RejectionMetrics, Endpoint};

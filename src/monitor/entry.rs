@@ -34,6 +34,9 @@ pub(crate) struct WorkerEntry {
     /// Out of routing as last published; written only under the model's
     /// lock.
     out: AtomicBool,
+    /// The last `seq` a [`Reporter`](crate::monitor::Reporter) gave a
+    /// report of this incarnation.
+    reported: AtomicU64,
 }
 
 impl WorkerEntry {
@@ -53,7 +56,17 @@ impl WorkerEntry {
             reasons: AtomicU32::new(0),
             published: AtomicU32::new(0),
             out: AtomicBool::new(false),
+            reported: AtomicU64::new(0),
         }
+    }
+
+    /// The next `seq` for a report a [`Reporter`](crate::monitor::Reporter)
+    /// makes: 1, 2, … for this incarnation, whichever reporter asks.
+    pub(crate) fn next_report_seq(&self) -> u64 {
+        // Relaxed: each caller only needs a number no other caller got;
+        // which of two racing reports lands last is the slot's `seq` check's
+        // to decide, not this counter's.
+        self.reported.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// The slot of one rank and publisher: `rank < dp_size`, and a

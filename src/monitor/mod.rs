@@ -8,7 +8,9 @@
 //!   view without losing a concurrent change (its module docs carry the
 //!   correctness argument);
 //! - `view`: what routers read of a model;
-//! - `query`, `error`, `clock`: answers, failures, time.
+//! - `query`, `error`, `clock`: answers, failures, time;
+//! - `registration`, `reporter`: the embedder's named registration and
+//!   self-numbering reports.
 
 mod clock;
 pub(crate) mod entry;
@@ -17,7 +19,9 @@ mod lease;
 mod publication;
 mod query;
 mod reasons;
+mod registration;
 mod registry;
+mod reporter;
 mod shared;
 pub(crate) mod view;
 
@@ -36,6 +40,8 @@ use self::registry::{Registry, WorkerRecord};
 
 pub use self::error::{ApplyError, RegisterError, SetThresholdsError};
 pub use self::query::{RankSnapshot, WorkerInfo, WorkerLoad};
+pub use self::registration::Registration;
+pub use self::reporter::Reporter;
 pub use self::shared::SharedLoad;
 pub use crate::busy::BusySet;
 pub use crate::load::{Publisher, RankSlot, SlotUpdate};
@@ -64,11 +70,11 @@ pub struct MonitorConfig {
 /// # Examples
 ///
 /// ```
-/// use loadgate::{BusyThresholds, LoadReport, RankLoad, WorkerMonitor};
+/// use loadgate::{BusyThresholds, LoadReport, RankLoad, Registration, WorkerMonitor};
 ///
 /// let monitor = WorkerMonitor::new(Default::default()).unwrap();
 /// let incarnation = 1; // e.g. the worker's start time in ns
-/// monitor.register(7, "llama", 1, incarnation).unwrap();
+/// monitor.register_worker(Registration::new(7, "llama").incarnation(incarnation)).unwrap();
 /// monitor
 ///     .set_thresholds("llama", BusyThresholds { active_decode_blocks_threshold: Some(0.5), ..Default::default() })
 ///     .unwrap();
@@ -175,7 +181,8 @@ impl WorkerMonitor {
     }
 
     /// Registers incarnation `incarnation` of worker `worker`, serving
-    /// `model` with `dp_size` data-parallel ranks.
+    /// `model` with `dp_size` data-parallel ranks. Prefer
+    /// [`register_worker`](Self::register_worker), which names the four.
     ///
     /// - A new id starts with every rank unreported, so free.
     /// - The same id and incarnation again (a reconnect) keeps its slots; it

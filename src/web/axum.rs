@@ -6,7 +6,7 @@ use axum_core::extract::{FromRef, FromRequest, Request};
 use axum_core::response::{IntoResponse, Response};
 use bytes::Bytes;
 
-use super::refusal::{openai_error, Refusal, RetryAfter};
+use super::refusal::{json_response, Refusal, RetryAfter};
 use crate::admission::Rejected;
 use crate::load::WorkerId;
 use crate::migration::MigrationError;
@@ -20,28 +20,30 @@ impl IntoResponse for Refusal {
 }
 
 impl IntoResponse for Rejection {
-    /// The rejection's status and body, without `Retry-After`.
+    /// The rejection's status and body, with the default `Retry-After`
+    /// ([`Refusal`]).
     fn into_response(self) -> Response {
         Refusal::new(self).into_response()
     }
 }
 
 impl IntoResponse for RouteError {
-    /// Overloaded, unavailable (without `Retry-After`), or 404.
+    /// Overloaded, unavailable (with the default `Retry-After`), or 404.
     fn into_response(self) -> Response {
         Refusal::from(self).into_response()
     }
 }
 
 impl IntoResponse for MigrationError {
-    /// As [`Refusal::from`] (without `Retry-After`).
+    /// As [`Refusal::from`] (with the default `Retry-After`).
     fn into_response(self) -> Response {
         Refusal::from(self).into_response()
     }
 }
 
 impl<T> IntoResponse for Rejected<T> {
-    /// A worker at capacity: the overload status (without `Retry-After`).
+    /// A worker at capacity: the overload status (with the default
+    /// `Retry-After`).
     fn into_response(self) -> Response {
         Refusal::from(self).into_response()
     }
@@ -51,10 +53,18 @@ impl<T> IntoResponse for Rejected<T> {
 /// `"model"`, and routes it with the state's [`WorkerRouter`], skipping busy
 /// workers.
 ///
-/// Refuses with the overload status (every worker busy), 503 (no worker),
-/// 404 (unknown model), each with [`RetryAfter`]'s hint where it applies;
-/// 400 for a body without a non-empty string `"model"`; and axum's own rejections for
-/// an unreadable or too-large body (`DefaultBodyLimit`).
+/// Refuses with the overload status (every worker busy) and 503 (no
+/// worker), each with [`RetryAfter`]'s hint; 404 naming the model (unknown);
+/// 400 for a body without a non-empty string `"model"`; and axum's own
+/// rejections for an unreadable or too-large body (`DefaultBodyLimit`). Its
+/// 404 and 400 bodies are the `loadgate` binary's, byte for byte
+/// ([`openai_error`](crate::openai_error)).
+///
+/// The state `S` gives a [`WorkerRouter`] and a [`RetryAfter`] through
+/// `FromRef` (`RetryAfter::default()` for the library's default hint). With
+/// a state struct of several fields, `#[derive(FromRef)]` writes those
+/// impls; the derive is behind axum's `macros` feature:
+/// `axum = { version = "0.8", features = ["macros"] }`.
 ///
 /// # Counting its rejections
 ///
@@ -63,7 +73,8 @@ impl<T> IntoResponse for Rejected<T> {
 /// [`RejectionMetrics`](crate::metrics::RejectionMetrics) it finds in the
 /// request's extensions, as an `Arc<RejectionMetrics>`: add it to the router
 /// with axum's `Extension` layer, the same `Arc` whose families your
-/// `/metrics` writes (`RejectionMetrics::register` or `render_frontend`).
+/// `/metrics` writes (`Exposition::frontend` for the ready handler
+/// `web::metrics`, or `RejectionMetrics::register` or `render_frontend`).
 /// Each overload adds one to `dynamo_frontend_model_rejection_total{model,
 /// endpoint}` and one per busy signal of the model's busy workers to
 /// `loadgate_frontend_rejection_reason_total`, as the `loadgate` frontend
@@ -144,7 +155,8 @@ where
                 if e == RouteError::Overloaded {
                     counter.count(&router, &model, json.as_ref());
                 }
-                Err(Refusal::from(e).hinted(Some(&RetryAfter::from_ref(state))).into_response())
+                let refusal = Refusal::from(e).with_model(&model);
+                Err(refusal.hinted(Some(&RetryAfter::from_ref(state))).into_response())
             }
         }
     }
@@ -197,8 +209,7 @@ mod counting {
     }
 }
 
-/// 400 with the OpenAI error shape.
+/// 400 with the OpenAI error shape, naming `model`.
 fn bad_request() -> Response {
-    let message = r#"the body must be a JSON object with a string \"model\""#;
-    openai_error(::http::StatusCode::BAD_REQUEST, "InvalidRequest", message).map(Body::from)
+    json_response(::http::StatusCode::BAD_REQUEST, crate::openai_error::invalid_model()).map(Body::from)
 }

@@ -25,7 +25,7 @@ use crate::sync::Arc;
 
 /// Admits every request through `gate` (`N` running, `Q` waiting in arrival
 /// order); past `N + Q` it answers at once with the overload status, the
-/// OpenAI-shaped body and, if set, the `Retry-After` hint ([`Refusal`]).
+/// OpenAI-shaped body and the `Retry-After` hint ([`Refusal`]).
 /// The permit is held until the response body ends, fails or is dropped.
 #[derive(Clone)]
 pub struct AdmissionLayer {
@@ -34,12 +34,13 @@ pub struct AdmissionLayer {
 }
 
 impl AdmissionLayer {
-    /// A layer over `gate`.
-    pub fn new(gate: Arc<Admission<()>>) -> Self {
-        AdmissionLayer { gate, retry_after: None }
+    /// A layer over `gate` (its `Arc`, as [`Admission::new`] gives it).
+    pub fn new(gate: impl Into<Arc<Admission<()>>>) -> Self {
+        AdmissionLayer { gate: gate.into(), retry_after: None }
     }
 
-    /// Refusals carry `Retry-After` from `hint`.
+    /// Refusals carry `Retry-After` from `hint` (else the default one,
+    /// [`Refusal`]'s).
     #[must_use]
     pub fn retry_after(mut self, hint: RetryAfter) -> Self {
         self.retry_after = Some(hint);

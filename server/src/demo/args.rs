@@ -26,36 +26,61 @@ pub enum Engines {
 pub struct Args {
     /// Run on real engines instead of simulated workers: `llamacpp` runs two llama-servers that
     /// `bash scripts/prepare-llama-server` prepared (small model, 4 slots each).
-    #[arg(long, env = "LOADGATE_DEMO_ENGINES", value_enum)]
+    #[arg(help_heading = "The pool", long, env = "LOADGATE_DEMO_ENGINES", value_enum)]
     pub engines: Option<Engines>,
     /// Simulated workers behind the frontend.
-    #[arg(long, env = "LOADGATE_DEMO_WORKERS", default_value_t = 4, conflicts_with = "engines")]
+    #[arg(
+        help_heading = "The pool",
+        long,
+        env = "LOADGATE_DEMO_WORKERS",
+        default_value_t = 4,
+        conflicts_with = "engines"
+    )]
     pub workers: usize,
     /// Frontends in front of the workers, counting their load together over NATS (needs
     /// --event-plane nats); the load is spread over them in turn, as a load balancer would.
-    #[arg(long, env = "LOADGATE_DEMO_FRONTENDS", default_value_t = 1, conflicts_with = "engines",
+    #[arg(help_heading = "The pool", long, env = "LOADGATE_DEMO_FRONTENDS", default_value_t = 1, conflicts_with = "engines",
           value_parser = clap::value_parser!(u16).range(1..=8))]
     pub frontends: u16,
     /// The event plane: `tcp`, or `nats` (the demo starts a nats-server of its own on 127.0.0.1:
     /// `bash scripts/prepare-nats-server` installs it).
-    #[arg(long, env = "LOADGATE_DEMO_EVENT_PLANE", value_enum, default_value = "tcp", conflicts_with = "engines")]
+    #[arg(
+        help_heading = "The pool",
+        long,
+        env = "LOADGATE_DEMO_EVENT_PLANE",
+        value_enum,
+        default_value = "tcp",
+        conflicts_with = "engines"
+    )]
     pub event_plane: crate::nats::EventPlaneKind,
     /// Seconds of arrivals per run [default: 8; 20 with --engines].
-    #[arg(long, env = "LOADGATE_DEMO_DURATION")]
+    #[arg(help_heading = "The load and the report", long, env = "LOADGATE_DEMO_DURATION", value_parser = crate::flag_limits::fractional_secs())]
     pub duration: Option<f64>,
     /// Seconds each run waits for in-flight requests after its arrivals end [default: 3; 30 with --engines,
     /// where the queue of the 2x run without shedding often drains in that time].
-    #[arg(long, env = "LOADGATE_DEMO_DRAIN_TIMEOUT")]
+    #[arg(help_heading = "The load and the report", long, env = "LOADGATE_DEMO_DRAIN_TIMEOUT", value_parser = crate::flag_limits::fractional_secs())]
     pub drain_timeout: Option<f64>,
     /// The shedding run's decode-blocks threshold (simulated workers).
-    #[arg(long, env = "LOADGATE_DEMO_THRESHOLD", default_value_t = 0.85, conflicts_with = "engines")]
+    #[arg(
+        help_heading = "Shedding",
+        long,
+        env = "LOADGATE_DEMO_THRESHOLD",
+        default_value_t = 0.85,
+        conflicts_with = "engines"
+    )]
     pub threshold: f64,
     /// The shedding run's `--active-waiting-requests-threshold` (with --engines): an engine is busy
     /// when more requests than this wait for a slot.
-    #[arg(long, env = "LOADGATE_DEMO_WAITING_THRESHOLD", default_value_t = 0, requires = "engines")]
+    #[arg(
+        help_heading = "Shedding",
+        long,
+        env = "LOADGATE_DEMO_WAITING_THRESHOLD",
+        default_value_t = 0,
+        requires = "engines"
+    )]
     pub waiting_threshold: u64,
     /// Milliseconds between the frontend's scrapes of each engine (with --engines).
-    #[arg(long, env = "LOADGATE_DEMO_SCRAPE_INTERVAL_MS", default_value_t = 50, requires = "engines",
+    #[arg(help_heading = "The pool", long, env = "LOADGATE_DEMO_SCRAPE_INTERVAL_MS", default_value_t = 50, requires = "engines",
           value_parser = clap::value_parser!(u64).range(1..=100))]
     pub scrape_interval_ms: u64,
     /// The objective of SLO goodput, the demo's headline: a request counts when it completes with
@@ -63,57 +88,88 @@ pub struct Args {
     /// TTFT at 0.5x was at most 0.3 s in docs/demo.md's runs and a request that waits for one slot to
     /// free waits up to one service time, about 0.8 s: the objective admits that one wait, not a
     /// queue].
-    #[arg(long, env = "LOADGATE_DEMO_SLO_TTFT_MS", value_parser = crate::flag_limits::ms(1))]
+    #[arg(help_heading = "The load and the report", long, env = "LOADGATE_DEMO_SLO_TTFT_MS", value_parser = crate::flag_limits::ms(1))]
     pub slo_ttft_ms: Option<u64>,
     /// The waiting line's timeout in the third mode (the frontend's --router-queue-timeout-ms)
     /// [default: the objective minus the p50 TTFT at 0.5x with static thresholds, at least 50 ms].
-    #[arg(long, env = "LOADGATE_DEMO_ROUTER_QUEUE_TIMEOUT_MS", value_parser = crate::flag_limits::ms(1))]
+    #[arg(help_heading = "Shedding", long, env = "LOADGATE_DEMO_ROUTER_QUEUE_TIMEOUT_MS", value_parser = crate::flag_limits::ms(1))]
     pub router_queue_timeout_ms: Option<u64>,
     /// The waiting line's --router-queue-limit (requests) in the third mode [default: the frontend's].
-    #[arg(long, env = "LOADGATE_DEMO_ROUTER_QUEUE_LIMIT")]
+    #[arg(help_heading = "Shedding", long, env = "LOADGATE_DEMO_ROUTER_QUEUE_LIMIT")]
     pub router_queue_limit: Option<u64>,
     /// The waiting line's --router-queue-token-limit in the third mode [default: the frontend's].
-    #[arg(long, env = "LOADGATE_DEMO_ROUTER_QUEUE_TOKEN_LIMIT")]
+    #[arg(help_heading = "Shedding", long, env = "LOADGATE_DEMO_ROUTER_QUEUE_TOKEN_LIMIT")]
     pub router_queue_token_limit: Option<u64>,
     /// Skip the saturation run and use this capacity (req/s).
-    #[arg(long, env = "LOADGATE_DEMO_CAPACITY")]
+    #[arg(help_heading = "The load and the report", long, env = "LOADGATE_DEMO_CAPACITY")]
     pub capacity: Option<f64>,
     /// KV-cache blocks per simulated worker.
-    #[arg(long, env = "LOADGATE_DEMO_KV_TOTAL_BLOCKS", default_value_t = 64, conflicts_with = "engines")]
+    #[arg(
+        help_heading = "The pool",
+        long,
+        env = "LOADGATE_DEMO_KV_TOTAL_BLOCKS",
+        default_value_t = 64,
+        conflicts_with = "engines"
+    )]
     pub kv_total_blocks: u32,
     /// Engine step time of the simulated workers, ms.
-    #[arg(long, env = "LOADGATE_DEMO_DECODE_STEP_MS", default_value_t = 25, conflicts_with = "engines", value_parser = crate::flag_limits::ms(0))]
+    #[arg(help_heading = "The pool", long, env = "LOADGATE_DEMO_DECODE_STEP_MS", default_value_t = 25, conflicts_with = "engines", value_parser = crate::flag_limits::ms(0))]
     pub decode_step_ms: u64,
     /// Token budget of one simulator step.
-    #[arg(long, env = "LOADGATE_DEMO_MAX_NUM_BATCHED_TOKENS", default_value_t = 512, conflicts_with = "engines")]
+    #[arg(
+        help_heading = "The pool",
+        long,
+        env = "LOADGATE_DEMO_MAX_NUM_BATCHED_TOKENS",
+        default_value_t = 512,
+        conflicts_with = "engines"
+    )]
     pub max_num_batched_tokens: u32,
     /// Prompt tokens (words) per request [default: 112; 32 with --engines].
-    #[arg(long, env = "LOADGATE_DEMO_PROMPT_TOKENS")]
+    #[arg(help_heading = "The load and the report", long, env = "LOADGATE_DEMO_PROMPT_TOKENS")]
     pub prompt_tokens: Option<u32>,
     /// Output tokens per request (at least 1: `max_tokens` 0 is a 400) [default: 32; 64 with --engines].
-    #[arg(long, env = "LOADGATE_DEMO_OUTPUT_TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(help_heading = "The load and the report", long, env = "LOADGATE_DEMO_OUTPUT_TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
     pub output_tokens: Option<u32>,
     /// Router mode of the frontend (both runs) [default: kv; round-robin with --engines].
-    #[arg(long, env = "LOADGATE_DEMO_ROUTER_MODE")]
+    #[arg(help_heading = "Shedding", long, env = "LOADGATE_DEMO_ROUTER_MODE")]
     pub router_mode: Option<String>,
     /// Where to write the plot [default: loadgate-demo.svg; loadgate-demo-llamacpp.svg with --engines].
-    #[arg(long, env = "LOADGATE_DEMO_PLOT")]
+    #[arg(help_heading = "The load and the report", long, env = "LOADGATE_DEMO_PLOT")]
     pub plot: Option<PathBuf>,
     /// Seed of the arrival processes.
-    #[arg(long, env = "LOADGATE_DEMO_SEED", default_value_t = 7)]
+    #[arg(help_heading = "The load and the report", long, env = "LOADGATE_DEMO_SEED", default_value_t = 7)]
     pub seed: u64,
     /// Priority classes instead of the three modes: every request's class drawn with these shares
     /// (`critical=0.3,standard=0.4,sheddable=0.3`), one mode (thresholds + line, the header
     /// trusted) at every level, and a table per class (simulated workers).
-    #[arg(long, env = "LOADGATE_DEMO_MIX", value_name = "CLASS=SHARE,...", conflicts_with = "engines")]
+    #[arg(
+        help_heading = "The load and the report",
+        long,
+        env = "LOADGATE_DEMO_MIX",
+        value_name = "CLASS=SHARE,...",
+        conflicts_with = "engines"
+    )]
     pub mix: Option<crate::loadgen::ClassMix>,
     /// With --mix: the line's timeout per class (`critical=5000,standard=480,sheddable=480`, the
     /// frontend's --router-queue-timeout-ms form; a class not named: 0) instead of the computed one.
-    #[arg(long, env = "LOADGATE_DEMO_CLASS_TIMEOUTS_MS", value_name = "CLASS=MS,...", requires = "mix")]
+    #[arg(
+        help_heading = "Shedding",
+        long,
+        env = "LOADGATE_DEMO_CLASS_TIMEOUTS_MS",
+        value_name = "CLASS=MS,...",
+        requires = "mix"
+    )]
     pub class_timeouts_ms: Option<loadgate::PerClass<u64>>,
     /// With --mix: the frontend's --sheddable-headroom (sheddable requests see each threshold x
     /// (1 - F)); 0: none.
-    #[arg(long, env = "LOADGATE_DEMO_SHEDDABLE_HEADROOM", value_name = "F", default_value_t = 0.0, requires = "mix")]
+    #[arg(
+        help_heading = "Shedding",
+        long,
+        env = "LOADGATE_DEMO_SHEDDABLE_HEADROOM",
+        value_name = "F",
+        default_value_t = 0.0,
+        requires = "mix"
+    )]
     pub sheddable_headroom: f64,
     /// Tenants instead of the three modes (simulated workers): each tenant's share of the
     /// requests (`big=10,small=1`), each sending its name as its API key. At --tenants-level x
@@ -121,10 +177,10 @@ pub struct Args {
     /// tenants file (every tenant weight 1: the line shares its dispatches among them), then all
     /// together without it (one shared line), thresholds and line every time; a table per tenant
     /// of SLO goodput together against alone (target: the smallest share keeps >= 90 %).
-    #[arg(long, env = "LOADGATE_DEMO_TENANTS", value_name = "NAME=SHARE,...", conflicts_with_all = ["mix", "engines"])]
+    #[arg(help_heading = "The load and the report", long, env = "LOADGATE_DEMO_TENANTS", value_name = "NAME=SHARE,...", conflicts_with_all = ["mix", "engines"])]
     pub tenants: Option<super::tenant_shares::TenantShares>,
     /// With --tenants: the offered load of every run, a multiple of the capacity.
-    #[arg(long, env = "LOADGATE_DEMO_TENANTS_LEVEL", value_name = "X", default_value_t = 2.0, requires = "tenants",
+    #[arg(help_heading = "The load and the report", long, env = "LOADGATE_DEMO_TENANTS_LEVEL", value_name = "X", default_value_t = 2.0, requires = "tenants",
           value_parser = positive_multiple)]
     pub tenants_level: f64,
 }

@@ -455,9 +455,12 @@ impl Pump {
         let link = &mut self.links[i];
         if let Some(stream) = link.stream.as_mut() {
             if let Err(e) = stream.write_all(buf) {
-                match holder_of(stream, self.worker) {
-                    Some(holder) => link.held(now, &holder),
-                    None => link.failed(now, &e),
+                match last_word(stream, self.worker) {
+                    LastWord::Holder(holder) => link.held(now, &holder),
+                    LastWord::Challenge => {
+                        link.failed(now, &io::Error::new(io::ErrorKind::PermissionDenied, NO_SECRET))
+                    }
+                    LastWord::Nothing => link.failed(now, &e),
                 }
             }
         }
@@ -468,12 +471,31 @@ impl Pump {
 /// word (a Register is at most one frame).
 const LAST_WORD: usize = wire::MAX_FRAME;
 
-/// After a write to `stream` failed: the registration the frontend sent
-/// before it closed, when it refused our Register because another
-/// connection holds `worker` (it answers with the holder's Register).
-/// Reads what is already there, at most [`LAST_WORD`] bytes, never waits.
-fn holder_of(stream: &mut TcpStream, worker: WorkerId) -> Option<Frame> {
-    stream.set_nonblocking(true).ok()?;
+/// Why a frontend that sent a Challenge to a worker without a secret
+/// closed on it.
+const NO_SECRET: &str = "the frontend expects an event secret (it sent a handshake challenge) and this worker has \
+    none: give the worker the frontend's secret (LOADGATE_EVENT_SECRET or --event-secret-file)";
+
+/// What the frontend said before it closed a connection.
+enum LastWord {
+    /// It refused our Register: this Register (sent back) holds the id.
+    Holder(Frame),
+    /// It sent a Challenge we never answered: it has a secret, we do not.
+    Challenge,
+    /// Nothing that explains the close.
+    Nothing,
+}
+
+/// After a write to `stream` failed: the frontend's last word. Either the
+/// registration it sent before it closed, when it refused our Register
+/// because another connection holds `worker` (it answers with the holder's
+/// Register), or a Challenge, when it asked for the secret this worker
+/// does not have. Reads what is already there, at most [`LAST_WORD`]
+/// bytes, never waits.
+fn last_word(stream: &mut TcpStream, worker: WorkerId) -> LastWord {
+    if stream.set_nonblocking(true).is_err() {
+        return LastWord::Nothing;
+    }
     let mut buf = BytesMut::new();
     let mut chunk = [0u8; 1024];
     while buf.len() < LAST_WORD {
@@ -485,10 +507,13 @@ fn holder_of(stream: &mut TcpStream, worker: WorkerId) -> Option<Frame> {
             Err(_) => break,
         }
     }
+    let mut word = LastWord::Nothing;
     while let Ok(Some(frame)) = wire::decode(&mut buf) {
-        if matches!(frame, Frame::Register { worker: w, .. } if w == worker) {
-            return Some(frame);
+        match frame {
+            Frame::Register { worker: w, .. } if w == worker => return LastWord::Holder(frame),
+            Frame::Challenge { .. } => word = LastWord::Challenge,
+            _ => {}
         }
     }
-    None
+    word
 }

@@ -5,8 +5,8 @@
 //!
 //! Every flag also reads an environment variable (a flag beats its
 //! variable): Dynamo's `DYN_*` name where Dynamo has the flag, else
-//! `LOADGATE_FRONTEND_<FLAG>` (the scrape flags, shared with the worker:
-//! `LOADGATE_ENGINE_SCRAPE_*`). Repeatable flags take a comma-separated
+//! `LOADGATE_FRONTEND_<FLAG>`, also for the flag groups shared with the
+//! worker (`env_names` renames them per command). Repeatable flags take a comma-separated
 //! variable, except `--engine`, whose values hold commas
 //! (`KIND=URL,model=NAME`): `LOADGATE_FRONTEND_ENGINE` separates them with
 //! `;`. Booleans accept 1/true/yes/on and 0/false/no/off.
@@ -17,6 +17,7 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 use loadgate::{migration::DEFAULT_MIGRATION_LIMIT, BusyThresholds, LineLimits, PerClass, Policy};
 
+use super::threshold_flag::{Fractional, Range, Threshold, Whole};
 use crate::engines::scrape::ScrapeArgs;
 use crate::engines::spec::EngineSpec;
 use crate::http_server::HttpArgs;
@@ -75,53 +76,80 @@ pub enum AdmissionControl {
 #[derive(Clone, Debug, clap::Args)]
 pub struct Args {
     /// Address the inference HTTP listener binds.
-    #[arg(long, env = "DYN_HTTP_HOST", default_value = "0.0.0.0")]
+    #[arg(help_heading = "Listeners", long, env = "DYN_HTTP_HOST", default_value = "0.0.0.0")]
     pub http_host: String,
     /// Inference HTTP port (0 picks a free one).
-    #[arg(long, env = "DYN_HTTP_PORT", default_value_t = 8000)]
+    #[arg(help_heading = "Listeners", long, env = "DYN_HTTP_PORT", default_value_t = 8000)]
     pub http_port: u16,
     /// PEM certificate chain: serve the inference port over TLS (with --tls-key-path).
-    #[arg(long, env = "DYN_TLS_CERT_PATH", value_name = "PATH", requires = "tls_key_path")]
+    #[arg(help_heading = "TLS", long, env = "DYN_TLS_CERT_PATH", value_name = "PATH", requires = "tls_key_path")]
     pub tls_cert_path: Option<PathBuf>,
     /// PEM private key of --tls-cert-path.
-    #[arg(long, env = "DYN_TLS_KEY_PATH", value_name = "PATH", requires = "tls_cert_path")]
+    #[arg(help_heading = "TLS", long, env = "DYN_TLS_KEY_PATH", value_name = "PATH", requires = "tls_cert_path")]
     pub tls_key_path: Option<PathBuf>,
     /// Address the event-plane listener binds (loopback only without an event secret).
-    #[arg(long, env = "LOADGATE_FRONTEND_EVENT_HOST", default_value = "127.0.0.1")]
+    #[arg(
+        help_heading = "Event plane and liveness",
+        long,
+        env = "LOADGATE_FRONTEND_EVENT_HOST",
+        default_value = "127.0.0.1"
+    )]
     pub event_host: String,
     /// Event-plane port where workers push load (0 picks a free one).
-    #[arg(long, env = "LOADGATE_FRONTEND_EVENT_PORT", default_value_t = 8001)]
+    #[arg(
+        help_heading = "Event plane and liveness",
+        long,
+        env = "LOADGATE_FRONTEND_EVENT_PORT",
+        default_value_t = 8001
+    )]
     pub event_port: u16,
     /// The event plane (the TCP listener always runs; `nats` adds NATS) and how to reach NATS.
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Event plane and liveness")]
     pub(crate) nats: crate::nats::NatsArgs,
     /// With NATS: how frontends count their load together.
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Frontends sharing load (NATS)")]
     pub(crate) sharing: crate::nats::sharing::SharingArgs,
     /// File holding the event-plane secret (line 1: current, optional line 2: previous).
     /// Without it: LOADGATE_EVENT_SECRET and LOADGATE_EVENT_SECRET_PREVIOUS.
-    #[arg(long, env = "LOADGATE_FRONTEND_EVENT_SECRET_FILE", value_name = "PATH")]
+    #[arg(
+        help_heading = "Event plane and liveness",
+        long,
+        env = "LOADGATE_FRONTEND_EVENT_SECRET_FILE",
+        value_name = "PATH"
+    )]
     pub event_secret_file: Option<PathBuf>,
     /// Address the admin listener (`/busy_threshold`) binds.
-    #[arg(long, env = "LOADGATE_FRONTEND_ADMIN_HOST", default_value = "127.0.0.1")]
+    #[arg(help_heading = "Listeners", long, env = "LOADGATE_FRONTEND_ADMIN_HOST", default_value = "127.0.0.1")]
     pub admin_host: String,
     /// Admin listener port (0 picks a free one).
-    #[arg(long, env = "LOADGATE_FRONTEND_ADMIN_PORT", default_value_t = 8002)]
+    #[arg(help_heading = "Listeners", long, env = "LOADGATE_FRONTEND_ADMIN_PORT", default_value_t = 8002)]
     pub admin_port: u16,
     /// File holding the admin bearer token (first line, at least 16 bytes).
     /// Without it: LOADGATE_ADMIN_TOKEN. No token: the admin API is open to whoever reaches it.
-    #[arg(long, env = "LOADGATE_FRONTEND_ADMIN_TOKEN_FILE", value_name = "PATH")]
+    #[arg(help_heading = "Listeners", long, env = "LOADGATE_FRONTEND_ADMIN_TOKEN_FILE", value_name = "PATH")]
     pub admin_token_file: Option<PathBuf>,
     /// No admin listener at all.
-    #[arg(long, env = "DYN_DISABLE_FRONTEND_ADMIN_API", value_parser = BoolishValueParser::new())]
+    #[arg(help_heading = "Listeners", long, env = "DYN_DISABLE_FRONTEND_ADMIN_API", value_parser = BoolishValueParser::new())]
     pub disable_admin_api: bool,
+    /// Serve the admin API (`/busy_threshold`) on the inference port, as Dynamo does, instead of
+    /// its own listener. Needs an admin token (--admin-token-file or LOADGATE_ADMIN_TOKEN): the
+    /// inference port then changes state, for whoever holds the token.
+    #[arg(help_heading = "Listeners", long, env = "LOADGATE_FRONTEND_ADMIN_ON_HTTP_PORT", value_parser = BoolishValueParser::new(), conflicts_with = "disable_admin_api")]
+    pub admin_on_http_port: bool,
     /// A worker to register from `URL/info` (repeatable); for workers not on the event plane.
-    #[arg(long = "worker", env = "LOADGATE_FRONTEND_WORKER", value_name = "URL", value_delimiter = ',')]
+    #[arg(
+        help_heading = "Workers and engines",
+        long = "worker",
+        env = "LOADGATE_FRONTEND_WORKER",
+        value_name = "URL",
+        value_delimiter = ','
+    )]
     pub workers: Vec<String>,
     /// A real inference engine to route to, scraped for its load (repeatable): KIND=URL[,model=NAME],
     /// KIND one of vllm, sglang, llamacpp. Without model=, every id of its /v1/models.
     /// In LOADGATE_FRONTEND_ENGINE, separate engines with `;`.
     #[arg(
+        help_heading = "Workers and engines",
         long = "engine",
         env = "LOADGATE_FRONTEND_ENGINE",
         value_name = "KIND=URL[,model=NAME]",
@@ -129,140 +157,179 @@ pub struct Args {
     )]
     pub engines: Vec<EngineSpec>,
     /// How `--engine` engines are scraped.
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Workers and engines")]
     pub scrape: ScrapeArgs,
     /// A model to keep (repeatable): known before any worker serves it, never forgotten.
-    #[arg(long = "model", env = "LOADGATE_FRONTEND_MODEL", value_name = "NAME", value_delimiter = ',')]
+    #[arg(
+        help_heading = "Workers and engines",
+        long = "model",
+        env = "LOADGATE_FRONTEND_MODEL",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
     pub models: Vec<String>,
     /// Worker selection policy: round-robin, random, p2c (alias power-of-two), least-loaded, kv.
-    #[arg(long, env = "DYN_ROUTER_MODE", default_value = "round-robin", value_parser = parse_router_mode)]
+    #[arg(help_heading = "Shedding (every threshold: unset = off)", long, env = "DYN_ROUTER_MODE", default_value = "round-robin", value_parser = parse_router_mode)]
     pub router_mode: RouterMode,
     /// A worker rank is busy when active decode blocks / total blocks exceed this (0..=1).
-    #[arg(long, env = "DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD")]
-    pub active_decode_blocks_threshold: Option<f64>,
-    /// A worker rank is busy when active prefill tokens exceed this.
-    #[arg(long, env = "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD")]
-    pub active_prefill_tokens_threshold: Option<u64>,
-    /// A worker rank is busy when active prefill tokens exceed this fraction of max_num_batched_tokens.
-    #[arg(long, env = "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC")]
-    pub active_prefill_tokens_threshold_frac: Option<f64>,
+    /// Unset (none) = off, as for every threshold.
+    #[arg(help_heading = "Shedding (every threshold: unset = off)", long, env = "DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD", value_name = "SHARE|None", default_value = "none", value_parser = Fractional(Range::Share))]
+    pub active_decode_blocks_threshold: Threshold<f64>,
+    /// A worker rank is busy when active prefill tokens exceed this. Unset (none) = off.
+    #[arg(help_heading = "Shedding (every threshold: unset = off)", long, env = "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD", value_name = "TOKENS|None", default_value = "none", value_parser = Whole)]
+    pub active_prefill_tokens_threshold: Threshold<u64>,
+    /// A worker rank is busy when active prefill tokens exceed this fraction of
+    /// max_num_batched_tokens. Unset (none) = off.
+    #[arg(help_heading = "Shedding (every threshold: unset = off)", long, env = "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC", value_name = "FRACTION|None", default_value = "none", value_parser = Fractional(Range::Fraction))]
+    pub active_prefill_tokens_threshold_frac: Threshold<f64>,
     /// A worker rank is busy when the requests waiting in its engine's queue exceed this.
-    #[arg(long, env = "LOADGATE_FRONTEND_ACTIVE_WAITING_REQUESTS_THRESHOLD")]
-    pub active_waiting_requests_threshold: Option<u64>,
+    /// Unset (none) = off.
+    #[arg(help_heading = "Shedding (every threshold: unset = off)", long, env = "LOADGATE_FRONTEND_ACTIVE_WAITING_REQUESTS_THRESHOLD", value_name = "N|None", default_value = "none", value_parser = Whole)]
+    pub active_waiting_requests_threshold: Threshold<u64>,
     /// The longest a request may wait (ms) for a busy model's worker to free, in the model's
     /// waiting line, before its 529; 0 (the default) answers 529 at once, as the reference
     /// does. One number for every class, or per class: `critical=5000,standard=2000,sheddable=0`
     /// (a class not named: 0). A model's own value can be set with `POST /busy_threshold`
     /// (`router_queue_timeout_ms`).
-    #[arg(long, env = "LOADGATE_FRONTEND_ROUTER_QUEUE_TIMEOUT_MS", value_name = "MS", default_value = "0", value_parser = queue_timeouts)]
+    #[arg(help_heading = "Waiting line (off by default: an instant 529)", long, env = "LOADGATE_FRONTEND_ROUTER_QUEUE_TIMEOUT_MS", value_name = "MS", default_value = "0", value_parser = queue_timeouts)]
     pub router_queue_timeout_ms: PerClass<u64>,
     /// Honour `x-loadgate-priority` (`critical` or a positive integer, `standard` or 0,
     /// `sheddable` or a negative integer): only behind a gateway that sets or strips it, since
     /// any client can send it. Without, every request is `standard`.
-    #[arg(long, env = "LOADGATE_FRONTEND_TRUST_PRIORITY_HEADER")]
+    #[arg(help_heading = "Classes and tenants", long, env = "LOADGATE_FRONTEND_TRUST_PRIORITY_HEADER")]
     pub trust_priority_header: bool,
     /// The fraction F of each busy threshold kept from sheddable requests, in [0, 1): they see a
     /// worker as busy at each threshold × (1 − F), so they are refused first while the others
     /// still get in (529 reason `sheddable_headroom`). 0 (the default): no headroom.
-    #[arg(long, env = "LOADGATE_FRONTEND_SHEDDABLE_HEADROOM", value_name = "F", default_value_t = 0.0)]
+    #[arg(
+        help_heading = "Classes and tenants",
+        long,
+        env = "LOADGATE_FRONTEND_SHEDDABLE_HEADROOM",
+        value_name = "F",
+        default_value_t = 0.0
+    )]
     pub sheddable_headroom: f64,
     /// Tenants and their API keys (TOML, or JSON if the name ends in `.json`): the
     /// `Authorization: Bearer` key decides a request's tenant (unknown or missing: `default`),
     /// which shares the waiting line's dispatches by weight, may be capped, and lowers the class
     /// its requests claim to its maximum. Checked at start; reloaded on SIGHUP (a bad file keeps
     /// the previous one). Format: docs/deployment.md "Tenants".
-    #[arg(long, env = "LOADGATE_FRONTEND_TENANTS_FILE", value_name = "PATH")]
+    #[arg(help_heading = "Classes and tenants", long, env = "LOADGATE_FRONTEND_TENANTS_FILE", value_name = "PATH")]
     pub tenants_file: Option<std::path::PathBuf>,
     /// Also read a request's class from its body's `nvext.agent_hints.priority` (NVIDIA Dynamo's
     /// field) when it has no `x-loadgate-priority`, in the named engine's order: `vllm` (lower
     /// values first: negative is critical, positive sheddable) or `sglang` (higher first).
     /// Needs --trust-priority-header.
-    #[arg(long, env = "LOADGATE_FRONTEND_PRIORITY_FROM_NVEXT", value_enum, requires = "trust_priority_header")]
+    #[arg(
+        help_heading = "Classes and tenants",
+        long,
+        env = "LOADGATE_FRONTEND_PRIORITY_FROM_NVEXT",
+        value_enum,
+        requires = "trust_priority_header"
+    )]
     pub priority_from_nvext: Option<crate::frontend::priority::NvextOrder>,
     /// The most requests waiting in one model's line (past it: 529, reason `queue_full`).
-    #[arg(long, env = "LOADGATE_FRONTEND_ROUTER_QUEUE_LIMIT", value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    #[arg(help_heading = "Waiting line (off by default: an instant 529)", long, env = "LOADGATE_FRONTEND_ROUTER_QUEUE_LIMIT", value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub router_queue_limit: u64,
     /// The most prompt tokens waiting in one model's line (past it: 529, reason `queue_full`);
     /// unset: no token limit.
-    #[arg(long, env = "LOADGATE_FRONTEND_ROUTER_QUEUE_TOKEN_LIMIT", value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(help_heading = "Waiting line (off by default: an instant 529)", long, env = "LOADGATE_FRONTEND_ROUTER_QUEUE_TOKEN_LIMIT", value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
     pub router_queue_token_limit: Option<u64>,
     /// Compatibility: `none` disables busy detection (clears every threshold).
-    #[arg(long, env = "DYN_ADMISSION_CONTROL", value_enum)]
+    #[arg(help_heading = "Shedding (every threshold: unset = off)", long, env = "DYN_ADMISSION_CONTROL", value_enum)]
     pub admission_control: Option<AdmissionControl>,
     /// In `kv` mode, also track blocks for output tokens as they stream.
-    #[arg(long, env = "DYN_ROUTER_TRACK_OUTPUT_BLOCKS", value_parser = BoolishValueParser::new())]
+    #[arg(help_heading = "Shedding (every threshold: unset = off)", long, env = "DYN_ROUTER_TRACK_OUTPUT_BLOCKS", value_parser = BoolishValueParser::new())]
     pub router_track_output_blocks: bool,
     /// How many workers may refuse one request (hard cap) before the client gets the overload status.
-    #[arg(long, env = "DYN_MIGRATION_LIMIT", default_value_t = DEFAULT_MIGRATION_LIMIT)]
+    #[arg(help_heading = "Shedding (every threshold: unset = off)", long, env = "DYN_MIGRATION_LIMIT", default_value_t = DEFAULT_MIGRATION_LIMIT)]
     pub migration_limit: usize,
     /// A worker rank whose last report is older than this counts as not reported.
-    #[arg(long, env = "LOADGATE_FRONTEND_LOAD_STALENESS_MS", value_name = "MS", value_parser = crate::flag_limits::ms(0))]
+    #[arg(help_heading = "Event plane and liveness", long, env = "LOADGATE_FRONTEND_LOAD_STALENESS_MS", value_name = "MS", value_parser = crate::flag_limits::ms(0))]
     pub load_staleness_ms: Option<u64>,
     /// Largest data-parallel size a worker may register with.
-    #[arg(long, env = "LOADGATE_FRONTEND_MAX_DP_SIZE", default_value_t = 256)]
+    #[arg(help_heading = "Limits", long, env = "LOADGATE_FRONTEND_MAX_DP_SIZE", default_value_t = 256)]
     pub max_dp_size: u32,
     /// Open event-plane connections (pending ones included); at it, a new one evicts the oldest
     /// pending one, or is closed at once when all are authenticated.
-    #[arg(long, env = "LOADGATE_FRONTEND_MAX_EVENT_CONNECTIONS", default_value_t = 1024, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(help_heading = "Limits", long, env = "LOADGATE_FRONTEND_MAX_EVENT_CONNECTIONS", default_value_t = 1024, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_event_connections: usize,
     /// Registered workers (event plane and --worker together).
-    #[arg(long, env = "LOADGATE_FRONTEND_MAX_WORKERS", default_value_t = 1024, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(help_heading = "Limits", long, env = "LOADGATE_FRONTEND_MAX_WORKERS", default_value_t = 1024, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_workers: usize,
     /// Distinct models; a registration naming a new model past it is refused.
-    #[arg(long, env = "LOADGATE_FRONTEND_MAX_MODELS", default_value_t = 256, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(help_heading = "Limits", long, env = "LOADGATE_FRONTEND_MAX_MODELS", default_value_t = 256, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_models: usize,
     /// Bytes of a model name and of an HTTP address in a registration.
-    #[arg(long, env = "LOADGATE_FRONTEND_MAX_NAME_LEN", default_value_t = 256)]
+    #[arg(help_heading = "Limits", long, env = "LOADGATE_FRONTEND_MAX_NAME_LEN", default_value_t = 256)]
     pub max_name_len: usize,
     /// Bytes read per event connection per poll round (fair reading).
-    #[arg(long, env = "LOADGATE_FRONTEND_EVENT_READ_BUDGET", value_name = "BYTES", default_value_t = 16384)]
+    #[arg(
+        help_heading = "Limits",
+        long,
+        env = "LOADGATE_FRONTEND_EVENT_READ_BUDGET",
+        value_name = "BYTES",
+        default_value_t = 16384
+    )]
     pub event_read_budget: usize,
     /// Event connections still in the handshake (no valid Proof yet, or, without a secret, no
     /// Register yet); past it, a new connection evicts the oldest of them.
-    #[arg(long, env = "LOADGATE_FRONTEND_MAX_PENDING_HANDSHAKES", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(help_heading = "Limits", long, env = "LOADGATE_FRONTEND_MAX_PENDING_HANDSHAKES", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_pending_handshakes: u64,
     /// Close an established event connection that sends nothing for this long (ms); keep it at
     /// least 5x the workers' --heartbeat-ms.
-    #[arg(long, env = "LOADGATE_FRONTEND_EVENT_IDLE_TIMEOUT_MS", value_name = "MS", default_value_t = 2000, value_parser = crate::flag_limits::ms(1))]
+    #[arg(help_heading = "Limits", long, env = "LOADGATE_FRONTEND_EVENT_IDLE_TIMEOUT_MS", value_name = "MS", default_value_t = 2000, value_parser = crate::flag_limits::ms(1))]
     pub event_idle_timeout_ms: u64,
     /// Largest request body, in MiB (larger: 413).
-    #[arg(long, env = "DYN_HTTP_BODY_LIMIT_MB", value_name = "MB", default_value_t = 192)]
+    #[arg(help_heading = "Limits", long, env = "DYN_HTTP_BODY_LIMIT_MB", value_name = "MB", default_value_t = 192)]
     pub http_body_limit_mb: usize,
     /// Bytes of request bodies buffered at once over all requests, in MiB (past it: 503).
-    #[arg(long, env = "LOADGATE_FRONTEND_HTTP_BODY_BUDGET_MB", value_name = "MB", default_value_t = 1024)]
+    #[arg(
+        help_heading = "Limits",
+        long,
+        env = "LOADGATE_FRONTEND_HTTP_BODY_BUDGET_MB",
+        value_name = "MB",
+        default_value_t = 1024
+    )]
     pub http_body_budget_mb: usize,
     /// Seconds a request body may go without a byte arriving (past it: 408).
-    #[arg(long, env = "LOADGATE_FRONTEND_HTTP_BODY_IDLE_TIMEOUT_SECS", value_name = "SECS", default_value_t = 10, value_parser = crate::flag_limits::secs(1))]
+    #[arg(help_heading = "Limits", long, env = "LOADGATE_FRONTEND_HTTP_BODY_IDLE_TIMEOUT_SECS", value_name = "SECS", default_value_t = 10, value_parser = crate::flag_limits::secs(1))]
     pub http_body_idle_timeout_secs: u64,
     /// Seconds a whole request body may take to arrive (past it: 408).
-    #[arg(long, env = "LOADGATE_FRONTEND_HTTP_BODY_TIMEOUT_SECS", value_name = "SECS", default_value_t = 120, value_parser = crate::flag_limits::secs(1))]
+    #[arg(help_heading = "Limits", long, env = "LOADGATE_FRONTEND_HTTP_BODY_TIMEOUT_SECS", value_name = "SECS", default_value_t = 120, value_parser = crate::flag_limits::secs(1))]
     pub http_body_timeout_secs: u64,
     /// The inference listener's header, idle and connection limits and the shutdown drain.
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "HTTP server: timeouts and connections")]
     pub http: HttpArgs,
     /// Milliseconds a connection to a worker may take to open; past it (or refused), the request
     /// migrates to another worker.
-    #[arg(long, env = "LOADGATE_FRONTEND_UPSTREAM_CONNECT_TIMEOUT_MS", value_name = "MS", default_value_t = 2000, value_parser = crate::flag_limits::ms(1))]
+    #[arg(help_heading = "Upstream timeouts", long, env = "LOADGATE_FRONTEND_UPSTREAM_CONNECT_TIMEOUT_MS", value_name = "MS", default_value_t = 2000, value_parser = crate::flag_limits::ms(1))]
     pub upstream_connect_timeout_ms: u64,
     /// Seconds a worker may take to send the response head and first byte (the time to first
     /// token); past it: 504.
-    #[arg(long, env = "LOADGATE_FRONTEND_UPSTREAM_FIRST_BYTE_TIMEOUT_SECS", value_name = "SECS", default_value_t = 120, value_parser = crate::flag_limits::secs(1))]
+    #[arg(help_heading = "Upstream timeouts", long, env = "LOADGATE_FRONTEND_UPSTREAM_FIRST_BYTE_TIMEOUT_SECS", value_name = "SECS", default_value_t = 120, value_parser = crate::flag_limits::secs(1))]
     pub upstream_first_byte_timeout_secs: u64,
     /// Seconds a worker's response may go without a byte between two chunks; past it the
     /// response is cut.
-    #[arg(long, env = "LOADGATE_FRONTEND_UPSTREAM_CHUNK_TIMEOUT_SECS", value_name = "SECS", default_value_t = 60, value_parser = crate::flag_limits::secs(1))]
+    #[arg(help_heading = "Upstream timeouts", long, env = "LOADGATE_FRONTEND_UPSTREAM_CHUNK_TIMEOUT_SECS", value_name = "SECS", default_value_t = 60, value_parser = crate::flag_limits::secs(1))]
     pub upstream_chunk_timeout_secs: u64,
     /// Milliseconds an event connection may stay silent before its worker leaves routing (it
     /// rejoins with its next frame); at most --event-idle-timeout-ms, at least a few of the
     /// workers' --heartbeat-ms.
-    #[arg(long, env = "LOADGATE_FRONTEND_EVENT_SILENCE_MS", value_name = "MS", default_value_t = 1000, value_parser = crate::flag_limits::ms(1))]
+    #[arg(help_heading = "Event plane and liveness", long, env = "LOADGATE_FRONTEND_EVENT_SILENCE_MS", value_name = "MS", default_value_t = 1000, value_parser = crate::flag_limits::ms(1))]
     pub event_silence_ms: u64,
     /// Milliseconds between active health checks (`GET URL/health`) of each --worker worker;
     /// two failures in a row take it out of routing, one success brings it back. 0: none.
-    #[arg(long, env = "LOADGATE_FRONTEND_WORKER_HEALTH_CHECK_MS", value_name = "MS", default_value_t = 1000, value_parser = crate::flag_limits::ms(0))]
+    #[arg(help_heading = "Event plane and liveness", long, env = "LOADGATE_FRONTEND_WORKER_HEALTH_CHECK_MS", value_name = "MS", default_value_t = 1000, value_parser = crate::flag_limits::ms(0))]
     pub worker_health_check_ms: u64,
     /// How refusals fill `Retry-After` and `retry-after-ms`: computed (spread), or constant (1 s).
-    #[arg(long, env = "LOADGATE_FRONTEND_RETRY_AFTER_MODE", value_enum, default_value = "computed")]
+    #[arg(
+        help_heading = "Shedding (every threshold: unset = off)",
+        long,
+        env = "LOADGATE_FRONTEND_RETRY_AFTER_MODE",
+        value_enum,
+        default_value = "computed"
+    )]
     pub retry_after_mode: RetryAfterMode,
 }
 
@@ -293,14 +360,13 @@ impl Args {
             return BusyThresholds::default();
         }
         BusyThresholds {
-            active_decode_blocks_threshold: self.active_decode_blocks_threshold,
-            active_prefill_tokens_threshold: self.active_prefill_tokens_threshold,
-            active_prefill_tokens_threshold_frac: self.active_prefill_tokens_threshold_frac,
-            active_waiting_requests_threshold: self.active_waiting_requests_threshold,
+            active_decode_blocks_threshold: self.active_decode_blocks_threshold.0,
+            active_prefill_tokens_threshold: self.active_prefill_tokens_threshold.0,
+            active_prefill_tokens_threshold_frac: self.active_prefill_tokens_threshold_frac.0,
+            active_waiting_requests_threshold: self.active_waiting_requests_threshold.0,
         }
     }
 
-    /// The router policy `--router-mode` names.
     /// What each model's waiting line holds.
     pub(crate) fn line_limits(&self) -> LineLimits {
         LineLimits {
@@ -309,6 +375,7 @@ impl Args {
         }
     }
 
+    /// The router policy `--router-mode` names.
     pub(crate) fn policy(&self) -> Policy {
         match self.router_mode {
             RouterMode::RoundRobin => Policy::RoundRobin,

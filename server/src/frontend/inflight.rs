@@ -277,7 +277,7 @@ mod tests {
             monitor.clone(),
             Some(Tracking { output_blocks: true }),
             false,
-            Arc::new(RetryHint::new(true)),
+            Arc::new(RetryHint::computed()),
         ));
         let mut held = ledger.hold(1, &address(1, false), 20);
         assert_eq!(ledger.totals(), InFlightTotals { requests: 1, tracked_blocks: 2, tracked_prefill_tokens: 20 });
@@ -298,7 +298,7 @@ mod tests {
     fn without_tracking_only_requests_are_counted() {
         let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
         monitor.register(1, "m", 1, 0).unwrap();
-        let ledger = Arc::new(InFlight::new(monitor.clone(), None, false, Arc::new(RetryHint::new(true))));
+        let ledger = Arc::new(InFlight::new(monitor.clone(), None, false, Arc::new(RetryHint::computed())));
         let held = ledger.hold(1, &address(1, false), 100);
         assert_eq!(ledger.totals(), InFlightTotals { requests: 1, ..Default::default() });
         assert!(monitor.rank_snapshots()[0].tracked.is_none());
@@ -314,7 +314,7 @@ mod tests {
         let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
         monitor.register(1, "m", 2, 0).unwrap();
         monitor.register(2, "m", 1, 0).unwrap();
-        let ledger = Arc::new(InFlight::new(monitor.clone(), None, true, Arc::new(RetryHint::new(true))));
+        let ledger = Arc::new(InFlight::new(monitor.clone(), None, true, Arc::new(RetryHint::computed())));
         assert!(ledger.tracking(), "prompt tokens must be counted");
         let mut first = ledger.hold(1, &address(2, true), 40);
         let second = ledger.hold(1, &address(2, true), 7);

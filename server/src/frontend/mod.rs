@@ -6,7 +6,10 @@
 //! Three listeners: inference HTTP (`--http-host:--http-port`, optionally
 //! TLS), the event plane (`--event-host:--event-port`) and admin
 //! (`--admin-host:--admin-port`, optional bearer token, or none with
-//! `--disable-admin-api`). The inference port never changes state.
+//! `--disable-admin-api`). The inference port never changes state, but
+//! for one documented exception: with `--admin-on-http-port` (and an admin
+//! token, or the frontend refuses to start) it serves the admin routes too,
+//! Dynamo's layout.
 //!
 //! On SIGTERM (or ctrl-c) the frontend drains ([`RunningFrontend::shutdown`]):
 //! `/health` answers 503, the inference listener closes, in-flight
@@ -42,6 +45,7 @@ pub(crate) mod retry_hint;
 mod state;
 pub(crate) mod tenants;
 mod threshold_api;
+mod threshold_flag;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -67,9 +71,27 @@ use crate::nats::{NatsPlane, Sharing};
 /// for it to reconnect.
 pub const DEREGISTER_GRACE: Duration = Duration::from_millis(500);
 
-/// The inference listener's routes (nothing here changes state; any other
-/// path, `/busy_threshold` included, is 404).
-pub fn app(frontend: Arc<Frontend>) -> axum::Router {
+/// Where the admin API is, as the inference listener sees it.
+#[derive(Debug, Clone)]
+pub enum AdminPlace {
+    /// On its own listener (at this address), or off (`None`): the
+    /// inference port answers `/busy_threshold` with a 404 that says where.
+    Elsewhere(Option<SocketAddr>),
+    /// On the inference port too (`--admin-on-http-port`), behind this
+    /// token.
+    Here(AdminToken),
+}
+
+/// The inference listener's routes. Nothing here changes state, unless
+/// `admin` is [`AdminPlace::Here`] (the admin routes, behind their token);
+/// any other path is 404, `/busy_threshold` with where the admin API is.
+pub fn app(frontend: Arc<Frontend>, admin: AdminPlace) -> axum::Router {
+    let admin_routes = match admin {
+        AdminPlace::Here(token) => admin_app(frontend.clone(), Some(token)),
+        AdminPlace::Elsewhere(addr) => {
+            axum::Router::new().route("/busy_threshold", axum::routing::any(move || reply::admin_elsewhere(addr)))
+        }
+    };
     let routes = axum::Router::new()
         .route("/v1/completions", post(proxy::completions))
         .route("/v1/chat/completions", post(proxy::chat_completions))
@@ -80,7 +102,8 @@ pub fn app(frontend: Arc<Frontend>) -> axum::Router {
         .route("/metrics", get(admin::metrics))
         .fallback(reply::no_route)
         .method_not_allowed_fallback(reply::method_not_allowed)
-        .with_state(frontend.clone());
+        .with_state(frontend.clone())
+        .merge(admin_routes);
     observe::layer(routes, frontend)
 }
 
@@ -208,6 +231,18 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
             SharedLoad::default()
         },
     };
+    if config.default_thresholds.is_empty() {
+        let why = if args.admission_control == Some(args::AdmissionControl::None) {
+            "--admission-control none clears the thresholds given"
+        } else {
+            "no busy threshold is set (--active-decode-blocks-threshold, --active-prefill-tokens-threshold, \
+             --active-prefill-tokens-threshold-frac, --active-waiting-requests-threshold)"
+        };
+        tracing::warn!(
+            "this frontend will never shed load: {why}, so no worker is ever busy and nothing waits or gets a 529 \
+             until POST /busy_threshold sets one for a model (only the workers' own hard caps refuse)"
+        );
+    }
     let monitor = Arc::new(WorkerMonitor::new(config).map_err(|e| anyhow::anyhow!("invalid threshold: {e}"))?);
     let directory = Arc::new(WorkerDirectory::new(monitor.clone()));
     // Quarantined workers come back into routing as their time ends.
@@ -224,6 +259,12 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
         _ => anyhow::bail!("--tls-cert-path and --tls-key-path go together: give both or neither"),
     };
     let admin_token = if args.disable_admin_api { None } else { AdminToken::load(args.admin_token_file.as_deref())? };
+    if args.admin_on_http_port && admin_token.is_none() {
+        anyhow::bail!(
+            "--admin-on-http-port needs an admin token (--admin-token-file PATH or LOADGATE_ADMIN_TOKEN): \
+             the inference port would otherwise let anyone who reaches it change the thresholds"
+        );
+    }
 
     let event_host = crate::events::event_bind_host(&args.event_host, secrets.is_some());
     let event_listener = std::net::TcpListener::bind((event_host, args.event_port))
@@ -294,6 +335,8 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
     let http = listener.local_addr()?;
     let (admin, admin_server) = if args.disable_admin_api {
         (None, None)
+    } else if args.admin_on_http_port {
+        (Some(http), None)
     } else {
         let listener = tokio::net::TcpListener::bind((args.admin_host.as_str(), args.admin_port))
             .await
@@ -302,15 +345,19 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
         if admin_token.is_none() && !addr.ip().is_loopback() {
             tracing::warn!(%addr, "the admin API is reachable beyond loopback without a token (set LOADGATE_ADMIN_TOKEN)");
         }
-        let router = admin_app(frontend.clone(), admin_token);
+        let router = admin_app(frontend.clone(), admin_token.clone());
         let config = ServeConfig { max_connections: http_server::ADMIN_MAX_CONNECTIONS, ..ServeConfig::plain() };
         (Some(addr), Some(tokio::spawn(http_server::serve(listener, router, config))))
+    };
+    let admin_place = match admin_token {
+        Some(token) if args.admin_on_http_port => AdminPlace::Here(token),
+        _ => AdminPlace::Elsewhere(admin),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let drain = args.http.graceful_shutdown_timeout();
     let server = tokio::spawn(http_server::serve_until(
         listener,
-        app(frontend.clone()),
+        app(frontend.clone(), admin_place),
         ServeConfig::from_args(&args.http, http_server::WRITE_TIMEOUT, tls),
         async {
             // A dropped sender (the RunningFrontend dropped) ends the task by abort anyway.

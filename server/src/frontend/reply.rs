@@ -15,7 +15,8 @@ use serde_json::json;
 
 use loadgate::{metrics::Reason, rejection::overload_status_code, Rejection};
 
-pub use crate::api_error::{bad_request, client_error, error_with_param, openai_error, set_retry_after};
+pub use crate::api_error::{bad_request, client_error, openai_error, set_retry_after};
+#[cfg(test)]
 use crate::openai::INVALID_REQUEST_ERROR;
 
 /// The header naming why a request was refused with the overload status:
@@ -79,6 +80,7 @@ pub fn overloaded(retry_after: Duration, reasons: &RejectedReasons) -> Response 
     let mut response = openai_error(status, refusal.error_type(), refusal.message());
     set_retry_after(&mut response, retry_after);
     response.headers_mut().insert(REJECTED_REASON, reasons.header_value());
+    crate::reason_phrase::overloaded(&mut response);
     response
 }
 
@@ -90,10 +92,10 @@ pub fn unavailable(retry_after: Duration) -> Response {
     response
 }
 
-/// No such model: 404 naming `model`.
+/// No such model: 404 naming `model` (`api_error::unknown_model`: the
+/// library's body, as an embedder's `Refusal` and `Routed` send it).
 pub fn unknown_model(model: &str) -> Response {
-    let message = format!("model {model:?} not found");
-    error_with_param(StatusCode::NOT_FOUND, INVALID_REQUEST_ERROR, Some("model"), &message)
+    crate::api_error::unknown_model(model)
 }
 
 /// `{"error":"..."}` with `status` (admin routes).
@@ -104,6 +106,19 @@ pub fn plain_error(status: StatusCode, message: impl Into<String>) -> Response {
 /// Any path the inference listener does not serve: 404 in OpenAI's shape.
 pub async fn no_route() -> Response {
     client_error(StatusCode::NOT_FOUND, "no such route")
+}
+
+/// `/busy_threshold` on the inference port while the admin API is on its
+/// own listener at `admin` (or off): 404 in OpenAI's shape, saying where.
+pub async fn admin_elsewhere(admin: Option<std::net::SocketAddr>) -> Response {
+    let message = match admin {
+        Some(addr) => format!(
+            "/busy_threshold is served on the admin listener, http://{addr}/busy_threshold, not on the inference \
+             port (--admin-host and --admin-port move it; --admin-on-http-port with an admin token serves it here)"
+        ),
+        None => "/busy_threshold is off on this frontend (--disable-admin-api)".to_owned(),
+    };
+    client_error(StatusCode::NOT_FOUND, &message)
 }
 
 /// A served path with the wrong method: 405 in OpenAI's shape.

@@ -82,7 +82,10 @@ impl Frontend {
             (args.router_mode == RouterMode::Kv).then_some(Tracking { output_blocks: args.router_track_output_blocks });
         let upstream = args.upstream_timeouts();
         let client = upstream::client(upstream.connect)?;
-        let retry_hint = Arc::new(RetryHint::new(args.retry_after_mode == RetryAfterMode::Computed));
+        let retry_hint = Arc::new(match args.retry_after_mode {
+            RetryAfterMode::Computed => RetryHint::computed(),
+            RetryAfterMode::Constant => RetryHint::constant(),
+        });
         let tenants = match &args.tenants_file {
             Some(path) => Some(Arc::new(SharedTenants::new(Tenants::load(path).map_err(anyhow::Error::msg)?))),
             None => None,

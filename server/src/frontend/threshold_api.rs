@@ -1,7 +1,9 @@
 //! `GET`/`POST /busy_threshold`: read and change a model's busy thresholds
 //! at run time. A change is applied (and every worker of the model
-//! re-evaluated) before the reply is sent. Served only on the admin listener
-//! (`admin_app` in `mod.rs`), behind the bearer token when one is set.
+//! re-evaluated) before the reply is sent. Served on the admin listener
+//! (`admin_app` in `mod.rs`), behind the bearer token when one is set, and
+//! with `--admin-on-http-port` on the inference port instead, behind the
+//! token it needs.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,7 +70,10 @@ pub async fn read_all(State(frontend): State<Arc<Frontend>>) -> Response {
 /// [`MAX_BODY`], 400 for an invalid body or value, 404 for an unknown model.
 pub async fn update(State(frontend): State<Arc<Frontend>>, headers: HeaderMap, body: Body) -> Response {
     if !is_json(&headers) {
-        return plain_error(StatusCode::UNSUPPORTED_MEDIA_TYPE, "Content-Type must be application/json");
+        return plain_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Content-Type must be application/json (curl: -H 'Content-Type: application/json')",
+        );
     }
     let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
     if declared.is_some_and(|n: usize| n > DRAIN_LIMIT) {
@@ -105,7 +110,13 @@ pub async fn update(State(frontend): State<Arc<Frontend>>, headers: HeaderMap, b
             }
             Json(thresholds_json(&patch.model, &thresholds, frontend.queue.millis(&patch.model))).into_response()
         }
-        Err(e @ SetThresholdsError::UnknownModel(_)) => plain_error(StatusCode::NOT_FOUND, e.to_string()),
+        Err(SetThresholdsError::UnknownModel(model)) => plain_error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "unknown model {model:?}: no worker serves it and it is not kept; start the frontend with \
+                 --model {model} to keep it (then its thresholds can be set before any worker joins)"
+            ),
+        ),
         Err(e) => plain_error(StatusCode::BAD_REQUEST, e.to_string()),
     }
 }

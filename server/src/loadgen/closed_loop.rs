@@ -1,12 +1,14 @@
 //! Closed-loop saturation: how many requests per second a pool completes
 //! when clients send back to back (the demo's capacity estimate).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::loadgen::config::{request_body, BenchConfig};
+use crate::loadgen::progress::{Progress, Tally};
 
 /// Closed-loop saturation: `clients` clients each send their next request
 /// as soon as the previous one ends, for `warmup + measure`; returns the
@@ -14,6 +16,7 @@ use crate::loadgen::config::{request_body, BenchConfig};
 /// counted by [`window_rate`] so that requests finishing in waves do not
 /// make the figure jump by a whole wave. A request still running at the
 /// window's end may finish within the config's drain timeout to count.
+/// Its progress is shown on stderr as the open loop's is.
 ///
 /// # Errors
 ///
@@ -26,26 +29,37 @@ pub async fn saturate(
 ) -> anyhow::Result<f64> {
     let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
     let body = bytes::Bytes::from(request_body(config));
+    let tally = Arc::new(Tally::default());
+    let progress = Progress::start(config.progress, warmup + measure, tally.clone());
     let start = Instant::now();
     let (from, until) = (start + warmup, start + warmup + measure);
     let deadline = until + config.drain_timeout;
     let mut tasks = JoinSet::new();
     for i in 0..clients {
         let (client, url, body) = (client.clone(), config.url_for(i).to_owned(), body.clone());
+        let tally = tally.clone();
         tasks.spawn(async move {
             let mut served = Vec::new();
             while Instant::now() < until {
                 let sent = Instant::now();
+                tally.sent();
                 let exchange = async {
                     let resp =
                         client.post(&url).header("content-type", "application/json").body(body.clone()).send().await?;
-                    let ok = resp.status().is_success();
-                    resp.bytes().await.map(|_| ok)
+                    let status = resp.status().as_u16();
+                    resp.bytes().await.map(|_| status)
                 };
                 match tokio::time::timeout_at(deadline, exchange).await {
-                    Ok(Ok(true)) => served.push((sent, Instant::now())),
-                    Ok(Ok(false)) => {}
-                    Ok(Err(_)) => tokio::time::sleep(Duration::from_millis(10)).await,
+                    Ok(Ok(status)) => {
+                        tally.answered(status);
+                        if (200..300).contains(&status) {
+                            served.push((sent, Instant::now()));
+                        }
+                    }
+                    Ok(Err(error)) => {
+                        tally.failed(&error);
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
                     Err(_) => break,
                 }
             }
@@ -56,6 +70,7 @@ pub async fn saturate(
     while let Some(spans) = tasks.join_next().await {
         served.extend(spans.unwrap_or_default());
     }
+    drop(progress);
     Ok(window_rate(&served, from, until))
 }
 

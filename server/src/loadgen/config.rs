@@ -14,62 +14,90 @@ use crate::loadgen::tenants::TenantMix;
 #[derive(Clone, Debug, clap::Args)]
 pub struct Args {
     /// Base URL of a frontend or worker (or a full `/v1/...completions` URL).
-    #[arg(long, env = "LOADGATE_BENCH_URL")]
+    #[arg(help_heading = "Target", long, env = "LOADGATE_BENCH_URL")]
     pub url: String,
     /// Model name sent in every request.
-    #[arg(long, env = "LOADGATE_BENCH_MODEL")]
+    #[arg(help_heading = "Target", long, env = "LOADGATE_BENCH_MODEL")]
     pub model: String,
     /// Mean arrival rate, requests per second (open loop; not with --retry-storm).
-    #[arg(long, env = "LOADGATE_BENCH_RATE", required_unless_present = "retry_storm", conflicts_with = "retry_storm")]
+    #[arg(
+        help_heading = "Load (open loop)",
+        long,
+        env = "LOADGATE_BENCH_RATE",
+        required_unless_present = "retry_storm",
+        conflicts_with = "retry_storm"
+    )]
     pub rate: Option<f64>,
     /// Seconds during which requests arrive; with --retry-storm, the storm's bound: no attempt
     /// starts after it (default 60 s there).
-    #[arg(long, env = "LOADGATE_BENCH_DURATION", required_unless_present = "retry_storm")]
+    #[arg(
+        help_heading = "Load (open loop)",
+        long,
+        env = "LOADGATE_BENCH_DURATION",
+        required_unless_present = "retry_storm"
+    , value_parser = crate::flag_limits::fractional_secs())]
     pub duration: Option<f64>,
     /// Prompt length in tokens (words).
-    #[arg(long, env = "LOADGATE_BENCH_PROMPT_TOKENS", default_value_t = 128)]
+    #[arg(help_heading = "Load (open loop)", long, env = "LOADGATE_BENCH_PROMPT_TOKENS", default_value_t = 128)]
     pub prompt_tokens: u32,
     /// Tokens to generate per request.
-    #[arg(long, env = "LOADGATE_BENCH_OUTPUT_TOKENS", default_value_t = 32)]
+    #[arg(help_heading = "Load (open loop)", long, env = "LOADGATE_BENCH_OUTPUT_TOKENS", default_value_t = 32)]
     pub output_tokens: u32,
     /// Stream responses (SSE); TTFT is then the first streamed bytes.
-    #[arg(long, env = "LOADGATE_BENCH_STREAM", value_parser = clap::builder::BoolishValueParser::new())]
+    #[arg(help_heading = "Load (open loop)", long, env = "LOADGATE_BENCH_STREAM", value_parser = clap::builder::BoolishValueParser::new())]
     pub stream: bool,
     /// Print one JSON object instead of the table.
-    #[arg(long, env = "LOADGATE_BENCH_JSON", value_parser = clap::builder::BoolishValueParser::new())]
+    #[arg(help_heading = "Report", long, env = "LOADGATE_BENCH_JSON", value_parser = clap::builder::BoolishValueParser::new())]
     pub json: bool,
+    /// No progress on stderr. Without it, a run shows its elapsed time and its requests sent, ok
+    /// (2xx), rejected (other statuses) and errors: a bar refreshed every second on a terminal,
+    /// else one line every 5 s. The exit status is 1 when no request got an HTTP answer.
+    #[arg(help_heading = "Report", long, env = "LOADGATE_BENCH_QUIET", value_parser = clap::builder::BoolishValueParser::new())]
+    pub quiet: bool,
     /// Draw latency percentiles and the rejection rate over time (SVG).
-    #[arg(long, env = "LOADGATE_BENCH_PLOT", value_name = "FILE.svg")]
+    #[arg(help_heading = "Report", long, env = "LOADGATE_BENCH_PLOT", value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
     /// Seconds to wait for in-flight requests after the last arrival.
-    #[arg(long, env = "LOADGATE_BENCH_DRAIN_TIMEOUT", default_value_t = 10.0)]
+    #[arg(help_heading = "Load (open loop)", long, env = "LOADGATE_BENCH_DRAIN_TIMEOUT", default_value_t = 10.0, value_parser = crate::flag_limits::fractional_secs())]
     pub drain_timeout: f64,
     /// Seed of the arrival process (default: random).
-    #[arg(long, env = "LOADGATE_BENCH_SEED")]
+    #[arg(help_heading = "Load (open loop)", long, env = "LOADGATE_BENCH_SEED")]
     pub seed: Option<u64>,
     /// Retry-storm mode: CLIENTS clients each send one request at the same instant and, on 529
     /// or 503, wait what `retry-after-ms` says (else `Retry-After`, else --retry-fallback-ms) and
     /// send it again, until success, --max-attempts or --duration. Reports the peak number of
     /// retries in any 10 ms window, goodput and time to success.
-    #[arg(long, env = "LOADGATE_BENCH_RETRY_STORM", value_name = "CLIENTS",
+    #[arg(help_heading = "Retry storm", long, env = "LOADGATE_BENCH_RETRY_STORM", value_name = "CLIENTS",
           value_parser = clap::value_parser!(u32).range(1..=MAX_STORM_CLIENTS))]
     pub retry_storm: Option<u32>,
     /// With --retry-storm: attempts per client, the first included.
-    #[arg(long, env = "LOADGATE_BENCH_MAX_ATTEMPTS", default_value_t = 20,
+    #[arg(help_heading = "Retry storm", long, env = "LOADGATE_BENCH_MAX_ATTEMPTS", default_value_t = 20,
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub max_attempts: u32,
     /// With --retry-storm: milliseconds to wait before a retry when a refusal carries no usable
     /// hint (none, unparsable, or above 60 s), and after a transport error or timeout.
-    #[arg(long, env = "LOADGATE_BENCH_RETRY_FALLBACK_MS", value_name = "MS", default_value_t = 1000, value_parser = crate::flag_limits::ms(0))]
+    #[arg(help_heading = "Retry storm", long, env = "LOADGATE_BENCH_RETRY_FALLBACK_MS", value_name = "MS", default_value_t = 1000, value_parser = crate::flag_limits::ms(0))]
     pub retry_fallback_ms: u64,
     /// With --retry-storm: seconds one attempt may take (connect to last byte); past it the
     /// attempt counts as a timeout and is retried.
-    #[arg(long, env = "LOADGATE_BENCH_REQUEST_TIMEOUT", value_name = "SECS", default_value_t = 30.0)]
+    #[arg(
+        help_heading = "Load (open loop)",
+        long,
+        env = "LOADGATE_BENCH_REQUEST_TIMEOUT",
+        value_name = "SECS",
+        default_value_t = 30.0
+    , value_parser = crate::flag_limits::fractional_secs())]
     pub request_timeout: f64,
     /// Priority classes: each request's class drawn with these shares
     /// (`critical=0.3,standard=0.4,sheddable=0.3`) and sent in `x-loadgate-priority` (a
     /// frontend honours it with --trust-priority-header); the report counts each class apart.
-    #[arg(long, env = "LOADGATE_BENCH_MIX", value_name = "CLASS=SHARE,...", conflicts_with = "retry_storm")]
+    #[arg(
+        help_heading = "Load (open loop)",
+        long,
+        env = "LOADGATE_BENCH_MIX",
+        value_name = "CLASS=SHARE,...",
+        conflicts_with = "retry_storm"
+    )]
     pub mix: Option<ClassMix>,
     /// Tenants: each request's tenant drawn with these shares (`a=10,b=1`; names of 1 to 64
     /// characters among a-z, 0-9, _ and -, at most 64 tenants), independently of its class, and
@@ -77,12 +105,24 @@ pub struct Args {
     /// it by key with a tenants file, by the header with --trust-priority-header). The key sent
     /// is the tenant's name: its tenants-file entry's key is `sha256:` and the SHA-256 of the
     /// name. The report counts each tenant apart.
-    #[arg(long, env = "LOADGATE_BENCH_TENANTS", value_name = "NAME=SHARE,...", conflicts_with = "retry_storm")]
+    #[arg(
+        help_heading = "Load (open loop)",
+        long,
+        env = "LOADGATE_BENCH_TENANTS",
+        value_name = "NAME=SHARE,...",
+        conflicts_with = "retry_storm"
+    )]
     pub tenants: Option<TenantMix>,
     /// With --retry-storm: more frontends of the same pool (repeatable; or comma-separated in
     /// LOADGATE_BENCH_ALSO_URL): client i starts at the i-th URL of --url and these, and each retry
     /// goes to the next one, as a load balancer would spread them.
-    #[arg(long, env = "LOADGATE_BENCH_ALSO_URL", value_delimiter = ',', requires = "retry_storm")]
+    #[arg(
+        help_heading = "Target",
+        long,
+        env = "LOADGATE_BENCH_ALSO_URL",
+        value_delimiter = ',',
+        requires = "retry_storm"
+    )]
     pub also_url: Vec<String>,
 }
 
@@ -113,7 +153,7 @@ pub struct BenchConfig {
     pub drain_timeout: Duration,
     /// Seed of the arrival process.
     pub seed: u64,
-    /// Show a progress bar on stderr (only if stderr is a terminal).
+    /// Show the run's progress on stderr (`progress.rs`).
     pub progress: bool,
     /// The share of requests in each priority class (`None`: no class
     /// sent, every request standard).
@@ -155,7 +195,7 @@ impl BenchConfig {
             stream: args.stream,
             drain_timeout: flag_limits::seconds(args.drain_timeout, "--drain-timeout", true)?,
             seed: args.seed.unwrap_or_else(|| fastrand::u64(..)),
-            progress: !args.json,
+            progress: !args.quiet,
             mix: args.mix,
             tenants: args.tenants.clone(),
             also: Vec::new(),
@@ -198,7 +238,7 @@ impl StormConfig {
             stream: args.stream,
             drain_timeout: flag_limits::seconds(args.drain_timeout, "--drain-timeout", true)?,
             seed: 0,
-            progress: false,
+            progress: !args.quiet,
             mix: None,
             tenants: None,
             also: Vec::new(),

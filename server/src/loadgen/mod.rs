@@ -14,6 +14,10 @@
 //! every refusal ([`run_storm`]; its `StormReport` renders its figures: the
 //! peak of retries in any 10 ms window, goodput, time to success).
 //!
+//! Every kind of run counts its requests in a shared `Tally` as they end;
+//! `progress.rs` shows it on stderr while the run goes on (unless
+//! `--quiet`), and a run in which no request got an HTTP answer exits 1.
+//!
 //! With `--mix` each request's priority class is drawn and sent
 //! (`mix.rs`), and the report counts each class apart. With `--tenants`
 //! each request's tenant is drawn too and sent as its API key and in
@@ -30,10 +34,13 @@ mod config;
 mod mix;
 mod open_loop;
 pub mod plot;
+mod progress;
 mod report;
 mod retry_storm;
 mod storm_report;
 mod tenants;
+
+use std::sync::Arc;
 
 use anyhow::Context as _;
 
@@ -41,6 +48,8 @@ pub use self::closed_loop::saturate;
 pub use self::config::{completions_url, Args, BenchConfig, StormConfig};
 pub use self::mix::ClassMix;
 pub use self::open_loop::run_bench;
+use self::open_loop::run_bench_tallied;
+use self::progress::Tally;
 #[cfg(test)]
 pub(crate) use self::report::report_for_test;
 #[cfg(test)]
@@ -53,21 +62,23 @@ pub use self::tenants::TenantMix;
 ///
 /// # Errors
 ///
-/// Invalid arguments, or a plot that cannot be written.
+/// Invalid arguments, a plot that cannot be written, or a run in which no
+/// request got an HTTP answer (after its report is printed).
 pub fn run(args: Args) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let tally = Arc::new(Tally::default());
     if let Some(storm) = StormConfig::from_args(&args)? {
         anyhow::ensure!(args.plot.is_none(), "--plot draws open-loop runs only, not --retry-storm");
-        let report = runtime.block_on(run_storm(&storm))?;
+        let report = runtime.block_on(run_storm(&storm, &tally))?;
         if args.json {
             println!("{}", serde_json::to_string(&report.summary())?);
         } else {
             print!("{}", report.table());
         }
-        return Ok(());
+        return tally.ensure_answered();
     }
     let config = BenchConfig::from_args(&args)?;
-    let report = runtime.block_on(run_bench(&config))?;
+    let report = runtime.block_on(run_bench_tallied(&config, &tally))?;
     if args.json {
         println!("{}", serde_json::to_string(&report.summary())?);
     } else {
@@ -79,5 +90,5 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             println!("plot: {}", path.display());
         }
     }
-    Ok(())
+    tally.ensure_answered()
 }

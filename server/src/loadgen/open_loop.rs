@@ -2,10 +2,9 @@
 //! to earlier requests, latency measured from the scheduled time.
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal;
+use std::sync::Arc;
 use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressStyle};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -14,6 +13,7 @@ use loadgate::Class;
 
 use crate::loadgen::config::{request_body, BenchConfig};
 use crate::loadgen::mix::PRIORITY_HEADER;
+use crate::loadgen::progress::{Progress, Tally};
 use crate::loadgen::report::{histogram, BenchReport, ClassReport, SecondBucket};
 use crate::loadgen::tenants::{TenantHeaders, TENANT_HEADER};
 
@@ -52,10 +52,19 @@ struct Outcome {
 ///
 /// The HTTP client cannot be built.
 pub async fn run_bench(config: &BenchConfig) -> anyhow::Result<BenchReport> {
+    run_bench_tallied(config, &Arc::default()).await
+}
+
+/// As [`run_bench`], counting every request in `tally` as it ends.
+///
+/// # Errors
+///
+/// The HTTP client cannot be built.
+pub async fn run_bench_tallied(config: &BenchConfig, tally: &Arc<Tally>) -> anyhow::Result<BenchReport> {
     let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
     let body = bytes::Bytes::from(request_body(config));
     let mut rng = fastrand::Rng::with_seed(config.seed);
-    let progress = progress_bar(config);
+    let progress = Progress::start(config.progress, config.duration, tally.clone());
     let (tx, mut rx) = mpsc::unbounded_channel::<Outcome>();
     let mut tasks = JoinSet::new();
 
@@ -111,17 +120,14 @@ pub async fn run_bench(config: &BenchConfig) -> anyhow::Result<BenchReport> {
                     class,
                     tenant: tenant.map(|i| (i, tenant_headers[i].clone())),
                 };
-                tasks.spawn(one_request(client.clone(), request, scheduled, second, tx.clone()));
+                tally.sent();
+                tasks.spawn(one_request(client.clone(), request, scheduled, second, tx.clone(), tally.clone()));
                 next = Some(scheduled + gap(&mut rng)).filter(|t| *t < end);
             }
             Some(outcome) = rx.recv() => {
                 outstanding -= 1;
                 last_answer = Instant::now();
                 record(&mut report, &outcome);
-                progress.set_message(format!(
-                    "sent {} ok {} rejected {} in flight {}",
-                    report.sent, report.ok(), report.rejected(), outstanding
-                ));
             }
             () = tokio::time::sleep_until(drain_deadline), if next.is_none() => {
                 report.unfinished = outstanding;
@@ -131,23 +137,10 @@ pub async fn run_bench(config: &BenchConfig) -> anyhow::Result<BenchReport> {
             }
         }
         while tasks.try_join_next().is_some() {}
-        progress.set_position((start.elapsed().as_millis() as u64).min(config.duration.as_millis() as u64));
     }
-    progress.finish_and_clear();
+    drop(progress);
     report.elapsed = (last_answer - start).max(config.duration);
     Ok(report)
-}
-
-fn progress_bar(config: &BenchConfig) -> ProgressBar {
-    if !config.progress || !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(config.duration.as_millis() as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{elapsed:>4} [{bar:30}] {msg}").expect("valid template").progress_chars("=> "),
-    );
-    bar.enable_steady_tick(Duration::from_millis(100));
-    bar
 }
 
 fn record(report: &mut BenchReport, o: &Outcome) {
@@ -200,6 +193,7 @@ async fn one_request(
     scheduled: Instant,
     second: usize,
     done: mpsc::UnboundedSender<Outcome>,
+    tally: Arc<Tally>,
 ) {
     let Request { url, body, stream, class, tenant } = request;
     let mut post = client.post(&url).header("content-type", "application/json");
@@ -222,6 +216,9 @@ async fn one_request(
         class,
         tenant: tenant.map(|(i, _)| i),
     };
+    if let Err(error) = &sent {
+        tally.failed(error);
+    }
     if let Ok(mut resp) = sent {
         let status = resp.status().as_u16();
         if !resp.status().is_success() {
@@ -239,7 +236,8 @@ async fn one_request(
                     text.extend_from_slice(&chunk);
                 }
                 Ok(None) => break,
-                Err(_) => {
+                Err(error) => {
+                    tally.failed(&error);
                     broken = true;
                     break;
                 }
@@ -247,6 +245,7 @@ async fn one_request(
         }
         outcome.latency = scheduled.elapsed();
         if !broken {
+            tally.answered(status);
             outcome.answer = Answer::Status(status);
             if !stream {
                 outcome.ttft = Some(outcome.latency);

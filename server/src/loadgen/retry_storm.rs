@@ -20,6 +20,7 @@
 //! burst (as SDK clients with keep-alive connections would have), so the
 //! burst is not spread by N TCP handshakes.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::header::{HeaderMap, RETRY_AFTER};
@@ -28,6 +29,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::loadgen::config::{request_body, StormConfig};
+use crate::loadgen::progress::{Progress, Tally};
 use crate::loadgen::storm_report::{ClientRun, Ending, StormReport};
 
 /// The header the OpenAI SDKs read before `Retry-After`.
@@ -36,12 +38,13 @@ const RETRY_AFTER_MS: &str = "retry-after-ms";
 /// replaced by the fallback.
 const MAX_HONOURED_HINT: Duration = Duration::from_secs(60);
 
-/// Runs one retry storm.
+/// Runs one retry storm, counting every attempt in `tally` as it ends.
 ///
 /// # Errors
 ///
 /// The HTTP client cannot be built.
-pub async fn run_storm(config: &StormConfig) -> anyhow::Result<StormReport> {
+pub async fn run_storm(config: &StormConfig, tally: &Arc<Tally>) -> anyhow::Result<StormReport> {
+    let progress = Progress::start(config.request.progress, config.request.duration, tally.clone());
     let body = bytes::Bytes::from(request_body(&config.request));
     // Every client opens its connection, reports, and waits for the
     // starting instant, sent once all are connected (or the wait is over).
@@ -56,6 +59,7 @@ pub async fn run_storm(config: &StormConfig) -> anyhow::Result<StormReport> {
             .timeout(config.request_timeout)
             .build()?;
         let (body, mut ready, connected, config) = (body.clone(), ready.clone(), connected.clone(), config.clone());
+        let tally = tally.clone();
         tasks.spawn(async move {
             connect(&client, config.url(index, 1)).await;
             let _ = connected.send(()).await;
@@ -64,7 +68,7 @@ pub async fn run_storm(config: &StormConfig) -> anyhow::Result<StormReport> {
                 Ok(start) => (*start)?,
                 Err(_) => return None,
             };
-            Some(one_client(&client, body, start, &config, index).await)
+            Some(one_client(&client, body, start, &config, index, &tally).await)
         });
     }
     drop(connected);
@@ -95,6 +99,7 @@ pub async fn run_storm(config: &StormConfig) -> anyhow::Result<StormReport> {
             }
         }
     }
+    drop(progress);
     let unfinished = u64::from(config.clients) - runs.len() as u64;
     let elapsed =
         if unfinished > 0 { deadline - start } else { runs.iter().map(|r| r.finished_at).max().unwrap_or_default() };
@@ -127,6 +132,7 @@ async fn one_client(
     start: Instant,
     config: &StormConfig,
     index: usize,
+    tally: &Tally,
 ) -> ClientRun {
     let end = start + config.request.duration;
     let mut run = ClientRun::default();
@@ -135,8 +141,10 @@ async fn one_client(
         if attempt > 1 {
             run.retries.push(due - start);
         }
+        tally.sent();
         let wait = match attempt_once(client, config.url(index, attempt), body.clone()).await {
             Ok((status, hint)) => {
+                tally.answered(status);
                 run.statuses.push(status);
                 if (200..300).contains(&status) {
                     run.success = Some(start.elapsed());
@@ -158,11 +166,13 @@ async fn one_client(
                     }
                 }
             }
-            Err(Failure::Timeout) => {
+            Err(Failure::Timeout(error)) => {
+                tally.failed(&error);
                 run.timeouts += 1;
                 config.fallback
             }
-            Err(Failure::Transport) => {
+            Err(Failure::Transport(error)) => {
+                tally.failed(&error);
                 run.transport_errors += 1;
                 config.fallback
             }
@@ -184,9 +194,9 @@ async fn one_client(
 /// Why an attempt has no status.
 enum Failure {
     /// The attempt took longer than `--request-timeout`.
-    Timeout,
+    Timeout(reqwest::Error),
     /// The connection failed or broke.
-    Transport,
+    Transport(reqwest::Error),
 }
 
 /// One attempt: its status (the body fully read) and the retry hint it carries.
@@ -195,7 +205,7 @@ async fn attempt_once(
     url: &str,
     body: bytes::Bytes,
 ) -> Result<(u16, Option<Duration>), Failure> {
-    let classify = |e: reqwest::Error| if e.is_timeout() { Failure::Timeout } else { Failure::Transport };
+    let classify = |e: reqwest::Error| if e.is_timeout() { Failure::Timeout(e) } else { Failure::Transport(e) };
     let response =
         client.post(url).header("content-type", "application/json").body(body).send().await.map_err(classify)?;
     let status = response.status().as_u16();

@@ -47,7 +47,7 @@ pub(crate) struct NatsArgs {
     pub(crate) nats_tls_ca_file: Option<PathBuf>,
     /// The longest wait for the first connection to NATS at start (seconds; a failure then is an
     /// error). Later disconnections reconnect by themselves, with backoff.
-    #[arg(long, env = "LOADGATE_NATS_CONNECT_TIMEOUT_SECS", value_name = "S", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=300))]
+    #[arg(long, env = "LOADGATE_NATS_CONNECT_TIMEOUT_SECS", value_name = "S", default_value_t = 5, value_parser = crate::flag_limits::secs_within(1, 300))]
     pub(crate) nats_connect_timeout_secs: u64,
     /// Messages buffered per subscription (a frontend's view of every worker's frames) and for
     /// publishing; past it, the oldest wait (publishing) or the NATS server drops the slow

@@ -83,5 +83,6 @@ pub(crate) fn at_capacity() -> Response {
     response.headers_mut().insert("retry-after-ms", HeaderValue::from_static("1000"));
     // The explicit signal: the frontend recognises a refusal by it alone.
     response.headers_mut().insert(REFUSAL_HEADER, HeaderValue::from_static(REFUSAL_AT_CAPACITY));
+    crate::reason_phrase::overloaded(&mut response);
     response
 }

@@ -8,7 +8,7 @@
 //! Now the tracked load follows the worker's response, not the client, and a
 //! body whose ready data the client does not take for
 //! `--http-write-timeout-secs` is cut; a slow reader that keeps taking data
-//! is not. The deadline is handed over as `LOADGATE_HTTP_WRITE_TIMEOUT_SECS`,
+//! is not. The deadline is handed over as `LOADGATE_FRONTEND_HTTP_WRITE_TIMEOUT_SECS`,
 //! not as the flag, so that these tests run unchanged against a build from
 //! before issue 20 (which ignores the variable) and fail there on their
 //! assertions.
@@ -30,7 +30,7 @@ use crate::MODEL;
 
 /// The write-progress deadline these tests run with (from the environment).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
-const WRITE_TIMEOUT_ENV: (&str, &str) = ("LOADGATE_HTTP_WRITE_TIMEOUT_SECS", "2");
+const WRITE_TIMEOUT_ENV: (&str, &str) = ("LOADGATE_FRONTEND_HTTP_WRITE_TIMEOUT_SECS", "2");
 /// What a cut may take past the deadline (the issue's "free within 3 s" of
 /// a 2 s deadline): the connection's check timer, closing it, and the worker
 /// seeing its requests go. Measured over h2c: the slots free 2.0 s after

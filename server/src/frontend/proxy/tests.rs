@@ -107,7 +107,7 @@ async fn a_migrated_body_is_sent_whole_with_a_proof_and_released_after() {
     frontend.directory.insert(2, &serving, 1);
     let body = json_body(3 << 20);
     let len = body.len();
-    let app = crate::frontend::app(frontend.clone());
+    let app = crate::frontend::app(frontend.clone(), crate::frontend::AdminPlace::Elsewhere(None));
     let response = app.oneshot(completion(body)).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     // Round robin sent it to the refusing worker first, then migrated.
@@ -141,7 +141,7 @@ async fn a_refusal_is_recognised_by_its_header_alone() {
         frontend.monitor.register(2, "m", 1, 0).unwrap();
         frontend.directory.insert(1, &a, 1);
         frontend.directory.insert(2, &b, 1);
-        let app = crate::frontend::app(frontend.clone());
+        let app = crate::frontend::app(frontend.clone(), crate::frontend::AdminPlace::Elsewhere(None));
         let response = app.oneshot(completion(json_body(10))).await.unwrap();
         assert_eq!(response.status(), status);
         assert!(response.headers().get(REFUSAL_HEADER).is_none(), "the signal is stripped");
@@ -154,7 +154,7 @@ async fn a_refusal_is_recognised_by_its_header_alone() {
 async fn bodies_past_the_limit_or_the_budget_are_refused_before_routing() {
     let frontend = frontend(&["--http-body-limit-mb", "1", "--http-body-budget-mb", "1"], None);
     frontend.monitor.add_model("m");
-    let app = crate::frontend::app(frontend.clone());
+    let app = crate::frontend::app(frontend.clone(), crate::frontend::AdminPlace::Elsewhere(None));
     let too_large = app.clone().oneshot(completion(json_body(1 << 20))).await.unwrap();
     assert_eq!(too_large.status(), StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(too_large.headers()[header::CONNECTION], "close");
@@ -189,7 +189,7 @@ async fn a_client_that_disconnects_mid_body_gives_its_reservation_back() {
     frontend.monitor.add_model("m");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = crate::frontend::app(frontend.clone());
+    let app = crate::frontend::app(frontend.clone(), crate::frontend::AdminPlace::Elsewhere(None));
     let server = tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
