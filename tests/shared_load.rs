@@ -73,6 +73,37 @@ fn a_frontends_publication_stops_counting_after_its_staleness_whatever_the_worke
 }
 
 #[test]
+fn a_renewal_keeps_a_live_frontends_load_counting_without_republication() {
+    let (monitor, mock) = monitor(2);
+    monitor.apply(&report(Publisher::Frontend(0), 1, 1001)).unwrap();
+    monitor.apply(&report(Publisher::Frontend(1), 1, 500)).unwrap();
+    assert!(monitor.is_busy(W));
+    // Frontend 0 beats every 400 ms and never publishes again: its load
+    // counts on (both sides of the window, from the last renewal).
+    for _ in 0..5 {
+        mock.increment(Duration::from_millis(400));
+        assert_eq!(monitor.renew_publisher(Publisher::Frontend(0)), Ok(0));
+        assert_eq!(monitor.expire_stale(), 0);
+        assert!(monitor.is_busy(W), "renewed: still 1,001 of frontend 0");
+    }
+    // Frontend 1's was never renewed: long gone from the sum.
+    assert_eq!(monitor.rank_snapshots()[0].shared.map(|l| l.active_prefill_tokens), Some(1001));
+    mock.increment(Duration::from_millis(600));
+    assert_eq!(monitor.expire_stale(), 0, "600 ms after the last renewal still counts");
+    mock.increment(Duration::from_millis(1));
+    assert_eq!(monitor.expire_stale(), 1, "601 ms after it: frontend 0 stopped counting");
+    assert!(!monitor.is_busy(W));
+    // A renewal past the window revives what it published (it was alive
+    // after all, its beats late), and re-evaluates at once.
+    assert_eq!(monitor.renew_publisher(Publisher::Frontend(0)), Ok(1));
+    assert!(monitor.is_busy(W));
+    let refused = |p| Err(ApplyError::UnknownPublisher(p));
+    for publisher in [Publisher::Frontend(2), Publisher::Worker, Publisher::Router, Publisher::Echo] {
+        assert_eq!(monitor.renew_publisher(publisher), refused(publisher));
+    }
+}
+
+#[test]
 fn a_frontend_index_not_kept_is_refused() {
     let (kept_two, _) = monitor(2);
     let refused = Err(ApplyError::UnknownPublisher(Publisher::Frontend(2)));

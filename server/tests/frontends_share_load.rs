@@ -197,6 +197,12 @@ async fn a_killed_frontends_share_is_released_within_three_beats_and_the_others_
     for fe in &fes[1..] {
         assert_eq!(send(probe.clone(), fe.http.clone()).await, 529, "the workers are full of A's requests");
     }
+    // A's load keeps counting while A lives (its beats renew it), well
+    // past three beats after it last changed.
+    tokio::time::sleep(BEAT * 5).await;
+    for fe in &fes[1..] {
+        assert_eq!(send(probe.clone(), fe.http.clone()).await, 529, "A is alive: its load still counts");
+    }
     fes[0].proc.kill();
     let killed = Instant::now();
     let admitted = loop {

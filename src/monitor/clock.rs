@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use super::lease::Lease;
+use crate::sync::{AtomicU64, Ordering};
 
 /// The clock reports are stamped with, and the staleness window.
 pub(crate) struct MonitorClock {
@@ -13,6 +14,11 @@ pub(crate) struct MonitorClock {
     staleness_ns: u64,
     /// How long another frontend's publication counts.
     shared_ns: u64,
+    /// When each other frontend (by slot) was last heard alive (its beat),
+    /// in `now()`'s nanoseconds; 0: never. Its publications count while
+    /// either they or this are within `shared_ns`, so a live frontend need
+    /// not repeat its unchanged load.
+    renewed: Box<[AtomicU64]>,
     /// The fleet's lease (with other frontends).
     pub(crate) lease: Lease,
 }
@@ -20,11 +26,18 @@ pub(crate) struct MonitorClock {
 impl MonitorClock {
     /// `clock` from now on; `staleness` `None` means never stale; other
     /// frontends' publications count for `shared`.
-    pub(crate) fn new(clock: quanta::Clock, staleness: Option<Duration>, shared: Duration, lease: Lease) -> Self {
+    pub(crate) fn new(
+        clock: quanta::Clock,
+        staleness: Option<Duration>,
+        shared: Duration,
+        frontends: u16,
+        lease: Lease,
+    ) -> Self {
         let base = clock.now();
         let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let staleness_ns = staleness.map_or(u64::MAX, nanos);
-        MonitorClock { clock, base, staleness_ns, shared_ns: nanos(shared), lease }
+        let renewed = (0..frontends).map(|_| AtomicU64::new(0)).collect();
+        MonitorClock { clock, base, staleness_ns, shared_ns: nanos(shared), renewed, lease }
     }
 
     /// Nanoseconds since the monitor started (never the "never reported"
@@ -40,10 +53,25 @@ impl MonitorClock {
         now.saturating_sub(at) <= self.staleness_ns
     }
 
-    /// Whether another frontend's publication stamped `at` still counts at `now`.
+    /// Whether frontend `slot`'s publication stamped `at` still counts at
+    /// `now`: it, or the frontend's last renewal, is within the window.
     #[inline]
-    pub(crate) fn is_shared_fresh(&self, at: u64, now: u64) -> bool {
-        now.saturating_sub(at) <= self.shared_ns
+    pub(crate) fn is_shared_fresh(&self, slot: u16, at: u64, now: u64) -> bool {
+        // Relaxed: a timestamp compared with the clock, guarding no other
+        // data; a renewal seen late only shortens a window already passed
+        // (the monitor re-evaluates after a renewal that revives one).
+        let renewed = self.renewed.get(usize::from(slot)).map_or(0, |r| r.load(Ordering::Relaxed));
+        now.saturating_sub(at.max(renewed)) <= self.shared_ns
+    }
+
+    /// Frontend `slot` was heard alive at `now`; returns whether its
+    /// publications had stopped counting before (a renewal after the
+    /// window revives them: the caller re-evaluates).
+    pub(crate) fn renew(&self, slot: u16, now: u64) -> bool {
+        let Some(renewed) = self.renewed.get(usize::from(slot)) else { return false };
+        // Relaxed: as in `is_shared_fresh`; the max keeps it monotonic.
+        let before = renewed.fetch_max(now, Ordering::Relaxed);
+        before != 0 && now.saturating_sub(before) > self.shared_ns
     }
 
     /// The staleness window in nanoseconds (`u64::MAX`: none).

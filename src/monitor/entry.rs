@@ -196,7 +196,7 @@ impl WorkerEntry {
         let mut shared: Option<RankLoad> = None;
         for n in 0..self.frontends {
             let fresh =
-                self.slot(rank, Publisher::Frontend(n)).load().filter(|(_, at)| clock.is_shared_fresh(*at, now));
+                self.slot(rank, Publisher::Frontend(n)).load().filter(|(_, at)| clock.is_shared_fresh(n, *at, now));
             if let Some((load, _)) = fresh {
                 shared = Some(shared.map_or(load, |sum| sum.plus(&load)));
             }

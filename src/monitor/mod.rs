@@ -163,6 +163,7 @@ impl WorkerMonitor {
                 clock,
                 config.staleness,
                 config.shared.staleness,
+                config.shared.frontends,
                 lease::Lease::new(config.shared.lease),
             ),
             frontends: config.shared.frontends,
@@ -531,6 +532,25 @@ impl WorkerMonitor {
             self.expire_stale()
         } else {
             0
+        }
+    }
+
+    /// Frontend `publisher` is alive (its beat): everything it published
+    /// counts on for another [`SharedLoad::staleness`] without being
+    /// published again. A renewal after that window had passed revives its
+    /// publications, and every worker is re-evaluated (returns how many
+    /// busy bits flipped); otherwise nothing is re-evaluated (O(1)).
+    ///
+    /// # Errors
+    ///
+    /// [`ApplyError::UnknownPublisher`] for anything but a frontend index
+    /// kept.
+    pub fn renew_publisher(&self, publisher: Publisher) -> Result<usize, ApplyError> {
+        match publisher {
+            Publisher::Frontend(n) if n < self.frontends => {
+                Ok(if self.clock.renew(n, self.clock.now()) { self.expire_stale() } else { 0 })
+            }
+            _ => Err(ApplyError::UnknownPublisher(publisher)),
         }
     }
 

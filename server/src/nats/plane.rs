@@ -177,8 +177,9 @@ impl NatsPlane {
                     sealer: secrets.sealer(),
                     client: client.clone(),
                 };
+                let newcomer = peers.newcomer();
                 let publisher =
-                    SharePublisher::start(s.identity, outbox, monitor.clone(), s.feed, s.heartbeat, s.holds);
+                    SharePublisher::start(s.identity, outbox, monitor.clone(), s.feed, s.heartbeat, s.holds, newcomer);
                 (Some(peers), Some(publisher))
             }
             None => (None, None),

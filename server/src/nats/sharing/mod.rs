@@ -9,14 +9,17 @@
 //! | `{ns}.fe.{frontend}` | a frontend | sealed FrontendLoad (one rank of one worker) or FrontendBeat |
 //!
 //! - [`changes`]: the requests' tracking notes which (worker, rank) changed;
-//! - [`publish`]: the own side, publishing each change at once and every
-//!   non-zero load again with a beat every `--share-heartbeat-ms`;
+//! - [`publish`]: the own side, publishing each change at once and a beat
+//!   every `--share-heartbeat-ms` (which renews every load published), with
+//!   a slice of the loads again per beat ([`rotation`]);
 //! - [`peers`]: the other frontends, each given one of `--max-frontends`
-//!   monitor slots, dropped three heartbeats after its last frame.
+//!   monitor slots, renewed at each of their beats, dropped three
+//!   heartbeats after their last frame.
 
 pub(crate) mod changes;
 pub(crate) mod peers;
 pub(crate) mod publish;
+mod rotation;
 
 use std::time::Duration;
 
@@ -32,7 +35,7 @@ pub(crate) struct SharingArgs {
     /// frames of more are dropped (counted).
     #[arg(long, env = "LOADGATE_FRONTEND_MAX_FRONTENDS", value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub(crate) max_frontends: u16,
-    /// Milliseconds between this frontend's beats (and re-publications of its load); another
+    /// Milliseconds between this frontend's beats (each renews the load it published); another
     /// frontend's load stops counting three beats after its last frame.
     #[arg(long, env = "LOADGATE_FRONTEND_SHARE_HEARTBEAT_MS", value_name = "MS", default_value_t = 200, value_parser = crate::flag_limits::ms(10))]
     pub(crate) share_heartbeat_ms: u64,

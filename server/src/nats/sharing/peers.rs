@@ -8,6 +8,7 @@
 //! than there are slots are dropped.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -68,6 +69,9 @@ pub(crate) struct Peers {
     monitor: Arc<WorkerMonitor>,
     staleness: Duration,
     table: Mutex<Table>,
+    /// Set when a frontend joins or restarts: this one publishes all its
+    /// load again (it publishes only changes otherwise).
+    newcomer: Arc<AtomicBool>,
 }
 
 impl Peers {
@@ -75,7 +79,13 @@ impl Peers {
     /// after `staleness`.
     pub(crate) fn new(own: Identity, monitor: Arc<WorkerMonitor>, slots: u16, staleness: Duration) -> Self {
         let free = (0..slots).rev().collect();
-        Peers { own, monitor, staleness, table: Mutex::new(Table { by_id: HashMap::new(), free }) }
+        let table = Mutex::new(Table { by_id: HashMap::new(), free });
+        Peers { own, monitor, staleness, table, newcomer: Arc::new(AtomicBool::new(false)) }
+    }
+
+    /// The flag a join or restart sets, for this frontend's publisher.
+    pub(crate) fn newcomer(&self) -> Arc<AtomicBool> {
+        self.newcomer.clone()
     }
 
     /// A FrontendLoad frame: another frontend's load goes to its slot; this
@@ -109,14 +119,19 @@ impl Peers {
         }
     }
 
-    /// A FrontendBeat frame, with what its sender holds (in flight, waiting).
+    /// A FrontendBeat frame, with what its sender holds (in flight,
+    /// waiting): its sender is alive, so its publications are renewed.
     pub(crate) fn beat(&self, frontend: u64, incarnation: u64, holds: (u32, u32)) -> Heard {
         match self.slot(frontend, incarnation) {
-            Some(_) => {
-                let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(peer) = table.by_id.get_mut(&frontend) {
-                    peer.holds = holds;
+            Some(index) => {
+                {
+                    let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(peer) = table.by_id.get_mut(&frontend) {
+                        peer.holds = holds;
+                    }
                 }
+                // Alive: what it published counts on without republication.
+                let _ = self.monitor.renew_publisher(Publisher::Frontend(index));
                 Heard::Taken
             }
             None if frontend == self.own.frontend => Heard::Own,
@@ -153,9 +168,13 @@ impl Peers {
                 return None;
             }
             if incarnation > peer.incarnation {
-                // A restart: its numbering starts over.
+                // A restart: its numbering starts over, and it knows
+                // nothing of the others' load yet.
                 peer.incarnation = incarnation;
                 let _ = self.monitor.clear_publisher(Publisher::Frontend(peer.index));
+                // Relaxed: a request to republish, read by the publisher's
+                // next beat; nothing else hangs on it.
+                self.newcomer.store(true, Ordering::Relaxed);
                 tracing::info!(frontend, incarnation, "frontend restarted");
             }
             peer.heard = now;
@@ -180,6 +199,8 @@ impl Peers {
         };
         let _ = self.monitor.clear_publisher(Publisher::Frontend(index));
         table.by_id.insert(frontend, Peer { incarnation, index, heard: now, holds: (0, 0) });
+        // It knows nothing of this frontend's load yet. Relaxed: as above.
+        self.newcomer.store(true, Ordering::Relaxed);
         tracing::info!(frontend, incarnation, index, "frontend joined the shared load");
         Some(index)
     }

@@ -1,11 +1,19 @@
 //! [`SharePublisher`]: this frontend's side of the shared load. Every
 //! change of what its router tracks for a (worker, rank) is published at
 //! once, one sealed `FrontendLoad` each (the changes of a burst coalesced);
-//! every heartbeat a `FrontendBeat` and every non-zero load again (the
-//! others drop a frontend's load three beats after its last frame, so a
-//! live one must repeat it; a dead one stops counting by itself).
+//! every heartbeat a `FrontendBeat`, which renews everything this frontend
+//! published (the others drop a frontend's load three beats after its last
+//! beat: a dead one stops counting by itself), so an unchanged load is not
+//! published again. What NATS may lose (at most once: a slow consumer, a
+//! reconnection) is mended by a slow rotation: every beat republishes the
+//! next [`REFRESH_PER_BEAT`] loads, so each is sent again within
+//! `ceil(loads / REFRESH_PER_BEAT)` beats (a load that fell to zero once
+//! more, then no longer). A frontend that joins or restarts knows nothing
+//! yet: then every load is published again at once. A fleet of 10,000
+//! loaded workers costs each beat 256 frames, not 10,000.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,10 +23,14 @@ use loadgate::wire::Frame;
 use loadgate::{RankLoad, WorkerId, WorkerMonitor};
 
 use super::changes::ChangeFeed;
+use super::rotation::Rotation;
 use crate::secret::unix_ms;
 
 /// The most changes coalesced into one round of publications.
 const BURST: usize = 1024;
+
+/// Loads republished each beat by the rotation (see the module docs).
+pub(crate) const REFRESH_PER_BEAT: usize = 256;
 
 /// Who this frontend is on the shared plane.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,8 +82,8 @@ struct Own {
     sealer: Sealer,
     client: async_nats::Client,
     monitor: Arc<WorkerMonitor>,
-    /// What was last published non-zero (republished every beat).
-    nonzero: HashSet<(WorkerId, u32)>,
+    /// What is republished, a slice per beat.
+    rotation: Rotation,
 }
 
 impl SharePublisher {
@@ -83,9 +95,11 @@ impl SharePublisher {
         mut feed: ChangeFeed,
         heartbeat: Duration,
         holds: Holds,
+        newcomer: Arc<AtomicBool>,
     ) -> SharePublisher {
         let Outbox { subject, sealer, client } = outbox;
-        let mut own = Own { identity, seq: 0, subject, sealer, client, monitor, nonzero: HashSet::new() };
+        let rotation = Rotation::default();
+        let mut own = Own { identity, seq: 0, subject, sealer, client, monitor, rotation };
         let task = tokio::spawn(async move {
             let mut beats = tokio::time::interval(heartbeat);
             beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -117,7 +131,13 @@ impl SharePublisher {
                             waiting,
                         };
                         own.send(&beat).await;
-                        let mut again: Vec<_> = own.nonzero.iter().copied().collect();
+                        // Relaxed: a request to republish (see `Peers`).
+                        let again = if newcomer.swap(false, Ordering::Relaxed) {
+                            own.rotation.all()
+                        } else {
+                            own.rotation.next(REFRESH_PER_BEAT)
+                        };
+                        let mut again: HashSet<_> = again.into_iter().collect();
                         if feed.take_lost() {
                             again.extend(own.everything());
                         }
@@ -142,16 +162,11 @@ impl Own {
     /// Publishes what the router tracks now for `worker`'s `rank`.
     async fn publish(&mut self, worker: WorkerId, rank: u32) {
         let Some((worker_incarnation, load)) = self.monitor.tracked(worker, rank) else {
-            self.nonzero.remove(&(worker, rank));
+            self.rotation.forget((worker, rank));
             return;
         };
-        if is_zero(&load) {
-            // Published once (the others drop it to zero), then not repeated.
-            if !self.nonzero.remove(&(worker, rank)) {
-                return;
-            }
-        } else {
-            self.nonzero.insert((worker, rank));
+        if !self.rotation.publish((worker, rank), is_zero(&load)) {
+            return;
         }
         self.seq += 1;
         let frame = Frame::FrontendLoad {

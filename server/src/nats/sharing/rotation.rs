@@ -1,0 +1,110 @@
+//! [`Rotation`]: which of this frontend's published loads to send again,
+//! so that a publication NATS lost (it delivers at most once) is mended
+//! within a bounded number of beats without sending every load every beat.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use loadgate::WorkerId;
+
+/// A published load: a worker's rank.
+pub(crate) type Key = (WorkerId, u32);
+
+/// Every load last published non-zero, and those last published zero not
+/// yet sent again; walked a slice per beat.
+#[derive(Debug, Default)]
+pub(crate) struct Rotation {
+    /// `true`: last published zero, to be sent once more.
+    published: BTreeMap<Key, bool>,
+    /// Where the walk goes on from.
+    cursor: Option<Key>,
+}
+
+impl Rotation {
+    /// `key`'s load is about to be published, zero or not: whether to send
+    /// it. A non-zero load is sent and kept; a zero one is sent if it was
+    /// non-zero (kept for one more send) or is being sent that once more
+    /// (then forgotten), else not sent at all (the others hold it at zero).
+    pub(crate) fn publish(&mut self, key: Key, zero: bool) -> bool {
+        if !zero {
+            self.published.insert(key, false);
+            return true;
+        }
+        match self.published.get(&key) {
+            None => false,
+            Some(false) => {
+                self.published.insert(key, true);
+                true
+            }
+            Some(true) => {
+                self.published.remove(&key);
+                true
+            }
+        }
+    }
+
+    /// `key` is gone (its worker left): nothing to send again.
+    pub(crate) fn forget(&mut self, key: Key) {
+        self.published.remove(&key);
+    }
+
+    /// Every key held.
+    pub(crate) fn all(&self) -> Vec<Key> {
+        self.published.keys().copied().collect()
+    }
+
+    /// The next `n` keys from the cursor on, wrapping around at most once
+    /// (so at most every key, each once).
+    pub(crate) fn next(&mut self, n: usize) -> Vec<Key> {
+        let after = self.cursor.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut next: Vec<Key> = self.published.range((after, Bound::Unbounded)).map(|(k, _)| *k).take(n).collect();
+        if next.len() < n {
+            let wrapped = self.published.keys().copied().take_while(|k| Some(*k) <= self.cursor);
+            next.extend(wrapped.take(n - next.len()));
+        }
+        self.cursor = next.last().copied();
+        next
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_load_comes_round_within_its_share_of_beats() {
+        let mut rotation = Rotation::default();
+        for worker in 0..10 {
+            assert!(rotation.publish((worker, 0), false));
+        }
+        // 4 a beat: all 10 within 3 beats, in order, then round again.
+        let beats: Vec<Vec<Key>> = (0..4).map(|_| rotation.next(4)).collect();
+        let ids = |beat: &Vec<Key>| beat.iter().map(|k| k.0).collect::<Vec<_>>();
+        assert_eq!(ids(&beats[0]), [0, 1, 2, 3]);
+        assert_eq!(ids(&beats[1]), [4, 5, 6, 7]);
+        assert_eq!(ids(&beats[2]), [8, 9, 0, 1], "wraps around");
+        assert_eq!(ids(&beats[3]), [2, 3, 4, 5]);
+        // Fewer keys than a beat's share: each once.
+        let mut small = Rotation::default();
+        small.publish((1, 0), false);
+        small.publish((2, 1), false);
+        assert_eq!(small.next(256), [(1, 0), (2, 1)]);
+        assert_eq!(small.next(256), [(1, 0), (2, 1)]);
+        assert!(Rotation::default().next(256).is_empty());
+    }
+
+    #[test]
+    fn a_load_that_falls_to_zero_is_sent_twice_then_no_more() {
+        let mut rotation = Rotation::default();
+        assert!(!rotation.publish((1, 0), true), "zero and never published: nothing to say");
+        assert!(rotation.publish((1, 0), false));
+        assert!(rotation.publish((1, 0), true), "the fall to zero");
+        assert_eq!(rotation.next(8), [(1, 0)], "kept for one more send");
+        assert!(rotation.publish((1, 0), true), "that once more");
+        assert!(rotation.next(8).is_empty());
+        assert!(!rotation.publish((1, 0), true), "then no more");
+        rotation.publish((2, 0), false);
+        rotation.forget((2, 0));
+        assert!(rotation.all().is_empty());
+    }
+}
