@@ -93,10 +93,17 @@ fn a_renewal_keeps_a_live_frontends_load_counting_without_republication() {
     mock.increment(Duration::from_millis(1));
     assert_eq!(monitor.expire_stale(), 1, "601 ms after it: frontend 0 stopped counting");
     assert!(!monitor.is_busy(W));
-    // A renewal past the window revives what it published (it was alive
-    // after all, its beats late), and re-evaluates at once.
+    // A renewal past the window does not revive what it published (it may
+    // be stale after a partition): dropped, until published again.
+    assert_eq!(monitor.renew_publisher(Publisher::Frontend(0)), Ok(0));
+    assert!(!monitor.is_busy(W));
+    assert_eq!(monitor.rank_snapshots()[0].shared, None);
+    assert_eq!(monitor.apply(&report(Publisher::Frontend(0), 1, 1001)), Ok(Applied::Flipped), "numbering starts over");
+    // Silent past the window while its load still counted (a renewal that
+    // is only late, no expiry sweep in between): dropped all the same.
+    mock.increment(Duration::from_millis(700));
     assert_eq!(monitor.renew_publisher(Publisher::Frontend(0)), Ok(1));
-    assert!(monitor.is_busy(W));
+    assert!(!monitor.is_busy(W));
     let refused = |p| Err(ApplyError::UnknownPublisher(p));
     for publisher in [Publisher::Frontend(2), Publisher::Worker, Publisher::Router, Publisher::Echo] {
         assert_eq!(monitor.renew_publisher(publisher), refused(publisher));

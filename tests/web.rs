@@ -184,9 +184,18 @@ async fn hints_default_and_computed() {
         move || in_flight.load(Ordering::Relaxed)
     });
     // 10 in flight at 100 ms: 10 ms slots after the 1 s floor, one per refusal.
-    let burst: Vec<Duration> = (0..50).map(|_| computed.get()).collect();
+    // Compared as due times (when each refused client comes back), which a
+    // pause between two refusals does not move.
+    let start = std::time::Instant::now();
+    let (due, burst): (Vec<Duration>, Vec<Duration>) = (0..50)
+        .map(|_| {
+            let asked = start.elapsed();
+            let hint = computed.get();
+            (asked + hint, hint)
+        })
+        .unzip();
     assert!(burst.iter().all(|h| *h >= MIN_RETRY_AFTER), "{burst:?}");
-    assert!(burst[49] > burst[0] + Duration::from_millis(400), "spread over the slots: {burst:?}");
+    assert!(due[49] > due[0] + Duration::from_millis(400), "spread over the slots: {burst:?}");
     assert!(burst[49] < MIN_RETRY_AFTER + Duration::from_millis(520), "{burst:?}");
     assert!(RetryAfter::default().get() >= MIN_RETRY_AFTER);
 }

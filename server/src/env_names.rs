@@ -45,12 +45,20 @@ fn flags(cli: &clap::Command) -> Vec<(String, clap::Id, String, Option<String>)>
     flags
 }
 
-/// The declared names the rule replaces (Dynamo's are kept).
+/// Names of flags renamed since (old, new), still read.
+const RETIRED: &[(&str, &str)] = &[
+    ("LOADGATE_FRONTEND_HEARTBEAT_MS", "LOADGATE_FRONTEND_SHARE_HEARTBEAT_MS"),
+    ("LOADGATE_FRONTEND_LEASE", "LOADGATE_FRONTEND_SHARE_LEASE"),
+];
+
+/// The declared names the rule replaces (Dynamo's are kept), and the
+/// names of flags renamed since.
 pub fn renames(cli: &clap::Command) -> Vec<Rename> {
-    flags(cli)
-        .into_iter()
-        .filter_map(|(_, _, new, env)| env.filter(|old| !is_dynamos(old) && *old != new).map(|old| Rename { old, new }))
-        .collect()
+    let declared = flags(cli).into_iter().filter_map(|(_, _, new, env)| {
+        env.filter(|old| !is_dynamos(old) && *old != new).map(|old| Rename { old, new })
+    });
+    let retired = RETIRED.iter().map(|(old, new)| Rename { old: (*old).to_owned(), new: (*new).to_owned() });
+    declared.chain(retired).collect()
 }
 
 /// Gives every flag of every subcommand of `cli` its rule name (a flag
@@ -115,6 +123,9 @@ mod tests {
             ["LOADGATE_HTTP_MAX_CONNECTIONS", "LOADGATE_HTTP_HEADER_TIMEOUT_SECS", "LOADGATE_ENGINE_SCRAPE_TIMEOUT_MS"]
         {
             assert!(old.contains(&shared), "{shared} not deprecated: {old:?}");
+        }
+        for (retired, _) in RETIRED {
+            assert!(old.contains(retired), "{retired}");
         }
         let new: Vec<&str> = renames.iter().map(|r| r.new.as_str()).collect();
         assert!(

@@ -1,8 +1,8 @@
 //! The reason phrase of an overload's HTTP/1 status line.
 //!
 //! 529 (the default overload status) has no standard phrase, so hyper
-//! would send `HTTP/1.1 529 ` with none; some clients and proxies log or
-//! show only the status line. Every overload reply (the frontend's and a
+//! would send `HTTP/1.1 529 <none>`; some clients and proxies log or show
+//! only the status line. Every overload reply (the frontend's and a
 //! worker's hard cap) sends `HTTP/1.1 529 Overloaded` instead, as does the
 //! reject-path benchmark's bare handler (`examples/fixed_529.rs`).
 

@@ -47,7 +47,9 @@ async fn the_reference_guides_commands_run_as_written() {
         "--model",
         GUIDE_MODEL,
     ];
-    let fe = Frontend::start_with_env(&[("LOADGATE_ADMIN_TOKEN", TOKEN)], &flags);
+    // A manifest's `DYN_DISABLE_FRONTEND_ADMIN_API=false` does not get in the way.
+    let env = [("LOADGATE_ADMIN_TOKEN", TOKEN), ("DYN_DISABLE_FRONTEND_ADMIN_API", "false")];
+    let fe = Frontend::start_with_env(&env, &flags);
     assert_eq!(fe.admin.as_deref(), Some(fe.http.as_str()), "the admin API is on the inference port");
     let url = format!("{}/busy_threshold", fe.http);
     // `curl http://localhost:8000/busy_threshold` (with the token).
@@ -111,7 +113,7 @@ fn the_admin_api_on_the_inference_port_needs_a_token() {
     let log = frontend_refuses(&["--admin-on-http-port"], &[]);
     assert!(log.contains("--admin-on-http-port needs an admin token"), "{log}");
     let log = frontend_refuses(&["--admin-on-http-port", "--disable-admin-api"], &[]);
-    assert!(log.contains("cannot be used with"), "{log}");
+    assert!(log.contains("--admin-on-http-port and --disable-admin-api contradict each other"), "{log}");
 }
 
 /// The admin API's `POST`: 415 without the JSON content type (saying how),

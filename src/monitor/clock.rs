@@ -58,15 +58,15 @@ impl MonitorClock {
     #[inline]
     pub(crate) fn is_shared_fresh(&self, slot: u16, at: u64, now: u64) -> bool {
         // Relaxed: a timestamp compared with the clock, guarding no other
-        // data; a renewal seen late only shortens a window already passed
-        // (the monitor re-evaluates after a renewal that revives one).
+        // data; a renewal seen late only shortens a window (and one after a
+        // silence past it comes with the slot cleared, see `renew`).
         let renewed = self.renewed.get(usize::from(slot)).map_or(0, |r| r.load(Ordering::Relaxed));
         now.saturating_sub(at.max(renewed)) <= self.shared_ns
     }
 
-    /// Frontend `slot` was heard alive at `now`; returns whether its
-    /// publications had stopped counting before (a renewal after the
-    /// window revives them: the caller re-evaluates).
+    /// Frontend `slot` was heard alive at `now`; returns whether it had
+    /// been silent past the window before (the caller drops what it
+    /// published rather than let this renewal revive it).
     pub(crate) fn renew(&self, slot: u16, now: u64) -> bool {
         let Some(renewed) = self.renewed.get(usize::from(slot)) else { return false };
         // Relaxed: as in `is_shared_fresh`; the max keeps it monotonic.

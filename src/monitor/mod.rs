@@ -535,11 +535,14 @@ impl WorkerMonitor {
         }
     }
 
-    /// Frontend `publisher` is alive (its beat): everything it published
-    /// counts on for another [`SharedLoad::staleness`] without being
-    /// published again. A renewal after that window had passed revives its
-    /// publications, and every worker is re-evaluated (returns how many
-    /// busy bits flipped); otherwise nothing is re-evaluated (O(1)).
+    /// Frontend `publisher` is alive (a frame of its own): everything it
+    /// published counts on for another [`SharedLoad::staleness`] without
+    /// being published again (O(1)). A renewal after a silence past that
+    /// window drops what it published instead of reviving it (figures from
+    /// before a partition may be stale; the frontend, told by the others'
+    /// silence, publishes everything again), as
+    /// [`clear_publisher`](Self::clear_publisher) does; returns how many busy
+    /// bits flipped.
     ///
     /// # Errors
     ///
@@ -548,7 +551,11 @@ impl WorkerMonitor {
     pub fn renew_publisher(&self, publisher: Publisher) -> Result<usize, ApplyError> {
         match publisher {
             Publisher::Frontend(n) if n < self.frontends => {
-                Ok(if self.clock.renew(n, self.clock.now()) { self.expire_stale() } else { 0 })
+                if self.clock.renew(n, self.clock.now()) {
+                    self.clear_publisher(publisher)
+                } else {
+                    Ok(0)
+                }
             }
             _ => Err(ApplyError::UnknownPublisher(publisher)),
         }

@@ -18,9 +18,10 @@ use crate::sync::Arc;
 /// same incarnation draws from one counter, so one can be made per report
 /// or kept, cloned and shared alike. Do not mix its reports with reports
 /// of the same worker you number yourself (their `seq`s would not compare).
-/// A reporter stays with the incarnation it was made for: after a restart
-/// (a new incarnation registered) its reports are dropped
-/// ([`Applied::OtherIncarnation`]); make a new one.
+/// A reporter stays with the registration it was made for: after a restart
+/// (a new incarnation registered), or a deregistration and a registration
+/// again, its reports are dropped ([`Applied::OtherIncarnation`]); make a
+/// new one.
 ///
 /// # Examples
 ///
@@ -80,6 +81,16 @@ impl Reporter {
     /// As [`WorkerMonitor::apply`]: the worker is no longer registered, or
     /// `rank` is not below its dp size.
     pub fn report_rank(&self, rank: u32, load: RankLoad) -> Result<Applied, ApplyError> {
+        // The same id and incarnation registered again (after a
+        // deregistration) is a new entry with its own numbering: this
+        // reporter's would run ahead of it.
+        let current =
+            self.monitor.registry.with_worker(self.entry.id, |rec: &WorkerRecord| Arc::ptr_eq(&rec.entry, &self.entry));
+        match current {
+            None => return Err(ApplyError::UnknownWorker(self.entry.id)),
+            Some(false) => return Ok(Applied::OtherIncarnation),
+            Some(true) => {}
+        }
         self.monitor.apply(&LoadReport {
             worker: self.entry.id,
             incarnation: self.entry.incarnation,
@@ -175,5 +186,12 @@ mod tests {
         assert_eq!(new.report(blocks(60)), Ok(Applied::Flipped), "its numbering starts afresh, from 1");
         monitor.deregister(1);
         assert_eq!(new.report(blocks(0)), Err(ApplyError::UnknownWorker(1)));
+        // The same id and incarnation registered again: a new numbering,
+        // which the old reporter would run ahead of; it is refused instead.
+        monitor.register(1, "m", 1, 6).unwrap();
+        for _ in 0..3 {
+            assert_eq!(new.report(blocks(90)), Ok(Applied::OtherIncarnation));
+        }
+        assert_eq!(monitor.reporter(1).unwrap().report(blocks(60)), Ok(Applied::Flipped), "a new one reports");
     }
 }

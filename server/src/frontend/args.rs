@@ -134,7 +134,7 @@ pub struct Args {
     /// Serve the admin API (`/busy_threshold`) on the inference port, as Dynamo does, instead of
     /// its own listener. Needs an admin token (--admin-token-file or LOADGATE_ADMIN_TOKEN): the
     /// inference port then changes state, for whoever holds the token.
-    #[arg(help_heading = "Listeners", long, env = "LOADGATE_FRONTEND_ADMIN_ON_HTTP_PORT", value_parser = BoolishValueParser::new(), conflicts_with = "disable_admin_api")]
+    #[arg(help_heading = "Listeners", long, env = "LOADGATE_FRONTEND_ADMIN_ON_HTTP_PORT", value_parser = BoolishValueParser::new())]
     pub admin_on_http_port: bool,
     /// A worker to register from `URL/info` (repeatable); for workers not on the event plane.
     #[arg(

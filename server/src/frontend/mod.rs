@@ -259,6 +259,11 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
         _ => anyhow::bail!("--tls-cert-path and --tls-key-path go together: give both or neither"),
     };
     let admin_token = if args.disable_admin_api { None } else { AdminToken::load(args.admin_token_file.as_deref())? };
+    // Checked here, not by clap: a variable set to false counts as given there.
+    anyhow::ensure!(
+        !(args.admin_on_http_port && args.disable_admin_api),
+        "--admin-on-http-port and --disable-admin-api contradict each other: give one"
+    );
     if args.admin_on_http_port && admin_token.is_none() {
         anyhow::bail!(
             "--admin-on-http-port needs an admin token (--admin-token-file PATH or LOADGATE_ADMIN_TOKEN): \

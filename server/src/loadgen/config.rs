@@ -46,7 +46,8 @@ pub struct Args {
     /// Stream responses (SSE); TTFT is then the first streamed bytes.
     #[arg(help_heading = "Load (open loop)", long, env = "LOADGATE_BENCH_STREAM", value_parser = clap::builder::BoolishValueParser::new())]
     pub stream: bool,
-    /// Print one JSON object instead of the table.
+    /// Print one JSON object (on stdout) instead of the table; the progress stays on stderr
+    /// (--quiet turns it off).
     #[arg(help_heading = "Report", long, env = "LOADGATE_BENCH_JSON", value_parser = clap::builder::BoolishValueParser::new())]
     pub json: bool,
     /// No progress on stderr. Without it, a run shows its elapsed time and its requests sent, ok
@@ -81,7 +82,7 @@ pub struct Args {
     /// With --retry-storm: seconds one attempt may take (connect to last byte); past it the
     /// attempt counts as a timeout and is retried.
     #[arg(
-        help_heading = "Load (open loop)",
+        help_heading = "Retry storm",
         long,
         env = "LOADGATE_BENCH_REQUEST_TIMEOUT",
         value_name = "SECS",

@@ -213,6 +213,11 @@ impl NatsPlane {
                         // Every worker's silence starts over, and every
                         // worker announces itself again.
                         receiving.heard_all_now();
+                        // What this frontend published meanwhile may be
+                        // lost: all of it again, zeros included.
+                        if let Some(peers) = &receiving.peers {
+                            peers.ask_to_resend();
+                        }
                         let _ = client.publish(hello.clone(), bytes::Bytes::new()).await;
                     }
                 }

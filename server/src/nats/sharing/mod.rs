@@ -37,13 +37,13 @@ pub(crate) struct SharingArgs {
     pub(crate) max_frontends: u16,
     /// Milliseconds between this frontend's beats (each renews the load it published); another
     /// frontend's load stops counting three beats after its last frame.
-    #[arg(long, env = "LOADGATE_FRONTEND_SHARE_HEARTBEAT_MS", value_name = "MS", default_value_t = 200, value_parser = crate::flag_limits::ms(10))]
+    #[arg(long, alias = "frontend-heartbeat-ms", env = "LOADGATE_FRONTEND_SHARE_HEARTBEAT_MS", value_name = "MS", default_value_t = 200, value_parser = crate::flag_limits::ms(10))]
     pub(crate) share_heartbeat_ms: u64,
     /// The lease: what this frontend adds to a worker before the other frontends have seen it
     /// (its publication back from NATS) stays within its 1/k share of the headroom everyone has
     /// seen (k live frontends), so k frontends admitting at once overshoot a threshold by at most k
     /// requests. `false`: the sum alone (k frontends admitting at once can overshoot up to k times).
-    #[arg(long, env = "LOADGATE_FRONTEND_SHARE_LEASE", value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, alias = "frontend-lease", env = "LOADGATE_FRONTEND_SHARE_LEASE", value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub(crate) share_lease: bool,
     /// Whose figures the computed retry hint works from, sharing load: `pool` (every live
     /// frontend's requests in flight and waiting, from their beats) or `frontend` (this one's

@@ -83,9 +83,18 @@ impl Peers {
         Peers { own, monitor, staleness, table, newcomer: Arc::new(AtomicBool::new(false)) }
     }
 
-    /// The flag a join or restart sets, for this frontend's publisher.
+    /// The flag a join, a restart or a return sets, for this frontend's
+    /// publisher.
     pub(crate) fn newcomer(&self) -> Arc<AtomicBool> {
         self.newcomer.clone()
+    }
+
+    /// Has this frontend's publisher send all its loads again (after its
+    /// own NATS reconnection: what it published meanwhile may be lost).
+    pub(crate) fn ask_to_resend(&self) {
+        // Relaxed: a request to republish, read by the publisher's next
+        // beat; nothing else hangs on it.
+        self.newcomer.store(true, Ordering::Relaxed);
     }
 
     /// A FrontendLoad frame: another frontend's load goes to its slot; this
@@ -130,8 +139,8 @@ impl Peers {
                         peer.holds = holds;
                     }
                 }
-                // Alive: what it published counts on without republication.
-                let _ = self.monitor.renew_publisher(Publisher::Frontend(index));
+                // (`slot` renewed what it published: it is alive.)
+                let _ = index;
                 Heard::Taken
             }
             None if frontend == self.own.frontend => Heard::Own,
@@ -172,12 +181,19 @@ impl Peers {
                 // nothing of the others' load yet.
                 peer.incarnation = incarnation;
                 let _ = self.monitor.clear_publisher(Publisher::Frontend(peer.index));
-                // Relaxed: a request to republish, read by the publisher's
-                // next beat; nothing else hangs on it.
-                self.newcomer.store(true, Ordering::Relaxed);
+                self.ask_to_resend();
                 tracing::info!(frontend, incarnation, "frontend restarted");
+            } else if now.duration_since(peer.heard) > self.staleness {
+                // Back after a silence past the window (a partition, a
+                // reconnection): it may have lost what this one published.
+                self.ask_to_resend();
+                tracing::info!(frontend, incarnation, "frontend heard again after a silence");
             }
             peer.heard = now;
+            // Any frame says it is alive: what it published counts on (or,
+            // after a silence past the window, is dropped: see
+            // `WorkerMonitor::renew_publisher`).
+            let _ = self.monitor.renew_publisher(Publisher::Frontend(peer.index));
             return Some(peer.index);
         }
         let index = match table.free.pop() {
@@ -199,8 +215,9 @@ impl Peers {
         };
         let _ = self.monitor.clear_publisher(Publisher::Frontend(index));
         table.by_id.insert(frontend, Peer { incarnation, index, heard: now, holds: (0, 0) });
-        // It knows nothing of this frontend's load yet. Relaxed: as above.
-        self.newcomer.store(true, Ordering::Relaxed);
+        let _ = self.monitor.renew_publisher(Publisher::Frontend(index));
+        // It knows nothing of this frontend's load yet.
+        self.ask_to_resend();
         tracing::info!(frontend, incarnation, index, "frontend joined the shared load");
         Some(index)
     }

@@ -6,10 +6,11 @@
 //! beat: a dead one stops counting by itself), so an unchanged load is not
 //! published again. What NATS may lose (at most once: a slow consumer, a
 //! reconnection) is mended by a slow rotation: every beat republishes the
-//! next [`REFRESH_PER_BEAT`] loads, so each is sent again within
-//! `ceil(loads / REFRESH_PER_BEAT)` beats (a load that fell to zero once
-//! more, then no longer). A frontend that joins or restarts knows nothing
-//! yet: then every load is published again at once. A fleet of 10,000
+//! next [`REFRESH_PER_BEAT`] loads (zeros too, until the worker leaves), so
+//! each is sent again within `ceil(loads / REFRESH_PER_BEAT)` beats. A
+//! frontend that joins, restarts or comes back after a silence knows
+//! nothing (or stale figures), and this one's own reconnection may have
+//! lost what it sent: then every load is published again at once. A fleet of 10,000
 //! loaded workers costs each beat 256 frames, not 10,000.
 
 use std::collections::HashSet;
@@ -119,7 +120,7 @@ impl SharePublisher {
                             burst.extend(own.everything());
                         }
                         for (worker, rank) in burst.drain() {
-                            own.publish(worker, rank).await;
+                            own.publish(worker, rank, false).await;
                         }
                     }
                     _ = beats.tick() => {
@@ -142,7 +143,7 @@ impl SharePublisher {
                             again.extend(own.everything());
                         }
                         for (worker, rank) in again {
-                            own.publish(worker, rank).await;
+                            own.publish(worker, rank, true).await;
                         }
                     }
                 }
@@ -159,13 +160,15 @@ impl Own {
         workers.iter().flat_map(|w| (0..w.dp_size).map(move |rank| (w.id, rank))).collect()
     }
 
-    /// Publishes what the router tracks now for `worker`'s `rank`.
-    async fn publish(&mut self, worker: WorkerId, rank: u32) {
+    /// Publishes what the router tracks now for `worker`'s `rank`: on a
+    /// change, unless it stays zero; `again` (the rotation, a resend), in
+    /// any case.
+    async fn publish(&mut self, worker: WorkerId, rank: u32, again: bool) {
         let Some((worker_incarnation, load)) = self.monitor.tracked(worker, rank) else {
             self.rotation.forget((worker, rank));
             return;
         };
-        if !self.rotation.publish((worker, rank), is_zero(&load)) {
+        if !self.rotation.publish((worker, rank), is_zero(&load)) && !again {
             return;
         }
         self.seq += 1;

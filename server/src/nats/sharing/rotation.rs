@@ -1,6 +1,9 @@
 //! [`Rotation`]: which of this frontend's published loads to send again,
 //! so that a publication NATS lost (it delivers at most once) is mended
 //! within a bounded number of beats without sending every load every beat.
+//! Every (worker, rank) ever published stays in it, zero or not, until the
+//! worker leaves: a lost fall to zero is mended like any other loss (the
+//! others renew what they last heard while this frontend lives).
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -10,34 +13,29 @@ use loadgate::WorkerId;
 /// A published load: a worker's rank.
 pub(crate) type Key = (WorkerId, u32);
 
-/// Every load last published non-zero, and those last published zero not
-/// yet sent again; walked a slice per beat.
+/// Every load ever published (until its worker leaves), walked a slice
+/// per beat; bounded by the fleet's worker ranks.
 #[derive(Debug, Default)]
 pub(crate) struct Rotation {
-    /// `true`: last published zero, to be sent once more.
+    /// `true`: last published zero.
     published: BTreeMap<Key, bool>,
     /// Where the walk goes on from.
     cursor: Option<Key>,
 }
 
 impl Rotation {
-    /// `key`'s load is about to be published, zero or not: whether to send
-    /// it. A non-zero load is sent and kept; a zero one is sent if it was
-    /// non-zero (kept for one more send) or is being sent that once more
-    /// (then forgotten), else not sent at all (the others hold it at zero).
+    /// `key`'s load is about to be published on a change, zero or not:
+    /// whether to send it. Anything but a zero never published (or a zero
+    /// after a zero: nothing changed for the others) is sent and kept.
     pub(crate) fn publish(&mut self, key: Key, zero: bool) -> bool {
-        if !zero {
-            self.published.insert(key, false);
-            return true;
-        }
-        match self.published.get(&key) {
-            None => false,
-            Some(false) => {
-                self.published.insert(key, true);
-                true
+        match self.published.get_mut(&key) {
+            Some(was_zero) => {
+                let before = std::mem::replace(was_zero, zero);
+                !(zero && before)
             }
-            Some(true) => {
-                self.published.remove(&key);
+            None if zero => false,
+            None => {
+                self.published.insert(key, false);
                 true
             }
         }
@@ -94,17 +92,18 @@ mod tests {
     }
 
     #[test]
-    fn a_load_that_falls_to_zero_is_sent_twice_then_no_more() {
+    fn a_load_that_falls_to_zero_stays_in_the_rotation_until_its_worker_leaves() {
         let mut rotation = Rotation::default();
         assert!(!rotation.publish((1, 0), true), "zero and never published: nothing to say");
+        assert!(rotation.next(8).is_empty());
         assert!(rotation.publish((1, 0), false));
         assert!(rotation.publish((1, 0), true), "the fall to zero");
-        assert_eq!(rotation.next(8), [(1, 0)], "kept for one more send");
-        assert!(rotation.publish((1, 0), true), "that once more");
-        assert!(rotation.next(8).is_empty());
-        assert!(!rotation.publish((1, 0), true), "then no more");
-        rotation.publish((2, 0), false);
-        rotation.forget((2, 0));
-        assert!(rotation.all().is_empty());
+        assert!(!rotation.publish((1, 0), true), "zero again: nothing changed");
+        assert!(rotation.publish((1, 0), false), "up again");
+        assert!(rotation.publish((1, 0), true), "and down again: sent");
+        assert_eq!(rotation.next(8), [(1, 0)], "still sent by the rotation (a lost zero is mended)");
+        assert_eq!(rotation.next(8), [(1, 0)]);
+        rotation.forget((1, 0));
+        assert!(rotation.all().is_empty() && rotation.next(8).is_empty(), "its worker left");
     }
 }
