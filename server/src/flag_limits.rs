@@ -29,6 +29,14 @@ pub fn ms(min: u64) -> Units {
     Units { unit: "milliseconds", example: "2000", min, max: MAX_MS }
 }
 
+/// The error of a flag parser: `--flag takes <what>` (the flag as the
+/// user spells it), then `tail` (what was given).
+pub(crate) fn flag_error(cmd: &clap::Command, arg: Option<&clap::Arg>, what: &str, tail: &str) -> clap::Error {
+    let flag = arg.and_then(clap::Arg::get_long).map_or_else(|| "the value".to_owned(), |l| format!("--{l}"));
+    let message = format!("{flag} takes {what}{tail}\n");
+    clap::Error::raw(clap::error::ErrorKind::ValueValidation, message).with_cmd(cmd)
+}
+
 /// The parser of a flag of seconds that may have a fraction (`2.5`).
 pub fn fractional_secs() -> FractionalSecs {
     FractionalSecs
@@ -50,11 +58,8 @@ impl clap::builder::TypedValueParser for FractionalSecs {
         value: &std::ffi::OsStr,
     ) -> Result<f64, clap::Error> {
         let text = value.to_string_lossy();
-        text.trim().parse::<f64>().map_err(|_| {
-            let flag = arg.and_then(clap::Arg::get_long).map_or_else(|| "the value".to_owned(), |l| format!("--{l}"));
-            let message = format!("{flag} takes a number of seconds (e.g. 10 or 2.5), not `{text}`\n");
-            clap::Error::raw(clap::error::ErrorKind::ValueValidation, message).with_cmd(cmd)
-        })
+        let not = format!(", not `{text}`");
+        text.trim().parse::<f64>().map_err(|_| flag_error(cmd, arg, "a number of seconds (e.g. 10 or 2.5)", &not))
     }
 }
 
@@ -78,14 +83,17 @@ impl clap::builder::TypedValueParser for Units {
         value: &std::ffi::OsStr,
     ) -> Result<u64, clap::Error> {
         let text = value.to_string_lossy();
-        let flag = arg.and_then(clap::Arg::get_long).map_or_else(|| "the value".to_owned(), |l| format!("--{l}"));
         let Units { unit, example, min, max } = *self;
-        let message = match text.trim().parse::<u64>() {
-            Ok(n) if (min..=max).contains(&n) => return Ok(n),
-            Ok(n) => format!("{flag} takes {min} to {max} {unit}, not {n}"),
-            Err(_) => format!("{flag} takes a whole number of {unit} (e.g. {example}), not `{text}`"),
-        };
-        Err(clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{message}\n")).with_cmd(cmd))
+        match text.trim().parse::<u64>() {
+            Ok(n) if (min..=max).contains(&n) => Ok(n),
+            Ok(n) => Err(flag_error(cmd, arg, &format!("{min} to {max} {unit}"), &format!(", not {n}"))),
+            Err(_) => Err(flag_error(
+                cmd,
+                arg,
+                &format!("a whole number of {unit} (e.g. {example})"),
+                &format!(", not `{text}`"),
+            )),
+        }
     }
 }
 

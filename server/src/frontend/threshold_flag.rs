@@ -6,8 +6,9 @@ use std::ffi::OsStr;
 use std::fmt;
 
 use clap::builder::TypedValueParser;
-use clap::error::ErrorKind;
 use loadgate::thresholds::MAX_PREFILL_FRAC;
+
+use crate::flag_limits::flag_error;
 
 /// A threshold flag's value: `None` is off.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -44,15 +45,6 @@ fn is_off(text: &str) -> bool {
     matches!(text, "None" | "none" | "null")
 }
 
-/// The flag's name as the user typed it (`--name`), or "the value".
-fn flag_name(arg: Option<&clap::Arg>) -> String {
-    arg.and_then(clap::Arg::get_long).map_or_else(|| "the value".to_owned(), |long| format!("--{long}"))
-}
-
-fn invalid(cmd: &clap::Command, message: String) -> clap::Error {
-    clap::Error::raw(ErrorKind::ValueValidation, format!("{message}\n")).with_cmd(cmd)
-}
-
 impl TypedValueParser for Fractional {
     type Value = Threshold<f64>;
 
@@ -72,7 +64,7 @@ impl TypedValueParser for Fractional {
         };
         match text.parse::<f64>() {
             Ok(v) if v.is_finite() && (0.0..=max).contains(&v) => Ok(Threshold(Some(v))),
-            _ => Err(invalid(cmd, format!("{} takes {what}, or None for off; not `{text}`", flag_name(arg)))),
+            _ => Err(flag_error(cmd, arg, what, &format!(", or None for off; not `{text}`"))),
         }
     }
 }
@@ -90,9 +82,10 @@ impl TypedValueParser for Whole {
         if is_off(&text) {
             return Ok(Threshold(None));
         }
-        text.parse::<u64>().map(|v| Threshold(Some(v))).map_err(|_| {
-            invalid(cmd, format!("{} takes a whole number at least 0, or None for off; not `{text}`", flag_name(arg)))
-        })
+        let off = format!(", or None for off; not `{text}`");
+        text.parse::<u64>()
+            .map(|v| Threshold(Some(v)))
+            .map_err(|_| flag_error(cmd, arg, "a whole number at least 0", &off))
     }
 }
 
