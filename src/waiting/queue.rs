@@ -214,8 +214,6 @@ pub(super) struct Joined {
     pub(super) key: Key,
     /// Sheddable waiters it displaced.
     pub(super) displaced: usize,
-    /// Whether one of them had been woken (its turn must go on).
-    pub(super) displaced_woken: bool,
 }
 
 impl Queue {
@@ -287,7 +285,6 @@ impl Queue {
             }
         }
         let mut displaced = 0;
-        let mut displaced_woken = false;
         if !Self::fits(self.len, self.tokens, tokens, limits) {
             displaced = self.room_for(class, tokens, limits).ok_or(WaitError::QueueFull)?;
             for _ in 0..displaced {
@@ -295,7 +292,6 @@ impl Queue {
                 let t = sheddable.latest(&[]).expect("counted by room_for");
                 let index = sheddable.tenants[t].waiters.len() - 1;
                 let at = At { class: Class::Sheddable.index(), tenant: t, index };
-                displaced_woken |= self.is_woken(at);
                 let waiter = self.remove(at, false);
                 self.displaced.push(waiter.key);
                 waiter.waker.wake();
@@ -323,7 +319,7 @@ impl Queue {
             let at = own.waiters.partition_point(|w| w.key < key);
             own.waiters.insert(at, waiter);
         }
-        Ok(Joined { key, displaced, displaced_woken })
+        Ok(Joined { key, displaced })
     }
 
     /// How many sheddable waiters (the latest keys first) a `class` arrival
@@ -652,7 +648,7 @@ mod tests {
         q.wake(2);
         assert!(q.is_woken(at(&q, early)), "woken before its displacement");
         let joined = q.join(Class::Critical, Tenant::default(), secs(9), 10, limits, &noop()).unwrap();
-        assert_eq!((joined.displaced, joined.displaced_woken), (1, false), "the latest sheddable deadline goes");
+        assert_eq!(joined.displaced, 1, "the latest sheddable deadline goes");
         assert!(q.find(&late).is_none() && q.take_displaced(&late) && !q.take_displaced(&late), "told once");
         assert_eq!((q.len(), q.tokens()), (3, 30));
         // By tokens: 95 more need both remaining sheddable... only one is
@@ -663,7 +659,7 @@ mod tests {
         assert!(q.find(&early).is_some() && q.find(&standard).is_some());
         // 71 tokens fit once the (woken) early one leaves.
         let joined = q.join(Class::Critical, Tenant::default(), secs(9), 71, limits, &noop()).unwrap();
-        assert_eq!((joined.displaced, joined.displaced_woken), (1, true));
+        assert_eq!(joined.displaced, 1);
         assert!(q.take_displaced(&early));
         assert_eq!((q.len(), q.tokens(), q.all_woken()), (3, 91, false));
     }

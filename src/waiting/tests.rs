@@ -166,3 +166,32 @@ fn a_full_line_refuses_at_once() {
     let unknown = pool.router.wait("nope", &[], Ticket::new(0, Instant::now()), Timer::default());
     assert_eq!(poll(&mut Box::pin(unknown), &Arc::default()), Poll::Ready(Err(WaitError::UnknownModel)));
 }
+
+/// A critical arrival whose displacement empties the line: the line forgot
+/// its spent worker with its last waiter, so that worker is free for the
+/// arrival, which routes in its first poll (found by the `waiting_line`
+/// fuzz target: the arrival used to skip its pass, as if a waiter ahead of
+/// it were still asleep).
+#[test]
+fn a_displacement_that_empties_the_line_frees_its_spent_workers() {
+    use crate::Class;
+    let pool = Pool::new(1, LineLimits { max_waiting: 4, max_tokens: 100 });
+    pool.report(1, true);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let ticket = |tokens, class| Ticket::new(tokens, deadline).with_class(class);
+    let timer = Timer::default();
+    let mut sheddable = Box::pin(pool.router.wait("m", &[], ticket(40, Class::Sheddable), timer.clone()));
+    let mut first = Box::pin(pool.router.wait("m", &[], ticket(50, Class::Critical), timer.clone()));
+    let (shed_wakes, first_wakes) = (Arc::new(Count::default()), Arc::new(Count::default()));
+    assert_eq!(poll(&mut sheddable, &shed_wakes), Poll::Pending);
+    assert_eq!(poll(&mut first, &first_wakes), Poll::Pending);
+    pool.report(1, false);
+    assert_eq!(poll(&mut first, &first_wakes), Poll::Ready(Ok(1)), "the critical one first");
+    assert_eq!(shed_wakes.0.load(Ordering::SeqCst), 0, "worker 1 is spent: the sheddable one sleeps");
+    // 40 + 100 tokens do not fit in 100: the sheddable waiter goes, and
+    // with it the line's last waiter and its spent mark.
+    let mut second = Box::pin(pool.router.wait("m", &[], ticket(100, Class::Critical), timer.clone()));
+    assert_eq!(poll(&mut second, &Arc::default()), Poll::Ready(Ok(1)));
+    assert_eq!(poll(&mut sheddable, &shed_wakes), Poll::Ready(Err(WaitError::ClassShed)));
+    assert_eq!(pool.waiting(), 0);
+}

@@ -159,8 +159,10 @@ impl<T: Future<Output = ()>> Future for Wait<'_, T> {
                 // maybe this one. Otherwise a waiter ahead is not woken, so
                 // no worker is free (every publication and report since
                 // the line was not empty woke as many as were free).
-                // A displaced waiter that was woken passes its turn on.
-                if !all_woken && !joined.displaced_woken {
+                // A displacement wakes: a displaced waiter that was woken
+                // passes its turn on, and a line the displacement emptied
+                // forgot its spent workers (some may be free now).
+                if !all_woken && joined.displaced == 0 {
                     // No pass: this waiter is not woken, and its waker is
                     // the one it joined with.
                     return Poll::Pending;
