@@ -314,7 +314,8 @@ impl<'a> Runner<'a> {
             stream: true,
             drain_timeout: self.drain_timeout,
             seed,
-            progress: true,
+            // A bar on a terminal, as before; no plain lines in a log.
+            progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
             mix: None,
             tenants: None,
         }
