@@ -446,16 +446,20 @@ impl WorkerMonitor {
                 SlotUpdate::Contended => Applied::Contended,
                 SlotUpdate::Stored => {
                     // The worker's own word on its load, not the router's
-                    // tracking: the waiting line may give it a waiter again.
-                    // The mark is cleared before the publication this
-                    // report may cause, and the pass runs after it: a
-                    // waiter that publication wakes and dispatches stays
-                    // marked until the worker's *next* report (one report,
-                    // one dispatch: loom's `one_report_dispatches_one_waiter`).
-                    let freed = publisher == Publisher::Worker && rec.model.line.reported(worker);
+                    // tracking: the waiting line may give it a waiter
+                    // again. What the line had dispatched is read before
+                    // the publication this report may cause, and the pass
+                    // runs after it: a waiter that publication wakes and
+                    // dispatches stays marked until the worker's *next*
+                    // report (one report, one dispatch: loom's
+                    // `one_report_dispatches_one_waiter`).
+                    let begun = match publisher {
+                        Publisher::Worker => rec.model.line.report_begins(worker),
+                        _ => None,
+                    };
                     let applied = self.changed(&rec.entry, &rec.model, now);
-                    if freed {
-                        rec.model.line.pass(rec.model.view());
+                    if let Some(seen) = begun {
+                        rec.model.line.reported(worker, seen, rec.model.view());
                     }
                     applied
                 }

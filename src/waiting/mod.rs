@@ -222,6 +222,9 @@ pub(crate) struct Line {
     /// `Queue::any_held`, stored under the lock after each change: while
     /// set, every report of the model's workers runs a pass.
     held_hint: AtomicBool,
+    /// `Queue::dispatched`, stored under the lock after each change: where
+    /// a report begins (see `Line::report_begins`).
+    dispatches: AtomicU64,
     queue: Mutex<Queue>,
 }
 
@@ -232,6 +235,7 @@ impl Line {
             limits,
             spent_hint: AtomicU64::new(0),
             held_hint: AtomicBool::new(false),
+            dispatches: AtomicU64::new(0),
             queue: Mutex::new(Queue::default()),
         }
     }
@@ -275,33 +279,41 @@ impl Line {
     }
 
     /// At a report of `worker` (its own, not the router's tracking), before
-    /// the publication it may cause: the line may give it a waiter again,
-    /// and held waiters may be woken again. Returns whether a pass is due
-    /// (it was spent, or waiters were held: then [`Line::pass`] after the
-    /// publication).
+    /// the publication it may cause: whether the line may give the worker a
+    /// waiter again or wake held waiters, and if so the line's dispatches so
+    /// far, for [`Line::reported`] after the publication.
     #[inline]
-    pub(crate) fn reported(&self, worker: WorkerId) -> bool {
+    pub(crate) fn report_begins(&self, worker: WorkerId) -> Option<u64> {
         // Relaxed: hints; a report that misses a mark set at this moment
         // (a dispatch or a hold racing the report) leaves it to the next
         // report, the same as if it had come first.
         let spent = self.spent_hint.load(Ordering::Relaxed) & queue::spent_bit(worker) != 0;
         if !self.is_waiting() || !(spent || self.held_hint.load(Ordering::Relaxed)) {
-            return false;
+            return None;
         }
-        let mut queue = lock(&self.queue);
-        let was_spent = queue.reported(worker);
-        let held = queue.any_held();
-        queue.release();
-        if was_spent || held {
-            self.sync_hint(&queue);
-        }
-        was_spent || held
+        // Acquire: pairs with the Release in `sync_hint`. Every dispatch
+        // this report's publication causes comes after, with a number at
+        // least this.
+        Some(self.dispatches.load(Ordering::Acquire))
     }
 
-    /// A wake-up pass with the current view (after a report that freed a
-    /// spent worker, and its publication if any).
-    pub(crate) fn pass(&self, view: &crate::sync::Swap<ModelView>) {
-        wake_free(&mut lock(&self.queue), view);
+    /// After the report [`Line::report_begins`] saw `seen` dispatches at,
+    /// and the publication it may have caused: the worker's mark, if set
+    /// by a dispatch before the report, is cleared, held waiters are
+    /// released, and a wake-up pass runs with the current view, all under
+    /// one lock. A dispatch the publication caused keeps its mark until
+    /// the worker's next report: one report, one dispatch (loom's
+    /// `one_report_dispatches_one_waiter`).
+    #[inline]
+    pub(crate) fn reported(&self, worker: WorkerId, seen: u64, view: &crate::sync::Swap<ModelView>) {
+        let mut queue = lock(&self.queue);
+        let freed = queue.reported(worker, seen);
+        if !freed && !queue.any_held() {
+            return;
+        }
+        queue.release();
+        self.sync_hint(&queue);
+        wake_free(&mut queue, view);
     }
 
     /// Stores the spent workers' bits and whether waiters are held after a
@@ -310,6 +322,8 @@ impl Line {
         // Relaxed: see `reported`.
         self.spent_hint.store(queue.spent_bits(), Ordering::Relaxed);
         self.held_hint.store(queue.any_held(), Ordering::Relaxed);
+        // Release: pairs with the Acquire in `report_begins`.
+        self.dispatches.store(queue.dispatched(), Ordering::Release);
     }
 }
 

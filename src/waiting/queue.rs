@@ -140,6 +140,14 @@ impl ClassLine {
     /// tenant the visits it would have had by then: the same outcome in
     /// one pass over the tenants.
     fn pick(&mut self) -> Option<(usize, usize)> {
+        match self.tenants.len() {
+            1 => self.pick_alone(),
+            _ => self.pick_walk(),
+        }
+    }
+
+    /// [`ClassLine::pick`] among any number of tenants.
+    fn pick_walk(&mut self) -> Option<(usize, usize)> {
         let (overrun, credited, turn, len) = (self.overrun, self.credited, self.turn, self.tenants.len());
         let n = len as u128;
         // The walk's step at which the tenant at `offset` is first visited
@@ -182,6 +190,24 @@ impl ClassLine {
     }
 }
 
+impl ClassLine {
+    /// [`ClassLine::pick`] with one tenant (the common case, without the
+    /// walk's arithmetic): it is credited the quanta its next waiter needs
+    /// beyond its deficit, at least one if the turn had not credited it.
+    fn pick_alone(&mut self) -> Option<(usize, usize)> {
+        let credited = self.credited;
+        let line = &mut self.tenants[0];
+        let index = line.next(self.overrun)?;
+        let cost = line.waiters[index].cost();
+        let credits = cost.saturating_sub(line.deficit).div_ceil(line.quantum);
+        let credits = if credited { credits } else { credits.max(1) };
+        line.deficit = line.deficit.saturating_add(credits.saturating_mul(line.quantum)) - cost;
+        self.turn = 0;
+        self.credited = true;
+        Some((0, index))
+    }
+}
+
 /// The line's contents (under the line's lock).
 #[derive(Default)]
 pub(super) struct Queue {
@@ -198,6 +224,10 @@ pub(super) struct Queue {
     /// Workers the line dispatched to since their last report, while it had
     /// waiters: each stays out of the line's reach until it reports again.
     spent: Vec<WorkerId>,
+    /// For each of `spent`, the number of the line's last dispatch to it
+    /// (the line's dispatches before it): a report clears only a mark older
+    /// than the report.
+    spent_since: Vec<u64>,
     /// Numbers the waiters in arrival order.
     arrivals: u64,
     /// Requests the line dispatched, ever.
@@ -397,7 +427,12 @@ impl Queue {
     pub(super) fn find(&self, key: &Key) -> Option<At> {
         let class = key.class.index();
         let tenant = self.classes[class].tenant(key.tenant)?;
-        let index = self.classes[class].tenants[tenant].waiters.binary_search_by_key(key, |w| w.key).ok()?;
+        let waiters = &self.classes[class].tenants[tenant].waiters;
+        // The first of its tenant, most often (the earliest is woken first).
+        let index = match waiters.front() {
+            Some(first) if first.key == *key => 0,
+            _ => waiters.binary_search_by_key(key, |w| w.key).ok()?,
+        };
         Some(At { class, tenant, index })
     }
 
@@ -471,6 +506,7 @@ impl Queue {
         }
         if self.len == 0 {
             self.spent.clear();
+            self.spent_since.clear();
         }
         waiter
     }
@@ -513,22 +549,32 @@ impl Queue {
     pub(super) fn dispatched_to(&mut self, at: At, worker: WorkerId) {
         debug_assert!(self.is_woken(at), "only a woken waiter routes");
         self.remove(at, true);
+        let number = self.dispatched;
         self.dispatched += 1;
         self.classes[at.class].dispatched += 1;
-        if self.len != 0 && !self.spent.contains(&worker) {
-            self.spent.push(worker);
+        if self.len != 0 {
+            match self.spent.iter().position(|w| *w == worker) {
+                Some(i) => self.spent_since[i] = number,
+                None => {
+                    self.spent.push(worker);
+                    self.spent_since.push(number);
+                }
+            }
         }
     }
 
-    /// `worker` reported: the line may give it a waiter again. Returns
-    /// whether it was spent.
-    pub(super) fn reported(&mut self, worker: WorkerId) -> bool {
+    /// `worker` reported, and the line had made `seen` dispatches when the
+    /// report began: the line may give it a waiter again, unless its last
+    /// dispatch came later (a report reflects no dispatch after it). Returns
+    /// whether it was spent and is no longer.
+    pub(super) fn reported(&mut self, worker: WorkerId, seen: u64) -> bool {
         match self.spent.iter().position(|w| *w == worker) {
-            Some(i) => {
+            Some(i) if self.spent_since[i] < seen => {
                 self.spent.swap_remove(i);
+                self.spent_since.swap_remove(i);
                 true
             }
-            None => false,
+            _ => false,
         }
     }
 
@@ -601,7 +647,8 @@ mod tests {
         assert!(!q.is_woken(at(&q, late)), "one free worker, one woken waiter");
         q.dispatched_to(at(&q, early), 7);
         assert_eq!(q.spent(), [7]);
-        assert!(q.reported(7));
+        assert!(!q.reported(7, 0), "a report begun before the dispatch keeps its mark");
+        assert!(q.reported(7, q.dispatched()));
         assert!(q.spent().is_empty());
         q.wake(1);
         q.dispatched_to(at(&q, late), 7);
@@ -740,7 +787,7 @@ mod tests {
                     .expect("a woken waiter");
                 let id = q.classes[class].tenants[tenant].tenant;
                 q.dispatched_to(At { class, tenant, index }, 1);
-                assert!(q.reported(1) || q.len() == 0);
+                assert!(q.reported(1, q.dispatched()) || q.len() == 0);
                 id
             })
             .collect()
@@ -873,5 +920,38 @@ mod tests {
             ),
             Err(WaitError::QueueFull)
         );
+    }
+
+    /// One tenant: the shortcut picks what the walk would, with the same
+    /// deficit after, for every deficit, cost, weight and turn credit.
+    #[test]
+    fn a_lone_tenant_is_picked_as_by_the_walk() {
+        let now = Instant::now();
+        for (tokens, deficit, weight, credited) in lone_tenant_cases() {
+            let mut lines = [(); 2].map(|_| {
+                let mut q = Queue::default();
+                let tenant = Tenant { weight, ..Tenant::default() };
+                q.join(STANDARD, tenant, now, tokens, LineLimits::default(), &noop()).unwrap();
+                let class = &mut q.classes[STANDARD.index()];
+                class.tenants[0].deficit = deficit;
+                class.credited = credited;
+                q
+            });
+            let [alone, walk] = &mut lines;
+            let (alone, walk) = (&mut alone.classes[STANDARD.index()], &mut walk.classes[STANDARD.index()]);
+            assert_eq!(alone.pick_alone(), walk.pick_walk(), "{tokens} {deficit} {weight} {credited}");
+            assert_eq!(alone.tenants[0].deficit, walk.tenants[0].deficit, "{tokens} {deficit} {weight} {credited}");
+            assert_eq!((alone.turn, alone.credited), (walk.turn, walk.credited));
+        }
+    }
+
+    fn lone_tenant_cases() -> impl Iterator<Item = (u64, u64, u32, bool)> {
+        let sizes = [0, 1, 2, 7, 100, 4096, u64::MAX / 2, u64::MAX];
+        let weights = [0, 1, 3, 64, u32::MAX];
+        sizes.into_iter().flat_map(move |tokens| {
+            sizes.into_iter().flat_map(move |deficit| {
+                weights.into_iter().flat_map(move |weight| [false, true].map(|c| (tokens, deficit, weight, c)))
+            })
+        })
     }
 }
