@@ -27,8 +27,9 @@
 //! own echo: one NATS server fans a message out to every subscriber at
 //! once), so its headroom is at most `threshold − P`, and it has admitted
 //! at most `(threshold − P) / k` unseen plus the one request that crossed
-//! it. Over the k frontends: the worker's load stays within
-//! **threshold + k × (the largest request)**. Geometric, not static: an
+//! it (the frontend routes and tracks one request at a time: two of its
+//! threads deciding at once would each add one). Over the k frontends: the
+//! worker's load stays within **threshold + k × (the largest request)**. Geometric, not static: an
 //! idle fleet lets one frontend take a k-th of the whole headroom per round
 //! trip, so it fills the worker in a few round trips and no capacity is
 //! set aside.

@@ -18,6 +18,7 @@ use loadgate::{
     Class, Migration, RouteError, Tenant, Ticket, WaitError, WorkerId,
 };
 
+use crate::directory::WorkerAddress;
 use crate::frontend::caller::Caller;
 use crate::frontend::inflight::Held;
 use crate::frontend::line::wait_in_line;
@@ -210,14 +211,14 @@ async fn route_and_send(
         // Only a request no worker refused at its cap waits: no publication
         // would wake it (the worker that refused is not busy).
         let wait_until = line.filter(|_| migration.refusals().is_empty());
-        let worker = match wait_until {
+        let (worker, taken) = match wait_until {
             Some(deadline) => {
                 let ticket =
                     Ticket::new(request.prompt, deadline).with_class(request.class).with_tenant(request.tenant);
                 let (routed, took) = wait_in_line(&frontend.router, &frontend.queue, model, &exclude, ticket).await;
                 *waited = Some(waited.unwrap_or_default() + took);
                 match routed {
-                    Ok(worker) => worker,
+                    Ok(worker) => (worker, take(frontend, worker, request.prompt)),
                     Err(WaitError::UnknownModel) => {
                         return route_error(frontend, model, RouteError::UnknownModel, &excluded)
                     }
@@ -228,11 +229,18 @@ async fn route_and_send(
                     Err(reason) => return refused_from_line(frontend, request, model, reason),
                 }
             }
-            None => match frontend.router.route_class(model, &exclude, request.class) {
-                Ok(worker) => worker,
-                Err(RouteError::Overloaded) => return no_worker_left(frontend, request, model, &migration, &excluded),
-                Err(error) => return route_error(frontend, model, error, &excluded),
-            },
+            None => {
+                // Routed and tracked in one turn, with the fleet lease
+                // (see `Frontend::routing_turn`); never held across an await.
+                let _turn = frontend.routing_turn.as_ref().map(|turn| turn.lock().unwrap_or_else(|e| e.into_inner()));
+                match frontend.router.route_class(model, &exclude, request.class) {
+                    Ok(worker) => (worker, take(frontend, worker, request.prompt)),
+                    Err(RouteError::Overloaded) => {
+                        return no_worker_left(frontend, request, model, &migration, &excluded)
+                    }
+                    Err(error) => return route_error(frontend, model, error, &excluded),
+                }
+            }
         };
         drop(exclude);
         let digest = match digest {
@@ -243,7 +251,7 @@ async fn route_and_send(
                 None => return reply::openai_error(StatusCode::BAD_GATEWAY, SERVER_ERROR, "worker unreachable"),
             },
         };
-        match dispatch(frontend, worker, request, &digest).await {
+        match dispatch(frontend, worker, taken, request, &digest).await {
             Outcome::Answer(response) => {
                 frontend.directory.proof_accepted(worker);
                 return response;
@@ -381,13 +389,27 @@ async fn signing_digest(frontend: &Frontend, body: &Bytes) -> BodyDigest {
     }
 }
 
+/// The routed `worker`'s address and the load the router tracks for it
+/// from now on (`None`: it has left the directory).
+fn take(frontend: &Arc<Frontend>, worker: WorkerId, prompt: u64) -> Option<(WorkerAddress, Held)> {
+    let address = frontend.directory.get(worker)?;
+    let held = frontend.inflight.hold(worker, &address, prompt);
+    Some((address, held))
+}
+
 /// Sends the request to `worker` (one attempt, `upstream/`), holding the
-/// load the router tracks for it until the worker's answer has been read.
-async fn dispatch(frontend: &Arc<Frontend>, worker: WorkerId, outgoing: &Outgoing<'_>, digest: &BodyDigest) -> Outcome {
-    let Some(address) = frontend.directory.get(worker) else {
+/// load the router tracks for it (`taken`) until the worker's answer has
+/// been read.
+async fn dispatch(
+    frontend: &Arc<Frontend>,
+    worker: WorkerId,
+    taken: Option<(WorkerAddress, Held)>,
+    outgoing: &Outgoing<'_>,
+    digest: &BodyDigest,
+) -> Outcome {
+    let Some((address, held)) = taken else {
         return Outcome::Failed(Failure::Gone);
     };
-    let held = frontend.inflight.hold(worker, &address, outgoing.prompt);
     let path = path(outgoing.endpoint);
     let mut request =
         frontend.client.post(format!("{}{path}", address.base_url)).header(header::CONTENT_TYPE, "application/json");

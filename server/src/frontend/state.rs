@@ -63,6 +63,11 @@ pub struct Frontend {
     /// `--router-queue-token-limit` is set: every request's prompt is
     /// counted (the line's token bound), whatever the router mode.
     pub(crate) line_counts_tokens: bool,
+    /// With the fleet lease (`--share-lease`): one route and the tracking
+    /// of its load at a time, so that no two of this frontend's threads
+    /// take the same worker's last headroom at once (the lease's bound
+    /// counts one request per frontend crossing a threshold).
+    pub(crate) routing_turn: Option<std::sync::Mutex<()>>,
 }
 
 impl Frontend {
@@ -123,6 +128,7 @@ impl Frontend {
             },
             callers: Callers::new(tenants, args.trust_priority_header),
             line_counts_tokens: args.router_queue_token_limit.is_some(),
+            routing_turn: (args.shares_load() && args.sharing.share_lease).then(Default::default),
         })
     }
 
