@@ -37,7 +37,7 @@
 //! [`SharedLoad`]: crate::monitor::SharedLoad
 
 use crate::load::RankLoad;
-use crate::sync::{AtomicU32, Ordering};
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
 use crate::thresholds::Thresholds;
 
 const PPB: u128 = 1_000_000_000;
@@ -48,6 +48,9 @@ pub(crate) struct Lease {
     on: bool,
     /// Other frontends live now (set by the event plane).
     others: AtomicU32,
+    /// Requests waiting in the other frontends' lines, from their beats
+    /// (set by the event plane): see `Line::report_begins`.
+    others_waiting: AtomicU64,
 }
 
 /// What one rank's slots hold, for the lease.
@@ -61,13 +64,26 @@ pub(crate) struct Slots {
 
 impl Lease {
     pub(crate) fn new(on: bool) -> Self {
-        Lease { on, others: AtomicU32::new(0) }
+        Lease { on, others: AtomicU32::new(0), others_waiting: AtomicU64::new(0) }
     }
 
     /// Sets how many other frontends are live; whether it changed.
     pub(crate) fn set_others(&self, others: u32) -> bool {
         // Relaxed: read by evaluations, which the caller re-runs after a change.
         self.others.swap(others, Ordering::Relaxed) != others
+    }
+
+    /// Sets how many requests wait in the other frontends' lines.
+    pub(crate) fn set_others_waiting(&self, waiting: u64) {
+        // Relaxed: a proportion for the lines' next reports; nothing else
+        // is published with it.
+        self.others_waiting.store(waiting, Ordering::Relaxed);
+    }
+
+    /// How many requests wait in the other frontends' lines.
+    pub(crate) fn others_waiting(&self) -> u64 {
+        // Relaxed: see `set_others_waiting`.
+        self.others_waiting.load(Ordering::Relaxed)
     }
 
     /// `load` (the rank's effective load) with each field whose unseen

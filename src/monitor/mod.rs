@@ -31,7 +31,7 @@ use std::time::Duration;
 use crate::load::{LoadReport, WorkerId};
 use crate::sync::{lock, Arc, Mutex, Ordering};
 use crate::thresholds::{BusySignals, BusyThresholds, ThresholdError, Thresholds};
-use crate::waiting::{LineLimits, LineStats};
+use crate::waiting::{Begun, LineLimits, LineStats};
 
 use self::clock::MonitorClock;
 use self::entry::WorkerEntry;
@@ -454,11 +454,13 @@ impl WorkerMonitor {
                     // report (one report, one dispatch: loom's
                     // `one_report_dispatches_one_waiter`).
                     let begun = match publisher {
-                        Publisher::Worker => rec.model.line.report_begins(worker),
-                        _ => None,
+                        Publisher::Worker => {
+                            rec.model.line.report_begins(worker, self.clock.lease.others_waiting(), now)
+                        }
+                        _ => Begun::Nothing,
                     };
                     let applied = self.changed(&rec.entry, &rec.model, now);
-                    if let Some(seen) = begun {
+                    if let Begun::Seen(seen) = begun {
                         rec.model.line.reported(worker, seen, rec.model.view());
                     }
                     applied
@@ -537,6 +539,17 @@ impl WorkerMonitor {
         } else {
             0
         }
+    }
+
+    /// How many requests wait in the other frontends' lines (from their
+    /// beats). While some do, a report of a worker is this frontend's to
+    /// dispatch a waiter on in proportion to its own waiters among all of
+    /// them (and otherwise the worker stays out of this frontend's lines
+    /// until its next report), so that k frontends' lines give a freed
+    /// worker about one waiter per report between them, not one each.
+    /// 0 (the default, and alone): every report is this frontend's.
+    pub fn set_others_waiting(&self, waiting: u64) {
+        self.clock.lease.set_others_waiting(waiting);
     }
 
     /// Frontend `publisher` is alive (a frame of its own): everything it

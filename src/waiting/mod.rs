@@ -92,7 +92,9 @@ mod queue;
 mod tests;
 mod wait;
 
+use std::collections::hash_map::RandomState;
 use std::fmt;
+use std::hash::{BuildHasher, Hasher};
 use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
@@ -209,6 +211,19 @@ pub struct LineStats {
     pub overrun: bool,
 }
 
+/// What a worker's report does to the line ([`Line::report_begins`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Begun {
+    /// Nothing: no waiter, or the worker was not spent and none is held.
+    Nothing,
+    /// The line had made this many dispatches: [`Line::reported`] after
+    /// the publication.
+    Seen(u64),
+    /// The report is another frontend's to use: the worker stays out of
+    /// this line's reach until its next report.
+    Declined,
+}
+
 /// A model's waiting line (in the model's state, beside its view).
 pub(crate) struct Line {
     /// Waiters in the line: read by every request of a line-using router
@@ -225,6 +240,8 @@ pub(crate) struct Line {
     /// `Queue::dispatched`, stored under the lock after each change: where
     /// a report begins (see `Line::report_begins`).
     dispatches: AtomicU64,
+    /// Keys the hash that shares reports with other frontends' lines.
+    chooser: RandomState,
     queue: Mutex<Queue>,
 }
 
@@ -236,6 +253,7 @@ impl Line {
             spent_hint: AtomicU64::new(0),
             held_hint: AtomicBool::new(false),
             dispatches: AtomicU64::new(0),
+            chooser: RandomState::new(),
             queue: Mutex::new(Queue::default()),
         }
     }
@@ -279,22 +297,50 @@ impl Line {
     }
 
     /// At a report of `worker` (its own, not the router's tracking), before
-    /// the publication it may cause: whether the line may give the worker a
-    /// waiter again or wake held waiters, and if so the line's dispatches so
-    /// far, for [`Line::reported`] after the publication.
+    /// the publication it may cause, with `others_waiting` requests in other
+    /// frontends' lines and `entropy` (the monitor's clock): whether the
+    /// line may give the worker a waiter again or wake held waiters, and if
+    /// so the line's dispatches so far, for [`Line::reported`] after the
+    /// publication.
+    ///
+    /// While others wait too, the report is this line's in proportion to
+    /// its waiters among all (a hash of the worker and `entropy` against
+    /// that share: independent between frontends); otherwise the worker
+    /// is marked as if dispatched to until its next report, before the
+    /// publication can wake anyone for it ([`Begun::Declined`]).
     #[inline]
-    pub(crate) fn report_begins(&self, worker: WorkerId) -> Option<u64> {
+    pub(crate) fn report_begins(&self, worker: WorkerId, others_waiting: u64, entropy: u64) -> Begun {
+        if !self.is_waiting() {
+            return Begun::Nothing;
+        }
+        if others_waiting != 0 && !self.takes(worker, others_waiting, entropy) {
+            let mut queue = lock(&self.queue);
+            queue.decline(worker);
+            self.sync_hint(&queue);
+            return Begun::Declined;
+        }
         // Relaxed: hints; a report that misses a mark set at this moment
         // (a dispatch or a hold racing the report) leaves it to the next
         // report, the same as if it had come first.
         let spent = self.spent_hint.load(Ordering::Relaxed) & queue::spent_bit(worker) != 0;
-        if !self.is_waiting() || !(spent || self.held_hint.load(Ordering::Relaxed)) {
-            return None;
+        if !(spent || self.held_hint.load(Ordering::Relaxed)) {
+            return Begun::Nothing;
         }
         // Acquire: pairs with the Release in `sync_hint`. Every dispatch
         // this report's publication causes comes after, with a number at
         // least this.
-        Some(self.dispatches.load(Ordering::Acquire))
+        Begun::Seen(self.dispatches.load(Ordering::Acquire))
+    }
+
+    /// Whether this report of `worker` is this line's, with
+    /// `others_waiting` waiting elsewhere (see [`Line::report_begins`]).
+    fn takes(&self, worker: WorkerId, others_waiting: u64, entropy: u64) -> bool {
+        // Acquire: as `is_waiting`.
+        let own = self.waiting.load(Ordering::Acquire) as u64;
+        let mut hasher = self.chooser.build_hasher();
+        hasher.write_u64(worker);
+        hasher.write_u64(entropy);
+        hasher.finish() % own.saturating_add(others_waiting).max(1) < own
     }
 
     /// After the report [`Line::report_begins`] saw `seen` dispatches at,

@@ -226,8 +226,9 @@ pub(super) struct Queue {
     spent: Vec<WorkerId>,
     /// For each of `spent`, the number of the line's last dispatch to it
     /// (the line's dispatches before it): a report clears only a mark older
-    /// than the report.
-    spent_since: Vec<u64>,
+    /// than the report. `None`: declined (another frontend's report; any
+    /// later report clears it).
+    spent_since: Vec<Option<u64>>,
     /// Numbers the waiters in arrival order.
     arrivals: u64,
     /// Requests the line dispatched, ever.
@@ -553,13 +554,26 @@ impl Queue {
         self.dispatched += 1;
         self.classes[at.class].dispatched += 1;
         if self.len != 0 {
-            match self.spent.iter().position(|w| *w == worker) {
-                Some(i) => self.spent_since[i] = number,
-                None => {
-                    self.spent.push(worker);
-                    self.spent_since.push(number);
-                }
+            self.mark(worker, Some(number));
+        }
+    }
+
+    /// Marks `worker` spent since `since` (see `spent_since`).
+    fn mark(&mut self, worker: WorkerId, since: Option<u64>) {
+        match self.spent.iter().position(|w| *w == worker) {
+            Some(i) => self.spent_since[i] = since,
+            None => {
+                self.spent.push(worker);
+                self.spent_since.push(since);
             }
+        }
+    }
+
+    /// A report of `worker` another frontend's line is to use: this line
+    /// gives it no waiter until its next report.
+    pub(super) fn decline(&mut self, worker: WorkerId) {
+        if self.len != 0 {
+            self.mark(worker, None);
         }
     }
 
@@ -569,7 +583,7 @@ impl Queue {
     /// whether it was spent and is no longer.
     pub(super) fn reported(&mut self, worker: WorkerId, seen: u64) -> bool {
         match self.spent.iter().position(|w| *w == worker) {
-            Some(i) if self.spent_since[i] < seen => {
+            Some(i) if self.spent_since[i].is_none_or(|number| number < seen) => {
                 self.spent.swap_remove(i);
                 self.spent_since.swap_remove(i);
                 true

@@ -195,3 +195,50 @@ fn a_displacement_that_empties_the_line_frees_its_spent_workers() {
     assert_eq!(poll(&mut sheddable, &shed_wakes), Poll::Ready(Err(WaitError::ClassShed)));
     assert_eq!(pool.waiting(), 0);
 }
+
+/// While other frontends' lines hold waiters, a report is this line's in
+/// proportion to its own waiters: with many more elsewhere it gives its
+/// worker to none here (the worker waits for its next report); alone again,
+/// the next report does; one to one, about half.
+#[test]
+fn reports_are_shared_with_other_frontends_lines_by_their_waiters() {
+    let pool = Pool::new(1, LineLimits::default());
+    pool.report(1, true);
+    let wakes = Arc::new(Count::default());
+    let mut w = wait(&pool, &Timer::default());
+    assert_eq!(poll(&mut w, &wakes), Poll::Pending);
+    pool.monitor.set_others_waiting(u64::MAX / 4);
+    pool.report(1, false);
+    pool.report(1, false);
+    assert_eq!(wakes.0.load(Ordering::SeqCst), 0, "the reports went to the other lines");
+    assert_eq!(poll(&mut w, &wakes), Poll::Pending);
+    pool.monitor.set_others_waiting(0);
+    pool.report(1, false);
+    assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "alone again: the next report is this line's");
+    assert_eq!(poll(&mut w, &wakes), Poll::Ready(Ok(1)));
+
+    // Two waiters here, two elsewhere: each report is this line's with
+    // probability 1/2 (400 reports: the mean 200, the bounds 6 standard
+    // deviations away). A served waiter is replaced, so the line never
+    // empties (an empty line forgets its spent workers).
+    pool.report(1, true);
+    pool.monitor.set_others_waiting(2);
+    let wakes = Arc::new(Count::default());
+    let mut line: std::collections::VecDeque<Waiting> = (0..2).map(|_| wait(&pool, &Timer::default())).collect();
+    for w in &mut line {
+        assert_eq!(poll(w, &wakes), Poll::Pending);
+    }
+    let mut taken = 0;
+    for _ in 0..400 {
+        pool.report(1, false);
+        if wakes.0.swap(0, Ordering::SeqCst) != 0 {
+            let mut first = line.pop_front().expect("two wait");
+            assert_eq!(poll(&mut first, &wakes), Poll::Ready(Ok(1)));
+            taken += 1;
+            let mut next = wait(&pool, &Timer::default());
+            assert_eq!(poll(&mut next, &wakes), Poll::Pending, "behind a waiter");
+            line.push_back(next);
+        }
+    }
+    assert!((140..=260).contains(&taken), "{taken} of 400 reports taken");
+}

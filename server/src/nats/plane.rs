@@ -405,6 +405,9 @@ impl Applier {
         if let Some(peers) = &self.peers {
             let pool = peers.pool();
             self.stats.set_shared_frontends(pool.frontends);
+            // The lines share each worker's reports with the others' by
+            // their waiters (one dispatch per report between them).
+            self.monitor.set_others_waiting(pool.waiting);
             if let Some(hint) = &self.pool_hint {
                 hint.set_others(pool.frontends as u64 - 1, pool.in_flight, pool.waiting);
             }
