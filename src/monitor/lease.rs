@@ -27,8 +27,9 @@
 //! own echo: one NATS server fans a message out to every subscriber at
 //! once), so its headroom is at most `threshold − P`, and it has admitted
 //! at most `(threshold − P) / k` unseen plus the one request that crossed
-//! it (the frontend routes and tracks one request at a time: two of its
-//! threads deciding at once would each add one). Over the k frontends: the
+//! it (if the frontend routes and tracks one request at a time, as
+//! `loadgate frontend` does under the lease; two threads of a caller
+//! deciding at once would each add one). Over the k frontends: the
 //! worker's load stays within **threshold + k × (the largest request)**. Geometric, not static: an
 //! idle fleet lets one frontend take a k-th of the whole headroom per round
 //! trip, so it fills the worker in a few round trips and no capacity is
@@ -39,6 +40,7 @@
 use crate::load::RankLoad;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 use crate::thresholds::Thresholds;
+use crate::waiting::ReportShare;
 
 const PPB: u128 = 1_000_000_000;
 
@@ -48,9 +50,11 @@ pub(crate) struct Lease {
     on: bool,
     /// Other frontends live now (set by the event plane).
     others: AtomicU32,
-    /// Requests waiting in the other frontends' lines, from their beats
-    /// (set by the event plane): see `Line::report_begins`.
-    others_waiting: AtomicU64,
+    /// Requests waiting in the lines of the other frontends (low 32 bits)
+    /// and of those ordered before this one (high 32 bits), from their
+    /// beats (set by the event plane; one word, so a report reads a pair
+    /// set together): see `Line::report_begins`.
+    report_share: AtomicU64,
 }
 
 /// What one rank's slots hold, for the lease.
@@ -64,7 +68,7 @@ pub(crate) struct Slots {
 
 impl Lease {
     pub(crate) fn new(on: bool) -> Self {
-        Lease { on, others: AtomicU32::new(0), others_waiting: AtomicU64::new(0) }
+        Lease { on, others: AtomicU32::new(0), report_share: AtomicU64::new(0) }
     }
 
     /// Sets how many other frontends are live; whether it changed.
@@ -73,17 +77,21 @@ impl Lease {
         self.others.swap(others, Ordering::Relaxed) != others
     }
 
-    /// Sets how many requests wait in the other frontends' lines.
-    pub(crate) fn set_others_waiting(&self, waiting: u64) {
+    /// Sets how many requests wait in the other frontends' lines, and in
+    /// those of the frontends ordered before this one (each at most
+    /// `u32::MAX`).
+    pub(crate) fn set_report_share(&self, share: ReportShare) {
+        let clamp = |n: u64| u64::from(u32::try_from(n).unwrap_or(u32::MAX));
         // Relaxed: a proportion for the lines' next reports; nothing else
         // is published with it.
-        self.others_waiting.store(waiting, Ordering::Relaxed);
+        self.report_share.store(clamp(share.ahead) << 32 | clamp(share.others), Ordering::Relaxed);
     }
 
-    /// How many requests wait in the other frontends' lines.
-    pub(crate) fn others_waiting(&self) -> u64 {
-        // Relaxed: see `set_others_waiting`.
-        self.others_waiting.load(Ordering::Relaxed)
+    /// What [`Lease::set_report_share`] last set.
+    pub(crate) fn report_share(&self) -> ReportShare {
+        // Relaxed: see `set_report_share`.
+        let word = self.report_share.load(Ordering::Relaxed);
+        ReportShare { ahead: word >> 32, others: word & u64::from(u32::MAX) }
     }
 
     /// `load` (the rank's effective load) with each field whose unseen

@@ -31,7 +31,7 @@ use std::time::Duration;
 use crate::load::{LoadReport, WorkerId};
 use crate::sync::{lock, Arc, Mutex, Ordering};
 use crate::thresholds::{BusySignals, BusyThresholds, ThresholdError, Thresholds};
-use crate::waiting::{Begun, LineLimits, LineStats};
+use crate::waiting::{Begun, LineLimits, LineStats, ReportShare};
 
 use self::clock::MonitorClock;
 use self::entry::WorkerEntry;
@@ -137,6 +137,15 @@ pub enum Registered {
 }
 
 const MAX_DP_SIZE: u32 = 65_536;
+
+/// Which slot an update is for, and the report's seq (0 for tracking).
+#[derive(Clone, Copy)]
+struct Update {
+    worker: WorkerId,
+    incarnation: u64,
+    rank: u32,
+    seq: u64,
+}
 
 impl WorkerMonitor {
     /// A monitor on the real clock.
@@ -367,9 +376,8 @@ impl WorkerMonitor {
     ///
     /// [`ApplyError`] for an unregistered worker or a rank out of range.
     pub fn apply(&self, report: &LoadReport) -> Result<Applied, ApplyError> {
-        self.update_slot(report.worker, report.incarnation, report.rank, report.publisher, |slot, now| {
-            slot.store(report.seq, &report.load, now)
-        })
+        let at = Update { worker: report.worker, incarnation: report.incarnation, rank: report.rank, seq: report.seq };
+        self.update_slot(at, report.publisher, |slot, now| slot.store(report.seq, &report.load, now))
     }
 
     /// The current incarnation of `worker`, if it is registered.
@@ -396,7 +404,7 @@ impl WorkerMonitor {
         blocks: i64,
         prefill_tokens: i64,
     ) -> Result<Applied, ApplyError> {
-        self.update_slot(worker, incarnation, rank, Publisher::Router, |slot, now| {
+        self.update_slot(Update { worker, incarnation, rank, seq: 0 }, Publisher::Router, |slot, now| {
             slot.add(blocks, prefill_tokens, now);
             SlotUpdate::Stored
         })
@@ -417,7 +425,7 @@ impl WorkerMonitor {
         kv_total_blocks: u32,
         max_num_batched_tokens: u32,
     ) -> Result<Applied, ApplyError> {
-        self.update_slot(worker, incarnation, rank, Publisher::Router, |slot, now| {
+        self.update_slot(Update { worker, incarnation, rank, seq: 0 }, Publisher::Router, |slot, now| {
             slot.set_denominators(kv_total_blocks, max_num_batched_tokens, now);
             SlotUpdate::Stored
         })
@@ -429,12 +437,11 @@ impl WorkerMonitor {
     #[inline]
     fn update_slot(
         &self,
-        worker: WorkerId,
-        incarnation: u64,
-        rank: u32,
+        at: Update,
         publisher: Publisher,
         update: impl FnOnce(&RankSlot, u64) -> SlotUpdate,
     ) -> Result<Applied, ApplyError> {
+        let Update { worker, incarnation, rank, seq } = at;
         self.has_slot(publisher)?;
         self.registry.with_rank(worker, rank, |rec| {
             if incarnation != rec.entry.incarnation {
@@ -454,9 +461,7 @@ impl WorkerMonitor {
                     // report (one report, one dispatch: loom's
                     // `one_report_dispatches_one_waiter`).
                     let begun = match publisher {
-                        Publisher::Worker => {
-                            rec.model.line.report_begins(worker, self.clock.lease.others_waiting(), now)
-                        }
+                        Publisher::Worker => rec.model.line.report_begins(worker, self.clock.lease.report_share(), seq),
                         _ => Begun::Nothing,
                     };
                     let applied = self.changed(&rec.entry, &rec.model, now);
@@ -541,15 +546,19 @@ impl WorkerMonitor {
         }
     }
 
-    /// How many requests wait in the other frontends' lines (from their
-    /// beats). While some do, a report of a worker is this frontend's to
-    /// dispatch a waiter on in proportion to its own waiters among all of
-    /// them (and otherwise the worker stays out of this frontend's lines
-    /// until its next report), so that k frontends' lines give a freed
-    /// worker about one waiter per report between them, not one each.
-    /// 0 (the default, and alone): every report is this frontend's.
-    pub fn set_others_waiting(&self, waiting: u64) {
-        self.clock.lease.set_others_waiting(waiting);
+    /// How many requests wait in the other frontends' lines (`others`)
+    /// and in those of the frontends ordered before this one (`ahead`, a
+    /// part of `others`), from their beats. While some wait elsewhere, the
+    /// reports of a worker are shared between the frontends' lines by
+    /// their waiters: a report's seq and worker pick a point of
+    /// `[0, own + others)`, laid out in the frontends' order, and only the
+    /// frontend whose part holds it may give the worker a waiter on it (the
+    /// others keep the worker out of their lines until its next report).
+    /// When the frontends' figures agree, each report goes to one line, not
+    /// one in each. 0 and 0 (the default, and alone): every report is this
+    /// frontend's.
+    pub fn share_reports(&self, ahead: u64, others: u64) {
+        self.clock.lease.set_report_share(ReportShare { ahead, others });
     }
 
     /// Frontend `publisher` is alive (a frame of its own): everything it

@@ -92,9 +92,7 @@ mod queue;
 mod tests;
 mod wait;
 
-use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
 use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
@@ -211,6 +209,25 @@ pub struct LineStats {
     pub overrun: bool,
 }
 
+/// The waiters of other frontends' lines, for sharing reports
+/// ([`WorkerMonitor::share_reports`](crate::WorkerMonitor::share_reports)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ReportShare {
+    /// Waiting in the lines of the frontends ordered before this one.
+    pub(crate) ahead: u64,
+    /// Waiting in every other frontend's lines.
+    pub(crate) others: u64,
+}
+
+/// SplitMix64's finaliser over a worker and a report seq: a point spread
+/// evenly over `u64`, the same in every process.
+fn mix(worker: WorkerId, seq: u64) -> u64 {
+    let mut z = worker.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ seq;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// What a worker's report does to the line ([`Line::report_begins`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Begun {
@@ -240,8 +257,6 @@ pub(crate) struct Line {
     /// `Queue::dispatched`, stored under the lock after each change: where
     /// a report begins (see `Line::report_begins`).
     dispatches: AtomicU64,
-    /// Keys the hash that shares reports with other frontends' lines.
-    chooser: RandomState,
     queue: Mutex<Queue>,
 }
 
@@ -253,7 +268,6 @@ impl Line {
             spent_hint: AtomicU64::new(0),
             held_hint: AtomicBool::new(false),
             dispatches: AtomicU64::new(0),
-            chooser: RandomState::new(),
             queue: Mutex::new(Queue::default()),
         }
     }
@@ -296,24 +310,23 @@ impl Line {
         wake_free(&mut queue, view);
     }
 
-    /// At a report of `worker` (its own, not the router's tracking), before
-    /// the publication it may cause, with `others_waiting` requests in other
-    /// frontends' lines and `entropy` (the monitor's clock): whether the
-    /// line may give the worker a waiter again or wake held waiters, and if
-    /// so the line's dispatches so far, for [`Line::reported`] after the
-    /// publication.
+    /// At a report of `worker` (its own, not the router's tracking, numbered
+    /// `seq`), before the publication it may cause, with `share` (the
+    /// waiters in other frontends' lines): whether the line may give the
+    /// worker a waiter again or wake held waiters, and if so the line's
+    /// dispatches so far, for [`Line::reported`] after the publication.
     ///
-    /// While others wait too, the report is this line's in proportion to
-    /// its waiters among all (a hash of the worker and `entropy` against
-    /// that share: independent between frontends); otherwise the worker
-    /// is marked as if dispatched to until its next report, before the
+    /// While others wait too, the report is this line's only if the point
+    /// its worker and seq pick in `[0, own + others)` falls in this line's
+    /// part (after `share.ahead`, `own` long); otherwise the worker is
+    /// marked as if dispatched to until its next report, before the
     /// publication can wake anyone for it ([`Begun::Declined`]).
     #[inline]
-    pub(crate) fn report_begins(&self, worker: WorkerId, others_waiting: u64, entropy: u64) -> Begun {
+    pub(crate) fn report_begins(&self, worker: WorkerId, share: ReportShare, seq: u64) -> Begun {
         if !self.is_waiting() {
             return Begun::Nothing;
         }
-        if others_waiting != 0 && !self.takes(worker, others_waiting, entropy) {
+        if share.others != 0 && !self.takes(worker, share, seq) {
             let mut queue = lock(&self.queue);
             queue.decline(worker);
             self.sync_hint(&queue);
@@ -332,15 +345,16 @@ impl Line {
         Begun::Seen(self.dispatches.load(Ordering::Acquire))
     }
 
-    /// Whether this report of `worker` is this line's, with
-    /// `others_waiting` waiting elsewhere (see [`Line::report_begins`]).
-    fn takes(&self, worker: WorkerId, others_waiting: u64, entropy: u64) -> bool {
+    /// Whether the report `seq` of `worker` is this line's (see
+    /// [`Line::report_begins`]).
+    fn takes(&self, worker: WorkerId, share: ReportShare, seq: u64) -> bool {
         // Acquire: as `is_waiting`.
         let own = self.waiting.load(Ordering::Acquire) as u64;
-        let mut hasher = self.chooser.build_hasher();
-        hasher.write_u64(worker);
-        hasher.write_u64(entropy);
-        hasher.finish() % own.saturating_add(others_waiting).max(1) < own
+        let total = own.saturating_add(share.others);
+        // The same point in every frontend for the same report: a fixed
+        // mix of worker and seq, scaled to the total.
+        let point = ((u128::from(mix(worker, seq)) * u128::from(total)) >> 64) as u64;
+        (share.ahead..share.ahead.saturating_add(own)).contains(&point)
     }
 
     /// After the report [`Line::report_begins`] saw `seen` dispatches at,
@@ -365,7 +379,7 @@ impl Line {
     /// Stores the spent workers' bits and whether waiters are held after a
     /// change (under the lock).
     fn sync_hint(&self, queue: &Queue) {
-        // Relaxed: see `reported`.
+        // Relaxed: see `report_begins`.
         self.spent_hint.store(queue.spent_bits(), Ordering::Relaxed);
         self.held_hint.store(queue.any_held(), Ordering::Relaxed);
         // Release: pairs with the Acquire in `report_begins`.

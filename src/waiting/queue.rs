@@ -570,9 +570,11 @@ impl Queue {
     }
 
     /// A report of `worker` another frontend's line is to use: this line
-    /// gives it no waiter until its next report.
+    /// gives it no waiter until its next report. A mark a dispatch set
+    /// stays as it is (a report begun before that dispatch may not clear
+    /// it).
     pub(super) fn decline(&mut self, worker: WorkerId) {
-        if self.len != 0 {
+        if self.len != 0 && !self.spent.contains(&worker) {
             self.mark(worker, None);
         }
     }

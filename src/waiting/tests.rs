@@ -196,49 +196,67 @@ fn a_displacement_that_empties_the_line_frees_its_spent_workers() {
     assert_eq!(pool.waiting(), 0);
 }
 
-/// While other frontends' lines hold waiters, a report is this line's in
-/// proportion to its own waiters: with many more elsewhere it gives its
-/// worker to none here (the worker waits for its next report); alone again,
-/// the next report does; one to one, about half.
+/// While other frontends' lines hold waiters, a report is this line's only
+/// if the point its worker and seq pick falls in this line's part: with
+/// many more elsewhere it gives its worker to none here (the worker waits
+/// for its next report); alone again, the next report does.
 #[test]
-fn reports_are_shared_with_other_frontends_lines_by_their_waiters() {
+fn a_line_takes_a_report_only_in_its_part() {
     let pool = Pool::new(1, LineLimits::default());
     pool.report(1, true);
     let wakes = Arc::new(Count::default());
     let mut w = wait(&pool, &Timer::default());
     assert_eq!(poll(&mut w, &wakes), Poll::Pending);
-    pool.monitor.set_others_waiting(u64::MAX / 4);
+    // This line's part: [0, 1) of about 4.3 billion.
+    pool.monitor.share_reports(0, u64::from(u32::MAX));
     pool.report(1, false);
     pool.report(1, false);
     assert_eq!(wakes.0.load(Ordering::SeqCst), 0, "the reports went to the other lines");
     assert_eq!(poll(&mut w, &wakes), Poll::Pending);
-    pool.monitor.set_others_waiting(0);
+    pool.monitor.share_reports(0, 0);
     pool.report(1, false);
     assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "alone again: the next report is this line's");
     assert_eq!(poll(&mut w, &wakes), Poll::Ready(Ok(1)));
+}
 
-    // Two waiters here, two elsewhere: each report is this line's with
-    // probability 1/2 (400 reports: the mean 200, the bounds 6 standard
-    // deviations away). A served waiter is replaced, so the line never
-    // empties (an empty line forgets its spent workers).
-    pool.report(1, true);
-    pool.monitor.set_others_waiting(2);
-    let wakes = Arc::new(Count::default());
-    let mut line: std::collections::VecDeque<Waiting> = (0..2).map(|_| wait(&pool, &Timer::default())).collect();
-    for w in &mut line {
-        assert_eq!(poll(w, &wakes), Poll::Pending);
-    }
-    let mut taken = 0;
-    for _ in 0..400 {
-        pool.report(1, false);
-        if wakes.0.swap(0, Ordering::SeqCst) != 0 {
-            let mut first = line.pop_front().expect("two wait");
-            assert_eq!(poll(&mut first, &wakes), Poll::Ready(Ok(1)));
-            taken += 1;
-            let mut next = wait(&pool, &Timer::default());
-            assert_eq!(poll(&mut next, &wakes), Poll::Pending, "behind a waiter");
-            line.push_back(next);
+/// Three frontends' lines (three monitors) with two waiters each, told the
+/// same figures from each other's beats, get the same 300 reports: each
+/// report gives the worker a waiter in exactly one line, and every line
+/// takes a share (86, 95 and 119 of the 300: a report's point is a fixed
+/// function of its worker and seq, so this test gives the same figures
+/// every run).
+#[test]
+fn three_lines_that_agree_take_each_report_once_between_them() {
+    let pools: Vec<Pool> = (0..3).map(|_| Pool::new(1, LineLimits::default())).collect();
+    let wakes: Vec<Arc<Count>> = (0..3).map(|_| Arc::default()).collect();
+    let mut lines: Vec<std::collections::VecDeque<Waiting>> = Vec::new();
+    for (i, pool) in pools.iter().enumerate() {
+        pool.report(1, true);
+        let mut line: std::collections::VecDeque<Waiting> = (0..2).map(|_| wait(pool, &Timer::default())).collect();
+        for w in &mut line {
+            assert_eq!(poll(w, &wakes[i]), Poll::Pending);
         }
+        lines.push(line);
+        pool.monitor.share_reports(2 * i as u64, 4);
     }
-    assert!((140..=260).contains(&taken), "{taken} of 400 reports taken");
+    let mut per_line = [0; 3];
+    for report in 0..300 {
+        pools.iter().for_each(|pool| pool.report(1, false));
+        let mut taken = 0;
+        for (i, pool) in pools.iter().enumerate() {
+            if wakes[i].0.swap(0, Ordering::SeqCst) != 0 {
+                let mut first = lines[i].pop_front().expect("two wait");
+                assert_eq!(poll(&mut first, &wakes[i]), Poll::Ready(Ok(1)));
+                // A served waiter is replaced: the line never empties (an
+                // empty line forgets its marks) and keeps its part.
+                let mut next = wait(pool, &Timer::default());
+                assert_eq!(poll(&mut next, &wakes[i]), Poll::Pending, "behind a waiter");
+                lines[i].push_back(next);
+                taken += 1;
+                per_line[i] += 1;
+            }
+        }
+        assert_eq!(taken, 1, "report {report}: one line takes it");
+    }
+    assert!(per_line.iter().all(|n| *n >= 50), "{per_line:?}");
 }

@@ -6,8 +6,9 @@
 //! the instant 529.
 
 use std::collections::HashMap;
+use std::future::Future as _;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::RwLock;
+use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
@@ -136,16 +137,29 @@ impl QueueTimeouts {
 /// Routes `model` through its line: at once when nobody waits and a worker
 /// is eligible, else after waiting up to `timeout` for one to free.
 /// Returns the worker (or why none) and how long the request waited.
-pub(crate) async fn wait_in_line(
+pub(crate) async fn wait_in_line<T>(
     router: &WorkerRouter,
     timeouts: &QueueTimeouts,
     model: &str,
     exclude: &[WorkerId],
     ticket: Ticket,
-) -> (Result<WorkerId, WaitError>, Duration) {
+    turn: Option<&Mutex<()>>,
+    take: impl FnOnce(WorkerId) -> T,
+) -> (Result<(WorkerId, T), WaitError>, Duration) {
     let start = Instant::now();
     let timer = tokio::time::sleep_until(tokio::time::Instant::from_std(ticket.deadline));
-    let result = router.wait(model, exclude, ticket, timer).await;
+    let mut wait = std::pin::pin!(router.wait(model, exclude, ticket, timer));
+    let mut take = Some(take);
+    // Each poll in `turn`, if any (the fleet lease's routing turn): the
+    // worker the wait resolves to is taken within the poll that routed it.
+    // The guard ends with the poll, never held across an await.
+    let result = std::future::poll_fn(|cx| {
+        let _turn = turn.map(|turn| turn.lock().unwrap_or_else(|e| e.into_inner()));
+        wait.as_mut()
+            .poll(cx)
+            .map(|routed| routed.map(|worker| (worker, (take.take().expect("resolves once"))(worker))))
+    })
+    .await;
     let waited = start.elapsed();
     // Requests that never joined (routed at once) wait well under a
     // millisecond: counted too, so the histogram shows the share served

@@ -215,10 +215,13 @@ async fn route_and_send(
             Some(deadline) => {
                 let ticket =
                     Ticket::new(request.prompt, deadline).with_class(request.class).with_tenant(request.tenant);
-                let (routed, took) = wait_in_line(&frontend.router, &frontend.queue, model, &exclude, ticket).await;
+                let turn = frontend.routing_turn.as_ref();
+                let take = |worker| take(frontend, worker, request.prompt);
+                let (routed, took) =
+                    wait_in_line(&frontend.router, &frontend.queue, model, &exclude, ticket, turn, take).await;
                 *waited = Some(waited.unwrap_or_default() + took);
                 match routed {
-                    Ok(worker) => (worker, take(frontend, worker, request.prompt)),
+                    Ok(taken) => taken,
                     Err(WaitError::UnknownModel) => {
                         return route_error(frontend, model, RouteError::UnknownModel, &excluded)
                     }
@@ -230,11 +233,17 @@ async fn route_and_send(
                 }
             }
             None => {
-                // Routed and tracked in one turn, with the fleet lease
-                // (see `Frontend::routing_turn`); never held across an await.
-                let _turn = frontend.routing_turn.as_ref().map(|turn| turn.lock().unwrap_or_else(|e| e.into_inner()));
-                match frontend.router.route_class(model, &exclude, request.class) {
-                    Ok(worker) => (worker, take(frontend, worker, request.prompt)),
+                let routed = {
+                    // Routed and tracked in one turn, with the fleet lease
+                    // (see `Frontend::routing_turn`); the refusal is built
+                    // after it.
+                    let _turn =
+                        frontend.routing_turn.as_ref().map(|turn| turn.lock().unwrap_or_else(|e| e.into_inner()));
+                    let routed = frontend.router.route_class(model, &exclude, request.class);
+                    routed.map(|worker| (worker, take(frontend, worker, request.prompt)))
+                };
+                match routed {
+                    Ok(taken) => taken,
                     Err(RouteError::Overloaded) => {
                         return no_worker_left(frontend, request, model, &migration, &excluded)
                     }

@@ -406,8 +406,13 @@ impl Applier {
             let pool = peers.pool();
             self.stats.set_shared_frontends(pool.frontends);
             // The lines share each worker's reports with the others' by
-            // their waiters (one dispatch per report between them).
-            self.monitor.set_others_waiting(pool.waiting);
+            // their waiters (one dispatch per report between them). A beat
+            // counts the waiters of every model together: shared only while
+            // the fleet serves one model.
+            match self.monitor.model_count() {
+                0 | 1 => self.monitor.share_reports(pool.waiting_ahead, pool.waiting),
+                _ => self.monitor.share_reports(0, 0),
+            }
             if let Some(hint) = &self.pool_hint {
                 hint.set_others(pool.frontends as u64 - 1, pool.in_flight, pool.waiting);
             }

@@ -55,6 +55,9 @@ pub(crate) struct Pool {
     pub(crate) frontends: usize,
     pub(crate) in_flight: u64,
     pub(crate) waiting: u64,
+    /// Of `waiting`, in the lines of frontends with a lower id than this
+    /// one (the order in which the frontends share a worker's reports).
+    pub(crate) waiting_ahead: u64,
 }
 
 struct Table {
@@ -154,10 +157,13 @@ impl Peers {
         let mut pool = Pool { frontends: 1, ..Pool::default() };
         {
             let table = self.table.lock().unwrap_or_else(|e| e.into_inner());
-            for peer in table.by_id.values().filter(|p| p.heard.elapsed() <= self.staleness) {
+            for (&peer_id, peer) in table.by_id.iter().filter(|(_, p)| p.heard.elapsed() <= self.staleness) {
                 pool.frontends += 1;
                 pool.in_flight += u64::from(peer.holds.0);
                 pool.waiting += u64::from(peer.holds.1);
+                if peer_id < self.own.frontend {
+                    pool.waiting_ahead += u64::from(peer.holds.1);
+                }
             }
         }
         self.monitor.set_other_frontends(u32::try_from(pool.frontends - 1).unwrap_or(u32::MAX));
@@ -259,7 +265,15 @@ mod tests {
         assert_eq!(peers.load(added(2, 1, 1, 41)), Heard::Taken);
         assert!(monitor.is_busy(1), "60 + 41 > 100");
         assert_eq!(peers.beat(2, 1, (7, 3)), Heard::Taken);
-        assert_eq!(peers.pool(), Pool { frontends: 3, in_flight: 7, waiting: 3 });
+        assert_eq!(peers.pool(), Pool { frontends: 3, in_flight: 7, waiting: 3, waiting_ahead: 3 });
+    }
+
+    #[test]
+    fn the_waiters_ahead_are_those_of_lower_ids() {
+        let peers = Peers::new(Identity { frontend: 5, incarnation: 1 }, monitor(2), 2, Duration::from_millis(60));
+        assert_eq!(peers.beat(3, 1, (0, 4)), Heard::Taken);
+        assert_eq!(peers.beat(9, 1, (0, 6)), Heard::Taken);
+        assert_eq!(peers.pool(), Pool { frontends: 3, in_flight: 0, waiting: 10, waiting_ahead: 4 });
     }
 
     #[test]
