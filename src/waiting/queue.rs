@@ -188,9 +188,7 @@ impl ClassLine {
         self.credited = true;
         Some((winner, index))
     }
-}
 
-impl ClassLine {
     /// [`ClassLine::pick`] with one tenant (the common case, without the
     /// walk's arithmetic): it is credited the quanta its next waiter needs
     /// beyond its deficit, at least one if the turn had not credited it.
