@@ -6,7 +6,7 @@
 use bytes::BytesMut;
 use libfuzzer_sys::arbitrary::{self, Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use loadgate::wire::{decode, encode, Frame, WireError, HEADER_LEN, MAGIC, MAX_FRAME};
+use loadgate::wire::{decode, encode, Frame, LineWaiting, WireError, HEADER_LEN, MAGIC, MAX_FRAME};
 use loadgate::RankLoad;
 
 #[derive(Arbitrary, Debug)]
@@ -62,6 +62,9 @@ enum FrameInput {
         incarnation: u64,
         in_flight: u32,
         waiting: u32,
+        lines: Vec<(u64, u32)>,
+        /// Sometimes enough more lines to pass MAX_FRAME.
+        pad: u16,
     },
 }
 
@@ -101,8 +104,10 @@ impl FrameInput {
                     load: rank_load(load),
                 }
             }
-            FrameInput::FrontendBeat { frontend, incarnation, in_flight, waiting } => {
-                Frame::FrontendBeat { frontend, incarnation, in_flight, waiting }
+            FrameInput::FrontendBeat { frontend, incarnation, in_flight, waiting, lines, pad } => {
+                let extra = std::iter::repeat_n((7, 1), usize::from(pad % 400));
+                let lines = lines.into_iter().chain(extra).map(|(model, waiting)| LineWaiting { model, waiting });
+                Frame::FrontendBeat { frontend, incarnation, in_flight, waiting, lines: lines.collect() }
             }
         }
     }
@@ -118,7 +123,7 @@ fn encoded_len(frame: &Frame) -> usize {
             Frame::Challenge { .. } | Frame::Welcome { .. } => 32,
             Frame::Proof { .. } => 64,
             Frame::FrontendLoad { .. } => 8 * 5 + 4 + 20,
-            Frame::FrontendBeat { .. } => 24,
+            Frame::FrontendBeat { lines, .. } => 8 + 8 + 4 + 4 + lines.len() * (8 + 4),
         }
 }
 

@@ -38,9 +38,8 @@
 //! [`SharedLoad`]: crate::monitor::SharedLoad
 
 use crate::load::RankLoad;
-use crate::sync::{AtomicU32, AtomicU64, Ordering};
+use crate::sync::{AtomicU32, Ordering};
 use crate::thresholds::Thresholds;
-use crate::waiting::ReportShare;
 
 const PPB: u128 = 1_000_000_000;
 
@@ -50,11 +49,6 @@ pub(crate) struct Lease {
     on: bool,
     /// Other frontends live now (set by the event plane).
     others: AtomicU32,
-    /// Requests waiting in the lines of the other frontends (low 32 bits)
-    /// and of those ordered before this one (high 32 bits), from their
-    /// beats (set by the event plane; one word, so a report reads a pair
-    /// set together): see `Line::report_begins`.
-    report_share: AtomicU64,
 }
 
 /// What one rank's slots hold, for the lease.
@@ -68,30 +62,13 @@ pub(crate) struct Slots {
 
 impl Lease {
     pub(crate) fn new(on: bool) -> Self {
-        Lease { on, others: AtomicU32::new(0), report_share: AtomicU64::new(0) }
+        Lease { on, others: AtomicU32::new(0) }
     }
 
     /// Sets how many other frontends are live; whether it changed.
     pub(crate) fn set_others(&self, others: u32) -> bool {
         // Relaxed: read by evaluations, which the caller re-runs after a change.
         self.others.swap(others, Ordering::Relaxed) != others
-    }
-
-    /// Sets how many requests wait in the other frontends' lines, and in
-    /// those of the frontends ordered before this one (each at most
-    /// `u32::MAX`).
-    pub(crate) fn set_report_share(&self, share: ReportShare) {
-        let clamp = |n: u64| u64::from(u32::try_from(n).unwrap_or(u32::MAX));
-        // Relaxed: a proportion for the lines' next reports; nothing else
-        // is published with it.
-        self.report_share.store(clamp(share.ahead) << 32 | clamp(share.others), Ordering::Relaxed);
-    }
-
-    /// What [`Lease::set_report_share`] last set.
-    pub(crate) fn report_share(&self) -> ReportShare {
-        // Relaxed: see `set_report_share`.
-        let word = self.report_share.load(Ordering::Relaxed);
-        ReportShare { ahead: word >> 32, others: word & u64::from(u32::MAX) }
     }
 
     /// `load` (the rank's effective load) with each field whose unseen

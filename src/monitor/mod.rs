@@ -461,7 +461,7 @@ impl WorkerMonitor {
                     // report (one report, one dispatch: loom's
                     // `one_report_dispatches_one_waiter`).
                     let begun = match publisher {
-                        Publisher::Worker => rec.model.line.report_begins(worker, self.clock.lease.report_share(), seq),
+                        Publisher::Worker => rec.model.line.report_begins(worker, seq),
                         _ => Begun::Nothing,
                     };
                     let applied = self.changed(&rec.entry, &rec.model, now);
@@ -546,19 +546,21 @@ impl WorkerMonitor {
         }
     }
 
-    /// How many requests wait in the other frontends' lines (`others`)
-    /// and in those of the frontends ordered before this one (`ahead`, a
-    /// part of `others`), from their beats. While some wait elsewhere, the
-    /// reports of a worker are shared between the frontends' lines by
-    /// their waiters: a report's seq and worker pick a point of
-    /// `[0, own + others)`, laid out in the frontends' order, and only the
-    /// frontend whose part holds it may give the worker a waiter on it (the
-    /// others keep the worker out of their lines until its next report).
-    /// When the frontends' figures agree, each report goes to one line, not
-    /// one in each. 0 and 0 (the default, and alone): every report is this
-    /// frontend's.
-    pub fn share_reports(&self, ahead: u64, others: u64) {
-        self.clock.lease.set_report_share(ReportShare { ahead, others });
+    /// How many requests wait for `model` in the other frontends' lines
+    /// (`others`) and in those of the frontends ordered before this one
+    /// (`ahead`, a part of `others`), from their beats. While some wait
+    /// elsewhere, the reports of the model's workers are shared between the
+    /// frontends' lines by their waiters: a report's seq and worker pick a
+    /// point of `[0, own + others)`, laid out in the frontends' order, and
+    /// only the frontend whose part holds it may give the worker a waiter
+    /// on it (the others keep the worker out of their lines until its next
+    /// report). When the frontends' figures agree, each report goes to one
+    /// line, not one in each. 0 and 0 (the default, and alone): every
+    /// report is this frontend's. Returns whether the model is kept.
+    pub fn share_reports(&self, model: &str, ahead: u64, others: u64) -> bool {
+        let Some(state) = self.registry.model(model) else { return false };
+        state.line.set_share(ReportShare { ahead, others });
+        true
     }
 
     /// Frontend `publisher` is alive (a frame of its own): everything it

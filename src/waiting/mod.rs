@@ -257,6 +257,11 @@ pub(crate) struct Line {
     /// `Queue::dispatched`, stored under the lock after each change: where
     /// a report begins (see `Line::report_begins`).
     dispatches: AtomicU64,
+    /// Requests waiting in other frontends' lines for this model (low 32
+    /// bits) and in those of the frontends ordered before this one (high
+    /// 32 bits), from their beats (set by the event plane; one word, so a
+    /// report reads a pair set together): see `Line::report_begins`.
+    share: AtomicU64,
     queue: Mutex<Queue>,
 }
 
@@ -268,6 +273,7 @@ impl Line {
             spent_hint: AtomicU64::new(0),
             held_hint: AtomicBool::new(false),
             dispatches: AtomicU64::new(0),
+            share: AtomicU64::new(0),
             queue: Mutex::new(Queue::default()),
         }
     }
@@ -310,22 +316,40 @@ impl Line {
         wake_free(&mut queue, view);
     }
 
+    /// Sets how many requests wait in the other frontends' lines for this
+    /// model, and in those of the frontends ordered before this one (each
+    /// at most `u32::MAX`).
+    pub(crate) fn set_share(&self, share: ReportShare) {
+        let clamp = |n: u64| u64::from(u32::try_from(n).unwrap_or(u32::MAX));
+        // Relaxed: a proportion for the line's next reports; nothing else
+        // is published with it.
+        self.share.store(clamp(share.ahead) << 32 | clamp(share.others), Ordering::Relaxed);
+    }
+
+    /// What [`Line::set_share`] last set.
+    fn share(&self) -> ReportShare {
+        // Relaxed: see `set_share`.
+        let word = self.share.load(Ordering::Relaxed);
+        ReportShare { ahead: word >> 32, others: word & u64::from(u32::MAX) }
+    }
+
     /// At a report of `worker` (its own, not the router's tracking, numbered
-    /// `seq`), before the publication it may cause, with `share` (the
-    /// waiters in other frontends' lines): whether the line may give the
+    /// `seq`), before the publication it may cause: whether the line may give the
     /// worker a waiter again or wake held waiters, and if so the line's
     /// dispatches so far, for [`Line::reported`] after the publication.
     ///
-    /// While others wait too, the report is this line's only if the point
-    /// its worker and seq pick in `[0, own + others)` falls in this line's
-    /// part (after `share.ahead`, `own` long); otherwise the worker is
+    /// While others wait too (the line's share, [`Line::set_share`]), the
+    /// report is this line's only if the point its worker and seq pick in
+    /// `[0, own + others)` falls in this line's part (after `ahead`, `own`
+    /// long); otherwise the worker is
     /// marked as if dispatched to until its next report, before the
     /// publication can wake anyone for it ([`Begun::Declined`]).
     #[inline]
-    pub(crate) fn report_begins(&self, worker: WorkerId, share: ReportShare, seq: u64) -> Begun {
+    pub(crate) fn report_begins(&self, worker: WorkerId, seq: u64) -> Begun {
         if !self.is_waiting() {
             return Begun::Nothing;
         }
+        let share = self.share();
         if share.others != 0 && !self.takes(worker, share, seq) {
             let mut queue = lock(&self.queue);
             queue.decline(worker);

@@ -207,15 +207,32 @@ fn a_line_takes_a_report_only_in_its_part() {
     let wakes = Arc::new(Count::default());
     let mut w = wait(&pool, &Timer::default());
     assert_eq!(poll(&mut w, &wakes), Poll::Pending);
+    assert!(!pool.monitor.share_reports("other", 0, 1), "not a model of this fleet");
     // This line's part: [0, 1) of about 4.3 billion.
-    pool.monitor.share_reports(0, u64::from(u32::MAX));
+    assert!(pool.monitor.share_reports("m", 0, u64::from(u32::MAX)));
     pool.report(1, false);
     pool.report(1, false);
     assert_eq!(wakes.0.load(Ordering::SeqCst), 0, "the reports went to the other lines");
     assert_eq!(poll(&mut w, &wakes), Poll::Pending);
-    pool.monitor.share_reports(0, 0);
+    pool.monitor.share_reports("m", 0, 0);
     pool.report(1, false);
     assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "alone again: the next report is this line's");
+    assert_eq!(poll(&mut w, &wakes), Poll::Ready(Ok(1)));
+}
+
+/// The share is the model's: waiters elsewhere for another model leave
+/// this model's reports to this line.
+#[test]
+fn waiters_elsewhere_for_another_model_leave_the_reports_here() {
+    let pool = Pool::new(1, LineLimits::default());
+    pool.monitor.register(2, "n", 1, 0).unwrap();
+    assert!(pool.monitor.share_reports("n", 0, u64::from(u32::MAX)));
+    pool.report(1, true);
+    let wakes = Arc::new(Count::default());
+    let mut w = wait(&pool, &Timer::default());
+    assert_eq!(poll(&mut w, &wakes), Poll::Pending);
+    pool.report(1, false);
+    assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "model m's report is this line's");
     assert_eq!(poll(&mut w, &wakes), Poll::Ready(Ok(1)));
 }
 
@@ -237,7 +254,7 @@ fn three_lines_that_agree_take_each_report_once_between_them() {
             assert_eq!(poll(w, &wakes[i]), Poll::Pending);
         }
         lines.push(line);
-        pool.monitor.share_reports(2 * i as u64, 4);
+        pool.monitor.share_reports("m", 2 * i as u64, 4);
     }
     let mut per_line = [0; 3];
     for report in 0..300 {

@@ -33,8 +33,13 @@
 //! Welcome    mac [32]                                                      (exactly 32 bytes)
 //! FrontendLoad frontend u64 | incarnation u64 | seq u64 | worker u64
 //!            | worker_incarnation u64 | rank u32 | the five load fields u32  (exactly 64 bytes)
-//! FrontendBeat frontend u64 | incarnation u64 | in_flight u32 | waiting u32 (exactly 24 bytes)
+//! FrontendBeat frontend u64 | incarnation u64 | in_flight u32 | waiting u32
+//!            | lines × (model_key u64 | waiting u32)           (24 + 12 × lines bytes, at most MAX_BEAT_LINES)
 //! ```
+//!
+//! A beat's lines are the models whose waiting lines hold requests, each
+//! named by [`model_key`] (a fixed hash of the model's name, so that the
+//! frame stays fixed-size per model and `--max-models` of them fit).
 //!
 //! The two frontend frames travel only on the NATS plane, between
 //! frontends (a frontend's added load, and that it is alive); the TCP
@@ -127,6 +132,30 @@ const PROOF_PAYLOAD: usize = NONCE_LEN + TAG_LEN;
 const WELCOME_PAYLOAD: usize = TAG_LEN;
 const FRONTEND_LOAD_PAYLOAD: usize = 8 + 8 + 8 + 8 + 8 + 4 + 5 * 4;
 const FRONTEND_BEAT_PAYLOAD: usize = 8 + 8 + 4 + 4;
+/// Bytes of one line in a FrontendBeat.
+const BEAT_LINE: usize = 8 + 4;
+
+/// The most lines a FrontendBeat carries (what fits in [`MAX_FRAME`]).
+pub const MAX_BEAT_LINES: usize = (MAX_FRAME - HEADER_LEN - FRONTEND_BEAT_PAYLOAD) / BEAT_LINE;
+
+/// How many requests wait in one model's line, in a FrontendBeat.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LineWaiting {
+    /// The model's [`model_key`].
+    pub model: u64,
+    /// Requests waiting in its line.
+    pub waiting: u32,
+}
+
+/// A model's key in FrontendBeat frames: SipHash-2-4 of its name under a
+/// fixed key, the same in every process and version (two names that share
+/// a key, about one pair in 2^64, have their waiters counted together).
+pub fn model_key(model: &str) -> u64 {
+    use std::hash::Hasher;
+    let mut sip = siphasher::sip::SipHasher24::new_with_key(b"loadgate-model-k");
+    sip.write(model.as_bytes());
+    sip.finish()
+}
 /// Fixed part of a Register payload: worker, incarnation, dp size, two
 /// string lengths.
 const REGISTER_FIXED: usize = 8 + 8 + 4 + 2 + 2;
@@ -213,6 +242,9 @@ pub enum Frame {
         in_flight: u32,
         /// Requests in its waiting lines.
         waiting: u32,
+        /// The models whose lines hold requests, and how many each (at
+        /// most [`MAX_BEAT_LINES`]).
+        lines: Vec<LineWaiting>,
     },
 }
 
@@ -279,8 +311,8 @@ impl std::error::Error for WireError {}
 ///
 /// # Errors
 ///
-/// [`WireError::Oversized`] when a Register's strings make the frame larger
-/// than [`MAX_FRAME`]; nothing is written then.
+/// [`WireError::Oversized`] when a Register's strings or a FrontendBeat's
+/// lines make the frame larger than [`MAX_FRAME`]; nothing is written then.
 pub fn encode(frame: &Frame, dst: &mut BytesMut) -> Result<(), WireError> {
     match frame {
         Frame::Register { worker, incarnation, dp_size, model, http_addr } => {
@@ -341,13 +373,21 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) -> Result<(), WireError> {
             dst.put_u32(*rank);
             put_load(dst, load);
         }
-        Frame::FrontendBeat { frontend, incarnation, in_flight, waiting } => {
-            dst.reserve(HEADER_LEN + FRONTEND_BEAT_PAYLOAD);
-            put_header(dst, KIND_FRONTEND_BEAT, FRONTEND_BEAT_PAYLOAD);
+        Frame::FrontendBeat { frontend, incarnation, in_flight, waiting, lines } => {
+            let payload = FRONTEND_BEAT_PAYLOAD + BEAT_LINE * lines.len();
+            if HEADER_LEN + payload > MAX_FRAME {
+                return Err(WireError::Oversized(HEADER_LEN + payload));
+            }
+            dst.reserve(HEADER_LEN + payload);
+            put_header(dst, KIND_FRONTEND_BEAT, payload);
             dst.put_u64(*frontend);
             dst.put_u64(*incarnation);
             dst.put_u32(*in_flight);
             dst.put_u32(*waiting);
+            for line in lines {
+                dst.put_u64(line.model);
+                dst.put_u32(line.waiting);
+            }
         }
     }
     Ok(())
@@ -422,7 +462,7 @@ pub fn decode(src: &mut BytesMut) -> Result<Option<Frame>, WireError> {
         KIND_PROOF => len == PROOF_PAYLOAD,
         KIND_WELCOME => len == WELCOME_PAYLOAD,
         KIND_FRONTEND_LOAD => len == FRONTEND_LOAD_PAYLOAD,
-        KIND_FRONTEND_BEAT => len == FRONTEND_BEAT_PAYLOAD,
+        KIND_FRONTEND_BEAT => len >= FRONTEND_BEAT_PAYLOAD && (len - FRONTEND_BEAT_PAYLOAD) % BEAT_LINE == 0,
         _ => len >= REGISTER_FIXED,
     };
     if !length_ok {
@@ -461,6 +501,9 @@ fn parse_payload(kind: u8, mut p: &[u8]) -> Result<Frame, WireError> {
             incarnation: p.get_u64(),
             in_flight: p.get_u32(),
             waiting: p.get_u32(),
+            lines: (0..(len - FRONTEND_BEAT_PAYLOAD) / BEAT_LINE)
+                .map(|_| LineWaiting { model: p.get_u64(), waiting: p.get_u32() })
+                .collect(),
         }),
         KIND_DEREGISTER => Ok(Frame::Deregister { worker: p.get_u64(), incarnation: p.get_u64() }),
         KIND_CHALLENGE => Ok(Frame::Challenge { nonce: take_array(&mut p) }),
@@ -625,13 +668,28 @@ mod tests {
     }
 
     #[test]
-    fn frontend_frames_have_their_fixed_lengths() {
+    fn frontend_frames_have_their_lengths() {
         for (kind, good) in [(KIND_FRONTEND_LOAD, 64u8), (KIND_FRONTEND_BEAT, 24)] {
             for len in [0, good - 1, good + 1] {
                 let refused = decode(&mut BytesMut::from(&[MAGIC, kind, 0, len][..]));
                 assert_eq!(refused, Err(WireError::BadLength { kind, len: usize::from(len) }));
             }
         }
+        // A beat is 24 bytes and 12 per line.
+        for (len, ok) in [(36u8, true), (48, true), (35, false), (37, false), (47, false)] {
+            let decoded = decode(&mut BytesMut::from(&[MAGIC, KIND_FRONTEND_BEAT, 0, len][..]));
+            let refused = Err(WireError::BadLength { kind: KIND_FRONTEND_BEAT, len: usize::from(len) });
+            assert_eq!(decoded == refused, !ok, "{len}");
+        }
+        let lines = vec![LineWaiting { model: 1, waiting: 0 }; MAX_BEAT_LINES + 1];
+        let beat = Frame::FrontendBeat { frontend: 1, incarnation: 2, in_flight: 0, waiting: 0, lines };
+        let mut buf = BytesMut::new();
+        assert_eq!(
+            encode(&beat, &mut buf),
+            Err(WireError::Oversized(MAX_FRAME + 12)),
+            "339 lines fill the frame exactly"
+        );
+        assert!(buf.is_empty());
         let load = RankLoad { active_prefill_tokens: 300, ..Default::default() };
         let frames = [
             Frame::FrontendLoad {
@@ -643,7 +701,14 @@ mod tests {
                 rank: 6,
                 load,
             },
-            Frame::FrontendBeat { frontend: 1, incarnation: 2, in_flight: 7, waiting: 8 },
+            Frame::FrontendBeat { frontend: 1, incarnation: 2, in_flight: 7, waiting: 8, lines: vec![] },
+            Frame::FrontendBeat {
+                frontend: 1,
+                incarnation: 2,
+                in_flight: 7,
+                waiting: 8,
+                lines: vec![LineWaiting { model: model_key("a"), waiting: 5 }; MAX_BEAT_LINES],
+            },
         ];
         for frame in frames {
             let mut buf = BytesMut::new();
@@ -651,6 +716,14 @@ mod tests {
             assert_eq!(decode(&mut buf), Ok(Some(frame)));
             assert!(buf.is_empty());
         }
+    }
+
+    #[test]
+    fn model_keys_are_fixed() {
+        // The same in every process and build: frontends compare them.
+        assert_eq!(model_key("llama"), model_key("llama"));
+        assert_ne!(model_key("llama"), model_key("llama2"));
+        assert_eq!(model_key(""), 0xe8e4_7ecb_85e7_15ff, "changing the key breaks mixed fleets");
     }
 
     #[test]

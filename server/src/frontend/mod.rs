@@ -63,7 +63,7 @@ pub use self::state::Frontend;
 use crate::directory::WorkerDirectory;
 use crate::events::{EventPlane, PlaneConfig, PlaneLimits};
 use crate::http_server::{self, Drained, ServeConfig, Tls};
-use crate::nats::sharing::publish::{Holds, Identity};
+use crate::nats::sharing::publish::{Holding, Holds, Identity};
 use crate::nats::sharing::HintScope;
 use crate::nats::{NatsPlane, Sharing};
 
@@ -313,12 +313,7 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
                 let (changes, feed) = crate::nats::sharing::changes::changes();
                 frontend.inflight.share_changes(changes);
                 let (inflight, mon) = (frontend.inflight.clone(), monitor.clone());
-                let holds: Holds = Arc::new(move || {
-                    let waiting: u64 =
-                        mon.models().iter().filter_map(|m| mon.line_stats(m)).map(|l| l.waiting as u64).sum();
-                    let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
-                    (clamp(inflight.totals().requests), clamp(waiting))
-                });
+                let holds: Holds = Arc::new(move || Holding::of(&mon, inflight.totals().requests));
                 let pool_scope = args.sharing.retry_hint_scope == HintScope::Pool;
                 Sharing {
                     identity: Identity::new(),

@@ -40,13 +40,13 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt as _;
 use loadgate::monitor::{Applied, Publisher};
 use loadgate::wire::envelope::Openers;
-use loadgate::wire::Frame;
+use loadgate::wire::{model_key, Frame};
 use loadgate::{LoadReport, WorkerId, WorkerMonitor};
 
 use super::args::NatsArgs;
 use super::sharing::changes::ChangeFeed;
 use super::sharing::peers::{Added, Heard, Peers};
-use super::sharing::publish::{Holds, Identity, Outbox, SharePublisher};
+use super::sharing::publish::{Holding, Holds, Identity, Outbox, SharePublisher};
 use super::subjects::Subjects;
 use crate::directory::WorkerDirectory;
 use crate::events::{PlaneConfig, PlaneLimits, PlaneStats};
@@ -309,9 +309,9 @@ impl Applier {
                     Heard::Dropped => self.stats.frame_dropped(false),
                 }
             }
-            Frame::FrontendBeat { frontend, incarnation, in_flight, waiting } => {
+            Frame::FrontendBeat { frontend, incarnation, in_flight, waiting, lines } => {
                 let Some(peers) = &self.peers else { return };
-                let holds = (in_flight, waiting);
+                let holds = Holding { in_flight, waiting, lines };
                 if subject != self.subjects.frontend(frontend)
                     || peers.beat(frontend, incarnation, holds) == Heard::Dropped
                 {
@@ -405,13 +405,11 @@ impl Applier {
         if let Some(peers) = &self.peers {
             let pool = peers.pool();
             self.stats.set_shared_frontends(pool.frontends);
-            // The lines share each worker's reports with the others' by
-            // their waiters (one dispatch per report between them). A beat
-            // counts the waiters of every model together: shared only while
-            // the fleet serves one model.
-            match self.monitor.model_count() {
-                0 | 1 => self.monitor.share_reports(pool.waiting_ahead, pool.waiting),
-                _ => self.monitor.share_reports(0, 0),
+            // Each model's lines share its workers' reports with the others'
+            // by their waiters (one dispatch per report between them).
+            for model in self.monitor.models() {
+                let share = pool.lines.get(&model_key(&model)).copied().unwrap_or_default();
+                self.monitor.share_reports(&model, share.ahead, share.others);
             }
             if let Some(hint) = &self.pool_hint {
                 hint.set_others(pool.frontends as u64 - 1, pool.in_flight, pool.waiting);

@@ -6,7 +6,7 @@
 //!
 //! | subject | publisher | payload |
 //! |---|---|---|
-//! | `{ns}.fe.{frontend}` | a frontend | sealed FrontendLoad (one rank of one worker) or FrontendBeat |
+//! | `{ns}.fe.{frontend}` | a frontend | sealed FrontendLoad (one rank of one worker) or FrontendBeat (in flight, waiting, and each model's waiting) |
 //!
 //! - [`changes`]: the requests' tracking notes which (worker, rank) changed;
 //! - [`publish`]: the own side, publishing each change at once and a beat

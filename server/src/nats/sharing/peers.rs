@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use loadgate::monitor::{Applied, Publisher};
 use loadgate::{LoadReport, RankLoad, WorkerId, WorkerMonitor};
 
-use super::publish::Identity;
+use super::publish::{Holding, Identity};
 
 /// What a FrontendLoad frame says.
 #[derive(Clone, Copy, Debug)]
@@ -44,20 +44,29 @@ struct Peer {
     incarnation: u64,
     index: u16,
     heard: Instant,
-    /// (in flight, waiting) at its last beat.
-    holds: (u32, u32),
+    /// What it held at its last beat.
+    holds: Holding,
 }
 
 /// The live frontends of the pool, this one included, and what the others
 /// hold (from their last beats).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Pool {
     pub(crate) frontends: usize,
     pub(crate) in_flight: u64,
     pub(crate) waiting: u64,
-    /// Of `waiting`, in the lines of frontends with a lower id than this
-    /// one (the order in which the frontends share a worker's reports).
-    pub(crate) waiting_ahead: u64,
+    /// Per model (by its `model_key`), the others' waiters.
+    pub(crate) lines: HashMap<u64, LineShare>,
+}
+
+/// The others' waiters for one model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LineShare {
+    /// In the lines of frontends with a lower id than this one (the order
+    /// in which the frontends share a worker's reports).
+    pub(crate) ahead: u64,
+    /// In every other frontend's line.
+    pub(crate) others: u64,
 }
 
 struct Table {
@@ -131,9 +140,9 @@ impl Peers {
         }
     }
 
-    /// A FrontendBeat frame, with what its sender holds (in flight,
-    /// waiting): its sender is alive, so its publications are renewed.
-    pub(crate) fn beat(&self, frontend: u64, incarnation: u64, holds: (u32, u32)) -> Heard {
+    /// A FrontendBeat frame, with what its sender holds: its sender is
+    /// alive, so its publications are renewed.
+    pub(crate) fn beat(&self, frontend: u64, incarnation: u64, holds: Holding) -> Heard {
         match self.slot(frontend, incarnation) {
             Some(index) => {
                 {
@@ -159,10 +168,14 @@ impl Peers {
             let table = self.table.lock().unwrap_or_else(|e| e.into_inner());
             for (&peer_id, peer) in table.by_id.iter().filter(|(_, p)| p.heard.elapsed() <= self.staleness) {
                 pool.frontends += 1;
-                pool.in_flight += u64::from(peer.holds.0);
-                pool.waiting += u64::from(peer.holds.1);
-                if peer_id < self.own.frontend {
-                    pool.waiting_ahead += u64::from(peer.holds.1);
+                pool.in_flight += u64::from(peer.holds.in_flight);
+                pool.waiting += u64::from(peer.holds.waiting);
+                for line in &peer.holds.lines {
+                    let share = pool.lines.entry(line.model).or_default();
+                    share.others += u64::from(line.waiting);
+                    if peer_id < self.own.frontend {
+                        share.ahead += u64::from(line.waiting);
+                    }
                 }
             }
         }
@@ -220,7 +233,7 @@ impl Peers {
             }
         };
         let _ = self.monitor.clear_publisher(Publisher::Frontend(index));
-        table.by_id.insert(frontend, Peer { incarnation, index, heard: now, holds: (0, 0) });
+        table.by_id.insert(frontend, Peer { incarnation, index, heard: now, holds: Holding::default() });
         let _ = self.monitor.renew_publisher(Publisher::Frontend(index));
         // It knows nothing of this frontend's load yet.
         self.ask_to_resend();
@@ -233,6 +246,7 @@ impl Peers {
 mod tests {
     use super::*;
     use loadgate::monitor::SharedLoad;
+    use loadgate::wire::LineWaiting;
     use loadgate::{BusyThresholds, MonitorConfig};
 
     fn monitor(slots: u16) -> Arc<WorkerMonitor> {
@@ -251,6 +265,13 @@ mod tests {
         Added { frontend, incarnation, seq, worker: 1, worker_incarnation: 9, rank: 0, load }
     }
 
+    /// `in_flight`, and (model key, waiting) lines.
+    fn holding(in_flight: u32, lines: &[(u64, u32)]) -> Holding {
+        let lines: Vec<LineWaiting> = lines.iter().map(|&(model, waiting)| LineWaiting { model, waiting }).collect();
+        let waiting = lines.iter().map(|l| l.waiting).sum();
+        Holding { in_flight, waiting, lines }
+    }
+
     const OWN: Identity = Identity { frontend: 1000, incarnation: 1 };
 
     #[test]
@@ -264,16 +285,18 @@ mod tests {
         assert!(!monitor.is_busy(1));
         assert_eq!(peers.load(added(2, 1, 1, 41)), Heard::Taken);
         assert!(monitor.is_busy(1), "60 + 41 > 100");
-        assert_eq!(peers.beat(2, 1, (7, 3)), Heard::Taken);
-        assert_eq!(peers.pool(), Pool { frontends: 3, in_flight: 7, waiting: 3, waiting_ahead: 3 });
+        assert_eq!(peers.beat(2, 1, holding(7, &[(5, 3)])), Heard::Taken);
+        let lines = HashMap::from([(5, LineShare { ahead: 3, others: 3 })]);
+        assert_eq!(peers.pool(), Pool { frontends: 3, in_flight: 7, waiting: 3, lines });
     }
 
     #[test]
     fn the_waiters_ahead_are_those_of_lower_ids() {
         let peers = Peers::new(Identity { frontend: 5, incarnation: 1 }, monitor(2), 2, Duration::from_millis(60));
-        assert_eq!(peers.beat(3, 1, (0, 4)), Heard::Taken);
-        assert_eq!(peers.beat(9, 1, (0, 6)), Heard::Taken);
-        assert_eq!(peers.pool(), Pool { frontends: 3, in_flight: 0, waiting: 10, waiting_ahead: 4 });
+        assert_eq!(peers.beat(3, 1, holding(0, &[(1, 4), (2, 1)])), Heard::Taken);
+        assert_eq!(peers.beat(9, 1, holding(0, &[(1, 6)])), Heard::Taken);
+        let lines = HashMap::from([(1, LineShare { ahead: 4, others: 10 }), (2, LineShare { ahead: 1, others: 1 })]);
+        assert_eq!(peers.pool(), Pool { frontends: 3, in_flight: 0, waiting: 11, lines }, "per model");
     }
 
     #[test]
@@ -292,7 +315,7 @@ mod tests {
         let monitor = monitor(1);
         let peers = Peers::new(OWN, monitor.clone(), 1, Duration::from_millis(60));
         assert_eq!(peers.load(added(1, 1, 1, 101)), Heard::Taken);
-        assert_eq!(peers.beat(2, 1, (0, 0)), Heard::Dropped, "the one slot is live");
+        assert_eq!(peers.beat(2, 1, Holding::default()), Heard::Dropped, "the one slot is live");
         assert!(monitor.is_busy(1));
         std::thread::sleep(Duration::from_millis(80));
         assert_eq!(peers.load(added(2, 1, 1, 10)), Heard::Taken, "frontend 1 silent past 60 ms");

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use loadgate::wire::envelope::Sealer;
-use loadgate::wire::Frame;
+use loadgate::wire::{model_key, Frame, LineWaiting, MAX_BEAT_LINES};
 use loadgate::{RankLoad, WorkerId, WorkerMonitor};
 
 use super::changes::ChangeFeed;
@@ -52,9 +52,38 @@ impl Identity {
     }
 }
 
-/// What this frontend holds now: (requests in flight, requests waiting),
-/// for its beats.
-pub(crate) type Holds = Arc<dyn Fn() -> (u32, u32) + Send + Sync>;
+/// What a frontend holds, as its beats say.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Holding {
+    /// Requests dispatched and not yet finished.
+    pub(crate) in_flight: u32,
+    /// Requests waiting in its lines, every model's.
+    pub(crate) waiting: u32,
+    /// The models whose lines hold requests, and how many each (the
+    /// longest lines first, at most `MAX_BEAT_LINES`).
+    pub(crate) lines: Vec<LineWaiting>,
+}
+
+/// What this frontend holds now, for its beats.
+pub(crate) type Holds = Arc<dyn Fn() -> Holding + Send + Sync>;
+
+impl Holding {
+    /// `in_flight` requests, and the waiting lines of `monitor`'s models.
+    pub(crate) fn of(monitor: &WorkerMonitor, in_flight: u64) -> Holding {
+        let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+        let mut lines: Vec<LineWaiting> = monitor
+            .models()
+            .iter()
+            .filter_map(|model| Some((model, monitor.line_stats(model)?.waiting as u64)))
+            .filter(|&(_, waiting)| waiting != 0)
+            .map(|(model, waiting)| LineWaiting { model: model_key(model), waiting: clamp(waiting) })
+            .collect();
+        let waiting = lines.iter().map(|line| u64::from(line.waiting)).sum();
+        lines.sort_unstable_by_key(|line| std::cmp::Reverse(line.waiting));
+        lines.truncate(MAX_BEAT_LINES);
+        Holding { in_flight: clamp(in_flight), waiting: clamp(waiting), lines }
+    }
+}
 
 /// Where and how this frontend publishes: its subject, its event secret
 /// prepared, its NATS client.
@@ -124,12 +153,13 @@ impl SharePublisher {
                         }
                     }
                     _ = beats.tick() => {
-                        let (in_flight, waiting) = holds();
+                        let Holding { in_flight, waiting, lines } = holds();
                         let beat = Frame::FrontendBeat {
                             frontend: own.identity.frontend,
                             incarnation: own.identity.incarnation,
                             in_flight,
                             waiting,
+                            lines,
                         };
                         own.send(&beat).await;
                         // Relaxed: a request to republish (see `Peers`).
