@@ -14,6 +14,7 @@ pub fn decode_load(active: u32) -> RankLoad {
 
 /// A monitor with `n` single-rank workers (ids `0..n`) of [`MODEL`], a 0.5
 /// decode threshold, and every worker reported free (10 of 100 blocks, seq 1).
+#[allow(dead_code)] // not every bench that shares this module starts from it
 pub fn free_pool(n: usize) -> Arc<WorkerMonitor> {
     let config = MonitorConfig {
         default_thresholds: BusyThresholds { active_decode_blocks_threshold: Some(0.5), ..Default::default() },
