@@ -4,7 +4,10 @@
 //! line's count bound holds on both sides (never more than the limit in,
 //! never one refused while there is room); a critical arrival that displaces
 //! a sheddable waiter racing that waiter's dispatch: exactly one of them
-//! holds the place, and the critical one is served either way.
+//! holds the place, and the critical one is served either way; a report
+//! another frontend's line takes (declined here) gives its worker to no
+//! waiter here, whatever joins meanwhile, and the next report of this
+//! line's serves the first.
 //!
 //! loom sees the view's swap as a mutex (see `sync.rs`), so these models
 //! check the line's protocol around it — the joiner's own wake-up pass, the
@@ -250,5 +253,32 @@ fn one_report_dispatches_one_waiter() {
         poll_woken([&mut first, &mut second], &mut done);
         let served = done.iter().filter(|d| **d).count();
         assert_eq!(served, 1, "one report, one dispatch");
+    });
+}
+
+/// Another frontend's line takes the worker's free report (every report
+/// is declined here while the others' waiters are about 2^32 to this
+/// line's 1 or 2), while a second request joins: in every interleaving
+/// neither waiter here gets the worker (it is marked before the report's
+/// publication shows it free, so the joiner's own pass skips it); alone
+/// again, the worker's next report serves the first.
+#[test]
+fn a_declined_report_serves_no_waiter_here_and_the_next_report_does() {
+    run_model_with("waiting/a_declined_report_serves_no_waiter_here_and_the_next_report_does", 3, || {
+        let (monitor, router) = busy_pool(4);
+        let mut first = Waiter::new(&router);
+        assert_eq!(first.poll(), Poll::Pending);
+        assert!(monitor.share_reports(MODEL, 0, u64::from(u32::MAX)));
+        let freer = spawn_freer(&monitor);
+        let mut second = Waiter::new(&router);
+        let joined = second.poll();
+        freer.join().unwrap();
+        assert_eq!(joined, Poll::Pending, "the declined report's worker went to a joiner");
+        assert!(!first.woken(), "the declined report woke a waiter here");
+        assert!(monitor.share_reports(MODEL, 0, 0));
+        monitor.apply(&report(3, 10)).unwrap();
+        assert!(first.woken(), "the next report, this line's, wakes the first");
+        assert_eq!(first.poll(), Poll::Ready(Ok(1)));
+        assert_eq!(second.poll(), Poll::Pending, "one report, one dispatch");
     });
 }
