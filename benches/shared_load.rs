@@ -89,7 +89,8 @@ fn shared(c: &mut Criterion) {
         let mut group = c.benchmark_group(format!("shared_load/{n}_workers"));
         group.throughput(Throughput::Elements(1));
         let other = Publisher::Frontend(FRONTENDS / 2);
-        // 30 + 2 + 15 × 2 = 60 of 100 blocks: past the threshold.
+        // The frontends' sum, 30 + 15 × 2 = 60 of 100 blocks: past the threshold
+        // (the worker's own 10 is not added: the larger of the two counts).
         let flip = |seq: u64| if seq % 2 == 0 { 30 } else { 2 };
         bench_reports(&mut group, "frontend_report/no_flip", n, other, |seq| 2 + (seq % 2) as u32, Applied::Stored);
         bench_reports(&mut group, "frontend_report/flip", n, other, flip, Applied::Flipped);

@@ -268,6 +268,9 @@ fn a_declined_report_serves_no_waiter_here_and_the_next_report_does() {
         let (monitor, router) = busy_pool(4);
         let mut first = Waiter::new(&router);
         assert_eq!(first.poll(), Poll::Pending);
+        // The point worker 1's seq 2 picks lies past this line's [0, 2) of
+        // about 2^32 (fixed: were it not, the first assertions below
+        // would fail every run, not some).
         assert!(monitor.share_reports(MODEL, 0, u64::from(u32::MAX)));
         let freer = spawn_freer(&monitor);
         let mut second = Waiter::new(&router);

@@ -437,7 +437,7 @@ async fn a_sidecar_reports_its_engine_over_nats_leaves_and_rejoins() {
 
 #[test]
 #[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
-fn without_the_secret_or_with_wrong_credentials_a_frontend_refuses_to_start() {
+fn without_the_secret_with_wrong_credentials_or_too_many_models_a_frontend_refuses_to_start() {
     let nats = Nats::start(&["--user", "lg", "--pass", "right-password"]);
     let url = nats.url.clone();
     let refuses = |env: &[(&str, &str)]| {
@@ -449,4 +449,8 @@ fn without_the_secret_or_with_wrong_credentials_a_frontend_refuses_to_start() {
     let wrong = [("LOADGATE_EVENT_SECRET", SECRET), ("LOADGATE_NATS_USER", "lg"), ("LOADGATE_NATS_PASSWORD", "wrong")];
     let stderr = refuses(&wrong);
     assert!(stderr.contains("cannot connect to NATS at"), "{stderr}");
+    // More models than a beat can tell the others about.
+    let many = [("LOADGATE_EVENT_SECRET", SECRET), ("LOADGATE_FRONTEND_MAX_MODELS", "340")];
+    let stderr = refuses(&many);
+    assert!(stderr.contains("--max-models 340 with frontends sharing their load"), "{stderr}");
 }

@@ -556,7 +556,8 @@ impl WorkerMonitor {
     /// on it (the others keep the worker out of their lines until its next
     /// report). When the frontends' figures agree, each report goes to one
     /// line, not one in each. 0 and 0 (the default, and alone): every
-    /// report is this frontend's. Returns whether the model is kept.
+    /// report is this frontend's. Returns whether the model is known
+    /// (`false`: nothing set).
     pub fn share_reports(&self, model: &str, ahead: u64, others: u64) -> bool {
         let Some(state) = self.registry.model(model) else { return false };
         state.line.set_share(ReportShare { ahead, others });
@@ -747,6 +748,17 @@ impl WorkerMonitor {
     /// The signals that made `worker` busy at its last evaluation.
     pub fn busy_reasons(&self, worker: WorkerId) -> BusySignals {
         self.registry.with_worker(worker, |rec| rec.entry.reasons()).unwrap_or_default()
+    }
+
+    /// Calls `each` with every model whose waiting line holds requests, and
+    /// how many (the line's count, read without its lock; no allocation).
+    pub fn for_each_waiting(&self, mut each: impl FnMut(&str, usize)) {
+        for (name, state) in self.registry.models.load().iter() {
+            match state.line.waiting() {
+                0 => {}
+                waiting => each(name, waiting),
+            }
+        }
     }
 
     /// What `model`'s waiting line holds (`None` for an unknown model).

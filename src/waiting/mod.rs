@@ -288,6 +288,12 @@ impl Line {
         self.waiting.load(Ordering::Acquire) != 0
     }
 
+    /// How many wait now (without the lock).
+    pub(crate) fn waiting(&self) -> usize {
+        // Relaxed: a count for a report to others, as old as any beat.
+        self.waiting.load(Ordering::Relaxed)
+    }
+
     /// What the line holds now.
     pub(crate) fn stats(&self) -> LineStats {
         let queue = lock(&self.queue);

@@ -39,7 +39,8 @@
 //!
 //! A beat's lines are the models whose waiting lines hold requests, each
 //! named by [`model_key`] (a fixed hash of the model's name, so that the
-//! frame stays fixed-size per model and `--max-models` of them fit).
+//! frame stays fixed-size per model: 339 of them fit, and a frontend that
+//! shares its load refuses a `--max-models` above that).
 //!
 //! The two frontend frames travel only on the NATS plane, between
 //! frontends (a frontend's added load, and that it is alive); the TCP
@@ -137,6 +138,8 @@ const BEAT_LINE: usize = 8 + 4;
 
 /// The most lines a FrontendBeat carries (what fits in [`MAX_FRAME`]).
 pub const MAX_BEAT_LINES: usize = (MAX_FRAME - HEADER_LEN - FRONTEND_BEAT_PAYLOAD) / BEAT_LINE;
+// The docs quote it.
+const _: () = assert!(MAX_BEAT_LINES == 339);
 
 /// How many requests wait in one model's line, in a FrontendBeat.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

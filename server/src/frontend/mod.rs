@@ -271,6 +271,13 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
         );
     }
 
+    anyhow::ensure!(
+        !args.shares_load() || args.max_models <= loadgate::wire::MAX_BEAT_LINES,
+        "--max-models {} with frontends sharing their load: a beat carries at most {} models' waiting \
+         lines, and a model left out would make the frontends split its reports differently",
+        args.max_models,
+        loadgate::wire::MAX_BEAT_LINES
+    );
     let event_host = crate::events::event_bind_host(&args.event_host, secrets.is_some());
     let event_listener = std::net::TcpListener::bind((event_host, args.event_port))
         .with_context(|| format!("cannot bind the event listener on {event_host}:{}", args.event_port))?;

@@ -59,6 +59,10 @@ pub(crate) const CLOCK_WINDOW: Duration = Duration::from_secs(30);
 /// How often the sweep looks for silent workers.
 const SWEEP_EVERY: Duration = Duration::from_millis(50);
 
+/// The least time between two applications of the others' lines (one per
+/// beat whose lines changed, at most this often).
+const SHARE_AT_MOST_EVERY: Duration = Duration::from_millis(10);
+
 /// A worker the plane registered.
 struct Known {
     incarnation: u64,
@@ -75,6 +79,8 @@ struct Known {
 pub(crate) struct NatsPlane {
     task: tokio::task::JoinHandle<()>,
     sweep: tokio::task::JoinHandle<()>,
+    /// Applying the other frontends' figures (when shared).
+    pooling: Option<tokio::task::JoinHandle<()>>,
     /// Publishing this frontend's load (when shared).
     _share: Option<SharePublisher>,
 }
@@ -96,6 +102,9 @@ impl Drop for NatsPlane {
     fn drop(&mut self) {
         self.task.abort();
         self.sweep.abort();
+        if let Some(pooling) = &self.pooling {
+            pooling.abort();
+        }
     }
 }
 
@@ -117,6 +126,8 @@ struct Applier {
     stats: Arc<PlaneStats>,
     /// The other frontends (when load is shared).
     peers: Option<Peers>,
+    /// Told when another frontend's lines changed.
+    lines_changed: tokio::sync::Notify,
     /// The retry hint told the pool's figures (`--retry-hint-scope pool`).
     pool_hint: Option<Arc<RetryHint>>,
 }
@@ -197,10 +208,12 @@ impl NatsPlane {
             connected,
             stats,
             peers,
+            lines_changed: tokio::sync::Notify::new(),
             pool_hint,
         });
         let hello = applier.subjects.hello();
         let receiving = applier.clone();
+        let pooled = applier.clone();
         let task = tokio::spawn(async move {
             loop {
                 tokio::select! {
@@ -230,7 +243,21 @@ impl NatsPlane {
                 applier.sweep(silence, idle);
             }
         });
-        Ok(NatsPlane { task, sweep, _share: share })
+        let pooling = pooled.peers.is_some().then(|| {
+            tokio::spawn(async move {
+                loop {
+                    // At the sweep's pace, and soon after a beat whose lines
+                    // changed (at most every 10 ms); connected or not, so
+                    // that frontends silent past the staleness stop counting.
+                    let _ = tokio::time::timeout(SWEEP_EVERY, pooled.lines_changed.notified()).await;
+                    if let Some(peers) = &pooled.peers {
+                        pooled.share_pool(peers);
+                    }
+                    tokio::time::sleep(SHARE_AT_MOST_EVERY).await;
+                }
+            })
+        });
+        Ok(NatsPlane { task, sweep, pooling, _share: share })
     }
 }
 
@@ -304,7 +331,7 @@ impl Applier {
                 }
                 let added = Added { frontend, incarnation, seq, worker, worker_incarnation, rank, load };
                 match peers.load(added) {
-                    Heard::Taken => self.stats.shared_load_applied(),
+                    Heard::Taken | Heard::Changed => self.stats.shared_load_applied(),
                     Heard::Own => {}
                     Heard::Dropped => self.stats.frame_dropped(false),
                 }
@@ -312,10 +339,16 @@ impl Applier {
             Frame::FrontendBeat { frontend, incarnation, in_flight, waiting, lines } => {
                 let Some(peers) = &self.peers else { return };
                 let holds = Holding { in_flight, waiting, lines };
-                if subject != self.subjects.frontend(frontend)
-                    || peers.beat(frontend, incarnation, holds) == Heard::Dropped
-                {
+                if subject != self.subjects.frontend(frontend) {
                     self.stats.frame_dropped(false);
+                    return;
+                }
+                match peers.beat(frontend, incarnation, holds) {
+                    Heard::Dropped => self.stats.frame_dropped(false),
+                    // Its lines changed: the split of the reports soon, not
+                    // at the next sweep.
+                    Heard::Changed => self.lines_changed.notify_one(),
+                    Heard::Taken | Heard::Own => {}
                 }
             }
             // Handshake frames have no place on NATS.
@@ -393,6 +426,22 @@ impl Applier {
         self.known.lock().unwrap_or_else(|e| e.into_inner()).values_mut().for_each(|k| k.heard = now);
     }
 
+    /// What the other frontends hold, as their beats said, to the monitor's
+    /// lines and the pool-wide hint.
+    fn share_pool(&self, peers: &Peers) {
+        let pool = peers.pool();
+        self.stats.set_shared_frontends(pool.frontends);
+        // Each model's lines share its workers' reports with the others'
+        // by their waiters (one dispatch per report between them).
+        for model in self.monitor.models() {
+            let share = pool.lines.get(&model_key(&model)).copied().unwrap_or_default();
+            self.monitor.share_reports(&model, share.ahead, share.others);
+        }
+        if let Some(hint) = &self.pool_hint {
+            hint.set_others(pool.frontends as u64 - 1, pool.in_flight, pool.waiting);
+        }
+    }
+
     /// Takes workers silent for `silence` out of routing, and forgets those
     /// silent for `idle` (not while NATS is away: that is no one's silence).
     fn sweep(&self, silence: Duration, idle: Duration) {
@@ -401,19 +450,6 @@ impl Applier {
         if !self.connected.load(Ordering::Relaxed) {
             self.heard_all_now();
             return;
-        }
-        if let Some(peers) = &self.peers {
-            let pool = peers.pool();
-            self.stats.set_shared_frontends(pool.frontends);
-            // Each model's lines share its workers' reports with the others'
-            // by their waiters (one dispatch per report between them).
-            for model in self.monitor.models() {
-                let share = pool.lines.get(&model_key(&model)).copied().unwrap_or_default();
-                self.monitor.share_reports(&model, share.ahead, share.others);
-            }
-            if let Some(hint) = &self.pool_hint {
-                hint.set_others(pool.frontends as u64 - 1, pool.in_flight, pool.waiting);
-            }
         }
         let now = Instant::now();
         let (mut quiet, mut gone) = (Vec::new(), Vec::new());
@@ -467,6 +503,7 @@ mod tests {
             connected: Arc::new(AtomicBool::new(true)),
             stats: Arc::default(),
             peers: None,
+            lines_changed: tokio::sync::Notify::new(),
             pool_hint: None,
         }
     }

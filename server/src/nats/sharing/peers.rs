@@ -34,6 +34,8 @@ pub(crate) struct Added {
 pub(crate) enum Heard {
     /// Applied (or a beat taken).
     Taken,
+    /// A beat taken, whose lines differ from its sender's last.
+    Changed,
     /// This frontend's own frame, back from NATS.
     Own,
     /// An older incarnation, a stale or other-incarnation load, or no slot left.
@@ -141,19 +143,21 @@ impl Peers {
     }
 
     /// A FrontendBeat frame, with what its sender holds: its sender is
-    /// alive, so its publications are renewed.
+    /// alive, so its publications are renewed. [`Heard::Changed`] when its
+    /// lines differ from its last beat's.
     pub(crate) fn beat(&self, frontend: u64, incarnation: u64, holds: Holding) -> Heard {
         match self.slot(frontend, incarnation) {
-            Some(index) => {
-                {
-                    let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
-                    if let Some(peer) = table.by_id.get_mut(&frontend) {
-                        peer.holds = holds;
-                    }
-                }
+            Some(_) => {
                 // (`slot` renewed what it published: it is alive.)
-                let _ = index;
-                Heard::Taken
+                let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(peer) = table.by_id.get_mut(&frontend) else { return Heard::Taken };
+                let changed = peer.holds.lines != holds.lines;
+                peer.holds = holds;
+                if changed {
+                    Heard::Changed
+                } else {
+                    Heard::Taken
+                }
             }
             None if frontend == self.own.frontend => Heard::Own,
             None => Heard::Dropped,
@@ -285,7 +289,8 @@ mod tests {
         assert!(!monitor.is_busy(1));
         assert_eq!(peers.load(added(2, 1, 1, 41)), Heard::Taken);
         assert!(monitor.is_busy(1), "60 + 41 > 100");
-        assert_eq!(peers.beat(2, 1, holding(7, &[(5, 3)])), Heard::Taken);
+        assert_eq!(peers.beat(2, 1, holding(7, &[(5, 3)])), Heard::Changed);
+        assert_eq!(peers.beat(2, 1, holding(7, &[(5, 3)])), Heard::Taken, "the same lines");
         let lines = HashMap::from([(5, LineShare { ahead: 3, others: 3 })]);
         assert_eq!(peers.pool(), Pool { frontends: 3, in_flight: 7, waiting: 3, lines });
     }
@@ -293,8 +298,8 @@ mod tests {
     #[test]
     fn the_waiters_ahead_are_those_of_lower_ids() {
         let peers = Peers::new(Identity { frontend: 5, incarnation: 1 }, monitor(2), 2, Duration::from_millis(60));
-        assert_eq!(peers.beat(3, 1, holding(0, &[(1, 4), (2, 1)])), Heard::Taken);
-        assert_eq!(peers.beat(9, 1, holding(0, &[(1, 6)])), Heard::Taken);
+        assert_eq!(peers.beat(3, 1, holding(0, &[(1, 4), (2, 1)])), Heard::Changed);
+        assert_eq!(peers.beat(9, 1, holding(0, &[(1, 6)])), Heard::Changed);
         let lines = HashMap::from([(1, LineShare { ahead: 4, others: 10 }), (2, LineShare { ahead: 1, others: 1 })]);
         assert_eq!(peers.pool(), Pool { frontends: 3, in_flight: 0, waiting: 11, lines }, "per model");
     }
