@@ -14,50 +14,23 @@ use std::hint::black_box;
 
 mod common;
 
-use common::{decode_load, free_pool, MODEL};
+use common::{bench_reports, decode_load, free_pool, MODEL};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use loadgate::{
-    monitor::{Applied, Publisher},
-    LoadReport, RankLoad, WorkerId,
-};
+use loadgate::monitor::{Applied, Publisher};
 
 const WORKER_COUNTS: [usize; 4] = [8, 64, 1_000, 10_000];
-
-/// Benchmarks applying reports to the middle worker, the load of the `seq`-th
-/// report given by `load`; checks every report had the `expected` outcome.
-fn bench_reports(
-    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    name: &str,
-    n: usize,
-    load: impl Fn(u64) -> RankLoad,
-    expected: Applied,
-) {
-    let monitor = free_pool(n);
-    let worker = (n / 2) as WorkerId;
-    let mut seq = 1u64;
-    group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
-        b.iter(|| {
-            seq += 1;
-            let report =
-                LoadReport { worker, incarnation: 0, rank: 0, publisher: Publisher::Worker, seq, load: load(seq) };
-            let applied = black_box(&monitor).apply(black_box(&report));
-            debug_assert_eq!(applied, Ok(expected));
-            applied
-        })
-    });
-    // The outcome the numbers claim, checked once outside the timing.
-    seq += 1;
-    let report = LoadReport { worker, incarnation: 0, rank: 0, publisher: Publisher::Worker, seq, load: load(seq) };
-    assert_eq!(monitor.apply(&report), Ok(expected), "{name}");
-}
 
 fn apply(c: &mut Criterion) {
     for n in WORKER_COUNTS {
         let mut group = c.benchmark_group(format!("apply/{n}_workers"));
         group.throughput(Throughput::Elements(1));
-        bench_reports(&mut group, "unchanged", n, |_| decode_load(10), Applied::Stored);
-        bench_reports(&mut group, "no_flip", n, |seq| decode_load(10 + (seq % 2) as u32 * 10), Applied::Stored);
-        bench_reports(&mut group, "flip", n, |seq| decode_load(if seq % 2 == 0 { 90 } else { 10 }), Applied::Flipped);
+        // A fresh pool for each kind: each numbers its reports from 2.
+        let unchanged = |_| decode_load(10);
+        bench_reports(&mut group, "unchanged", (&free_pool(n), n), Publisher::Worker, unchanged, Applied::Stored);
+        let no_flip = |seq| decode_load(10 + (seq % 2) as u32 * 10);
+        bench_reports(&mut group, "no_flip", (&free_pool(n), n), Publisher::Worker, no_flip, Applied::Stored);
+        let flip = |seq| decode_load(if seq % 2 == 0 { 90 } else { 10 });
+        bench_reports(&mut group, "flip", (&free_pool(n), n), Publisher::Worker, flip, Applied::Flipped);
         group.finish();
     }
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 mod common;
 
-use common::{decode_load, MODEL};
+use common::{bench_reports, decode_load, MODEL};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use loadgate::monitor::{Applied, Publisher, SharedLoad};
 use loadgate::{BusyThresholds, LoadReport, MonitorConfig, WorkerId, WorkerMonitor};
@@ -56,34 +56,6 @@ fn shared_pool(n: usize) -> Arc<WorkerMonitor> {
     monitor
 }
 
-/// Reports from `publisher` on the middle worker, the `seq`-th with
-/// `active` blocks; every one has the `expected` outcome (checked once
-/// outside the timing).
-fn bench_reports(
-    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    name: &str,
-    n: usize,
-    publisher: Publisher,
-    active: impl Fn(u64) -> u32,
-    expected: Applied,
-) {
-    let monitor = shared_pool(n);
-    let worker = (n / 2) as WorkerId;
-    let mut seq = 1u64;
-    let mut report = move || {
-        seq += 1;
-        LoadReport { worker, incarnation: 0, rank: 0, publisher, seq, load: decode_load(active(seq)) }
-    };
-    group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
-        b.iter(|| {
-            let applied = black_box(&monitor).apply(black_box(&report()));
-            debug_assert_eq!(applied, Ok(expected));
-            applied
-        })
-    });
-    assert_eq!(monitor.apply(&report()), Ok(expected), "{name}");
-}
-
 fn shared(c: &mut Criterion) {
     for n in WORKER_COUNTS {
         let mut group = c.benchmark_group(format!("shared_load/{n}_workers"));
@@ -91,17 +63,14 @@ fn shared(c: &mut Criterion) {
         let other = Publisher::Frontend(FRONTENDS / 2);
         // The frontends' sum, 30 + 15 × 2 = 60 of 100 blocks: past the threshold
         // (the worker's own 10 is not added: the larger of the two counts).
-        let flip = |seq: u64| if seq % 2 == 0 { 30 } else { 2 };
-        bench_reports(&mut group, "frontend_report/no_flip", n, other, |seq| 2 + (seq % 2) as u32, Applied::Stored);
-        bench_reports(&mut group, "frontend_report/flip", n, other, flip, Applied::Flipped);
-        bench_reports(
-            &mut group,
-            "worker_report/no_flip",
-            n,
-            Publisher::Worker,
-            |seq| 10 + (seq % 2) as u32,
-            Applied::Stored,
-        );
+        let flip = |seq: u64| decode_load(if seq % 2 == 0 { 30 } else { 2 });
+        let no_flip = |seq: u64| decode_load(2 + (seq % 2) as u32);
+        // A fresh pool for each kind: each numbers its reports from 2.
+        bench_reports(&mut group, "frontend_report/no_flip", (&shared_pool(n), n), other, no_flip, Applied::Stored);
+        bench_reports(&mut group, "frontend_report/flip", (&shared_pool(n), n), other, flip, Applied::Flipped);
+        let own = |seq: u64| decode_load(10 + (seq % 2) as u32);
+        let worker = Publisher::Worker;
+        bench_reports(&mut group, "worker_report/no_flip", (&shared_pool(n), n), worker, own, Applied::Stored);
         let monitor = shared_pool(n);
         group.bench_with_input(BenchmarkId::new("renew", n), &n, |b, _| {
             b.iter(|| black_box(&monitor).renew_publisher(black_box(other)))

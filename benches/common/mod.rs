@@ -2,7 +2,13 @@
 
 use std::sync::Arc;
 
-use loadgate::{monitor::Publisher, BusyThresholds, LoadReport, MonitorConfig, RankLoad, WorkerId, WorkerMonitor};
+use std::hint::black_box;
+
+use criterion::{measurement::WallTime, BenchmarkGroup, BenchmarkId};
+use loadgate::{
+    monitor::{Applied, Publisher},
+    BusyThresholds, LoadReport, MonitorConfig, RankLoad, WorkerId, WorkerMonitor,
+};
 
 /// The one model every worker serves.
 pub const MODEL: &str = "llama";
@@ -34,4 +40,33 @@ pub fn free_pool(n: usize) -> Arc<WorkerMonitor> {
         monitor.apply(&report).expect("apply");
     }
     monitor
+}
+
+/// Benchmarks `publisher`'s reports on the middle worker of `monitor`'s `n`,
+/// the load of the `seq`-th report given by `load`; checks every report has
+/// the `expected` outcome (in the timing only in debug builds; once outside
+/// it always).
+#[allow(dead_code)] // not every bench that shares this module applies reports
+pub fn bench_reports(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    (monitor, n): (&WorkerMonitor, usize),
+    publisher: Publisher,
+    load: impl Fn(u64) -> RankLoad,
+    expected: Applied,
+) {
+    let worker = (n / 2) as WorkerId;
+    let mut seq = 1u64;
+    let mut report = move || {
+        seq += 1;
+        LoadReport { worker, incarnation: 0, rank: 0, publisher, seq, load: load(seq) }
+    };
+    group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
+        b.iter(|| {
+            let applied = black_box(monitor).apply(black_box(&report()));
+            debug_assert_eq!(applied, Ok(expected));
+            applied
+        })
+    });
+    assert_eq!(monitor.apply(&report()), Ok(expected), "{name}");
 }
