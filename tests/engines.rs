@@ -212,9 +212,10 @@ fn sglang_two_dp_ranks_of_two_tp_ranks_take_the_max() {
 fn llamacpp_idle_and_saturated_captures() {
     for (metrics, slots, expected) in [
         ("llamacpp-tiny-idle-metrics.txt", "llamacpp-tiny-idle-slots.json", rank(0, 2048, 0, 0)),
-        // 64 + 49 + 40 + 64 tokens in the four processing slots of 512.
-        ("llamacpp-tiny-sat-metrics.txt", "llamacpp-tiny-sat-slots.json", rank(217, 2048, 12, 4)),
-        ("llamacpp-small-sat-metrics.txt", "llamacpp-small-sat-slots.json", rank(4 * 71, 2048, 8, 4)),
+        // Four processing slots of 512 (holding 64 + 49 + 40 + 64 tokens):
+        // each holds its whole context, so no KV is left for a new request.
+        ("llamacpp-tiny-sat-metrics.txt", "llamacpp-tiny-sat-slots.json", rank(2048, 2048, 12, 4)),
+        ("llamacpp-small-sat-metrics.txt", "llamacpp-small-sat-slots.json", rank(2048, 2048, 8, 4)),
         // Idle slots keep their last n_prompt_tokens (75): not counted.
         ("llamacpp-small-idle-metrics.txt", "llamacpp-small-idle-slots.json", rank(0, 2048, 0, 0)),
     ] {
@@ -246,10 +247,11 @@ fn llamacpp_slots_errors() {
     ] {
         assert!(matches!(engines::llamacpp(&metrics, slots), Err(EngineError::Slots(_))), "{slots}");
     }
-    // A processing slot without its tokens: KV unknown, the counts stand.
-    let snapshot = engines::llamacpp(&metrics, "[{\"id\":0,\"n_ctx\":512,\"is_processing\":true}]");
-    let load = snapshot.expect("counts without KV").ranks[0].load;
-    assert_eq!((load.active_decode_blocks, load.kv_total_blocks), (0, 0));
+    // One slot of three processing: a third of the context held, whatever
+    // its tokens (here none reported at all).
+    let slots = "[{\"id\":0,\"n_ctx\":512,\"is_processing\":true},{\"id\":1,\"n_ctx\":512,\"is_processing\":false},\
+                 {\"id\":2,\"n_ctx\":512,\"is_processing\":false,\"n_prompt_tokens\":75}]";
+    assert_eq!(ranks(engines::llamacpp(&metrics, slots)), [rank(512, 1536, 0, 0)]);
     let huge = "[{\"n_ctx\":9999999999,\"is_processing\":true,\"n_prompt_tokens\":9999999999},\
                 {\"n_ctx\":1,\"is_processing\":true,\"n_prompt_tokens\":1}]";
     assert_eq!(ranks(engines::llamacpp(&metrics, huge)), [rank(u32::MAX, u32::MAX, 0, 0)], "saturates");

@@ -421,19 +421,14 @@ fn render(doc: &Doc) -> (EngineKind, String, String, Expected) {
             }
         }
         if kind == EngineKind::LlamaCpp {
-            let (mut active, mut total, mut known) = (0u64, 0u64, true);
+            // A processing slot holds its whole context, whatever its tokens.
+            let (mut active, mut total) = (0u64, 0u64);
             for slot in &doc.slots {
-                total = total.saturating_add(slot.n_ctx.get().min(u64::from(u32::MAX)));
+                let context = slot.n_ctx.get().min(u64::from(u32::MAX));
+                total = total.saturating_add(context);
                 if slot.is_processing {
-                    // A processing slot without its tokens: the KV use is unknown.
-                    match slot.n_prompt_tokens {
-                        Some(tokens) => active = active.saturating_add(tokens.get().min(u64::from(u32::MAX))),
-                        None => known = false,
-                    }
+                    active = active.saturating_add(context);
                 }
-            }
-            if !known {
-                (active, total) = (0, 0);
             }
             let r = ranks[&0];
             let cap = |v: u64| v.min(u64::from(u32::MAX)) as u32;

@@ -32,7 +32,7 @@ pub enum EngineError {
         limit: usize,
     },
     /// llama.cpp's `/slots` body is not an array of slots with `n_ctx` and
-    /// `is_processing` (and `n_prompt_tokens` when processing).
+    /// `is_processing`.
     Slots(String),
     /// llama.cpp needs its `/slots` body too, and none was given.
     MissingSlots,

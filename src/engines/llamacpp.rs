@@ -15,9 +15,6 @@ struct Slot {
     /// The slot's context in tokens.
     n_ctx: u64,
     is_processing: bool,
-    /// Tokens of the slot's sequence (prompt and generated so far), while
-    /// processing.
-    n_prompt_tokens: Option<u64>,
 }
 
 /// The load of llama.cpp's `llama-server` (`--metrics`) from its
@@ -26,8 +23,15 @@ struct Slot {
 /// `llamacpp:requests_processing` gives the running requests and
 /// `llamacpp:requests_deferred` the waiting ones. Its `/metrics` has no KV
 /// gauge, so the KV cache comes from `/slots`: `kv_total_blocks = Σ n_ctx`
-/// over the slots, `active_decode_blocks = Σ n_prompt_tokens` over those
+/// over the slots and `active_decode_blocks = Σ n_ctx` over those
 /// `is_processing`, one token per block (both saturating at `u32::MAX`).
+///
+/// A processing slot holds its whole context: llama.cpp gives each slot a
+/// fixed context and starts a request only in a free slot, so what a new
+/// request can use is the free slots' contexts, however few tokens the busy
+/// ones hold. The KV share is then the share of slots in use, and
+/// `--active-decode-blocks-threshold 0.85` (below 1, above `(n − 1) / n`
+/// for `n` equal slots) makes a server busy exactly when no slot is free.
 ///
 /// # Errors
 ///
@@ -50,18 +54,15 @@ pub fn llamacpp(metrics: &str, slots: &str) -> Result<EngineSnapshot, EngineErro
     Ok(snapshot)
 }
 
-/// `(Σ n_prompt_tokens of processing slots, Σ n_ctx)`, saturating; `(0, 0)`
-/// (unknown) when a processing slot does not report its tokens (a build
-/// that names the field otherwise): the KV use is then not known, but the
-/// request counts of `/metrics` still are, so the scrape does not fail.
+/// `(Σ n_ctx of processing slots, Σ n_ctx)`, saturating.
 fn kv_blocks(slots: &str) -> Result<(u32, u32), EngineError> {
     let slots: Vec<Slot> = serde_json::from_str(slots).map_err(|e| EngineError::Slots(e.to_string()))?;
     let (mut active, mut total) = (0u32, 0u32);
     for slot in &slots {
-        total = total.saturating_add(saturate(slot.n_ctx));
+        let context = saturate(slot.n_ctx);
+        total = total.saturating_add(context);
         if slot.is_processing {
-            let Some(tokens) = slot.n_prompt_tokens else { return Ok((0, 0)) };
-            active = active.saturating_add(saturate(tokens));
+            active = active.saturating_add(context);
         }
     }
     Ok((active, total))

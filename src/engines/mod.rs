@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | [`vllm`] | `/metrics`: `vllm:kv_cache_usage_perc` (older: `vllm:gpu_cache_usage_perc`), `vllm:num_requests_running`, `vllm:num_requests_waiting`, `num_gpu_blocks` of `vllm:cache_config_info` | the `engine` label |
 //! | [`sglang`] | `/metrics`: `sglang:token_usage`, `sglang:num_running_reqs`, `sglang:num_queue_reqs` | the `dp_rank` label |
-//! | [`llamacpp`] | `/metrics`: `llamacpp:requests_processing`, `llamacpp:requests_deferred`; `/slots`: `n_ctx`, `n_prompt_tokens`, `is_processing` | one rank |
+//! | [`llamacpp`] | `/metrics`: `llamacpp:requests_processing`, `llamacpp:requests_deferred`; `/slots`: `n_ctx`, `is_processing` | one rank |
 //!
 //! Besides load, llama.cpp needs its non-streamed requests sent streamed, so
 //! that a client that leaves frees its slot: [`streamed_request`] and
@@ -27,8 +27,8 @@
 //!   [`FRACTION_BLOCKS`] and the fraction in parts per billion, exactly the
 //!   fixed point of the busy thresholds. No KV metric for a rank: both 0
 //!   (unknown). llama.cpp has no KV gauge: its total is `Σ n_ctx` over the
-//!   slots and its active blocks `Σ n_prompt_tokens` over the processing
-//!   ones, one token per block.
+//!   slots and its active blocks `Σ n_ctx` over the processing ones (a busy
+//!   slot holds its whole context), one token per block.
 //! - Counts round to the nearest integer and saturate at `u32::MAX`; a
 //!   fraction is clamped to `[0, 1]`. A negative, NaN or infinite value is
 //!   [`EngineError::InvalidValue`].

@@ -31,7 +31,8 @@ pub(crate) struct Load {
     pub(crate) running: u32,
     /// llama.cpp: `requests_deferred`.
     pub(crate) waiting: u32,
-    /// llama.cpp: `n_prompt_tokens` of each processing slot.
+    /// llama.cpp: `n_prompt_tokens` of each processing slot (not read: a
+    /// busy slot holds its whole context).
     pub(crate) slot_tokens: u32,
     /// vLLM: per `engine` rank, (waiting, KV fraction).
     pub(crate) vllm_ranks: Vec<(u32, f64)>,

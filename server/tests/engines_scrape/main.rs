@@ -298,9 +298,10 @@ async fn sheds_529_when_every_engine_waits_past_the_threshold() {
     fe.wait_metrics("both engines busy", |m| busy(m) == 2.0).await;
     let text = fe.metrics().await;
     assert_eq!(sum_metric(&text, "loadgate_frontend_worker_waiting_requests", &[]), 10.0, "{text}");
-    // llama.cpp: KV total = Σ n_ctx, active = Σ n_prompt_tokens of processing slots.
+    // llama.cpp: KV total = Σ n_ctx, active = Σ n_ctx of the processing slots
+    // (a busy slot holds its whole context, whatever its 100 tokens).
     assert_eq!(sum_metric(&text, "loadgate_frontend_worker_kv_total_blocks", &[]), 2.0 * 4.0 * 512.0, "{text}");
-    assert_eq!(sum_metric(&text, "dynamo_frontend_worker_active_decode_blocks", &[]), 2.0 * 4.0 * 100.0, "{text}");
+    assert_eq!(sum_metric(&text, "dynamo_frontend_worker_active_decode_blocks", &[]), 2.0 * 4.0 * 512.0, "{text}");
     let served_before = a.received().len() + b.received().len();
     let response = fe
         .client
@@ -322,6 +323,35 @@ async fn sheds_529_when_every_engine_waits_past_the_threshold() {
         assert_eq!(status, 200, "{body}");
         assert!(body.contains(&format!("engine-{}", b.addr.port())), "{body}");
     }
+}
+
+/// `--active-decode-blocks-threshold 0.85` on llama.cpp: an engine is busy
+/// exactly when none of its 4 slots is free (3 of 4 processing is 0.75 of
+/// the context held, 4 of 4 is all of it), however few tokens the slots
+/// hold and with nothing deferred.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_llamacpp_engine_is_busy_at_0_85_exactly_when_no_slot_is_free() {
+    let _box = common::shared().await;
+    let engine = FakeEngine::start(Kind::LlamaCpp, &[MODEL]);
+    let fe = frontend(
+        &[engine.spec(None)],
+        &["--engine-scrape-interval-ms", "20", "--active-decode-blocks-threshold", "0.85"],
+        &[],
+    );
+    let busy = |m: &str| sum_metric(m, "loadgate_frontend_worker_busy", &[]);
+    engine.set(|l| (l.running, l.waiting, l.slot_tokens) = (3, 0, 1));
+    fe.wait_metrics("3 of 4 slots processing", |m| {
+        sum_metric(m, "dynamo_frontend_worker_active_decode_blocks", &[]) == 3.0 * 512.0
+    })
+    .await;
+    assert_eq!(busy(&fe.metrics().await), 0.0, "a slot is free");
+    assert_eq!(fe.complete(MODEL).await.0, 200);
+    engine.set(|l| (l.running, l.waiting, l.slot_tokens) = (4, 0, 1));
+    fe.wait_metrics("no slot free: busy", |m| busy(m) == 1.0).await;
+    assert_eq!(fe.complete(MODEL).await.0, 529);
+    engine.set(|l| l.running = 3);
+    fe.wait_metrics("a slot freed: free again", |m| busy(m) == 0.0).await;
+    assert_eq!(fe.complete(MODEL).await.0, 200);
 }
 
 /// Completions and streamed chats go to the engine's same path with the
