@@ -16,6 +16,7 @@ mod clock;
 pub(crate) mod entry;
 mod error;
 mod lease;
+mod measuring;
 mod publication;
 mod query;
 mod reasons;
@@ -39,6 +40,7 @@ pub(crate) use self::publication::ModelState;
 use self::registry::{Registry, WorkerRecord};
 
 pub use self::error::{ApplyError, RegisterError, SetThresholdsError};
+pub use self::measuring::Measuring;
 pub use self::query::{RankSnapshot, WorkerInfo, WorkerLoad};
 pub use self::registration::Registration;
 pub use self::reporter::Reporter;
@@ -138,13 +140,16 @@ pub enum Registered {
 
 const MAX_DP_SIZE: u32 = 65_536;
 
-/// Which slot an update is for, and the report's seq (0 for tracking).
+/// Which slot an update is for, the report's seq (0 for tracking), and
+/// where the worker's line stood when the report's measurement began, if
+/// the reporter said ([`Measuring`]; otherwise: when it is applied).
 #[derive(Clone, Copy)]
 struct Update {
     worker: WorkerId,
     incarnation: u64,
     rank: u32,
     seq: u64,
+    measured: Option<Measuring>,
 }
 
 impl WorkerMonitor {
@@ -376,7 +381,14 @@ impl WorkerMonitor {
     ///
     /// [`ApplyError`] for an unregistered worker or a rank out of range.
     pub fn apply(&self, report: &LoadReport) -> Result<Applied, ApplyError> {
-        let at = Update { worker: report.worker, incarnation: report.incarnation, rank: report.rank, seq: report.seq };
+        self.apply_update(report, None)
+    }
+
+    /// [`apply`](Self::apply), the line's part as of `measured`.
+    #[inline]
+    fn apply_update(&self, report: &LoadReport, measured: Option<Measuring>) -> Result<Applied, ApplyError> {
+        let (worker, incarnation, rank, seq) = (report.worker, report.incarnation, report.rank, report.seq);
+        let at = Update { worker, incarnation, rank, seq, measured };
         self.update_slot(at, report.publisher, |slot, now| slot.store(report.seq, &report.load, now))
     }
 
@@ -404,10 +416,14 @@ impl WorkerMonitor {
         blocks: i64,
         prefill_tokens: i64,
     ) -> Result<Applied, ApplyError> {
-        self.update_slot(Update { worker, incarnation, rank, seq: 0 }, Publisher::Router, |slot, now| {
-            slot.add(blocks, prefill_tokens, now);
-            SlotUpdate::Stored
-        })
+        self.update_slot(
+            Update { worker, incarnation, rank, seq: 0, measured: None },
+            Publisher::Router,
+            |slot, now| {
+                slot.add(blocks, prefill_tokens, now);
+                SlotUpdate::Stored
+            },
+        )
     }
 
     /// Sets the router-tracked denominators of a rank (the capacity the
@@ -425,10 +441,14 @@ impl WorkerMonitor {
         kv_total_blocks: u32,
         max_num_batched_tokens: u32,
     ) -> Result<Applied, ApplyError> {
-        self.update_slot(Update { worker, incarnation, rank, seq: 0 }, Publisher::Router, |slot, now| {
-            slot.set_denominators(kv_total_blocks, max_num_batched_tokens, now);
-            SlotUpdate::Stored
-        })
+        self.update_slot(
+            Update { worker, incarnation, rank, seq: 0, measured: None },
+            Publisher::Router,
+            |slot, now| {
+                slot.set_denominators(kv_total_blocks, max_num_batched_tokens, now);
+                SlotUpdate::Stored
+            },
+        )
     }
 
     /// Changes one slot of this incarnation of `worker` with `update`
@@ -441,7 +461,7 @@ impl WorkerMonitor {
         publisher: Publisher,
         update: impl FnOnce(&RankSlot, u64) -> SlotUpdate,
     ) -> Result<Applied, ApplyError> {
-        let Update { worker, incarnation, rank, seq } = at;
+        let Update { worker, incarnation, rank, seq, measured } = at;
         self.has_slot(publisher)?;
         self.registry.with_rank(worker, rank, |rec| {
             if incarnation != rec.entry.incarnation {
@@ -459,9 +479,11 @@ impl WorkerMonitor {
                     // runs after it: a waiter that publication wakes and
                     // dispatches stays marked until the worker's *next*
                     // report (one report, one dispatch: loom's
-                    // `one_report_dispatches_one_waiter`).
+                    // `one_report_dispatches_one_waiter`). A report whose
+                    // measurement began earlier (`Measuring`) counts from
+                    // then: a dispatch made meanwhile stays marked too.
                     let begun = match publisher {
-                        Publisher::Worker => rec.model.line.report_begins(worker, seq),
+                        Publisher::Worker => rec.model.line.report_begins(worker, seq, measured.map(Measuring::seen)),
                         _ => Begun::Nothing,
                     };
                     let applied = self.changed(&rec.entry, &rec.model, now);

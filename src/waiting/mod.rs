@@ -350,8 +350,12 @@ impl Line {
     /// long); otherwise the worker is
     /// marked as if dispatched to until its next report, before the
     /// publication can wake anyone for it ([`Begun::Declined`]).
+    ///
+    /// `measured`: the line's dispatches when the report's measurement
+    /// began ([`Line::dispatches`]), if earlier than now: a dispatch made
+    /// since keeps its mark, as one made after the report would.
     #[inline]
-    pub(crate) fn report_begins(&self, worker: WorkerId, seq: u64) -> Begun {
+    pub(crate) fn report_begins(&self, worker: WorkerId, seq: u64, measured: Option<u64>) -> Begun {
         if !self.is_waiting() {
             return Begun::Nothing;
         }
@@ -369,10 +373,19 @@ impl Line {
         if !(spent || self.held_hint.load(Ordering::Relaxed)) {
             return Begun::Nothing;
         }
-        // Acquire: pairs with the Release in `sync_hint`. Every dispatch
-        // this report's publication causes comes after, with a number at
-        // least this.
-        Begun::Seen(self.dispatches.load(Ordering::Acquire))
+        // Every dispatch this report's publication causes comes after,
+        // with a number at least this.
+        let now = self.dispatches();
+        Begun::Seen(measured.map_or(now, |measured| measured.min(now)))
+    }
+
+    /// The line's dispatches so far: a report that began measuring at this
+    /// count reflects those numbered below it and no later one.
+    #[inline]
+    pub(crate) fn dispatches(&self) -> u64 {
+        // Acquire: pairs with the Release in `sync_hint` (the dispatch
+        // counted here happened before).
+        self.dispatches.load(Ordering::Acquire)
     }
 
     /// Whether the report `seq` of `worker` is this line's (see

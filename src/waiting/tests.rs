@@ -133,6 +133,33 @@ fn a_freed_worker_takes_one_waiter_per_report() {
     assert_eq!(pool.waiting(), 2);
 }
 
+/// A scrape sent before a dispatch and answered after it does not show
+/// that dispatch: applied as measured before it, it leaves the worker
+/// spent; a report measured after the dispatch frees it.
+#[test]
+fn a_report_measured_before_a_dispatch_does_not_free_the_worker_for_another_waiter() {
+    let pool = Pool::new(1, LineLimits::default());
+    pool.report(1, true);
+    let wakes: Vec<Arc<Count>> = (0..2).map(|_| Arc::default()).collect();
+    let mut waiters: Vec<Waiting> = (0..2).map(|_| wait(&pool, &Timer::default())).collect();
+    for (w, c) in waiters.iter_mut().zip(&wakes) {
+        assert_eq!(poll(w, c), Poll::Pending);
+    }
+    pool.report(1, false);
+    let before = pool.monitor.measuring(1).expect("registered");
+    assert_eq!(poll(&mut waiters[0], &wakes[0]), Poll::Ready(Ok(1)));
+    let free = RankLoad { active_decode_blocks: 10, kv_total_blocks: 100, ..Default::default() };
+    let report = |seq| LoadReport { worker: 1, seq, load: free, ..Default::default() };
+    pool.monitor.apply_measured(&report(100), before).unwrap();
+    assert_eq!(wakes[1].0.load(Ordering::SeqCst), 0, "measured before the dispatch: still spent");
+    assert_eq!(poll(&mut waiters[1], &wakes[1]), Poll::Pending);
+    let after = pool.monitor.measuring(1).expect("registered");
+    pool.monitor.apply_measured(&report(101), after).unwrap();
+    assert_eq!(wakes[1].0.load(Ordering::SeqCst), 1, "measured after it: free for the next");
+    assert_eq!(poll(&mut waiters[1], &wakes[1]), Poll::Ready(Ok(1)));
+    assert!(pool.monitor.measuring(99).is_none(), "an unknown worker");
+}
+
 #[test]
 fn the_deadline_and_a_drop_leave_the_line_and_pass_the_wake_up_on() {
     let pool = Pool::new(1, LineLimits::default());

@@ -55,6 +55,9 @@ impl ScrapeArgs {
 /// The outcome of one scrape, as [`spawn_scraper`] reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ScrapeEvent {
+    /// A scrape is about to be sent (before each one): what the engine
+    /// answers shows no dispatch made from now on.
+    Sending,
     /// The engine's load now (one entry per data-parallel rank).
     Loaded(EngineSnapshot),
     /// This scrape failed; `consecutive` counts the failures in a row, this one included.
@@ -128,6 +131,9 @@ pub fn spawn_scraper(
         let mut consecutive: u32 = 0;
         loop {
             ticks.tick().await;
+            if on_event(ScrapeEvent::Sending).is_break() {
+                return;
+            }
             let event = match scrape_once(&client, kind, &base_url, config.timeout).await {
                 Ok(snapshot) => {
                     consecutive = 0;
@@ -199,7 +205,7 @@ mod tests {
         let rank = snapshot.ranks[0];
         assert_eq!(rank.running_requests, 2);
         assert_eq!(rank.load.waiting_requests, 5);
-        assert_eq!((rank.load.active_decode_blocks, rank.load.kv_total_blocks), (30, 1024));
+        assert_eq!((rank.load.active_decode_blocks, rank.load.kv_total_blocks), (512, 1024));
         // The wrong kind: no vLLM metric in the document.
         let error = scrape_once(&client, EngineKind::Vllm, &base, Duration::from_secs(5)).await.unwrap_err();
         assert!(error.starts_with(&format!("vllm load of {base}: ")), "{error}");
@@ -218,6 +224,9 @@ mod tests {
         assert!(error.contains("took over 100ms"), "{error}");
     }
 
+    /// [`ScrapeEvent::Sending`] in the events the test records.
+    const SENDING: u32 = u32::MAX;
+
     #[tokio::test]
     async fn the_scraper_counts_failures_in_a_row_and_stops_on_break() {
         let broken = Arc::new(AtomicBool::new(false));
@@ -232,12 +241,17 @@ mod tests {
         let calls = Arc::new(AtomicU32::new(0));
         let counted = calls.clone();
         let handle = spawn_scraper(reqwest::Client::new(), EngineKind::LlamaCpp, base, config, move |event| {
-            // Relaxed: a counter, read after the task ended.
-            let n = counted.fetch_add(1, Ordering::Relaxed) + 1;
-            seen.lock().unwrap().push(match event {
+            let outcome = match event {
+                ScrapeEvent::Sending => {
+                    seen.lock().unwrap().push(SENDING);
+                    return ControlFlow::Continue(());
+                }
                 ScrapeEvent::Loaded(_) => 0,
                 ScrapeEvent::Failed { consecutive, .. } => consecutive,
-            });
+            };
+            seen.lock().unwrap().push(outcome);
+            // Relaxed: a counter, read after the task ended.
+            let n = counted.fetch_add(1, Ordering::Relaxed) + 1;
             // Two good scrapes, three failed ones, a good one.
             // Relaxed: see `engine_with`.
             broken.store((2..5).contains(&n), Ordering::Relaxed);
@@ -250,6 +264,8 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(10), handle).await.unwrap().unwrap();
         // Relaxed: the task has ended.
         assert_eq!(calls.load(Ordering::Relaxed), 7, "no event after Break");
-        assert_eq!(*events.lock().unwrap(), [0, 0, 1, 2, 3, 0, 0]);
+        // Each scrape is told before it is sent.
+        let each = [0, 0, 1, 2, 3, 0, 0].map(|outcome| [SENDING, outcome]);
+        assert_eq!(*events.lock().unwrap(), each.as_flattened());
     }
 }

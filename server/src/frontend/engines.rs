@@ -13,7 +13,10 @@
 //!
 //! One scraper per engine ([`crate::engines::scrape::spawn_scraper`]) then
 //! applies every rank's load to each of its workers as the engine's own
-//! report (the worker publisher, a new `seq` per scrape). A failed scrape
+//! report (the worker publisher, a new `seq` per scrape), measured from
+//! when the scrape was sent (`WorkerMonitor::measuring`: the waiting line
+//! keeps a worker it dispatched to meanwhile out of reach until a scrape
+//! sent after that dispatch). A failed scrape
 //! keeps the last load, which ages out after `--load-staleness-ms` when set;
 //! `--engine-scrape-failures` failures in a row take the engine's workers
 //! out of routing (the directory's silent flag), the next success brings
@@ -28,6 +31,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use loadgate::engines::EngineSnapshot;
+use loadgate::monitor::Measuring;
 use loadgate::{LoadReport, WorkerId};
 use sha2::{Digest as _, Sha256};
 
@@ -56,6 +60,9 @@ pub(crate) struct Engine {
     incarnation: u64,
     /// The `seq` of the last report applied.
     seq: u64,
+    /// Where each worker's waiting line stood when the scrape in flight was
+    /// sent (by the place in `workers`).
+    measuring: Vec<Option<Measuring>>,
     /// Out of routing (too many failed scrapes, or too many ranks).
     out: bool,
     /// `--max-dp-size`: a rank count it may change to.
@@ -102,6 +109,7 @@ pub(crate) async fn register_engines(
             dp_size,
             incarnation,
             seq: 0,
+            measuring: Vec::new(),
             out: false,
             max_dp_size: limits.max_dp_size,
         };
@@ -188,6 +196,7 @@ pub(crate) fn spawn_scrapers(
             spawn_scraper(frontend.client.clone(), kind, base_url, config, move |event| {
                 let Some(frontend) = weak.upgrade() else { return ControlFlow::Break(()) };
                 match event {
+                    ScrapeEvent::Sending => engine.sending(&frontend),
                     ScrapeEvent::Loaded(snapshot) => engine.loaded(&frontend, &snapshot),
                     ScrapeEvent::Failed { consecutive, error } => {
                         engine.failed(&frontend, consecutive, &error, config.failures_to_leave)
@@ -200,6 +209,14 @@ pub(crate) fn spawn_scrapers(
 }
 
 impl Engine {
+    /// A scrape is about to be sent: where each worker's line stands, so
+    /// that its answer frees a worker only from the dispatches made before
+    /// (`WorkerMonitor::apply_measured`).
+    fn sending(&mut self, frontend: &Frontend) {
+        self.measuring.clear();
+        self.measuring.extend(self.workers.iter().map(|(worker, _)| frontend.monitor.measuring(*worker)));
+    }
+
     /// A successful scrape: registered again if its rank count changed, its
     /// load applied, back in routing if it was out.
     fn loaded(&mut self, frontend: &Frontend, snapshot: &EngineSnapshot) {
@@ -232,7 +249,8 @@ impl Engine {
     /// Applies each rank's load to every worker of this engine.
     fn apply(&mut self, frontend: &Frontend, snapshot: &EngineSnapshot) {
         self.seq += 1;
-        for (worker, _) in &self.workers {
+        for (place, (worker, _)) in self.workers.iter().enumerate() {
+            let measuring = self.measuring.get(place).copied().flatten();
             for (rank, sample) in (0..self.dp_size).zip(&snapshot.ranks) {
                 let report = LoadReport {
                     worker: *worker,
@@ -246,7 +264,10 @@ impl Engine {
                 };
                 // Only an unregistered worker or a rank out of range fails,
                 // and neither can happen to an engine's own ids.
-                let _ = frontend.monitor.apply(&report);
+                let _ = match measuring {
+                    Some(measuring) => frontend.monitor.apply_measured(&report, measuring),
+                    None => frontend.monitor.apply(&report),
+                };
             }
         }
     }

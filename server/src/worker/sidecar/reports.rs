@@ -183,6 +183,9 @@ impl EngineReports {
     /// One scrape's outcome: report it, or count it towards leaving routing.
     pub(crate) fn on_scrape(&mut self, event: ScrapeEvent) {
         match event {
+            // The frontends' lines count a report from when it arrives: they
+            // cannot know when this scrape was sent.
+            ScrapeEvent::Sending => {}
             ScrapeEvent::Loaded(snapshot) => {
                 if self.health.problem().is_some() && !self.rejoin() {
                     return;
