@@ -60,14 +60,9 @@ pub struct Args {
     /// where the queue of the 2x run without shedding often drains in that time].
     #[arg(help_heading = "The load and the report", long, env = "LOADGATE_DEMO_DRAIN_TIMEOUT", value_parser = crate::flag_limits::fractional_secs())]
     pub drain_timeout: Option<f64>,
-    /// The shedding run's decode-blocks threshold (simulated workers).
-    #[arg(
-        help_heading = "Shedding",
-        long,
-        env = "LOADGATE_DEMO_THRESHOLD",
-        default_value_t = 0.85,
-        conflicts_with = "engines"
-    )]
+    /// The shedding runs' `--active-decode-blocks-threshold`. With --engines llamacpp a server's KV
+    /// share is its share of slots in use, so 0.85 makes it busy when none of its 4 slots is free.
+    #[arg(help_heading = "Shedding", long, env = "LOADGATE_DEMO_THRESHOLD", default_value_t = 0.85)]
     pub threshold: f64,
     /// The shedding run's `--active-waiting-requests-threshold` (with --engines): an engine is busy
     /// when more requests than this wait for a slot.
@@ -79,6 +74,17 @@ pub struct Args {
         requires = "engines"
     )]
     pub waiting_threshold: u64,
+    /// The shedding run's `--active-prefill-tokens-threshold` (with --engines): an engine is busy
+    /// while more prompt words than this, sent to it, await their first token. 0: one request at a
+    /// time takes a freed slot, and a scrape that has not yet seen it cannot send it a second.
+    #[arg(
+        help_heading = "Shedding",
+        long,
+        env = "LOADGATE_DEMO_PREFILL_THRESHOLD",
+        default_value_t = 0,
+        requires = "engines"
+    )]
+    pub prefill_threshold: u64,
     /// Milliseconds between the frontend's scrapes of each engine (with --engines).
     #[arg(help_heading = "The pool", long, env = "LOADGATE_DEMO_SCRAPE_INTERVAL_MS", default_value_t = 50, requires = "engines",
           value_parser = clap::value_parser!(u64).range(1..=100))]
@@ -300,6 +306,10 @@ mod tests {
         let args = parse(&["--engines", "llama.cpp", "--waiting-threshold", "3"]).unwrap();
         assert_eq!(args.engines, Some(Engines::LlamaCpp));
         assert_eq!(args.waiting_threshold, 3);
+        assert_eq!(args.threshold, 0.85, "busy when none of a server's 4 slots is free");
+        assert_eq!(args.prefill_threshold, 0);
+        assert!(parse(&["--prefill-threshold", "2"]).is_err(), "engine-only flag");
+        assert_eq!(parse(&["--engines", "llamacpp", "--threshold", "0.6"]).unwrap().threshold, 0.6);
         assert_eq!((args.prompt_tokens(), args.output_tokens()), (32, 64));
         assert_eq!((args.duration(), args.drain_timeout()), (20.0, 30.0));
         assert_eq!(parse(&["--engines", "llamacpp", "--duration", "5"]).unwrap().duration(), 5.0);

@@ -29,7 +29,10 @@ pub(crate) struct EnginePool {
 impl EnginePool {
     /// Starts [`SERVERS`] servers (at once) and a frontend in front of
     /// them in `mode`: unless [`Mode::Off`], the frontend sheds at
-    /// `--active-waiting-requests-threshold args.waiting_threshold`.
+    /// `--active-decode-blocks-threshold args.threshold` (the share of a
+    /// server's slots in use), `--active-waiting-requests-threshold
+    /// args.waiting_threshold` and `--active-prefill-tokens-threshold
+    /// args.prefill_threshold`.
     ///
     /// # Errors
     ///
@@ -49,8 +52,14 @@ impl EnginePool {
             frontend_args.extend(["--engine".to_owned(), format!("llamacpp={},model={LLAMA_MODEL}", server.url)]);
         }
         if mode.sheds() {
-            frontend_args
-                .extend(["--active-waiting-requests-threshold".to_owned(), args.waiting_threshold.to_string()]);
+            frontend_args.extend([
+                "--active-decode-blocks-threshold".to_owned(),
+                args.threshold.to_string(),
+                "--active-waiting-requests-threshold".to_owned(),
+                args.waiting_threshold.to_string(),
+                "--active-prefill-tokens-threshold".to_owned(),
+                args.prefill_threshold.to_string(),
+            ]);
         }
         frontend_args.extend(mode.line_flags(args));
         let (frontend, line) = spawn_loadgate(&frontend_args, &random_secret()?)?;

@@ -33,9 +33,13 @@
 //! `--engines llamacpp` runs the same comparison on two real llama.cpp
 //! servers (`engine_pool.rs`, `llama_server.rs`; `install.rs` finds what
 //! `scripts/prepare-llama-server` prepared) that the frontend scrapes
-//! directly; the shedding runs use `--active-waiting-requests-threshold`,
-//! since a llama-server's queue of requests waiting for a slot is what turns
-//! overload into latency there.
+//! directly; the shedding runs use `--active-decode-blocks-threshold 0.85`
+//! (a llama-server's KV share is its share of slots in use: busy when no
+//! slot is free), `--active-waiting-requests-threshold 0` (nothing waits
+//! for a slot) and `--active-prefill-tokens-threshold 0` (busy while a
+//! request sent to it awaits its first token, which the next scrape may
+//! not show yet), since a request that waits at a server for a slot to
+//! free is what turns overload into latency there.
 
 mod args;
 mod child;
@@ -143,7 +147,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     warmup: Duration::from_secs(3),
                     measure: Duration::from_secs(8),
                 },
-                shedding: format!("--active-waiting-requests-threshold {}", args.waiting_threshold),
+                shedding: format!(
+                    "--active-decode-blocks-threshold {} --active-waiting-requests-threshold {} \
+                     --active-prefill-tokens-threshold {}",
+                    args.threshold, args.waiting_threshold, args.prefill_threshold
+                ),
                 pool,
             };
             let results = compare(&args, &runtime, &setup, |mode| {
