@@ -152,6 +152,13 @@ struct Update {
     measured: Option<Measuring>,
 }
 
+impl Update {
+    /// The router's own tracking of a rank: no seq, no measurement.
+    fn tracking(worker: WorkerId, incarnation: u64, rank: u32) -> Update {
+        Update { worker, incarnation, rank, seq: 0, measured: None }
+    }
+}
+
 impl WorkerMonitor {
     /// A monitor on the real clock.
     ///
@@ -416,14 +423,10 @@ impl WorkerMonitor {
         blocks: i64,
         prefill_tokens: i64,
     ) -> Result<Applied, ApplyError> {
-        self.update_slot(
-            Update { worker, incarnation, rank, seq: 0, measured: None },
-            Publisher::Router,
-            |slot, now| {
-                slot.add(blocks, prefill_tokens, now);
-                SlotUpdate::Stored
-            },
-        )
+        self.update_slot(Update::tracking(worker, incarnation, rank), Publisher::Router, |slot, now| {
+            slot.add(blocks, prefill_tokens, now);
+            SlotUpdate::Stored
+        })
     }
 
     /// Sets the router-tracked denominators of a rank (the capacity the
@@ -441,14 +444,10 @@ impl WorkerMonitor {
         kv_total_blocks: u32,
         max_num_batched_tokens: u32,
     ) -> Result<Applied, ApplyError> {
-        self.update_slot(
-            Update { worker, incarnation, rank, seq: 0, measured: None },
-            Publisher::Router,
-            |slot, now| {
-                slot.set_denominators(kv_total_blocks, max_num_batched_tokens, now);
-                SlotUpdate::Stored
-            },
-        )
+        self.update_slot(Update::tracking(worker, incarnation, rank), Publisher::Router, |slot, now| {
+            slot.set_denominators(kv_total_blocks, max_num_batched_tokens, now);
+            SlotUpdate::Stored
+        })
     }
 
     /// Changes one slot of this incarnation of `worker` with `update`

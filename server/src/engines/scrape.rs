@@ -5,10 +5,12 @@
 //! of routing after K, an unhealthy worker) is the caller's business.
 
 use std::ops::ControlFlow;
+use std::sync::Arc;
 use std::time::Duration;
 
 use loadgate::engines::{self, EngineKind, EngineSnapshot, MAX_DOCUMENT_BYTES};
 use reqwest::StatusCode;
+use tokio::sync::Notify;
 
 use crate::engines::fetch::get_text;
 
@@ -117,12 +119,15 @@ pub async fn scrape_once(
 }
 
 /// Scrapes every `interval` (missed ticks delayed, never two at once) and hands each result
-/// to `on_event` until it returns `ControlFlow::Break(())` or the task is aborted.
+/// to `on_event` until it returns `ControlFlow::Break(())` or the task is aborted. With
+/// `wake`, a notification scrapes at once (after the scrape in flight, if any; notifications
+/// meanwhile make one scrape) and the next periodic one comes an interval after it.
 pub fn spawn_scraper(
     client: reqwest::Client,
     kind: EngineKind,
     base_url: String,
     config: ScrapeConfig,
+    wake: Option<Arc<Notify>>,
     mut on_event: impl FnMut(ScrapeEvent) -> ControlFlow<()> + Send + 'static,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -130,7 +135,15 @@ pub fn spawn_scraper(
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut consecutive: u32 = 0;
         loop {
-            ticks.tick().await;
+            match &wake {
+                Some(wake) => tokio::select! {
+                    _ = ticks.tick() => {}
+                    () = wake.notified() => ticks.reset(),
+                },
+                None => {
+                    ticks.tick().await;
+                }
+            }
             if on_event(ScrapeEvent::Sending).is_break() {
                 return;
             }
@@ -240,7 +253,7 @@ mod tests {
         let seen = events.clone();
         let calls = Arc::new(AtomicU32::new(0));
         let counted = calls.clone();
-        let handle = spawn_scraper(reqwest::Client::new(), EngineKind::LlamaCpp, base, config, move |event| {
+        let handle = spawn_scraper(reqwest::Client::new(), EngineKind::LlamaCpp, base, config, None, move |event| {
             let outcome = match event {
                 ScrapeEvent::Sending => {
                     seen.lock().unwrap().push(SENDING);

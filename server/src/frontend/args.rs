@@ -159,6 +159,11 @@ pub struct Args {
     /// How `--engine` engines are scraped.
     #[command(flatten, next_help_heading = "Workers and engines")]
     pub scrape: ScrapeArgs,
+    /// Scrape an `--engine` engine again as soon as a request this frontend sent it ends (at
+    /// most one scrape at a time; the next periodic one comes an interval later): a slot it
+    /// freed is seen within one scrape instead of up to an interval later.
+    #[arg(help_heading = "Workers and engines", long, env = "LOADGATE_FRONTEND_ENGINE_SCRAPE_ON_END")]
+    pub engine_scrape_on_end: bool,
     /// A model to keep (repeatable): known before any worker serves it, never forgotten.
     #[arg(
         help_heading = "Workers and engines",

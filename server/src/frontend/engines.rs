@@ -30,6 +30,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use tokio::sync::Notify;
+
 use loadgate::engines::EngineSnapshot;
 use loadgate::monitor::Measuring;
 use loadgate::{LoadReport, WorkerId};
@@ -182,18 +184,32 @@ fn ranks(snapshot: &EngineSnapshot) -> u32 {
 }
 
 /// Starts one scraper per engine; each ends when the frontend is dropped
-/// (or when its handle is aborted).
+/// (or when its handle is aborted). With `on_end`, the end of a request an
+/// engine's worker was sent scrapes that engine at once
+/// (`InFlight::scrape_on_end`).
 pub(crate) fn spawn_scrapers(
     frontend: &Arc<Frontend>,
     engines: Vec<Engine>,
     config: ScrapeConfig,
+    on_end: bool,
 ) -> Vec<tokio::task::JoinHandle<()>> {
+    let wakes: Vec<Option<Arc<Notify>>> = engines.iter().map(|_| on_end.then(|| Arc::new(Notify::new()))).collect();
+    if on_end {
+        let ends = engines
+            .iter()
+            .zip(&wakes)
+            .flat_map(|(engine, wake)| engine.workers.iter().map(move |(worker, _)| (*worker, wake.clone())))
+            .filter_map(|(worker, wake)| Some((worker, wake?)))
+            .collect();
+        frontend.inflight.scrape_on_end(ends);
+    }
     engines
         .into_iter()
-        .map(|mut engine| {
+        .zip(wakes)
+        .map(|(mut engine, wake)| {
             let weak: Weak<Frontend> = Arc::downgrade(frontend);
             let (kind, base_url) = (engine.spec.kind, engine.spec.base_url.clone());
-            spawn_scraper(frontend.client.clone(), kind, base_url, config, move |event| {
+            spawn_scraper(frontend.client.clone(), kind, base_url, config, wake, move |event| {
                 let Some(frontend) = weak.upgrade() else { return ControlFlow::Break(()) };
                 match event {
                     ScrapeEvent::Sending => engine.sending(&frontend),

@@ -13,6 +13,7 @@
 //! non-streamed answer's first bytes are the whole answer, so its prompt
 //! counts as prefill until the answer is ready.
 
+use std::collections::HashMap;
 use std::fmt;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -21,6 +22,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use loadgate::{WorkerId, WorkerMonitor};
+use tokio::sync::Notify;
 
 use crate::directory::WorkerAddress;
 use crate::frontend::retry_hint::RetryHint;
@@ -45,6 +47,9 @@ pub struct InFlight {
     /// Where each change of the tracked load is noted for the other
     /// frontends (set once the NATS plane shares load).
     changes: OnceLock<Changes>,
+    /// With `--engine-scrape-on-end`: what to notify, per engine worker,
+    /// when a request sent to it ends (its engine's scraper).
+    ends: OnceLock<HashMap<WorkerId, Arc<Notify>>>,
 }
 
 /// How the router tracks its own load (`--router-mode kv`).
@@ -81,7 +86,14 @@ impl InFlight {
             tracked_prefill_tokens: AtomicU64::new(0),
             next_rank: AtomicUsize::new(0),
             changes: OnceLock::new(),
+            ends: OnceLock::new(),
         }
+    }
+
+    /// From now on, the end of a request sent to one of `ends`' workers
+    /// notifies its engine's scraper (a slot may have freed); once.
+    pub(crate) fn scrape_on_end(&self, ends: HashMap<WorkerId, Arc<Notify>>) {
+        let _ = self.ends.set(ends);
     }
 
     /// From now on, notes every change of the tracked load in `changes`
@@ -114,6 +126,7 @@ impl InFlight {
         let mut held = Held {
             ledger: self.clone(),
             worker,
+            engine: address.engine,
             // The tracked load belongs to this life of the worker: after a
             // restart, what this request gives back must not come off the
             // new one's load. (A worker not registered tracks nothing.)
@@ -153,6 +166,8 @@ impl InFlight {
 pub struct Held {
     ledger: Arc<InFlight>,
     worker: WorkerId,
+    /// Sent to an engine (`--engine`).
+    engine: bool,
     incarnation: u64,
     rank: u32,
     prompt_tokens: u64,
@@ -249,6 +264,13 @@ impl Drop for Held {
         self.sub(self.blocks, self.prefill_tokens);
         if self.answered {
             self.ledger.hint.finished(self.since.elapsed());
+        }
+        if self.engine {
+            if let Some(wake) = self.ledger.ends.get().and_then(|ends| ends.get(&self.worker)) {
+                // Its slot, if it had one, is free now: the engine's scraper
+                // looks at once (one stored permit however many end).
+                wake.notify_one();
+            }
         }
         // Relaxed: a gauge.
         self.ledger.requests.fetch_sub(1, Ordering::Relaxed);

@@ -395,7 +395,7 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
     };
     let checks = (args.worker_health_check_ms > 0).then(|| Duration::from_millis(args.worker_health_check_ms));
     health_check::spawn(&frontend, checks);
-    let scrapers = engines::spawn_scrapers(&frontend, engines, scrape);
+    let scrapers = engines::spawn_scrapers(&frontend, engines, scrape, args.engine_scrape_on_end);
     Ok(RunningFrontend {
         http,
         events: plane.local_addr(),

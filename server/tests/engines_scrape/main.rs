@@ -354,6 +354,51 @@ async fn a_llamacpp_engine_is_busy_at_0_85_exactly_when_no_slot_is_free() {
     assert_eq!(fe.complete(MODEL).await.0, 200);
 }
 
+/// `--engine-scrape-on-end`: the end of a request scrapes its engine at
+/// once, where the periodic scrape (every 10 minutes here) would not come
+/// within the test; without the flag, the same request brings no scrape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_end_of_a_request_scrapes_its_engine_with_scrape_on_end() {
+    let _box = common::shared().await;
+    for on_end in [true, false] {
+        let engine = FakeEngine::start(Kind::LlamaCpp, &[MODEL]);
+        let mut extra = vec!["--engine-scrape-interval-ms", "600000"];
+        if on_end {
+            extra.push("--engine-scrape-on-end");
+        }
+        let fe = frontend(&[engine.spec(None)], &extra, &[]);
+        // The start's scrape and the scraper's first: then none for 10 minutes.
+        let scraped = |n: usize| {
+            let engine = &engine;
+            async move {
+                let deadline = Instant::now() + SETTLE;
+                while engine.scrapes() < n {
+                    assert!(Instant::now() < deadline, "the engine was not scraped {n} times");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        };
+        scraped(2).await;
+        let mut before = engine.scrapes();
+        loop {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            if engine.scrapes() == before {
+                break;
+            }
+            before = engine.scrapes();
+        }
+        assert_eq!(fe.complete(MODEL).await.0, 200);
+        if on_end {
+            scraped(before + 1).await;
+        } else {
+            // A second is nothing to a 10-minute interval: a scrape now
+            // could only come from the request.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            assert_eq!(engine.scrapes(), before, "no scrape without the flag");
+        }
+    }
+}
+
 /// Completions and streamed chats go to the engine's same path with the
 /// body as sent (a non-streamed one streamed: llama.cpp) and no request
 /// proof (even with an event secret), and come back whole; while a request is in flight the router tracks its prompt

@@ -123,7 +123,7 @@ impl Sidecar {
                 .context("cannot start the event publisher")?;
         let reports = Arc::new(Mutex::new(reports));
         let fed = reports.clone();
-        let scraper = spawn_scraper(client.clone(), spec.kind, spec.base_url.clone(), scrape, move |event| {
+        let scraper = spawn_scraper(client.clone(), spec.kind, spec.base_url.clone(), scrape, None, move |event| {
             fed.lock().unwrap_or_else(|e| e.into_inner()).on_scrape(event);
             ControlFlow::Continue(())
         });
