@@ -48,6 +48,8 @@ impl EnginePool {
         })?;
         let mut frontend_args = frontend_args(&args.router_mode());
         frontend_args.extend(["--engine-scrape-interval-ms".to_owned(), args.scrape_interval_ms.to_string()]);
+        // A slot a request frees is seen within one scrape, not up to an interval later.
+        frontend_args.push("--engine-scrape-on-end".to_owned());
         for server in &servers {
             frontend_args.extend(["--engine".to_owned(), format!("llamacpp={},model={LLAMA_MODEL}", server.url)]);
         }

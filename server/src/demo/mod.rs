@@ -132,7 +132,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let install = LlamaInstall::locate()?;
             let pool = format!("1 frontend + {SERVERS} llama-servers ({SLOTS} slots of 512 tokens, 1 thread each)");
             println!(
-                "loadgate demo --engines llamacpp: {pool} ({}), scraped every {} ms, prompts {} words + outputs {} \
+                "loadgate demo --engines llamacpp: {pool} ({}), scraped every {} ms and at each request's end, prompts {} words + outputs {} \
                  tokens, streaming; objective: TTFT <= {objective} ms",
                 install.model.display(),
                 args.scrape_interval_ms,
