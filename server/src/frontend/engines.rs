@@ -193,13 +193,12 @@ pub(crate) fn spawn_scrapers(
     config: ScrapeConfig,
     on_end: bool,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    let wakes: Vec<Option<Arc<Notify>>> = engines.iter().map(|_| on_end.then(|| Arc::new(Notify::new()))).collect();
+    let wakes: Vec<Arc<Notify>> = engines.iter().map(|_| Arc::new(Notify::new())).collect();
     if on_end {
         let ends = engines
             .iter()
             .zip(&wakes)
             .flat_map(|(engine, wake)| engine.workers.iter().map(move |(worker, _)| (*worker, wake.clone())))
-            .filter_map(|(worker, wake)| Some((worker, wake?)))
             .collect();
         frontend.inflight.scrape_on_end(ends);
     }
@@ -209,7 +208,7 @@ pub(crate) fn spawn_scrapers(
         .map(|(mut engine, wake)| {
             let weak: Weak<Frontend> = Arc::downgrade(frontend);
             let (kind, base_url) = (engine.spec.kind, engine.spec.base_url.clone());
-            spawn_scraper(frontend.client.clone(), kind, base_url, config, wake, move |event| {
+            spawn_scraper(frontend.client.clone(), kind, base_url, config, on_end.then_some(wake), move |event| {
                 let Some(frontend) = weak.upgrade() else { return ControlFlow::Break(()) };
                 match event {
                     ScrapeEvent::Sending => engine.sending(&frontend),
