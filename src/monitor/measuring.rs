@@ -5,6 +5,7 @@
 use crate::load::{LoadReport, WorkerId};
 use crate::monitor::error::ApplyError;
 use crate::monitor::{Applied, WorkerMonitor};
+use crate::waiting::Measured;
 
 /// Taken before a worker's load is measured
 /// ([`WorkerMonitor::measuring`]), handed back with the measured report
@@ -17,13 +18,18 @@ use crate::monitor::{Applied, WorkerMonitor};
 /// show it, and would let the line give the worker a second waiter although
 /// the first took its last free slot. With `Measuring` taken before the
 /// scrape is sent, such a report frees the worker only from the dispatches
-/// made before.
+/// made before. (A request dispatched just before the scrape may still be on
+/// its way to the engine, or not yet running there, when the scrape is
+/// answered: a threshold on the router's tracked prefill,
+/// `active_prefill_tokens_threshold`, keeps the worker busy until its first
+/// token.) A measurement the worker's model was replaced after frees nothing
+/// in the new model's line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Measuring(u64);
+pub struct Measuring(Measured);
 
 impl Measuring {
-    /// The line's dispatch count it stands for.
-    pub(crate) fn seen(self) -> u64 {
+    /// The line and its dispatch count it stands for.
+    pub(crate) fn measured(self) -> Measured {
         self.0
     }
 }
@@ -34,7 +40,7 @@ impl WorkerMonitor {
     /// [`apply_measured`](Self::apply_measured). `None` for an unknown
     /// worker.
     pub fn measuring(&self, worker: WorkerId) -> Option<Measuring> {
-        self.registry.with_worker(worker, |rec| Measuring(rec.model.line.dispatches()))
+        self.registry.with_worker(worker, |rec| Measuring(rec.model.line.measured()))
     }
 
     /// [`apply`](Self::apply) for a report measured since `measuring`: the

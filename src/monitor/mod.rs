@@ -482,7 +482,9 @@ impl WorkerMonitor {
                     // measurement began earlier (`Measuring`) counts from
                     // then: a dispatch made meanwhile stays marked too.
                     let begun = match publisher {
-                        Publisher::Worker => rec.model.line.report_begins(worker, seq, measured.map(Measuring::seen)),
+                        Publisher::Worker => {
+                            rec.model.line.report_begins(worker, seq, measured.map(Measuring::measured))
+                        }
                         _ => Begun::Nothing,
                     };
                     let applied = self.changed(&rec.entry, &rec.model, now);

@@ -241,8 +241,22 @@ pub(crate) enum Begun {
     Declined,
 }
 
+/// Numbers the lines of this process, so that a measurement names the line
+/// it was taken on ([`Measured`]).
+static LINES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Where a line stood when a report's measurement began
+/// ([`Line::measured`]): which line, and its dispatches then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Measured {
+    line: u64,
+    dispatches: u64,
+}
+
 /// A model's waiting line (in the model's state, beside its view).
 pub(crate) struct Line {
+    /// This line's number ([`LINES`]).
+    id: u64,
     /// Waiters in the line: read by every request of a line-using router
     /// (nobody waiting: route at once) and, with an RMW, by every
     /// publication (see the module docs).
@@ -268,6 +282,8 @@ pub(crate) struct Line {
 impl Line {
     pub(crate) fn new(limits: LineLimits) -> Self {
         Line {
+            // Relaxed (a std atomic, not modelled by loom): only unique numbers.
+            id: LINES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             waiting: CachePadded::new(AtomicUsize::new(0)),
             limits,
             spent_hint: AtomicU64::new(0),
@@ -351,11 +367,13 @@ impl Line {
     /// marked as if dispatched to until its next report, before the
     /// publication can wake anyone for it ([`Begun::Declined`]).
     ///
-    /// `measured`: the line's dispatches when the report's measurement
-    /// began ([`Line::dispatches`]), if earlier than now: a dispatch made
-    /// since keeps its mark, as one made after the report would.
+    /// `measured`: where the line stood when the report's measurement began
+    /// ([`Line::measured`]), if earlier than now: a dispatch made since
+    /// keeps its mark, as one made after the report would. Taken on another
+    /// line (the worker's model was replaced meanwhile), it shows none of
+    /// this line's dispatches.
     #[inline]
-    pub(crate) fn report_begins(&self, worker: WorkerId, seq: u64, measured: Option<u64>) -> Begun {
+    pub(crate) fn report_begins(&self, worker: WorkerId, seq: u64, measured: Option<Measured>) -> Begun {
         if !self.is_waiting() {
             return Begun::Nothing;
         }
@@ -376,13 +394,26 @@ impl Line {
         // Every dispatch this report's publication causes comes after,
         // with a number at least this.
         let now = self.dispatches();
-        Begun::Seen(measured.map_or(now, |measured| measured.min(now)))
+        Begun::Seen(match measured {
+            None => now,
+            Some(measured) if measured.line == self.id => measured.dispatches.min(now),
+            Some(_) => 0,
+        })
     }
 
-    /// The line's dispatches so far: a report that began measuring at this
-    /// count reflects those numbered below it and no later one.
+    /// Where the line stands now, for a report whose measurement begins:
+    /// that report can show the dispatches numbered below this count and
+    /// no later one. (Not every one below it: a request dispatched just
+    /// before may still be on its way to the worker, or not yet running
+    /// there; the router's tracked prefill covers that.)
     #[inline]
-    pub(crate) fn dispatches(&self) -> u64 {
+    pub(crate) fn measured(&self) -> Measured {
+        Measured { line: self.id, dispatches: self.dispatches() }
+    }
+
+    /// The line's dispatches so far.
+    #[inline]
+    fn dispatches(&self) -> u64 {
         // Acquire: pairs with the Release in `sync_hint` (the dispatch
         // counted here happened before).
         self.dispatches.load(Ordering::Acquire)

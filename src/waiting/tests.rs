@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
+use crate::monitor::Applied;
 use crate::{
     BusyThresholds, LineLimits, LoadReport, MonitorConfig, Policy, RankLoad, Ticket, WaitError, WorkerMonitor,
 };
@@ -150,14 +151,52 @@ fn a_report_measured_before_a_dispatch_does_not_free_the_worker_for_another_wait
     assert_eq!(poll(&mut waiters[0], &wakes[0]), Poll::Ready(Ok(1)));
     let free = RankLoad { active_decode_blocks: 10, kv_total_blocks: 100, ..Default::default() };
     let report = |seq| LoadReport { worker: 1, seq, load: free, ..Default::default() };
-    pool.monitor.apply_measured(&report(100), before).unwrap();
+    assert_eq!(pool.monitor.apply_measured(&report(100), before), Ok(Applied::Stored));
     assert_eq!(wakes[1].0.load(Ordering::SeqCst), 0, "measured before the dispatch: still spent");
     assert_eq!(poll(&mut waiters[1], &wakes[1]), Poll::Pending);
     let after = pool.monitor.measuring(1).expect("registered");
-    pool.monitor.apply_measured(&report(101), after).unwrap();
+    assert_eq!(pool.monitor.apply_measured(&report(101), after), Ok(Applied::Stored));
     assert_eq!(wakes[1].0.load(Ordering::SeqCst), 1, "measured after it: free for the next");
     assert_eq!(poll(&mut waiters[1], &wakes[1]), Poll::Ready(Ok(1)));
     assert!(pool.monitor.measuring(99).is_none(), "an unknown worker");
+}
+
+/// A measurement taken on the line of the worker's previous model (it
+/// restarted under another one since) frees nothing in its new model's
+/// line, however many dispatches the old line had made.
+#[test]
+fn a_measurement_from_the_line_of_another_model_frees_nothing() {
+    let pool = Pool::new(1, LineLimits::default());
+    pool.report(1, true);
+    let mut old: Vec<Waiting> = (0..3).map(|_| wait(&pool, &Timer::default())).collect();
+    for w in &mut old {
+        assert_eq!(poll(w, &Arc::default()), Poll::Pending);
+    }
+    for w in &mut old {
+        pool.report(1, false);
+        assert_eq!(poll(w, &Arc::default()), Poll::Ready(Ok(1)));
+    }
+    let on_m = pool.monitor.measuring(1).expect("registered");
+    // A restart under model "n": a new incarnation, a new line.
+    pool.monitor.register(1, "n", 1, 1).unwrap();
+    let load = |blocks| RankLoad { active_decode_blocks: blocks, kv_total_blocks: 100, ..Default::default() };
+    let report = |seq, blocks| LoadReport { worker: 1, incarnation: 1, seq, load: load(blocks), ..Default::default() };
+    pool.monitor.apply(&report(1, 90)).unwrap();
+    let ticket = || Ticket::new(10, Instant::now() + Duration::from_secs(60));
+    let wakes: Vec<Arc<Count>> = (0..2).map(|_| Arc::default()).collect();
+    let mut waiters: Vec<Waiting> =
+        (0..2).map(|_| Box::pin(pool.router.wait("n", &[], ticket(), Timer::default()))).collect();
+    for (w, c) in waiters.iter_mut().zip(&wakes) {
+        assert_eq!(poll(w, c), Poll::Pending);
+    }
+    pool.monitor.apply(&report(2, 10)).unwrap();
+    assert_eq!(poll(&mut waiters[0], &wakes[0]), Poll::Ready(Ok(1)), "dispatch #0 of line n");
+    // Line m had made 3 dispatches: as a count on line n it would pass #0.
+    assert_eq!(pool.monitor.apply_measured(&report(3, 10), on_m), Ok(Applied::Stored));
+    assert_eq!(wakes[1].0.load(Ordering::SeqCst), 0, "a measurement of line m frees nothing in n");
+    let on_n = pool.monitor.measuring(1).expect("registered");
+    assert_eq!(pool.monitor.apply_measured(&report(4, 10), on_n), Ok(Applied::Stored));
+    assert_eq!(poll(&mut waiters[1], &wakes[1]), Poll::Ready(Ok(1)));
 }
 
 #[test]
