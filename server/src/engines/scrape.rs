@@ -18,6 +18,10 @@ use crate::engines::fetch::get_text;
 /// exposition takes long enough to hold up the runtime thread).
 const INLINE_MAP_LIMIT: usize = 1 << 20;
 
+/// The least time between a scrape and one a notification asks for ([`spawn_scraper`]):
+/// at most 100 such scrapes a second, however fast requests end.
+pub const WAKE_SPACING: Duration = Duration::from_millis(10);
+
 /// How often, how patiently and how forgivingly engines are scraped.
 #[derive(Clone, Debug, clap::Args)]
 pub struct ScrapeArgs {
@@ -120,7 +124,8 @@ pub async fn scrape_once(
 
 /// Scrapes every `interval` (missed ticks delayed, never two at once) and hands each result
 /// to `on_event` until it returns `ControlFlow::Break(())` or the task is aborted. With
-/// `wake`, a notification scrapes at once (after the scrape in flight, if any; notifications
+/// `wake`, a notification scrapes at once (after the scrape in flight, if any, and at least
+/// [`WAKE_SPACING`] or the interval, the shorter, after the last scrape was sent; notifications
 /// meanwhile make one scrape) and the next periodic one comes an interval after it.
 pub fn spawn_scraper(
     client: reqwest::Client,
@@ -134,11 +139,16 @@ pub fn spawn_scraper(
         let mut ticks = tokio::time::interval(config.interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut consecutive: u32 = 0;
+        let mut sent = tokio::time::Instant::now();
         loop {
             match &wake {
                 Some(wake) => tokio::select! {
                     _ = ticks.tick() => {}
-                    () = wake.notified() => ticks.reset(),
+                    () = wake.notified() => {
+                        // Requests that end faster than scrapes answer do not scrape back to back.
+                        tokio::time::sleep_until(sent + config.interval.min(WAKE_SPACING)).await;
+                        ticks.reset();
+                    }
                 },
                 None => {
                     ticks.tick().await;
@@ -147,6 +157,7 @@ pub fn spawn_scraper(
             if on_event(ScrapeEvent::Sending).is_break() {
                 return;
             }
+            sent = tokio::time::Instant::now();
             let event = match scrape_once(&client, kind, &base_url, config.timeout).await {
                 Ok(snapshot) => {
                     consecutive = 0;

@@ -159,9 +159,9 @@ pub struct Args {
     /// How `--engine` engines are scraped.
     #[command(flatten, next_help_heading = "Workers and engines")]
     pub scrape: ScrapeArgs,
-    /// Scrape an `--engine` engine again as soon as a request this frontend sent it ends (at
-    /// most one scrape at a time; the next periodic one comes an interval later): a slot it
-    /// freed is seen within one scrape instead of up to an interval later.
+    /// Scrape an `--engine` engine again as soon as a request this frontend sent it ends (one
+    /// scrape at a time, at most one per 10 ms; the next periodic one comes an interval
+    /// later): a slot it freed is usually seen within one scrape, not up to an interval later.
     #[arg(help_heading = "Workers and engines", long, env = "LOADGATE_FRONTEND_ENGINE_SCRAPE_ON_END")]
     pub engine_scrape_on_end: bool,
     /// A model to keep (repeatable): known before any worker serves it, never forgotten.

@@ -267,8 +267,9 @@ impl Drop for Held {
         }
         if self.engine {
             if let Some(wake) = self.ledger.ends.get().and_then(|ends| ends.get(&self.worker)) {
-                // Its slot, if it had one, is free now: the engine's scraper
-                // looks at once (one stored permit however many end).
+                // Its slot, if it had one, is usually free now (a client that
+                // left is seen at the engine's next write): the engine's
+                // scraper looks at once (one stored permit however many end).
                 wake.notify_one();
             }
         }
