@@ -17,6 +17,20 @@ pub(crate) const SERVERS: usize = 2;
 /// retries an engine's first scrape for up to 60 s itself).
 const REGISTRATION_WAIT: Duration = Duration::from_secs(70);
 
+/// The frontend flags of the shedding modes: a server is busy when none of
+/// its slots is free (`args.threshold` of its slots in use), when requests
+/// wait for a slot, or while a request sent to it awaits its first token.
+pub(crate) fn shedding_flags(args: &Args) -> [String; 6] {
+    [
+        "--active-decode-blocks-threshold".to_owned(),
+        args.threshold.to_string(),
+        "--active-waiting-requests-threshold".to_owned(),
+        args.waiting_threshold.to_string(),
+        "--active-prefill-tokens-threshold".to_owned(),
+        args.prefill_threshold.to_string(),
+    ]
+}
+
 /// A frontend and its engines, stopped when dropped (the frontend first).
 #[derive(Debug)]
 pub(crate) struct EnginePool {
@@ -28,11 +42,8 @@ pub(crate) struct EnginePool {
 
 impl EnginePool {
     /// Starts [`SERVERS`] servers (at once) and a frontend in front of
-    /// them in `mode`: unless [`Mode::Off`], the frontend sheds at
-    /// `--active-decode-blocks-threshold args.threshold` (the share of a
-    /// server's slots in use), `--active-waiting-requests-threshold
-    /// args.waiting_threshold` and `--active-prefill-tokens-threshold
-    /// args.prefill_threshold`.
+    /// them in `mode`: unless [`Mode::Off`], the frontend sheds with
+    /// [`shedding_flags`].
     ///
     /// # Errors
     ///
@@ -54,14 +65,7 @@ impl EnginePool {
             frontend_args.extend(["--engine".to_owned(), format!("llamacpp={},model={LLAMA_MODEL}", server.url)]);
         }
         if mode.sheds() {
-            frontend_args.extend([
-                "--active-decode-blocks-threshold".to_owned(),
-                args.threshold.to_string(),
-                "--active-waiting-requests-threshold".to_owned(),
-                args.waiting_threshold.to_string(),
-                "--active-prefill-tokens-threshold".to_owned(),
-                args.prefill_threshold.to_string(),
-            ]);
+            frontend_args.extend(shedding_flags(args));
         }
         frontend_args.extend(mode.line_flags(args));
         let (frontend, line) = spawn_loadgate(&frontend_args, &random_secret()?)?;

@@ -63,7 +63,7 @@ use anyhow::Context as _;
 pub use self::args::{Args, Engines};
 use self::args::{LEVELS, LLAMA_MODEL, MODEL};
 use self::classes::class_table;
-use self::engine_pool::{EnginePool, SERVERS};
+use self::engine_pool::{shedding_flags, EnginePool, SERVERS};
 use self::install::LlamaInstall;
 use self::llama_server::SLOTS;
 use self::modes::{line_timeout_ms, Mode, MIN_LINE_TIMEOUT_MS};
@@ -147,11 +147,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     warmup: Duration::from_secs(3),
                     measure: Duration::from_secs(8),
                 },
-                shedding: format!(
-                    "--active-decode-blocks-threshold {} --active-waiting-requests-threshold {} \
-                     --active-prefill-tokens-threshold {}",
-                    args.threshold, args.waiting_threshold, args.prefill_threshold
-                ),
+                shedding: shedding_flags(&args).join(" "),
                 pool,
             };
             let results = compare(&args, &runtime, &setup, |mode| {
