@@ -62,6 +62,23 @@ pub(crate) struct Shared {
     pub(crate) failed_scrapes: AtomicUsize,
     pub(crate) model_lists: AtomicUsize,
     received: Mutex<Vec<Received>>,
+    /// The next `/slots` answer waits for the test ([`FakeEngine::hold_next_slots`]).
+    slots_hold: Mutex<Option<SlotsHold>>,
+}
+
+/// A `/slots` answer the test holds: the fake says when it arrived, and
+/// answers with the count of processing slots the test releases it with.
+struct SlotsHold {
+    arrived: tokio::sync::oneshot::Sender<()>,
+    release: tokio::sync::oneshot::Receiver<u32>,
+}
+
+/// The test's side of a held `/slots` answer.
+pub(crate) struct HeldSlots {
+    /// Resolves when the scrape's `/slots` request has arrived.
+    pub(crate) arrived: tokio::sync::oneshot::Receiver<()>,
+    /// Sends the count of processing slots to answer with.
+    pub(crate) release: tokio::sync::oneshot::Sender<u32>,
 }
 
 /// A fake engine serving on its own thread; stops on drop.
@@ -126,6 +143,16 @@ impl FakeEngine {
         change(&mut self.shared.load.lock().unwrap());
     }
 
+    /// Holds the next `/slots` request until the test releases it, then
+    /// answers it with the count of processing slots given (whatever
+    /// [`Load::running`] says by then).
+    pub(crate) fn hold_next_slots(&self) -> HeldSlots {
+        let (arrived, arrived_rx) = tokio::sync::oneshot::channel();
+        let (release_tx, release) = tokio::sync::oneshot::channel();
+        *self.shared.slots_hold.lock().unwrap() = Some(SlotsHold { arrived, release });
+        HeldSlots { arrived: arrived_rx, release: release_tx }
+    }
+
     pub(crate) fn received(&self) -> Vec<Received> {
         self.shared.received.lock().unwrap().clone()
     }
@@ -145,6 +172,15 @@ impl FakeEngine {
         let deadline = Instant::now() + SETTLE;
         while self.scrapes() < target {
             assert!(Instant::now() < deadline, "the engine was not scraped {n} more times");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Waits until the engine has received `n` requests in all.
+    pub(crate) async fn wait_received(&self, n: usize) {
+        let deadline = Instant::now() + SETTLE;
+        while self.received().len() < n {
+            assert!(Instant::now() < deadline, "the engine did not receive {n} requests");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
@@ -229,12 +265,23 @@ fn vllm_metrics(ranks: &[(u32, f64)]) -> String {
     text
 }
 
-/// Four slots of 512 tokens; the first `running` are processing.
+/// Four slots of 512 tokens; the first `running` are processing (or as
+/// many as a held answer is released with).
 async fn slots(State(Fake { shared, .. }): FakeState) -> Response {
+    let hold = shared.slots_hold.lock().unwrap().take();
+    let released = match hold {
+        Some(SlotsHold { arrived, release }) => {
+            let _ = arrived.send(());
+            // A test that drops its side answers with the current load.
+            release.await.ok()
+        }
+        None => None,
+    };
     let load = shared.load.lock().unwrap();
+    let running = released.unwrap_or(load.running);
     let slots: Vec<Value> = (0..4)
         .map(|id| {
-            if id < load.running {
+            if id < running {
                 json!({"id": id, "n_ctx": 512, "is_processing": true, "n_prompt_tokens": load.slot_tokens})
             } else {
                 json!({"id": id, "n_ctx": 512, "is_processing": false})

@@ -29,6 +29,8 @@ const SETTLE: Duration = Duration::from_secs(15);
 struct Frontend {
     proc: Proc,
     http: String,
+    /// `http://` and the admin listener's address.
+    admin: String,
     client: reqwest::Client,
 }
 
@@ -41,7 +43,12 @@ fn frontend(engines: &[String], extra: &[&str], env: &[(&str, &str)]) -> Fronten
     }
     args.extend_from_slice(extra);
     let (proc, line) = common::spawn_within("frontend", &args, env, STARTUP);
-    Frontend { proc, http: format!("http://{}", expect_field(&line, "http")), client: common::client() }
+    Frontend {
+        proc,
+        http: format!("http://{}", expect_field(&line, "http")),
+        admin: format!("http://{}", expect_field(&line, "admin")),
+        client: common::client(),
+    }
 }
 
 /// The sum of every sample of `name` whose line contains each of `filters`.
@@ -82,6 +89,12 @@ impl Frontend {
             assert!(Instant::now() < deadline, "timed out waiting for {what}; metrics:\n{text}");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    /// `POST /busy_threshold` with `body`: its status.
+    async fn set_thresholds(&self, body: Value) -> u16 {
+        let response = self.client.post(format!("{}/busy_threshold", self.admin)).json(&body).send().await.unwrap();
+        response.status().as_u16()
     }
 
     async fn health(&self) -> Value {
@@ -397,6 +410,75 @@ async fn the_end_of_a_request_scrapes_its_engine_with_scrape_on_end() {
             assert_eq!(engine.scrapes(), before, "no scrape without the flag");
         }
     }
+}
+
+/// A scrape counts for the waiting line from when it was sent: one sent
+/// before the line dispatched a request to its engine, and answered after
+/// with a free slot, does not free that engine for a second waiter (its
+/// answer cannot show the request just sent). The dispatch comes from
+/// something other than a scrape: the threshold cleared and set again
+/// through the admin API while the scrape's `/slots` is held. A scrape sent
+/// after the dispatch does free it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scrape_sent_before_a_dispatch_does_not_free_the_engine_for_another_waiter() {
+    let _box = common::shared().await;
+    let engine = FakeEngine::start(Kind::LlamaCpp, &[MODEL]);
+    engine.set(|l| (l.running, l.slot_tokens) = (4, 1));
+    let fe = frontend(
+        &[engine.spec(None)],
+        &[
+            "--engine-scrape-interval-ms",
+            "20",
+            "--engine-scrape-timeout-ms",
+            "30000",
+            "--active-decode-blocks-threshold",
+            "0.85",
+            "--router-queue-timeout-ms",
+            "30000",
+        ],
+        &[],
+    );
+    let busy = |m: &str| sum_metric(m, "loadgate_frontend_worker_busy", &[]);
+    let waiting = |m: &str| sum_metric(m, "loadgate_frontend_queue_waiting", &[]);
+    fe.wait_metrics("no slot free: busy", |m| busy(m) == 1.0).await;
+    let send = || {
+        let (client, url) = (fe.client.clone(), format!("{}/v1/completions", fe.http));
+        tokio::spawn(async move {
+            let body = json!({"model": MODEL, "prompt": "one two", "max_tokens": 4});
+            client.post(url).json(&body).send().await.unwrap().status().as_u16()
+        })
+    };
+    let (first, second) = (send(), send());
+    fe.wait_metrics("two waiting", |m| waiting(m) == 2.0).await;
+
+    // A scrape in flight: sent while nothing was dispatched.
+    let held = engine.hold_next_slots();
+    tokio::time::timeout(SETTLE, held.arrived).await.expect("a scrape arrives").unwrap();
+    // Cleared: the engine is free, the line dispatches one waiter to it
+    // (and only one: the engine has not reported since). Set again: busy
+    // by its last report.
+    assert_eq!(fe.set_thresholds(json!({"model": MODEL, "active_decode_blocks_threshold": null})).await, 200);
+    fe.wait_metrics("one dispatched", |m| waiting(m) == 1.0).await;
+    assert_eq!(fe.set_thresholds(json!({"model": MODEL, "active_decode_blocks_threshold": 0.85})).await, 200);
+    fe.wait_metrics("busy again", |m| busy(m) == 1.0).await;
+    engine.wait_received(1).await;
+
+    // The held scrape answers a slot free; then every scrape shows none.
+    held.release.send(3).unwrap();
+    engine.wait_scrapes(3).await;
+    let text = fe.metrics().await;
+    assert_eq!(
+        waiting(&text),
+        1.0,
+        "the scrape sent before the dispatch freed the engine for the second waiter\n{text}"
+    );
+    assert_eq!(engine.received().len(), 1);
+
+    // A scrape sent after the dispatch that shows a free slot serves it.
+    engine.set(|l| l.running = 3);
+    assert_eq!(tokio::time::timeout(SETTLE, second).await.expect("served").unwrap(), 200);
+    assert_eq!(tokio::time::timeout(SETTLE, first).await.expect("served").unwrap(), 200);
+    assert_eq!(engine.received().len(), 2);
 }
 
 /// Completions and streamed chats go to the engine's same path with the
