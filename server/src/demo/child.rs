@@ -1,18 +1,36 @@
-//! The demo's child processes: a [`Process`] killed when dropped, and
+//! The demo's child processes: a [`Process`] killed when dropped, or when
+//! the demo is stopped by a signal ([`stop_children_on_signals`]), and
 //! `loadgate <role>` children of this same binary that announce themselves
 //! with a `listening ...` line. They share a random event secret (handed over
 //! in `LOADGATE_EVENT_SECRET`, never on a command line), so the demo runs
 //! with an authenticated event plane.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{mpsc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use rustix::process::{kill_process, Pid, Signal};
+use tokio::signal::unix::{signal, SignalKind};
 
 /// How long a `loadgate` child may take to print its `listening ...` line.
 const STARTUP: Duration = Duration::from_secs(30);
+
+/// The children not yet reaped, by pid (a pid here cannot have been
+/// reused), and whether the demo is stopping on a signal.
+#[derive(Debug)]
+struct Live {
+    pids: Vec<u32>,
+    stopping: bool,
+}
+
+static LIVE: Mutex<Live> = Mutex::new(Live { pids: Vec::new(), stopping: false });
+
+fn live() -> MutexGuard<'static, Live> {
+    // A panic elsewhere while holding it leaves the list as it was.
+    LIVE.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// A child process, killed (and reaped) when dropped.
 #[derive(Debug)]
@@ -21,21 +39,92 @@ pub(crate) struct Process {
 }
 
 impl Process {
-    /// Takes ownership of `child`: it dies with this value.
-    pub(crate) fn new(child: Child) -> Self {
+    /// Takes ownership of `child`: it dies with this value, or with the
+    /// demo on a signal (at once if one already came).
+    pub(crate) fn new(mut child: Child) -> Self {
+        let mut live = live();
+        if live.stopping {
+            let _ = child.kill();
+        } else {
+            live.pids.push(child.id());
+        }
         Process { child }
     }
 
     /// `Some(status)` once the child has exited.
-    pub(crate) fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.try_wait().ok().flatten()
+    pub(crate) fn exited(&mut self) -> Option<ExitStatus> {
+        // Reaped and forgotten under the lock: the signal thread never
+        // kills a pid that was reaped (and could be another process's).
+        let mut live = live();
+        let status = self.child.try_wait().ok().flatten();
+        if status.is_some() {
+            live.pids.retain(|&pid| pid != self.child.id());
+        }
+        status
     }
 }
 
 impl Drop for Process {
     fn drop(&mut self) {
+        let mut live = live();
         let _ = self.child.kill();
         let _ = self.child.wait();
+        live.pids.retain(|&pid| pid != self.child.id());
+    }
+}
+
+/// From now on, SIGINT, SIGTERM or SIGHUP kill every child (and any child
+/// started after) and exit with 128 + the signal's number: a demo stopped
+/// from outside (`kill`, `timeout`, a closed terminal, a cancelled CI job)
+/// leaves no llama-server, nats-server or `loadgate` child running. SIGKILL
+/// cannot be caught: its children outlive it.
+///
+/// # Errors
+///
+/// The signal handlers could not be installed.
+pub(crate) fn stop_children_on_signals() -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    // Installed before this returns: a signal from now on is handled.
+    let kinds = [
+        (SignalKind::interrupt(), Signal::INT),
+        (SignalKind::terminate(), Signal::TERM),
+        (SignalKind::hangup(), Signal::HUP),
+    ];
+    let mut signals = {
+        let _context = runtime.enter();
+        kinds
+            .into_iter()
+            .map(|(kind, number)| Ok((signal(kind)?, number.as_raw())))
+            .collect::<std::io::Result<Vec<_>>>()
+            .context("cannot install the demo's signal handlers")?
+    };
+    std::thread::Builder::new().name("demo-signals".to_owned()).spawn(move || {
+        let number = runtime.block_on(async move {
+            let waits = signals.iter_mut().map(|(signal, number)| {
+                let number = *number;
+                Box::pin(async move {
+                    signal.recv().await;
+                    number
+                })
+            });
+            futures_util::future::select_all(waits).await.0
+        });
+        kill_children();
+        eprintln!("loadgate demo: stopped by signal {number}; its child processes were killed");
+        std::process::exit(128 + number);
+    })?;
+    Ok(())
+}
+
+/// Kills every live child, and any started from now on.
+fn kill_children() {
+    let mut live = live();
+    live.stopping = true;
+    for pid in live.pids.drain(..) {
+        // A pid still listed is a child not yet reaped: it is ours.
+        if let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw) {
+            let _ = kill_process(pid, Signal::KILL);
+        }
     }
 }
 
