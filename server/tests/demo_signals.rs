@@ -1,10 +1,13 @@
 //! `loadgate demo` stopped from outside: SIGTERM, SIGINT or SIGHUP to the
 //! demo alone (not its process group, as `kill` or `timeout` send it) kills
-//! its frontend and workers too, and it exits with 128 + the signal. Real
-//! processes; every wait is bounded, and a failing test kills what it
-//! started.
+//! its frontend and workers too, and then the demo dies of that signal. A
+//! signal the demo was started ignoring (`nohup`) stays ignored. Real
+//! processes, started through `env --default-signal` or `--ignore-signal`
+//! (GNU coreutils) so that what the test runner ignores does not count;
+//! every wait is bounded, and a failing test kills what it started.
 
 use std::fs;
+use std::os::unix::process::ExitStatusExt as _;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -47,68 +50,96 @@ fn signal(pid: u32, signal: Signal) {
     let _ = kill_process(pid, signal);
 }
 
-/// Kills the demo and the children it had, if the test did not see them stop.
-struct Cleanup {
-    demo: Child,
+/// A demo that its test stops; on drop, what is still running of it is
+/// killed: the demo stopped first, so the children read then are all.
+struct Demo {
+    child: Child,
+    plot: std::path::PathBuf,
+    /// Its children once all had started.
     children: Vec<u32>,
 }
 
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let _ = self.demo.kill();
-        let _ = self.demo.wait();
-        for pid in &self.children {
-            if !stopped(*pid) {
-                signal(*pid, Signal::KILL);
+impl Demo {
+    /// `loadgate demo`, with the signals' actions `env_flag` sets, once the
+    /// capacity run's pool (a frontend and 4 workers) runs.
+    fn start(env_flag: &str) -> Demo {
+        let plot = std::env::temp_dir().join(format!("loadgate-demo-signals-{}-{env_flag}.svg", std::process::id()));
+        let child = Command::new("env")
+            .args([env_flag, env!("CARGO_BIN_EXE_loadgate"), "demo", "--plot"])
+            .arg(&plot)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the demo through env (GNU coreutils)");
+        let mut demo = Demo { child, plot, children: Vec::new() };
+        let deadline = Instant::now() + CHILDREN_WAIT;
+        while demo.children.len() < 5 {
+            assert!(Instant::now() < deadline, "the demo started {:?} within {CHILDREN_WAIT:?}", demo.children);
+            std::thread::sleep(Duration::from_millis(50));
+            demo.children = children(demo.child.id());
+        }
+        demo
+    }
+
+    /// Sends `sent`; the demo dies of it, and its children stop, within [`STOP_WAIT`].
+    fn stops_on(&mut self, sent: Signal) {
+        signal(self.child.id(), sent);
+        let deadline = Instant::now() + STOP_WAIT;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
             }
+            assert!(Instant::now() < deadline, "the demo still ran {STOP_WAIT:?} after {sent:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(status.signal(), Some(sent.as_raw()), "{status}");
+        while let Some(pid) = self.children.iter().find(|pid| !stopped(**pid)) {
+            assert!(Instant::now() < deadline, "child {pid} still ran {STOP_WAIT:?} after {sent:?}");
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 }
 
-fn stops_children_on(sent: Signal) {
-    let plot = std::env::temp_dir().join(format!("loadgate-demo-signals-{}.svg", std::process::id()));
-    let demo = Command::new(env!("CARGO_BIN_EXE_loadgate"))
-        .args(["demo", "--plot"])
-        .arg(&plot)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the demo");
-    let pid = demo.id();
-    let mut cleanup = Cleanup { demo, children: Vec::new() };
-
-    // The capacity run's pool: a frontend and 4 workers.
-    let deadline = Instant::now() + CHILDREN_WAIT;
-    while cleanup.children.len() < 5 {
-        assert!(Instant::now() < deadline, "the demo started {:?} within {CHILDREN_WAIT:?}", cleanup.children);
-        std::thread::sleep(Duration::from_millis(50));
-        cleanup.children = children(pid);
-    }
-
-    signal(pid, sent);
-    let deadline = Instant::now() + STOP_WAIT;
-    let status = loop {
-        if let Some(status) = cleanup.demo.try_wait().unwrap() {
-            break status;
+impl Drop for Demo {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            // Stopped, it starts no more children; then every child is listed.
+            signal(self.child.id(), Signal::STOP);
+            self.children = children(self.child.id());
+            for pid in &self.children {
+                signal(*pid, Signal::KILL);
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
         }
-        assert!(Instant::now() < deadline, "the demo still ran {STOP_WAIT:?} after {sent:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert_eq!(status.code(), Some(128 + sent.as_raw()), "{status}");
-    while let Some(pid) = cleanup.children.iter().find(|pid| !stopped(**pid)) {
-        assert!(Instant::now() < deadline, "child {pid} still ran {STOP_WAIT:?} after {sent:?}");
-        std::thread::sleep(Duration::from_millis(20));
+        let _ = fs::remove_file(&self.plot);
     }
-    let _ = fs::remove_file(plot);
 }
 
 #[test]
 fn sigterm_stops_the_demo_and_its_children() {
-    stops_children_on(Signal::TERM);
+    Demo::start("--default-signal=TERM").stops_on(Signal::TERM);
 }
 
 #[test]
 fn sighup_stops_the_demo_and_its_children() {
-    stops_children_on(Signal::HUP);
+    Demo::start("--default-signal=HUP").stops_on(Signal::HUP);
+}
+
+#[test]
+fn sigint_stops_the_demo_and_its_children() {
+    Demo::start("--default-signal=INT").stops_on(Signal::INT);
+}
+
+/// Under `nohup`: SIGHUP changes nothing (a second is ample for a handler
+/// to have killed everything); SIGTERM still stops it all.
+#[test]
+fn a_signal_ignored_at_start_stays_ignored() {
+    let mut demo = Demo::start("--ignore-signal=HUP");
+    signal(demo.child.id(), Signal::HUP);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(demo.child.try_wait().unwrap().is_none(), "the demo died of an ignored SIGHUP");
+    assert!(!demo.children.iter().any(|pid| stopped(*pid)), "a child stopped on an ignored SIGHUP");
+    demo.stops_on(Signal::TERM);
 }

@@ -6,13 +6,15 @@
 //! with an authenticated event plane.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStderr, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::{mpsc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use anyhow::Context as _;
 use rustix::process::{kill_process, Pid, Signal};
-use tokio::signal::unix::{signal, SignalKind};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+use signal_hook::low_level::emulate_default_handler;
 
 /// How long a `loadgate` child may take to print its `listening ...` line.
 const STARTUP: Duration = Duration::from_secs(30);
@@ -39,16 +41,31 @@ pub(crate) struct Process {
 }
 
 impl Process {
-    /// Takes ownership of `child`: it dies with this value, or with the
-    /// demo on a signal (at once if one already came).
-    pub(crate) fn new(mut child: Child) -> Self {
+    /// Starts `command`; the child dies with the value returned, or with
+    /// the demo on a signal. Started and listed under one lock, so a signal
+    /// handled meanwhile cannot miss it.
+    ///
+    /// # Errors
+    ///
+    /// The command cannot start, or the demo is stopping on a signal.
+    pub(crate) fn spawn(command: &mut Command) -> std::io::Result<Self> {
         let mut live = live();
         if live.stopping {
-            let _ = child.kill();
-        } else {
-            live.pids.push(child.id());
+            return Err(std::io::Error::other("the demo is stopping"));
         }
-        Process { child }
+        let child = command.spawn()?;
+        live.pids.push(child.id());
+        Ok(Process { child })
+    }
+
+    /// The child's standard output, if piped and not yet taken.
+    pub(crate) fn stdout(&mut self) -> Option<ChildStdout> {
+        self.child.stdout.take()
+    }
+
+    /// The child's standard error, if piped and not yet taken.
+    pub(crate) fn stderr(&mut self) -> Option<ChildStderr> {
+        self.child.stderr.take()
     }
 
     /// `Some(status)` once the child has exited.
@@ -73,51 +90,49 @@ impl Drop for Process {
     }
 }
 
-/// From now on, SIGINT, SIGTERM or SIGHUP kill every child (and any child
-/// started after) and exit with 128 + the signal's number: a demo stopped
-/// from outside (`kill`, `timeout`, a closed terminal, a cancelled CI job)
-/// leaves no llama-server, nats-server or `loadgate` child running. SIGKILL
-/// cannot be caught: its children outlive it.
+/// From now on, SIGINT, SIGTERM or SIGHUP kill every child, and then the
+/// demo itself by that signal (as without a handler, so a shell sees it):
+/// a demo stopped from outside (`kill`, `timeout`, a closed terminal, a
+/// cancelled CI job) leaves no llama-server, nats-server or `loadgate`
+/// child running. A signal ignored when the demo started (`nohup`, a
+/// background job) stays ignored. SIGKILL cannot be caught: its children
+/// outlive it.
 ///
 /// # Errors
 ///
 /// The signal handlers could not be installed.
 pub(crate) fn stop_children_on_signals() -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    // Installed before this returns: a signal from now on is handled.
-    let kinds = [
-        (SignalKind::interrupt(), Signal::INT),
-        (SignalKind::terminate(), Signal::TERM),
-        (SignalKind::hangup(), Signal::HUP),
-    ];
-    let mut signals = {
-        let _context = runtime.enter();
-        kinds
-            .into_iter()
-            .map(|(kind, number)| Ok((signal(kind)?, number.as_raw())))
-            .collect::<std::io::Result<Vec<_>>>()
-            .context("cannot install the demo's signal handlers")?
-    };
+    let ignored = ignored_signals();
+    let watched: Vec<i32> =
+        [SIGINT, SIGTERM, SIGHUP].into_iter().filter(|signal| ignored & (1 << (signal - 1)) == 0).collect();
+    let mut signals = Signals::new(&watched).context("cannot install the demo's signal handlers")?;
     std::thread::Builder::new().name("demo-signals".to_owned()).spawn(move || {
-        let number = runtime.block_on(async move {
-            let waits = signals.iter_mut().map(|(signal, number)| {
-                let number = *number;
-                Box::pin(async move {
-                    signal.recv().await;
-                    number
-                })
-            });
-            futures_util::future::select_all(waits).await.0
-        });
-        kill_children();
-        eprintln!("loadgate demo: stopped by signal {number}; its child processes were killed");
-        std::process::exit(128 + number);
+        let Some(signal) = signals.forever().next() else { return };
+        // Held to the end: a thread that would start, reap or drop a child
+        // waits, and cannot end the process first with another status.
+        let _live = kill_children();
+        eprintln!("loadgate demo: stopped by signal {signal}; its child processes were killed");
+        // Resets the signal to its default action and raises it again.
+        let _ = emulate_default_handler(signal);
+        std::process::exit(128 + signal);
     })?;
     Ok(())
 }
 
-/// Kills every live child, and any started from now on.
-fn kill_children() {
+/// The signals this process ignores (bit `n - 1` for signal `n`), from
+/// `/proc/self/status` (none if it cannot be read).
+fn ignored_signals() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("SigIgn:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .unwrap_or(0)
+}
+
+/// Kills every live child; any start from now on is refused. Returns the
+/// registry, still locked.
+fn kill_children() -> MutexGuard<'static, Live> {
     let mut live = live();
     live.stopping = true;
     for pid in live.pids.drain(..) {
@@ -126,6 +141,7 @@ fn kill_children() {
             let _ = kill_process(pid, Signal::KILL);
         }
     }
+    live
 }
 
 /// A fresh random event secret: 32 bytes from the OS, hex-encoded.
@@ -159,18 +175,17 @@ pub(crate) fn spawn_loadgate(args: &[String], secret: &str) -> anyhow::Result<(P
             command.env_remove(&name);
         }
     }
-    let mut child = command
+    command
         .args(args)
         .env("RUST_LOG", "warn")
         .env("LOADGATE_EVENT_SECRET", secret)
         .env_remove("LOADGATE_EVENT_SECRET_PREVIOUS")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .with_context(|| format!("cannot start loadgate {}", args.join(" ")))?;
-    let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-    let process = Process::new(child);
+        .stderr(Stdio::null());
+    let mut process =
+        Process::spawn(&mut command).with_context(|| format!("cannot start loadgate {}", args.join(" ")))?;
+    let stdout = BufReader::new(process.stdout().expect("piped stdout"));
     // Read on a thread, so a child that prints nothing cannot hang the demo;
     // it keeps draining the pipe so the child's writes never fail or block.
     let (tx, rx) = mpsc::channel();

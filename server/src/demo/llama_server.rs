@@ -66,7 +66,8 @@ impl LlamaServer {
 
     fn start_once(install: &LlamaInstall, alias: &str) -> anyhow::Result<Self> {
         let port = free_port()?;
-        let mut child = Command::new(&install.server)
+        let mut command = Command::new(&install.server);
+        command
             .arg("-m")
             .arg(&install.model)
             .args(["--alias", alias, "--host", "127.0.0.1", "--port", &port.to_string()])
@@ -74,12 +75,11 @@ impl LlamaServer {
             .args(["--metrics", "--no-webui", "--cache-ram", "256", "--threads-http", &HTTP_THREADS.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("cannot start {}", install.server.display()))?;
+            .stderr(Stdio::piped());
+        let mut process =
+            Process::spawn(&mut command).with_context(|| format!("cannot start {}", install.server.display()))?;
         let log = Arc::new(Mutex::new(VecDeque::with_capacity(LOG_LINES)));
-        let stderr = child.stderr.take().expect("piped stderr");
-        let mut process = Process::new(child);
+        let stderr = process.stderr().expect("piped stderr");
         let tail = Arc::clone(&log);
         // Drains the log for the server's whole life, so its writes never block.
         std::thread::spawn(move || keep_tail(BufReader::new(stderr), &tail));

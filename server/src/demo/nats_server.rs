@@ -22,14 +22,11 @@ impl NatsServer {
     /// Starts one on a free port and waits until it listens.
     pub(crate) fn start() -> anyhow::Result<NatsServer> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let child = Command::new("nats-server")
-            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
+        let mut command = Command::new("nats-server");
+        command.args(["-a", "127.0.0.1", "-p", &port.to_string()]).stdin(Stdio::null()).stdout(Stdio::null());
+        command.stderr(Stdio::null());
+        let mut process = Process::spawn(&mut command)
             .context("cannot start nats-server (demo --event-plane nats): run `bash scripts/prepare-nats-server`")?;
-        let mut process = Process::new(child);
         let deadline = Instant::now() + STARTUP;
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             anyhow::ensure!(process.exited().is_none(), "nats-server exited at start (port {port})");
