@@ -10,7 +10,7 @@ the least any waiting line can refuse with that patience. It is a model, not
 a measurement: docs/demo.md uses it to tell what the llama.cpp demo's 1x
 target asks of any line.
 
-usage: line-sim.py [--slots 8] [--service 0.54] [--patience 0.986]
+usage: line-sim.py [--slots 8] [--service 0.584] [--patience 0.986]
                    [--duration 20] [--runs 60] [--gap 0] [--loads 0.94,1,1.03,1.06]
 """
 import argparse
@@ -39,7 +39,7 @@ def refused_share(load, slots, service, patience, duration, seed, gap):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slots", type=int, default=8)
-    parser.add_argument("--service", type=float, default=0.54, help="seconds per request")
+    parser.add_argument("--service", type=float, default=0.584, help="seconds per request (slots / capacity)")
     parser.add_argument("--patience", type=float, default=0.986, help="the line's timeout, seconds")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals per run")
     parser.add_argument("--runs", type=int, default=60, help="runs (seeds) per load")
