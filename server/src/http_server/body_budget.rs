@@ -21,7 +21,10 @@
 //! past it) and nothing is given back for [`BUDGET_WAIT`], the youngest
 //! waiting body is refused, so that the others can finish: as many are
 //! served as the budget holds. A body that has nothing reserved yet is
-//! refused at once. A refusal is 503 (the budget, `Unavailable`, with a
+//! refused at once, unless it is small: a body whose `Content-Length` is at
+//! most [`FIRST_STEP`] that the budget cannot take is held in a lane of its
+//! own, [`SMALL_LANE`] on top of the budget, so that huge bodies filling the
+//! budget do not turn ordinary requests away. A refusal is 503 (the budget, `Unavailable`, with a
 //! retry hint around [`BUDGET_RETRY_AFTER`], jittered) or 413 (the limit), in OpenAI's
 //! error shape, without buffering the rest, with `Connection: close` (the
 //! rest is discarded in the background, within bounds, so that a client
@@ -71,6 +74,10 @@ pub const DRAIN_DEADLINE: Duration = Duration::from_secs(30);
 /// The first reservation (and buffer) of a body; each next one doubles.
 pub const FIRST_STEP: usize = 64 * 1024;
 
+/// The small bodies' lane: what bodies declared at most [`FIRST_STEP`] may
+/// hold beyond a full budget (256 of the largest at once).
+pub const SMALL_LANE: usize = 256 * FIRST_STEP;
+
 /// How long bodies still being read may all wait for the budget to give
 /// bytes back before the youngest of them is refused.
 pub const BUDGET_WAIT: Duration = Duration::from_secs(1);
@@ -87,8 +94,10 @@ pub struct BodyBudget {
     budget_mb: usize,
     limit: usize,
     budget: usize,
-    /// Bytes reserved by the bodies alive now.
+    /// Bytes reserved by the bodies alive now (but those in the small lane).
     used: AtomicUsize,
+    /// Bytes reserved in the small bodies' lane ([`SMALL_LANE`]).
+    small_used: AtomicUsize,
     /// Rate limit of the `limit hit` warning.
     warn_throttle: LogThrottle,
     /// How long a body may pause, and wait for the budget in all
@@ -116,6 +125,9 @@ struct Reservation {
     bytes: usize,
     /// Counted in [`BodyBudget::complete`].
     complete: bool,
+    /// Held in the small bodies' lane (never grows: its body is declared
+    /// no larger).
+    small: bool,
 }
 
 impl Reservation {
@@ -123,7 +135,7 @@ impl Reservation {
     /// budget cannot take it.
     fn grow_to(&mut self, bytes: usize) -> bool {
         let more = bytes.saturating_sub(self.bytes);
-        if more == 0 || self.budget.take(more) {
+        if more == 0 || (!self.small && self.budget.take(more)) {
             self.bytes = self.bytes.max(bytes);
             return true;
         }
@@ -135,7 +147,8 @@ impl Drop for Reservation {
     fn drop(&mut self) {
         // Relaxed: a counter; no data is published through it (a waiter
         // woken below retries its own RMW on it).
-        self.budget.used.fetch_sub(self.bytes, Ordering::Relaxed);
+        let pool = if self.small { &self.budget.small_used } else { &self.budget.used };
+        pool.fetch_sub(self.bytes, Ordering::Relaxed);
         if self.complete {
             // Relaxed: a gauge read by waiters, which re-check the budget itself.
             self.budget.complete.fetch_sub(1, Ordering::Relaxed);
@@ -223,6 +236,7 @@ impl BodyBudget {
             limit: limit_mb.saturating_mul(MIB),
             budget: budget_mb.saturating_mul(MIB),
             used: AtomicUsize::new(0),
+            small_used: AtomicUsize::new(0),
             warn_throttle: LogThrottle::new(1, WARN_PERIOD),
             idle_timeout: idle,
             read_deadline: deadline,
@@ -234,10 +248,11 @@ impl BodyBudget {
         })
     }
 
-    /// Bytes reserved by the bodies alive now.
+    /// Bytes reserved by the bodies alive now (the small bodies' lane
+    /// included).
     pub fn used(&self) -> usize {
-        // Relaxed: a gauge.
-        self.used.load(Ordering::Relaxed)
+        // Relaxed: gauges.
+        self.used.load(Ordering::Relaxed) + self.small_used.load(Ordering::Relaxed)
     }
 
     /// `bytes` (a copy the frontend made of a read body, such as a body
@@ -252,7 +267,7 @@ impl BodyBudget {
         // Counted as complete: it gives its bytes back once forwarded.
         // Relaxed: a gauge (see `complete`).
         self.complete.fetch_add(1, Ordering::Relaxed);
-        let reservation = Reservation { budget: self.clone(), bytes: len, complete: true };
+        let reservation = Reservation { budget: self.clone(), bytes: len, complete: true, small: false };
         Some(Bytes::from_owner(ReservedBody { bytes, _reservation: reservation }))
     }
 
@@ -263,6 +278,16 @@ impl BodyBudget {
         self.used
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
                 used.checked_add(bytes).filter(|&total| total <= self.budget)
+            })
+            .is_ok()
+    }
+
+    /// Takes `bytes` of the small bodies' lane if it has them.
+    fn take_small(&self, bytes: usize) -> bool {
+        // Relaxed: as in `take`.
+        self.small_used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                used.checked_add(bytes).filter(|&total| total <= SMALL_LANE)
             })
             .is_ok()
     }
@@ -290,6 +315,10 @@ impl BodyBudget {
             }
             if reservation.grow_to(needed) {
                 return Ok(needed);
+            }
+            if reservation.bytes == 0 && cap <= FIRST_STEP && self.take_small(cap) {
+                (reservation.bytes, reservation.small) = (cap, true);
+                return Ok(cap);
             }
             if reservation.bytes == 0 || started.elapsed() >= self.idle_timeout {
                 return Err(Refusal::OverBudget);
@@ -353,7 +382,7 @@ impl BodyBudget {
         // Relaxed: a unique number is all that is needed.
         let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
         let cap = declared.unwrap_or(self.limit);
-        let mut reservation = Reservation { budget: self.clone(), bytes: 0, complete: false };
+        let mut reservation = Reservation { budget: self.clone(), bytes: 0, complete: false, small: false };
         let mut bytes = Vec::new();
         loop {
             let next = tokio::time::timeout(self.idle_timeout, stream.next()).await.map_err(|_| Refusal::Timeout)?;

@@ -97,7 +97,8 @@ async fn eight_concurrent_150_mib_bodies_stay_under_2_gib() {
 /// at once, so a few of them held the body budget and the frontend answered
 /// 503 to everyone's POST. Now a body holds what it has sent (at most twice,
 /// at least 64 KiB): with 6 such connections open, a normal request and a
-/// 96 MiB body are served. The budget still refuses when real bytes fill it.
+/// 96 MiB body are served. The budget still refuses when real bytes fill it
+/// (a body past the small bodies' lane; a small one is still served).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trickling_big_declared_bodies_do_not_hold_the_budget() {
     let _box = exclusive().await;
@@ -133,13 +134,15 @@ async fn trickling_big_declared_bodies_do_not_hold_the_budget() {
     drop(sink_conn);
 
     // Real bytes still fill the budget: 8 MiB sent (of 16 declared) on one
-    // connection fill --http-body-budget-mb 8, and the next body is refused.
+    // connection fill --http-body-budget-mb 8, and the next body past the
+    // small bodies' lane (64 KiB) is refused.
+    const PAST_LANE: usize = 128 << 10;
     let (small, _w2) = pool(&["--http-body-budget-mb", "8"], &[]).await;
     let small_http = small.http.trim_start_matches("http://").to_owned();
     let mut filler = open_body(&small_http, 16 << 20, &vec![b' '; 8 << 20]).await;
     let deadline = Instant::now() + Duration::from_secs(5);
     let refused = loop {
-        let (status, body) = small.complete(MODEL).await;
+        let (status, body) = padded_request(&small.client, &small.http, MODEL, PAST_LANE).await;
         if status == 503 || Instant::now() >= deadline {
             break (status, body);
         }
@@ -149,12 +152,14 @@ async fn trickling_big_declared_bodies_do_not_hold_the_budget() {
     assert_eq!(refused.0, 503, "the budget did not refuse: {}", refused.1);
     assert!(refused.1.contains("too many request bodies"), "{}", refused.1);
     assert!(small.proc.wait_log("limit hit: --http-body-budget-mb 8", Duration::from_secs(2)), "no limit log line");
+    let (status, body) = small.complete(MODEL).await;
+    assert_eq!(status, 200, "a small request past a full budget (its own lane): {body}");
     filler.write_all(b" ").await.ok();
     drop(filler);
     // Given back when the connection goes: served again.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let (status, body) = small.complete(MODEL).await;
+        let (status, body) = padded_request(&small.client, &small.http, MODEL, PAST_LANE).await;
         if status == 200 {
             break;
         }
@@ -186,15 +191,21 @@ async fn open_body(addr: &str, declared: usize, first: &[u8]) -> tokio::net::Tcp
 
 /// POSTs a `size`-byte completion for `big-model`; its status (0: no answer).
 async fn big_request(client: &reqwest::Client, base: &str, size: usize) -> u16 {
-    let head = r#"{"model":"big-model","prompt":"hello","max_tokens":1,"pad":""#;
+    padded_request(client, base, "big-model", size).await.0
+}
+
+/// A completion of `model` whose body is `size` bytes (padded): its status
+/// (0 if it failed) and body.
+async fn padded_request(client: &reqwest::Client, base: &str, model: &str, size: usize) -> (u16, String) {
+    let head = format!(r#"{{"model":"{model}","prompt":"hello","max_tokens":1,"pad":""#);
     let mut body = Vec::with_capacity(size);
     body.extend_from_slice(head.as_bytes());
     body.resize(size - 2, b'a');
     body.extend_from_slice(b"\"}");
     let sent = client.post(format!("{base}/v1/completions")).header("content-type", "application/json").body(body);
     match sent.timeout(Duration::from_secs(60)).send().await {
-        Ok(response) => response.status().as_u16(),
-        Err(_) => 0,
+        Ok(response) => (response.status().as_u16(), response.text().await.unwrap_or_default()),
+        Err(e) => (0, format!("{e:?}")),
     }
 }
 

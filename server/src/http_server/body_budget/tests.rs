@@ -234,7 +234,8 @@ async fn refusals_are_in_openais_shape() {
         (&"invalid_request_error".into(), &413.into(), &serde_json::Value::Null)
     );
     let held = budget.read(&headers(Some(MIB)), Body::from(vec![b'x'; MIB])).await.unwrap();
-    let over = budget.read(&headers(Some(10)), Body::from(vec![b'x'; 10])).await.unwrap_err();
+    // Past the small bodies' lane.
+    let over = budget.read(&headers(Some(FIRST_STEP + 1)), Body::from(vec![b'x'; FIRST_STEP + 1])).await.unwrap_err();
     let ms: u64 = over.headers()[reply::RETRY_AFTER_MS].to_str().unwrap().parse().unwrap();
     assert!((500..=1500).contains(&ms), "a jittered hint around 1 s: {ms}");
     let secs: u64 = over.headers()[header::RETRY_AFTER].to_str().unwrap().parse().unwrap();
@@ -268,11 +269,40 @@ async fn a_body_that_trickles_past_the_read_deadline_is_408() {
 async fn warnings_are_rate_limited() {
     let budget = BodyBudget::new(1, 0);
     for _ in 0..5 {
-        let refused = budget.read(&headers(Some(1)), Body::from("x")).await.unwrap_err();
+        let body = Body::from(vec![b'x'; FIRST_STEP + 1]);
+        let refused = budget.read(&headers(Some(FIRST_STEP + 1)), body).await.unwrap_err();
         assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
     }
     // One line logged, four counted: the next that passes reports them.
     assert_eq!(budget.warn_throttle.admit_at(std::time::Instant::now() + WARN_PERIOD), Some(4));
+}
+
+/// A full budget still reads a small declared body, in a lane of its own
+/// that is bounded too; a small body of unknown length, or one past
+/// [`FIRST_STEP`], is refused as before.
+#[tokio::test]
+async fn small_bodies_have_a_lane_of_their_own_past_a_full_budget() {
+    let budget = BodyBudget::new(1, 1);
+    let held = budget.read(&headers(Some(MIB)), Body::from(vec![b'x'; MIB])).await.unwrap();
+    let small = budget.read(&headers(Some(10)), Body::from("0123456789")).await.unwrap();
+    assert_eq!(&small[..], b"0123456789");
+    assert_eq!(budget.used(), MIB + 10);
+    drop(small);
+    assert_eq!(budget.used(), MIB, "given back to the lane");
+    let unknown = budget.read(&headers(None), streamed(vec![Ok(b"0123456789".to_vec())])).await.unwrap_err();
+    assert_eq!(unknown.status(), StatusCode::SERVICE_UNAVAILABLE, "its length is not known to be small");
+    let larger = budget.read(&headers(Some(FIRST_STEP + 1)), Body::from(vec![b'x'; FIRST_STEP + 1])).await;
+    assert_eq!(larger.unwrap_err().status(), StatusCode::SERVICE_UNAVAILABLE);
+    // The lane holds SMALL_LANE: 256 bodies of FIRST_STEP, and no more.
+    let mut lane = Vec::new();
+    for _ in 0..SMALL_LANE / FIRST_STEP {
+        lane.push(budget.read(&headers(Some(FIRST_STEP)), Body::from(vec![b'y'; FIRST_STEP])).await.unwrap());
+    }
+    let past = budget.read(&headers(Some(1)), Body::from("z")).await.unwrap_err();
+    assert_eq!(past.status(), StatusCode::SERVICE_UNAVAILABLE, "the lane is full");
+    assert_eq!(budget.used(), MIB + SMALL_LANE);
+    drop((lane, held));
+    assert_eq!(budget.used(), 0);
 }
 
 fn tokio_stream_from<T: Send + 'static>(
