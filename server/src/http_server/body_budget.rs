@@ -118,6 +118,16 @@ pub struct BodyBudget {
     complete: AtomicUsize,
 }
 
+/// Adds `bytes` to `pool` if the sum stays within `bound`.
+fn take_within(pool: &AtomicUsize, bytes: usize, bound: usize) -> bool {
+    // Relaxed: the RMW alone keeps the sum within the bound; no data is
+    // published through the counter.
+    pool.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+        used.checked_add(bytes).filter(|&total| total <= bound)
+    })
+    .is_ok()
+}
+
 /// A body's share of the budget; given back on drop.
 #[derive(Debug)]
 struct Reservation {
@@ -273,23 +283,12 @@ impl BodyBudget {
 
     /// Takes `bytes` of the budget if it has them.
     fn take(&self, bytes: usize) -> bool {
-        // Relaxed: the RMW alone keeps the sum within the budget; no data
-        // is published through the counter.
-        self.used
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
-                used.checked_add(bytes).filter(|&total| total <= self.budget)
-            })
-            .is_ok()
+        take_within(&self.used, bytes, self.budget)
     }
 
     /// Takes `bytes` of the small bodies' lane if it has them.
     fn take_small(&self, bytes: usize) -> bool {
-        // Relaxed: as in `take`.
-        self.small_used
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
-                used.checked_add(bytes).filter(|&total| total <= SMALL_LANE)
-            })
-            .is_ok()
+        take_within(&self.small_used, bytes, SMALL_LANE)
     }
 
     /// Grows `reservation` to hold `needed` bytes: to the next step (twice
