@@ -258,6 +258,34 @@ fn llamacpp_slots_errors() {
     assert_eq!(ranks(engines::llamacpp(&metrics, "[]")), [rank(0, 0, 0, 0)], "no slots: KV unknown");
 }
 
+#[test]
+fn llamacpp_ahead_counts_a_slot_near_its_output_limit_free() {
+    // The saturated capture: four slots of 512, each 5 tokens from its
+    // limit (n_remain 5), 8 requests deferred.
+    let (metrics, slots) = (fixture("llamacpp-small-sat-metrics.txt"), fixture("llamacpp-small-sat-slots.json"));
+    let ahead = |n| ranks(engines::llamacpp_ahead(&metrics, &slots, n));
+    assert_eq!(ahead(0), [rank(2048, 2048, 8, 4)], "0: as without");
+    assert_eq!(ahead(4), [rank(2048, 2048, 8, 4)], "5 left is not within 4");
+    assert_eq!(ahead(5), [rank(0, 2048, 8, 0)], "within 5: every slot ending; the deferred still wait");
+    assert_eq!(ranks(engines::snapshot_ahead(EngineKind::LlamaCpp, &metrics, Some(&slots), 5)), [rank(0, 2048, 8, 0)]);
+    // One slot each: ending, ending at 0, no limit (-1), no next_token,
+    // a next_token of another shape, idle with n_remain 0.
+    let metrics = "llamacpp:requests_processing 5\nllamacpp:requests_deferred 0\n";
+    let slots = r#"[{"n_ctx":512,"is_processing":true,"next_token":[{"n_remain":3}]},
+        {"n_ctx":512,"is_processing":true,"next_token":[{"n_remain":0}]},
+        {"n_ctx":512,"is_processing":true,"next_token":[{"n_remain":-1}]},
+        {"n_ctx":512,"is_processing":true},
+        {"n_ctx":512,"is_processing":true,"next_token":{"n_remain":"2"}},
+        {"n_ctx":512,"is_processing":false,"next_token":[{"n_remain":0}]}]"#;
+    assert_eq!(ranks(engines::llamacpp_ahead(metrics, slots, 8)), [rank(3 * 512, 6 * 512, 0, 3)]);
+    assert_eq!(ranks(engines::llamacpp(metrics, slots)), [rank(5 * 512, 6 * 512, 0, 5)]);
+    assert_eq!(
+        ranks(engines::llamacpp_ahead("llamacpp:requests_processing 1\nllamacpp:requests_deferred 0\n", slots, 8)),
+        [rank(3 * 512, 6 * 512, 0, 0)],
+        "running saturates at 0 when /metrics saw fewer than /slots ends"
+    );
+}
+
 // --- all kinds ----------------------------------------------------------------
 
 #[test]

@@ -28,6 +28,8 @@ struct Doc {
     cache_config: Option<CacheConfigIn>,
     noise: Vec<Noise>,
     slots: Vec<SlotIn>,
+    /// `snapshot_ahead`'s tokens: a llama.cpp slot this near its limit is free.
+    ahead: u8,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -94,6 +96,8 @@ struct SlotIn {
     is_processing: bool,
     n_prompt_tokens: Option<Ctx>,
     params: bool,
+    /// `next_token[0].n_remain` (-1: no limit).
+    n_remain: Option<i16>,
 }
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
@@ -389,6 +393,9 @@ fn render(doc: &Doc) -> (EngineKind, String, String, Expected) {
                 object["params"] = serde_json::json!({"n_predict": 64, "samplers": ["top_k", "min_p"]});
                 object["next_token"] = serde_json::json!([{"has_next_token": true, "n_decoded": 4}]);
             }
+            if let Some(remain) = slot.n_remain {
+                object["next_token"] = serde_json::json!([{"has_next_token": true, "n_remain": remain}]);
+            }
             object
         })
         .collect();
@@ -421,18 +428,23 @@ fn render(doc: &Doc) -> (EngineKind, String, String, Expected) {
             }
         }
         if kind == EngineKind::LlamaCpp {
-            // A processing slot holds its whole context, whatever its tokens.
-            let (mut active, mut total) = (0u64, 0u64);
+            // A processing slot holds its whole context, whatever its tokens,
+            // unless it is within `ahead` tokens of its limit.
+            let (mut active, mut total, mut ending) = (0u64, 0u64, 0u32);
             for slot in &doc.slots {
                 let context = slot.n_ctx.get().min(u64::from(u32::MAX));
                 total = total.saturating_add(context);
-                if slot.is_processing {
+                let near = slot.n_remain.is_some_and(|n| n >= 0 && n as u64 <= u64::from(doc.ahead));
+                if slot.is_processing && doc.ahead > 0 && near {
+                    ending += 1;
+                } else if slot.is_processing {
                     active = active.saturating_add(context);
                 }
             }
             let r = ranks[&0];
             let cap = |v: u64| v.min(u64::from(u32::MAX)) as u32;
-            break 'expected Expected::Load(vec![(cap(active), cap(total), r.waiting, r.running)]);
+            let running = r.running.saturating_sub(ending);
+            break 'expected Expected::Load(vec![(cap(active), cap(total), r.waiting, running)]);
         }
         // Dense: `ranks[i]` is rank i; a rank no series names is unknown.
         let highest = ranks.keys().last().copied().unwrap_or(0);
@@ -493,7 +505,7 @@ fuzz_target!(|input: Input| {
     match input {
         Input::Doc(doc) => {
             let (kind, metrics, slots, expected) = render(&doc);
-            let result = engines::snapshot(kind, &metrics, Some(&slots));
+            let result = engines::snapshot_ahead(kind, &metrics, Some(&slots), u32::from(doc.ahead));
             sane(kind, &result);
             let actual = got(&result);
             match (&actual, &expected) {

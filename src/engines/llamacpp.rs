@@ -15,6 +15,19 @@ struct Slot {
     /// The slot's context in tokens.
     n_ctx: u64,
     is_processing: bool,
+    /// What the slot generates next; its first entry's `n_remain` is the
+    /// tokens left before the request's output limit (-1: no limit).
+    /// Read leniently: a shape other than llama-server's counts as unknown.
+    #[serde(default)]
+    next_token: Option<serde_json::Value>,
+}
+
+impl Slot {
+    /// Processing, and at most `ahead` tokens from its output limit.
+    fn ending(&self, ahead: u32) -> bool {
+        let remain = self.next_token.as_ref().and_then(|next| next.get(0)?.get("n_remain")?.as_i64());
+        self.is_processing && ahead > 0 && remain.is_some_and(|n| (0..=i64::from(ahead)).contains(&n))
+    }
 }
 
 /// The load of llama.cpp's `llama-server` (`--metrics`) from its
@@ -39,6 +52,22 @@ struct Slot {
 /// [`EngineError::NoLoadMetrics`], [`EngineError::InvalidValue`] from
 /// `metrics`, then [`EngineError::Slots`] from `slots`.
 pub fn llamacpp(metrics: &str, slots: &str) -> Result<EngineSnapshot, EngineError> {
+    llamacpp_ahead(metrics, slots, 0)
+}
+
+/// As [`llamacpp`], with each processing slot at most `ahead` tokens from
+/// its request's output limit (`/slots`' `next_token[0].n_remain`, from 0
+/// to `ahead`) counted free: its context leaves the active blocks and its
+/// request the running ones. A request sent to the server meanwhile waits
+/// in its queue for those last tokens and starts as the slot frees,
+/// instead of the slot idling until a scrape shows it free (`ahead` 0:
+/// exactly [`llamacpp`]). A slot with no limit (-1) or no `n_remain` is
+/// never ending.
+///
+/// # Errors
+///
+/// As [`llamacpp`].
+pub fn llamacpp_ahead(metrics: &str, slots: &str, ahead: u32) -> Result<EngineSnapshot, EngineError> {
     check_size(metrics)?;
     check_size(slots)?;
     let families = exposition::read(metrics, &[PROCESSING, DEFERRED])?;
@@ -47,25 +76,29 @@ pub fn llamacpp(metrics: &str, slots: &str) -> Result<EngineSnapshot, EngineErro
     ranks.add(PROCESSING, processing, None, Reading::Running)?;
     ranks.add(DEFERRED, deferred, None, Reading::Waiting)?;
     let mut snapshot = ranks.snapshot().ok_or(EngineError::NoLoadMetrics)?;
-    let (active, total) = kv_blocks(slots)?;
-    let load = &mut snapshot.ranks[0].load;
-    load.active_decode_blocks = active;
-    load.kv_total_blocks = total;
+    let (active, total, ending) = kv_blocks(slots, ahead)?;
+    let rank = &mut snapshot.ranks[0];
+    rank.load.active_decode_blocks = active;
+    rank.load.kv_total_blocks = total;
+    rank.running_requests = rank.running_requests.saturating_sub(ending);
     Ok(snapshot)
 }
 
-/// `(Σ n_ctx of processing slots, Σ n_ctx)`, saturating.
-fn kv_blocks(slots: &str) -> Result<(u32, u32), EngineError> {
+/// `(Σ n_ctx of processing slots not ending, Σ n_ctx, ending slots)`,
+/// saturating (see [`llamacpp_ahead`]).
+fn kv_blocks(slots: &str, ahead: u32) -> Result<(u32, u32, u32), EngineError> {
     let slots: Vec<Slot> = serde_json::from_str(slots).map_err(|e| EngineError::Slots(e.to_string()))?;
-    let (mut active, mut total) = (0u32, 0u32);
+    let (mut active, mut total, mut ending) = (0u32, 0u32, 0u32);
     for slot in &slots {
         let context = saturate(slot.n_ctx);
         total = total.saturating_add(context);
-        if slot.is_processing {
+        if slot.ending(ahead) {
+            ending = ending.saturating_add(1);
+        } else if slot.is_processing {
             active = active.saturating_add(context);
         }
     }
-    Ok((active, total))
+    Ok((active, total, ending))
 }
 
 fn saturate(value: u64) -> u32 {

@@ -87,7 +87,7 @@ pub use self::assemble::{
 };
 pub use self::error::EngineError;
 pub use self::kind::{EngineKind, UnknownEngineKind};
-pub use self::llamacpp::llamacpp;
+pub use self::llamacpp::{llamacpp, llamacpp_ahead};
 pub use self::sglang::sglang;
 pub use self::snapshot::{EngineSnapshot, RankSample};
 pub use self::vllm::vllm;
@@ -116,10 +116,26 @@ pub const FRACTION_BLOCKS: u32 = 1_000_000_000;
 /// [`EngineError::MissingSlots`] for llama.cpp without `slots`; otherwise
 /// what [`vllm`], [`sglang`] or [`llamacpp`] return.
 pub fn snapshot(kind: EngineKind, metrics: &str, slots: Option<&str>) -> Result<EngineSnapshot, EngineError> {
+    snapshot_ahead(kind, metrics, slots, 0)
+}
+
+/// As [`snapshot`], with a llama.cpp slot at most `ahead` tokens from its
+/// output limit counted free ([`llamacpp_ahead`]); other kinds report no
+/// slots and ignore `ahead`.
+///
+/// # Errors
+///
+/// As [`snapshot`].
+pub fn snapshot_ahead(
+    kind: EngineKind,
+    metrics: &str,
+    slots: Option<&str>,
+    ahead: u32,
+) -> Result<EngineSnapshot, EngineError> {
     match kind {
         EngineKind::Vllm => vllm(metrics),
         EngineKind::Sglang => sglang(metrics),
-        EngineKind::LlamaCpp => llamacpp(metrics, slots.ok_or(EngineError::MissingSlots)?),
+        EngineKind::LlamaCpp => llamacpp_ahead(metrics, slots.ok_or(EngineError::MissingSlots)?, ahead),
     }
 }
 
