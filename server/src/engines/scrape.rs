@@ -34,6 +34,13 @@ pub struct ScrapeArgs {
     /// Failed scrapes in a row that take an engine out of routing (the next success brings it back).
     #[arg(long, env = "LOADGATE_ENGINE_SCRAPE_FAILURES", value_name = "K", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub engine_scrape_failures: u32,
+    /// Count a llama.cpp slot free once its request is at most this many tokens from its output
+    /// limit (`/slots`' `n_remain`): a request sent then waits in llama-server's queue and starts
+    /// as the slot frees, instead of the slot idling until a scrape shows it free. 0 (the
+    /// default) is off; other engines report no slots and ignore it.
+    #[arg(long, env = "LOADGATE_ENGINE_DISPATCH_AHEAD_TOKENS", value_name = "N", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=4096))]
+    pub engine_dispatch_ahead_tokens: u32,
 }
 
 /// [`ScrapeArgs`] as durations.
@@ -45,6 +52,8 @@ pub struct ScrapeConfig {
     pub timeout: Duration,
     /// Failures in a row that take the engine out of routing.
     pub failures_to_leave: u32,
+    /// A llama.cpp slot this many tokens from its output limit counts free (0: off).
+    pub ahead_tokens: u32,
 }
 
 impl ScrapeArgs {
@@ -54,6 +63,7 @@ impl ScrapeArgs {
             interval: Duration::from_millis(self.engine_scrape_interval_ms),
             timeout: Duration::from_millis(self.engine_scrape_timeout_ms),
             failures_to_leave: self.engine_scrape_failures,
+            ahead_tokens: self.engine_dispatch_ahead_tokens,
         }
     }
 }
@@ -76,7 +86,8 @@ pub enum ScrapeEvent {
 }
 
 /// One scrape: GET /metrics (and /slots for llamacpp) within `timeout` in all, bodies capped
-/// at MAX_DOCUMENT_BYTES (read incrementally; refuse larger), mapped by loadgate::engines.
+/// at MAX_DOCUMENT_BYTES (read incrementally; refuse larger), mapped by loadgate::engines
+/// (a llama.cpp slot `ahead` tokens from its limit counted free, `engines::snapshot_ahead`).
 ///
 /// # Errors
 ///
@@ -87,6 +98,7 @@ pub async fn scrape_once(
     kind: EngineKind,
     base_url: &str,
     timeout: Duration,
+    ahead: u32,
 ) -> Result<EngineSnapshot, String> {
     let metrics_url = format!("{base_url}/metrics");
     let slots_url = format!("{base_url}/slots");
@@ -113,9 +125,9 @@ pub async fn scrape_once(
         .map_err(|_| format!("scrape of {base_url} took over {timeout:?} (--engine-scrape-timeout-ms)"))??;
     let size = metrics.len() + slots.as_ref().map_or(0, String::len);
     let mapped = if size <= INLINE_MAP_LIMIT {
-        engines::snapshot(kind, &metrics, slots.as_deref())
+        engines::snapshot_ahead(kind, &metrics, slots.as_deref(), ahead)
     } else {
-        tokio::task::spawn_blocking(move || engines::snapshot(kind, &metrics, slots.as_deref()))
+        tokio::task::spawn_blocking(move || engines::snapshot_ahead(kind, &metrics, slots.as_deref(), ahead))
             .await
             .map_err(|e| format!("mapping the load of {base_url}: {e}"))?
     };
@@ -158,7 +170,7 @@ pub fn spawn_scraper(
                 return;
             }
             sent = tokio::time::Instant::now();
-            let event = match scrape_once(&client, kind, &base_url, config.timeout).await {
+            let event = match scrape_once(&client, kind, &base_url, config.timeout, config.ahead_tokens).await {
                 Ok(snapshot) => {
                     consecutive = 0;
                     ScrapeEvent::Loaded(snapshot)
@@ -224,14 +236,14 @@ mod tests {
     async fn one_scrape_reads_metrics_and_slots() {
         let (base, _server) = engine(true, Duration::ZERO).await;
         let client = reqwest::Client::new();
-        let snapshot = scrape_once(&client, EngineKind::LlamaCpp, &base, Duration::from_secs(5)).await.unwrap();
+        let snapshot = scrape_once(&client, EngineKind::LlamaCpp, &base, Duration::from_secs(5), 0).await.unwrap();
         assert_eq!(snapshot.ranks.len(), 1);
         let rank = snapshot.ranks[0];
         assert_eq!(rank.running_requests, 2);
         assert_eq!(rank.load.waiting_requests, 5);
         assert_eq!((rank.load.active_decode_blocks, rank.load.kv_total_blocks), (512, 1024));
         // The wrong kind: no vLLM metric in the document.
-        let error = scrape_once(&client, EngineKind::Vllm, &base, Duration::from_secs(5)).await.unwrap_err();
+        let error = scrape_once(&client, EngineKind::Vllm, &base, Duration::from_secs(5), 0).await.unwrap_err();
         assert!(error.starts_with(&format!("vllm load of {base}: ")), "{error}");
     }
 
@@ -239,11 +251,11 @@ mod tests {
     async fn a_missing_slots_or_a_slow_engine_fails_the_scrape() {
         let client = reqwest::Client::new();
         let (base, _a) = engine(false, Duration::ZERO).await;
-        let error = scrape_once(&client, EngineKind::LlamaCpp, &base, Duration::from_secs(5)).await.unwrap_err();
+        let error = scrape_once(&client, EngineKind::LlamaCpp, &base, Duration::from_secs(5), 0).await.unwrap_err();
         assert!(error.contains("/slots: status 404") && error.contains("--no-slots"), "{error}");
         let (base, _b) = engine(true, Duration::from_secs(3)).await;
         let started = tokio::time::Instant::now();
-        let error = scrape_once(&client, EngineKind::LlamaCpp, &base, Duration::from_millis(100)).await.unwrap_err();
+        let error = scrape_once(&client, EngineKind::LlamaCpp, &base, Duration::from_millis(100), 0).await.unwrap_err();
         assert!(started.elapsed() < Duration::from_secs(2), "the timeout bounds the whole scrape");
         assert!(error.contains("took over 100ms"), "{error}");
     }
@@ -259,6 +271,7 @@ mod tests {
             interval: Duration::from_millis(10),
             timeout: Duration::from_millis(500),
             failures_to_leave: 3,
+            ahead_tokens: 0,
         };
         let events = Arc::new(std::sync::Mutex::new(Vec::new()));
         let seen = events.clone();

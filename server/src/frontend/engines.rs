@@ -157,8 +157,9 @@ async fn first_contact(
                 Some(model) => vec![model.clone()],
                 None => list_models(client, &spec.base_url, list_timeout).await?,
             };
-            let snapshot =
-                scrape_once(client, spec.kind, &spec.base_url, config.timeout).await.map_err(anyhow::Error::msg)?;
+            let snapshot = scrape_once(client, spec.kind, &spec.base_url, config.timeout, config.ahead_tokens)
+                .await
+                .map_err(anyhow::Error::msg)?;
             anyhow::Ok((models, snapshot))
         };
         let error = match tokio::time::timeout_at(deadline, answer).await {

@@ -34,6 +34,9 @@ pub(crate) struct Load {
     /// llama.cpp: `n_prompt_tokens` of each processing slot (not read: a
     /// busy slot holds its whole context).
     pub(crate) slot_tokens: u32,
+    /// llama.cpp: `next_token[0].n_remain` of each processing slot (the
+    /// tokens left before its output limit; `None`: not reported).
+    pub(crate) remain: Option<i64>,
     /// vLLM: per `engine` rank, (waiting, KV fraction).
     pub(crate) vllm_ranks: Vec<(u32, f64)>,
     /// `/metrics` answers 500.
@@ -282,7 +285,12 @@ async fn slots(State(Fake { shared, .. }): FakeState) -> Response {
     let slots: Vec<Value> = (0..4)
         .map(|id| {
             if id < running {
-                json!({"id": id, "n_ctx": 512, "is_processing": true, "n_prompt_tokens": load.slot_tokens})
+                let mut slot =
+                    json!({"id": id, "n_ctx": 512, "is_processing": true, "n_prompt_tokens": load.slot_tokens});
+                if let Some(remain) = load.remain {
+                    slot["next_token"] = json!([{"has_next_token": true, "n_remain": remain}]);
+                }
+                slot
             } else {
                 json!({"id": id, "n_ctx": 512, "is_processing": false})
             }

@@ -367,6 +367,37 @@ async fn a_llamacpp_engine_is_busy_at_0_85_exactly_when_no_slot_is_free() {
     assert_eq!(fe.complete(MODEL).await.0, 200);
 }
 
+/// `--engine-dispatch-ahead-tokens 4`: with every slot of a llama.cpp engine
+/// processing, the engine is free while each slot is at most 4 tokens from
+/// its output limit (`n_remain` 4) and busy at 5 or with no limit (-1); a
+/// frontend without the flag finds it busy throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_llamacpp_slot_near_its_output_limit_counts_free_with_dispatch_ahead() {
+    let _box = common::shared().await;
+    let engine = FakeEngine::start(Kind::LlamaCpp, &[MODEL]);
+    let flags = ["--engine-scrape-interval-ms", "20", "--active-decode-blocks-threshold", "0.85"];
+    let ahead = frontend(&[engine.spec(None)], &[&flags[..], &["--engine-dispatch-ahead-tokens", "4"]].concat(), &[]);
+    let plain = frontend(&[engine.spec(None)], &flags, &[]);
+    let busy = |m: &str| sum_metric(m, "loadgate_frontend_worker_busy", &[]);
+    let active = |m: &str| sum_metric(m, "dynamo_frontend_worker_active_decode_blocks", &[]);
+    engine.set(|l| (l.running, l.waiting, l.remain) = (4, 0, Some(4)));
+    ahead.wait_metrics("4 tokens left in every slot: all counted free", |m| active(m) == 0.0).await;
+    plain.wait_metrics("without the flag: every slot held", |m| active(m) == 4.0 * 512.0).await;
+    assert_eq!(busy(&ahead.metrics().await), 0.0);
+    assert_eq!(busy(&plain.metrics().await), 1.0);
+    assert_eq!(ahead.complete(MODEL).await.0, 200);
+    assert_eq!(plain.complete(MODEL).await.0, 529);
+    engine.set(|l| l.remain = Some(5));
+    ahead.wait_metrics("5 tokens left: busy", |m| busy(m) == 1.0).await;
+    assert_eq!(active(&ahead.metrics().await), 4.0 * 512.0);
+    assert_eq!(ahead.complete(MODEL).await.0, 529);
+    engine.set(|l| l.remain = Some(0));
+    ahead.wait_metrics("0 left: free again", |m| busy(m) == 0.0).await;
+    engine.set(|l| l.remain = Some(-1));
+    ahead.wait_metrics("no limit: never ending", |m| busy(m) == 1.0).await;
+    assert_eq!(ahead.complete(MODEL).await.0, 529);
+}
+
 /// `--engine-scrape-on-end`: the end of a request scrapes its engine at
 /// once, where the periodic scrape (every 10 minutes here) would not come
 /// within the test; without the flag, the same request brings no scrape.

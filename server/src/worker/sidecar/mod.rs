@@ -164,7 +164,8 @@ async fn wait_for_engine(
                 },
                 Err(error) => format!("{error:#}"),
             },
-            Some(name) => match scrape_once(client, spec.kind, &spec.base_url, timeout).await {
+            // The first scrape only finds the engine; the scraper applies --engine-dispatch-ahead-tokens.
+            Some(name) => match scrape_once(client, spec.kind, &spec.base_url, timeout, 0).await {
                 Ok(first) => return Ok(Engine { model: name.clone(), first }),
                 Err(error) => error,
             },
