@@ -25,8 +25,11 @@ struct Slot {
 impl Slot {
     /// Processing, and at most `ahead` tokens from its output limit.
     fn ending(&self, ahead: u32) -> bool {
+        if ahead == 0 || !self.is_processing {
+            return false;
+        }
         let remain = self.next_token.as_ref().and_then(|next| next.get(0)?.get("n_remain")?.as_i64());
-        self.is_processing && ahead > 0 && remain.is_some_and(|n| (0..=i64::from(ahead)).contains(&n))
+        remain.is_some_and(|n| (0..=i64::from(ahead)).contains(&n))
     }
 }
 

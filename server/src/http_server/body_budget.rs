@@ -24,11 +24,12 @@
 //! refused at once, unless it is small: a body whose `Content-Length` is at
 //! most [`FIRST_STEP`] that the budget cannot take is held in a lane of its
 //! own, [`SMALL_LANE`] on top of the budget, so that huge bodies filling the
-//! budget do not turn ordinary requests away. A refusal is 503 (the budget, `Unavailable`, with a
-//! retry hint around [`BUDGET_RETRY_AFTER`], jittered) or 413 (the limit), in OpenAI's
-//! error shape, without buffering the rest, with `Connection: close` (the
-//! rest is discarded in the background, within bounds, so that a client
-//! still sending reads the answer, not a reset). The reservation is owned by
+//! budget do not turn ordinary requests away. A refusal is 503 (the
+//! budget, `Unavailable`, with a retry hint around [`BUDGET_RETRY_AFTER`],
+//! jittered) or 413 (the limit), in OpenAI's error shape, without
+//! buffering the rest, with `Connection: close` (the rest is discarded in
+//! the background, within bounds, so that a client still sending reads the
+//! answer, not a reset). The reservation is owned by
 //! the returned [`Bytes`]: it is released when the last clone of the body is
 //! dropped (the proxy's, or the HTTP client's while it still sends an
 //! attempt), so the budget counts exactly the bodies in memory.
