@@ -92,10 +92,9 @@ pub enum Publisher {
     Worker,
     /// The router's own tracking of what it dispatched and not yet seen end.
     Router,
-    /// This router's own shared publication as it came back from the event
-    /// plane: what the other frontends have seen of its tracking (the
-    /// lease's reference, see `monitor::lease`). Kept only with other
-    /// frontends.
+    /// The least the other frontends may hold of this router's shared
+    /// publications, from what they acknowledged applying (the lease's
+    /// reference, see `monitor::lease`). Kept only with other frontends.
     Echo,
     /// The load another frontend added (its own tracking, as it published
     /// it), by the index this monitor gave that frontend:

@@ -6,7 +6,7 @@
 use bytes::BytesMut;
 use libfuzzer_sys::arbitrary::{self, Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use loadgate::wire::{decode, encode, Frame, LineWaiting, WireError, HEADER_LEN, MAGIC, MAX_FRAME};
+use loadgate::wire::{decode, encode, Ack, Frame, LineWaiting, WireError, HEADER_LEN, MAGIC, MAX_FRAME};
 use loadgate::RankLoad;
 
 #[derive(Arbitrary, Debug)]
@@ -66,6 +66,13 @@ enum FrameInput {
         /// Sometimes enough more lines to pass MAX_FRAME.
         pad: u16,
     },
+    FrontendAck {
+        frontend: u64,
+        incarnation: u64,
+        acks: Vec<[u64; 4]>,
+        /// Sometimes enough more acks to pass MAX_FRAME.
+        pad: u8,
+    },
 }
 
 fn rank_load([a, b, c, d, e]: [u32; 5]) -> RankLoad {
@@ -109,6 +116,12 @@ impl FrameInput {
                 let lines = lines.into_iter().chain(extra).map(|(model, waiting)| LineWaiting { model, waiting });
                 Frame::FrontendBeat { frontend, incarnation, in_flight, waiting, lines: lines.collect() }
             }
+            FrameInput::FrontendAck { frontend, incarnation, acks, pad } => {
+                let extra = std::iter::repeat_n([1, 2, 3, 4], usize::from(pad % 160));
+                let acks = acks.into_iter().chain(extra);
+                let acks = acks.map(|[peer, peer_incarnation, first, seq]| Ack { peer, peer_incarnation, first, seq });
+                Frame::FrontendAck { frontend, incarnation, acks: acks.collect() }
+            }
         }
     }
 }
@@ -124,6 +137,7 @@ fn encoded_len(frame: &Frame) -> usize {
             Frame::Proof { .. } => 64,
             Frame::FrontendLoad { .. } => 8 * 5 + 4 + 20,
             Frame::FrontendBeat { lines, .. } => 8 + 8 + 4 + 4 + lines.len() * (8 + 4),
+            Frame::FrontendAck { acks, .. } => 8 + 8 + acks.len() * 32,
         }
 }
 

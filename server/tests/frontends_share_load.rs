@@ -10,11 +10,12 @@
 //!   to the threshold by itself: about 3× it;
 //! - sharing with the lease (the default): within the stated bound,
 //!   threshold + k requests (k = 3 frontends: 1,300 tokens, 13 requests).
-//!   The bound assumes a frontend hears another's publication no later
-//!   than that one hears its own echo (one nats-server, see
-//!   `loadgate::monitor` `lease`); on a 2-core machine busy with a build a
-//!   frontend may lag, so the assertion allows one more request per
-//!   frontend (16); the figure is printed.
+//!   The bound holds however late a busy frontend applies another's
+//!   frames (a frontend's reference is what the others acknowledged
+//!   applying: see `loadgate::monitor` `lease`), so the assertion is the
+//!   bound itself. Until the acknowledgements the reference was a
+//!   frontend's own frame back from NATS, and a CI run on a busy 2-core
+//!   machine measured 1.70x; the figure is printed.
 //!
 //! `#[ignore]` in plain `cargo test` (they need `nats-server`); `.ci/run`
 //! runs them (release). Every wait is bounded.
@@ -169,7 +170,7 @@ async fn three_frontends_admitting_at_once_stay_within_the_lease_bound_and_not_s
     eprintln!("sum and lease: peak {leased:.2} x; {} x 200, {} x 529", count(&statuses, 200), count(&statuses, 529));
     assert!(statuses.iter().all(|s| [200, 529].contains(s)), "only 200 and 529: {statuses:?}");
     assert!(alone >= 2.5, "each frontend alone fills each worker: about 3x, got {alone:.2}");
-    assert!(leased <= 1.6, "within threshold + k requests (1.3x; 1.6x allowed, see the module docs): {leased:.2}");
+    assert!(leased <= 1.3 + 1e-9, "within threshold + k requests (1.3x): {leased:.2}");
     assert!(count(&statuses, 200) >= 20, "the lease still fills the workers: {} admitted", count(&statuses, 200));
 }
 

@@ -6,9 +6,10 @@
 //! frontends admitting flat out would each fill the headroom they see, and
 //! overshoot a worker's threshold up to k times. Under the lease a
 //! frontend's growth not yet seen by the others (its tracked load less its
-//! own last publication *as it came back from the event plane*,
-//! [`Publisher::Echo`](crate::Publisher::Echo)) stays within **its 1/k
-//! share of the headroom everyone has seen**: per signal,
+//! **reference**, [`Publisher::Echo`](crate::Publisher::Echo): the least
+//! any other live frontend may hold of its publications, from what they
+//! acknowledged applying) stays within **its 1/k share of the headroom
+//! everyone has seen**: per signal,
 //!
 //! ```text
 //! seen     = max(worker's report, echo + Σ other frontends' publications)
@@ -17,20 +18,24 @@
 //! ```
 //!
 //! with k the live frontends, this one included; past it the worker is busy
-//! for this frontend until its echo arrives (a round trip through NATS),
-//! and then the headroom has shrunk by what it took. Alone (k = 1) the rule
-//! is the threshold itself.
+//! for this frontend until the others acknowledge its publication (two
+//! trips through NATS), and then the headroom has shrunk by what it took.
+//! Alone (k = 1) the rule is the threshold itself.
 //!
-//! **The bound.** Let `P` be the sum of every frontend's last echoed
-//! publication. A frontend's view of the others is at least their echoed
-//! publications (it hears another's frame no later than that one hears its
-//! own echo: one NATS server fans a message out to every subscriber at
-//! once), so its headroom is at most `threshold − P`, and it has admitted
+//! **The bound.** Let `P` be the sum of every frontend's reference. A
+//! frontend's view of each other frontend is at least that one's reference
+//! (by construction: the reference is the least any live peer may hold,
+//! from the peers' own acknowledgements; an echo of one's own publication
+//! would not do, as a peer busy with requests may apply it later than its
+//! sender hears it back), so its headroom is at most `threshold − P`, and it has admitted
 //! at most `(threshold − P) / k` unseen plus the one request that crossed
 //! it (if the frontend routes and tracks one request at a time, as
 //! `loadgate frontend` does under the lease; two threads of a caller
 //! deciding at once would each add one). Over the k frontends: the
-//! worker's load stays within **threshold + k × (the largest request)**. Geometric, not static: an
+//! worker's load stays within **threshold + k × (the largest request)**,
+//! whatever the delivery delays, as long as every frontend counts the same
+//! k live ones (a frontend silent past the staleness stops counting, and a
+//! newcomer counts the others only from their first frames). Geometric, not static: an
 //! idle fleet lets one frontend take a k-th of the whole headroom per round
 //! trip, so it fills the worker in a few round trips and no capacity is
 //! set aside.

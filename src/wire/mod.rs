@@ -13,7 +13,7 @@
 //!                      refused as `UnsupportedVersion`; anything else is garbage)
 //! 1      1     kind    1 = Register, 2 = Load, 3 = Deregister,
 //!                      4 = Challenge, 5 = Proof, 6 = Welcome,
-//!                      7 = FrontendLoad, 8 = FrontendBeat (NATS only)
+//!                      7 = FrontendLoad, 8 = FrontendBeat, 9 = FrontendAck (NATS only)
 //! 2      2     length  payload length in bytes (header excluded)
 //! 4      n     payload
 //! ```
@@ -35,6 +35,9 @@
 //!            | worker_incarnation u64 | rank u32 | the five load fields u32  (exactly 64 bytes)
 //! FrontendBeat frontend u64 | incarnation u64 | in_flight u32 | waiting u32
 //!            | lines × (model_key u64 | waiting u32)           (24 + 12 × lines bytes, at most MAX_BEAT_LINES)
+//! FrontendAck frontend u64 | incarnation u64
+//!            | acks × (peer u64 | peer_incarnation u64 | first u64 | seq u64)
+//!                                                              (16 + 32 × acks bytes, at most MAX_ACKS)
 //! ```
 //!
 //! A beat's lines are the models whose waiting lines hold requests, each
@@ -42,9 +45,9 @@
 //! frame stays fixed-size per model: 339 of them fit, and a frontend that
 //! shares its load refuses a `--max-models` above that).
 //!
-//! The two frontend frames travel only on the NATS plane, between
-//! frontends (a frontend's added load, and that it is alive); the TCP
-//! plane refuses them from a worker.
+//! The three frontend frames travel only on the NATS plane, between
+//! frontends (a frontend's added load, that it is alive, and which of the
+//! others' loads it has applied); the TCP plane refuses them from a worker.
 //!
 //! # Handshake
 //!
@@ -125,6 +128,7 @@ const KIND_PROOF: u8 = 5;
 const KIND_WELCOME: u8 = 6;
 const KIND_FRONTEND_LOAD: u8 = 7;
 const KIND_FRONTEND_BEAT: u8 = 8;
+const KIND_FRONTEND_ACK: u8 = 9;
 
 const LOAD_PAYLOAD: usize = 8 + 8 + 4 + 8 + 5 * 4;
 const DEREGISTER_PAYLOAD: usize = 8 + 8;
@@ -140,6 +144,29 @@ const BEAT_LINE: usize = 8 + 4;
 pub const MAX_BEAT_LINES: usize = (MAX_FRAME - HEADER_LEN - FRONTEND_BEAT_PAYLOAD) / BEAT_LINE;
 // The docs quote it.
 const _: () = assert!(MAX_BEAT_LINES == 339);
+
+const FRONTEND_ACK_PAYLOAD: usize = 8 + 8;
+/// Bytes of one acknowledgement in a FrontendAck.
+const ACK_ENTRY: usize = 8 + 8 + 8 + 8;
+
+/// The most acknowledgements a FrontendAck carries (what fits in [`MAX_FRAME`]).
+pub const MAX_ACKS: usize = (MAX_FRAME - HEADER_LEN - FRONTEND_ACK_PAYLOAD) / ACK_ENTRY;
+const _: () = assert!(MAX_ACKS == 127);
+
+/// What a frontend has applied of another frontend's FrontendLoad frames,
+/// in a FrontendAck.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ack {
+    /// The other frontend's id.
+    pub peer: u64,
+    /// The other frontend's incarnation the figures are of.
+    pub peer_incarnation: u64,
+    /// The first seq of that incarnation applied since the last gap: every
+    /// frame from `first` to `seq` was applied, in order.
+    pub first: u64,
+    /// The last seq applied.
+    pub seq: u64,
+}
 
 /// How many requests wait in one model's line, in a FrontendBeat.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -249,6 +276,18 @@ pub enum Frame {
         /// most [`MAX_BEAT_LINES`]).
         lines: Vec<LineWaiting>,
     },
+    /// Frontend to frontends: which of the others' FrontendLoad frames it
+    /// has applied (the others' lease references, see
+    /// `loadgate::monitor` `lease`).
+    FrontendAck {
+        /// The frontend's id.
+        frontend: u64,
+        /// The frontend's incarnation.
+        incarnation: u64,
+        /// One per other frontend whose frames it applied since its last
+        /// ack (at most [`MAX_ACKS`]).
+        acks: Vec<Ack>,
+    },
 }
 
 impl Frame {
@@ -263,6 +302,7 @@ impl Frame {
             Frame::Welcome { .. } => "Welcome",
             Frame::FrontendLoad { .. } => "FrontendLoad",
             Frame::FrontendBeat { .. } => "FrontendBeat",
+            Frame::FrontendAck { .. } => "FrontendAck",
         }
     }
 }
@@ -314,8 +354,9 @@ impl std::error::Error for WireError {}
 ///
 /// # Errors
 ///
-/// [`WireError::Oversized`] when a Register's strings or a FrontendBeat's
-/// lines make the frame larger than [`MAX_FRAME`]; nothing is written then.
+/// [`WireError::Oversized`] when a Register's strings, a FrontendBeat's
+/// lines or a FrontendAck's acks make the frame larger than [`MAX_FRAME`];
+/// nothing is written then.
 pub fn encode(frame: &Frame, dst: &mut BytesMut) -> Result<(), WireError> {
     match frame {
         Frame::Register { worker, incarnation, dp_size, model, http_addr } => {
@@ -392,6 +433,22 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) -> Result<(), WireError> {
                 dst.put_u32(line.waiting);
             }
         }
+        Frame::FrontendAck { frontend, incarnation, acks } => {
+            let payload = FRONTEND_ACK_PAYLOAD + ACK_ENTRY * acks.len();
+            if HEADER_LEN + payload > MAX_FRAME {
+                return Err(WireError::Oversized(HEADER_LEN + payload));
+            }
+            dst.reserve(HEADER_LEN + payload);
+            put_header(dst, KIND_FRONTEND_ACK, payload);
+            dst.put_u64(*frontend);
+            dst.put_u64(*incarnation);
+            for ack in acks {
+                dst.put_u64(ack.peer);
+                dst.put_u64(ack.peer_incarnation);
+                dst.put_u64(ack.first);
+                dst.put_u64(ack.seq);
+            }
+        }
     }
     Ok(())
 }
@@ -448,7 +505,7 @@ pub fn decode(src: &mut BytesMut) -> Result<Option<Frame>, WireError> {
     let Some(&kind) = src.get(1) else {
         return Ok(None);
     };
-    if !matches!(kind, KIND_REGISTER..=KIND_FRONTEND_BEAT) {
+    if !matches!(kind, KIND_REGISTER..=KIND_FRONTEND_ACK) {
         return Err(WireError::UnknownKind(kind));
     }
     if src.len() < HEADER_LEN {
@@ -466,6 +523,7 @@ pub fn decode(src: &mut BytesMut) -> Result<Option<Frame>, WireError> {
         KIND_WELCOME => len == WELCOME_PAYLOAD,
         KIND_FRONTEND_LOAD => len == FRONTEND_LOAD_PAYLOAD,
         KIND_FRONTEND_BEAT => len >= FRONTEND_BEAT_PAYLOAD && (len - FRONTEND_BEAT_PAYLOAD) % BEAT_LINE == 0,
+        KIND_FRONTEND_ACK => len >= FRONTEND_ACK_PAYLOAD && (len - FRONTEND_ACK_PAYLOAD) % ACK_ENTRY == 0,
         _ => len >= REGISTER_FIXED,
     };
     if !length_ok {
@@ -506,6 +564,13 @@ fn parse_payload(kind: u8, mut p: &[u8]) -> Result<Frame, WireError> {
             waiting: p.get_u32(),
             lines: (0..(len - FRONTEND_BEAT_PAYLOAD) / BEAT_LINE)
                 .map(|_| LineWaiting { model: p.get_u64(), waiting: p.get_u32() })
+                .collect(),
+        }),
+        KIND_FRONTEND_ACK => Ok(Frame::FrontendAck {
+            frontend: p.get_u64(),
+            incarnation: p.get_u64(),
+            acks: (0..(len - FRONTEND_ACK_PAYLOAD) / ACK_ENTRY)
+                .map(|_| Ack { peer: p.get_u64(), peer_incarnation: p.get_u64(), first: p.get_u64(), seq: p.get_u64() })
                 .collect(),
         }),
         KIND_DEREGISTER => Ok(Frame::Deregister { worker: p.get_u64(), incarnation: p.get_u64() }),
@@ -622,7 +687,7 @@ mod tests {
     #[test]
     fn garbage_is_rejected_from_its_first_bytes() {
         assert_eq!(decode(&mut BytesMut::from(&b"GET / HTTP/1.1"[..])), Err(WireError::BadMagic(b'G')));
-        assert_eq!(decode(&mut BytesMut::from(&[MAGIC, 9][..])), Err(WireError::UnknownKind(9)));
+        assert_eq!(decode(&mut BytesMut::from(&[MAGIC, 10][..])), Err(WireError::UnknownKind(10)));
         assert_eq!(decode(&mut BytesMut::from(&[MAGIC, KIND_LOAD, 0xFF, 0xFF][..])), Err(WireError::Oversized(65539)));
         assert_eq!(
             decode(&mut BytesMut::from(&[MAGIC, KIND_LOAD, 0, 47][..])),
@@ -666,13 +731,13 @@ mod tests {
             }
             assert_eq!(decode(&mut BytesMut::from(&[MAGIC, kind, 0, good][..])), Ok(None));
         }
-        assert_eq!(decode(&mut BytesMut::from(&[MAGIC, 9][..])), Err(WireError::UnknownKind(9)));
+        assert_eq!(decode(&mut BytesMut::from(&[MAGIC, 10][..])), Err(WireError::UnknownKind(10)));
         assert_eq!(decode(&mut BytesMut::from(&[MAGIC, 0][..])), Err(WireError::UnknownKind(0)));
     }
 
     #[test]
     fn frontend_frames_have_their_lengths() {
-        for (kind, good) in [(KIND_FRONTEND_LOAD, 64u8), (KIND_FRONTEND_BEAT, 24)] {
+        for (kind, good) in [(KIND_FRONTEND_LOAD, 64u8), (KIND_FRONTEND_BEAT, 24), (KIND_FRONTEND_ACK, 16)] {
             for len in [0, good - 1, good + 1] {
                 let refused = decode(&mut BytesMut::from(&[MAGIC, kind, 0, len][..]));
                 assert_eq!(refused, Err(WireError::BadLength { kind, len: usize::from(len) }));
@@ -684,6 +749,21 @@ mod tests {
             let refused = Err(WireError::BadLength { kind: KIND_FRONTEND_BEAT, len: usize::from(len) });
             assert_eq!(decoded == refused, !ok, "{len}");
         }
+        // An ack is 16 bytes and 32 per acknowledgement.
+        for (len, ok) in [(48u8, true), (80, true), (47, false), (49, false), (64, false)] {
+            let decoded = decode(&mut BytesMut::from(&[MAGIC, KIND_FRONTEND_ACK, 0, len][..]));
+            let refused = Err(WireError::BadLength { kind: KIND_FRONTEND_ACK, len: usize::from(len) });
+            assert_eq!(decoded == refused, !ok, "{len}");
+        }
+        let acks = vec![Ack { peer: 1, peer_incarnation: 2, first: 3, seq: 4 }; MAX_ACKS + 1];
+        let mut buf = BytesMut::new();
+        let ack = Frame::FrontendAck { frontend: 1, incarnation: 2, acks };
+        assert_eq!(
+            encode(&ack, &mut buf),
+            Err(WireError::Oversized(HEADER_LEN + 16 + 128 * 32)),
+            "127 acks fit, 128 do not"
+        );
+        assert!(buf.is_empty());
         let lines = vec![LineWaiting { model: 1, waiting: 0 }; MAX_BEAT_LINES + 1];
         let beat = Frame::FrontendBeat { frontend: 1, incarnation: 2, in_flight: 0, waiting: 0, lines };
         let mut buf = BytesMut::new();
@@ -711,6 +791,14 @@ mod tests {
                 in_flight: 7,
                 waiting: 8,
                 lines: vec![LineWaiting { model: model_key("a"), waiting: 5 }; MAX_BEAT_LINES],
+            },
+            Frame::FrontendAck { frontend: 1, incarnation: 2, acks: vec![] },
+            Frame::FrontendAck {
+                frontend: 1,
+                incarnation: 2,
+                acks: (0..MAX_ACKS as u64)
+                    .map(|n| Ack { peer: n, peer_incarnation: n << 8, first: n << 16, seq: u64::MAX - n })
+                    .collect(),
             },
         ];
         for frame in frames {

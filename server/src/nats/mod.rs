@@ -12,7 +12,7 @@
 //! |---|---|---|
 //! | `{ns}.ev.{model}.{worker}` | a worker | one sealed frame: Register, Load or Deregister |
 //! | `{ns}.hello` | a frontend, at start and after each reconnect | empty: every worker re-sends its registration and latest load |
-//! | `{ns}.fe.{frontend}` | a frontend sharing its load | one sealed frame: FrontendLoad or FrontendBeat ([`sharing`]) |
+//! | `{ns}.fe.{frontend}` | a frontend sharing its load | one sealed frame: FrontendLoad, FrontendBeat or FrontendAck ([`sharing`]) |
 //!
 //! `{model}` is the model name with every byte outside `A-Z a-z 0-9 _ -`
 //! written `~XX` (hex), so that no model name can add tokens or wildcards.

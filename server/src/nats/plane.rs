@@ -37,10 +37,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt as _;
+use futures_util::{FutureExt as _, StreamExt as _};
 use loadgate::monitor::{Applied, Publisher};
 use loadgate::wire::envelope::Openers;
-use loadgate::wire::{model_key, Frame};
+use loadgate::wire::{model_key, Frame, MAX_ACKS};
 use loadgate::{LoadReport, WorkerId, WorkerMonitor};
 
 use super::args::NatsArgs;
@@ -62,6 +62,9 @@ const SWEEP_EVERY: Duration = Duration::from_millis(50);
 /// The least time between two applications of the others' lines (one per
 /// beat whose lines changed, at most this often).
 const SHARE_AT_MOST_EVERY: Duration = Duration::from_millis(10);
+
+/// The most frames from other frontends applied before their ack goes out.
+const ACK_BATCH: usize = 256;
 
 /// A worker the plane registered.
 struct Known {
@@ -126,6 +129,8 @@ struct Applier {
     stats: Arc<PlaneStats>,
     /// The other frontends (when load is shared).
     peers: Option<Peers>,
+    /// Where this frontend's acks go, and who it is (when load is shared).
+    acks: Option<(Outbox, Identity)>,
     /// Told when another frontend's lines changed.
     lines_changed: tokio::sync::Notify,
     /// The retry hint told the pool's figures (`--retry-hint-scope pool`).
@@ -188,11 +193,20 @@ impl NatsPlane {
                     sealer: secrets.sealer(),
                     client: client.clone(),
                 };
-                let newcomer = peers.newcomer();
+                let links = peers.links();
                 let publisher =
-                    SharePublisher::start(s.identity, outbox, monitor.clone(), s.feed, s.heartbeat, s.holds, newcomer);
-                (Some(peers), Some(publisher))
+                    SharePublisher::start(s.identity, outbox, monitor.clone(), s.feed, s.heartbeat, s.holds, links);
+                let acks = Outbox {
+                    subject: subjects.frontend(s.identity.frontend),
+                    sealer: secrets.sealer(),
+                    client: client.clone(),
+                };
+                (Some((peers, acks, s.identity)), Some(publisher))
             }
+            None => (None, None),
+        };
+        let (peers, acks) = match peers {
+            Some((peers, acks, identity)) => (Some(peers), Some((acks, identity))),
             None => (None, None),
         };
         client.publish(subjects.hello(), bytes::Bytes::new()).await?;
@@ -208,6 +222,7 @@ impl NatsPlane {
             connected,
             stats,
             peers,
+            acks,
             lines_changed: tokio::sync::Notify::new(),
             pool_hint,
         });
@@ -221,7 +236,15 @@ impl NatsPlane {
                         Some(message) => receiving.apply(&message.subject, &message.payload),
                         None => break,
                     },
-                    Some(message) = shared.next() => receiving.apply(&message.subject, &message.payload),
+                    Some(message) = shared.next() => {
+                        receiving.apply(&message.subject, &message.payload);
+                        // What else has come, then one ack for the lot.
+                        for _ in 1..ACK_BATCH {
+                            let Some(Some(message)) = shared.next().now_or_never() else { break };
+                            receiving.apply(&message.subject, &message.payload);
+                        }
+                        receiving.acknowledge().await;
+                    }
                     Some(()) = reconnections.recv() => {
                         // Every worker's silence starts over, and every
                         // worker announces itself again.
@@ -351,8 +374,30 @@ impl Applier {
                     Heard::Taken | Heard::Own => {}
                 }
             }
+            Frame::FrontendAck { frontend, incarnation, acks } => {
+                let Some(peers) = &self.peers else { return };
+                if subject != self.subjects.frontend(frontend) {
+                    self.stats.frame_dropped(false);
+                    return;
+                }
+                if peers.ack(frontend, incarnation, &acks) == Heard::Dropped {
+                    self.stats.frame_dropped(false);
+                }
+            }
             // Handshake frames have no place on NATS.
             _ => {}
+        }
+    }
+
+    /// Tells the other frontends which of their frames this one applied
+    /// since the last ack (their lease references), in as few frames as fit.
+    async fn acknowledge(&self) {
+        let (Some(peers), Some((outbox, own))) = (&self.peers, &self.acks) else { return };
+        let acks = peers.acks();
+        for chunk in acks.chunks(MAX_ACKS) {
+            let frame =
+                Frame::FrontendAck { frontend: own.frontend, incarnation: own.incarnation, acks: chunk.to_vec() };
+            outbox.send(&frame).await;
         }
     }
 
@@ -503,6 +548,7 @@ mod tests {
             connected: Arc::new(AtomicBool::new(true)),
             stats: Arc::default(),
             peers: None,
+            acks: None,
             lines_changed: tokio::sync::Notify::new(),
             pool_hint: None,
         }

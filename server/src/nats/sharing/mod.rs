@@ -6,7 +6,7 @@
 //!
 //! | subject | publisher | payload |
 //! |---|---|---|
-//! | `{ns}.fe.{frontend}` | a frontend | sealed FrontendLoad (one rank of one worker) or FrontendBeat (in flight, waiting, and each model's waiting) |
+//! | `{ns}.fe.{frontend}` | a frontend | sealed FrontendLoad (one rank of one worker), FrontendBeat (in flight, waiting, and each model's waiting) or FrontendAck (which of the others' FrontendLoads it applied) |
 //!
 //! - [`changes`]: the requests' tracking notes which (worker, rank) changed;
 //! - [`publish`]: the own side, publishing each change at once and a beat
@@ -14,11 +14,17 @@
 //!   a slice of the loads again per beat ([`rotation`]);
 //! - [`peers`]: the other frontends, each given one of `--max-frontends`
 //!   monitor slots, renewed at each of their beats, dropped three
-//!   heartbeats after their last frame.
+//!   heartbeats after their last frame; what this one applied of each
+//!   goes back to it in acks;
+//! - [`reference`]: the lease's reference, from the others' acks of this
+//!   frontend's frames.
 
 pub(crate) mod changes;
+#[cfg(test)]
+mod lease_model;
 pub(crate) mod peers;
 pub(crate) mod publish;
+pub(crate) mod reference;
 mod rotation;
 
 use std::time::Duration;
@@ -39,8 +45,8 @@ pub(crate) struct SharingArgs {
     /// frontend's load stops counting three beats after its last frame.
     #[arg(long, alias = "frontend-heartbeat-ms", env = "LOADGATE_FRONTEND_SHARE_HEARTBEAT_MS", value_name = "MS", default_value_t = 200, value_parser = crate::flag_limits::ms(10))]
     pub(crate) share_heartbeat_ms: u64,
-    /// The lease: what this frontend adds to a worker before the other frontends have seen it
-    /// (its publication back from NATS) stays within its 1/k share of the headroom everyone has
+    /// The lease: what this frontend adds to a worker before the other frontends have applied it
+    /// (they acknowledge what they applied) stays within its 1/k share of the headroom everyone has
     /// seen (k live frontends), so k frontends admitting at once overshoot a threshold by at most k
     /// requests. `false`: the sum alone (k frontends admitting at once can overshoot up to k times).
     #[arg(long, alias = "frontend-lease", env = "LOADGATE_FRONTEND_SHARE_LEASE", value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]

@@ -6,6 +6,11 @@
 //! staleness (its load counts no more by then), emptied first too. Frames
 //! of an older incarnation, of this frontend itself, or of more frontends
 //! than there are slots are dropped.
+//!
+//! Which of each peer's FrontendLoad frames this frontend applied, in order
+//! since its last gap, goes back to it in FrontendAcks ([`Peers::acks`]);
+//! the peers' acknowledgements of this frontend's own frames make its
+//! lease reference ([`Reference`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,9 +18,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use loadgate::monitor::{Applied, Publisher};
+use loadgate::wire::Ack;
 use loadgate::{LoadReport, RankLoad, WorkerId, WorkerMonitor};
 
-use super::publish::{Holding, Identity};
+use super::publish::{Holding, Identity, PeerLinks};
+use super::reference::Reference;
 
 /// What a FrontendLoad frame says.
 #[derive(Clone, Copy, Debug)]
@@ -48,6 +55,10 @@ struct Peer {
     heard: Instant,
     /// What it held at its last beat.
     holds: Holding,
+    /// Its FrontendLoad seqs applied here in order since the last gap
+    /// (first, last), and whether that changed since the last ack.
+    applied: Option<(u64, u64)>,
+    unacked: bool,
 }
 
 /// The live frontends of the pool, this one included, and what the others
@@ -86,6 +97,8 @@ pub(crate) struct Peers {
     /// Set when a frontend joins or restarts: this one publishes all its
     /// load again (it publishes only changes otherwise).
     newcomer: Arc<AtomicBool>,
+    /// What the peers acknowledged of this frontend's frames.
+    reference: Arc<Reference>,
 }
 
 impl Peers {
@@ -94,13 +107,14 @@ impl Peers {
     pub(crate) fn new(own: Identity, monitor: Arc<WorkerMonitor>, slots: u16, staleness: Duration) -> Self {
         let free = (0..slots).rev().collect();
         let table = Mutex::new(Table { by_id: HashMap::new(), free });
-        Peers { own, monitor, staleness, table, newcomer: Arc::new(AtomicBool::new(false)) }
+        let reference = Arc::new(Reference::new(monitor.clone()));
+        Peers { own, monitor, staleness, table, newcomer: Arc::new(AtomicBool::new(false)), reference }
     }
 
-    /// The flag a join, a restart or a return sets, for this frontend's
-    /// publisher.
-    pub(crate) fn newcomer(&self) -> Arc<AtomicBool> {
-        self.newcomer.clone()
+    /// For this frontend's publisher: the flag a join, a restart or a
+    /// return sets, and the lease reference to record what it publishes.
+    pub(crate) fn links(&self) -> PeerLinks {
+        PeerLinks { newcomer: self.newcomer.clone(), reference: self.reference.clone() }
     }
 
     /// Has this frontend's publisher send all its loads again (after its
@@ -111,35 +125,82 @@ impl Peers {
         self.newcomer.store(true, Ordering::Relaxed);
     }
 
-    /// A FrontendLoad frame: another frontend's load goes to its slot; this
-    /// frontend's own, back from NATS, is its echo (what the others have
-    /// seen of it: the lease's reference).
+    /// A FrontendLoad frame: another frontend's load goes to its slot (and
+    /// its seq to the next ack); this frontend's own, back from NATS, says
+    /// nothing (the peers' acks do: see [`Reference`]).
     pub(crate) fn load(&self, added: Added) -> Heard {
-        let (publisher, heard) = if added.frontend == self.own.frontend {
+        if added.frontend == self.own.frontend {
             if added.incarnation != self.own.incarnation {
                 return Heard::Dropped; // a previous life's frame, or a replay
             }
-            (Publisher::Echo, Heard::Own)
-        } else {
-            match self.slot(added.frontend, added.incarnation) {
-                Some(index) => (Publisher::Frontend(index), Heard::Taken),
-                None => return Heard::Dropped,
-            }
-        };
+            return Heard::Own;
+        }
+        let Some(index) = self.slot(added.frontend, added.incarnation) else { return Heard::Dropped };
         let report = LoadReport {
             worker: added.worker,
             incarnation: added.worker_incarnation,
             rank: added.rank,
-            publisher,
+            publisher: Publisher::Frontend(index),
             seq: added.seq,
             load: added.load,
         };
-        match self.monitor.apply(&report) {
-            Ok(Applied::Stored | Applied::Flipped) => heard,
+        let heard = match self.monitor.apply(&report) {
+            Ok(Applied::Stored | Applied::Flipped) => Heard::Taken,
             Ok(_) => Heard::Dropped,
-            // A worker this frontend does not know (yet, or any more).
+            // A worker this frontend does not know (yet, or any more): it
+            // routes nothing there, so the frame is applied all the same.
             Err(_) => Heard::Dropped,
+        };
+        // Applied (or moot) now: acknowledged at the end of this batch.
+        self.applied(added.frontend, added.incarnation, added.seq);
+        heard
+    }
+
+    /// `frontend`'s frame `seq` was applied: the run since its last gap.
+    fn applied(&self, frontend: u64, incarnation: u64, seq: u64) {
+        let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(peer) = table.by_id.get_mut(&frontend).filter(|p| p.incarnation == incarnation) else { return };
+        peer.applied = match peer.applied {
+            Some((first, last)) if seq == last.wrapping_add(1) => Some((first, seq)),
+            // A replay or a duplicate: the run stands.
+            Some((first, last)) if seq <= last => Some((first, last)),
+            // The first frame heard, or one after a gap (NATS lost some):
+            // a new run.
+            _ => Some((seq, seq)),
+        };
+        peer.unacked = true;
+    }
+
+    /// The acknowledgements to send: each peer whose frames were applied
+    /// since the last call.
+    pub(crate) fn acks(&self) -> Vec<Ack> {
+        let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let mut acks = Vec::new();
+        for (&peer, p) in table.by_id.iter_mut() {
+            if !std::mem::take(&mut p.unacked) {
+                continue;
+            }
+            if let Some((first, seq)) = p.applied {
+                acks.push(Ack { peer, peer_incarnation: p.incarnation, first, seq });
+            }
         }
+        acks
+    }
+
+    /// A FrontendAck frame: what its sender applied of this frontend's
+    /// frames goes to the lease reference.
+    pub(crate) fn ack(&self, frontend: u64, incarnation: u64, acks: &[Ack]) -> Heard {
+        if frontend == self.own.frontend {
+            return Heard::Own;
+        }
+        if self.slot(frontend, incarnation).is_none() {
+            return Heard::Dropped;
+        }
+        let own = |a: &&Ack| a.peer == self.own.frontend && a.peer_incarnation == self.own.incarnation;
+        for ack in acks.iter().filter(own) {
+            self.reference.acked(frontend, incarnation, ack.first, ack.seq);
+        }
+        Heard::Taken
     }
 
     /// A FrontendBeat frame, with what its sender holds: its sender is
@@ -168,10 +229,12 @@ impl Peers {
     /// what the others hold; the monitor's lease is told how many others.
     pub(crate) fn pool(&self) -> Pool {
         let mut pool = Pool { frontends: 1, ..Pool::default() };
+        let mut live = Vec::new();
         {
             let table = self.table.lock().unwrap_or_else(|e| e.into_inner());
             for (&peer_id, peer) in table.by_id.iter().filter(|(_, p)| p.heard.elapsed() <= self.staleness) {
                 pool.frontends += 1;
+                live.push((peer_id, peer.incarnation));
                 pool.in_flight += u64::from(peer.holds.in_flight);
                 pool.waiting += u64::from(peer.holds.waiting);
                 for line in &peer.holds.lines {
@@ -183,6 +246,7 @@ impl Peers {
                 }
             }
         }
+        self.reference.set_live(&live);
         self.monitor.set_other_frontends(u32::try_from(pool.frontends - 1).unwrap_or(u32::MAX));
         pool
     }
@@ -203,12 +267,16 @@ impl Peers {
                 // A restart: its numbering starts over, and it knows
                 // nothing of the others' load yet.
                 peer.incarnation = incarnation;
+                peer.applied = None;
                 let _ = self.monitor.clear_publisher(Publisher::Frontend(peer.index));
                 self.ask_to_resend();
                 tracing::info!(frontend, incarnation, "frontend restarted");
             } else if now.duration_since(peer.heard) > self.staleness {
                 // Back after a silence past the window (a partition, a
-                // reconnection): it may have lost what this one published.
+                // reconnection): it may have lost what this one published,
+                // and what it published is dropped here (below): its run
+                // of applied frames starts over.
+                peer.applied = None;
                 self.ask_to_resend();
                 tracing::info!(frontend, incarnation, "frontend heard again after a silence");
             }
@@ -237,7 +305,8 @@ impl Peers {
             }
         };
         let _ = self.monitor.clear_publisher(Publisher::Frontend(index));
-        table.by_id.insert(frontend, Peer { incarnation, index, heard: now, holds: Holding::default() });
+        let peer = Peer { incarnation, index, heard: now, holds: Holding::default(), applied: None, unacked: false };
+        table.by_id.insert(frontend, peer);
         let _ = self.monitor.renew_publisher(Publisher::Frontend(index));
         // It knows nothing of this frontend's load yet.
         self.ask_to_resend();
@@ -254,9 +323,13 @@ mod tests {
     use loadgate::{BusyThresholds, MonitorConfig};
 
     fn monitor(slots: u16) -> Arc<WorkerMonitor> {
+        monitor_with(SharedLoad { frontends: slots, staleness: Duration::from_millis(60), ..Default::default() })
+    }
+
+    fn monitor_with(shared: SharedLoad) -> Arc<WorkerMonitor> {
         let config = MonitorConfig {
             default_thresholds: BusyThresholds { active_prefill_tokens_threshold: Some(100), ..Default::default() },
-            shared: SharedLoad { frontends: slots, staleness: Duration::from_millis(60), ..Default::default() },
+            shared,
             ..Default::default()
         };
         let monitor = Arc::new(WorkerMonitor::new(config).unwrap());
@@ -279,11 +352,11 @@ mod tests {
     const OWN: Identity = Identity { frontend: 1000, incarnation: 1 };
 
     #[test]
-    fn two_frontends_add_up_and_the_own_frames_are_their_echo() {
+    fn two_frontends_add_up_and_the_own_frames_add_nothing() {
         let monitor = monitor(2);
         let peers = Peers::new(OWN, monitor.clone(), 2, Duration::from_millis(60));
         assert_eq!(peers.load(added(1000, 1, 1, 500)), Heard::Own);
-        assert!(!monitor.is_busy(1), "the echo adds nothing");
+        assert!(!monitor.is_busy(1), "this frontend's own frame back adds nothing");
         assert_eq!(peers.load(added(1000, 0, 2, 500)), Heard::Dropped, "a previous life's echo");
         assert_eq!(peers.load(added(1, 1, 1, 60)), Heard::Taken);
         assert!(!monitor.is_busy(1));
@@ -293,6 +366,49 @@ mod tests {
         assert_eq!(peers.beat(2, 1, holding(7, &[(5, 3)])), Heard::Taken, "the same lines");
         let lines = HashMap::from([(5, LineShare { ahead: 3, others: 3 })]);
         assert_eq!(peers.pool(), Pool { frontends: 3, in_flight: 7, waiting: 3, lines });
+    }
+
+    #[test]
+    fn each_peer_s_applied_frames_are_acknowledged_once_as_a_run_since_its_last_gap() {
+        let peers = Peers::new(OWN, monitor(2), 2, Duration::from_secs(60));
+        assert!(peers.acks().is_empty());
+        peers.load(added(1, 1, 5, 10));
+        peers.load(added(1, 1, 6, 20));
+        peers.load(added(2, 3, 1, 30));
+        let mut acks = peers.acks();
+        acks.sort_by_key(|a| a.peer);
+        let run = |peer, peer_incarnation, first, seq| Ack { peer, peer_incarnation, first, seq };
+        assert_eq!(acks, vec![run(1, 1, 5, 6), run(2, 3, 1, 1)]);
+        assert!(peers.acks().is_empty(), "nothing new");
+        peers.load(added(1, 1, 6, 20));
+        assert_eq!(peers.acks(), vec![run(1, 1, 5, 6)], "a duplicate leaves the run");
+        peers.load(added(1, 1, 9, 20));
+        assert_eq!(peers.acks(), vec![run(1, 1, 9, 9)], "a gap starts a new run");
+        peers.load(added(1, 2, 1, 20));
+        assert_eq!(peers.acks(), vec![run(1, 2, 1, 1)], "a restart too");
+        peers.load(added(1000, 1, 7, 20));
+        assert!(peers.acks().is_empty(), "its own frames are not acknowledged");
+    }
+
+    #[test]
+    fn a_peer_s_ack_of_this_frontend_moves_its_lease_reference() {
+        let monitor = monitor_with(SharedLoad { frontends: 2, staleness: Duration::from_secs(60), lease: true });
+        let peers = Peers::new(OWN, monitor.clone(), 2, Duration::from_secs(60));
+        let ack = |seq| [Ack { peer: OWN.frontend, peer_incarnation: OWN.incarnation, first: 1, seq }];
+        assert_eq!(peers.ack(1000, 1, &ack(1)), Heard::Own);
+        assert_eq!(peers.ack(1, 1, &ack(1)), Heard::Taken, "a new peer, heard");
+        assert_eq!(peers.pool().frontends, 2);
+        // Tracking 60 of the 100 tokens, alone with one peer that has
+        // applied none of it: 60 unseen × 2 > 100 − 0 (busy for the lease).
+        monitor.track(1, 9, 0, 0, 60).unwrap();
+        let load = monitor.tracked(1, 0).unwrap().1;
+        peers.links().reference.published((1, 0), 9, 2, load);
+        assert!(monitor.is_busy(1), "60 unseen of 100 with two frontends");
+        let other_life = [Ack { peer: OWN.frontend, peer_incarnation: 0, first: 1, seq: 2 }];
+        assert_eq!(peers.ack(1, 1, &other_life), Heard::Taken);
+        assert!(monitor.is_busy(1), "an ack of another life of this frontend says nothing");
+        assert_eq!(peers.ack(1, 1, &ack(2)), Heard::Taken);
+        assert!(!monitor.is_busy(1), "peer 1 applied the 60: none unseen");
     }
 
     #[test]

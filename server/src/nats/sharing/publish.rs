@@ -30,6 +30,7 @@ use loadgate::wire::{model_key, Frame, LineWaiting, MAX_BEAT_LINES};
 use loadgate::{RankLoad, WorkerId, WorkerMonitor};
 
 use super::changes::ChangeFeed;
+use super::reference::Reference;
 use super::rotation::Rotation;
 use crate::secret::unix_ms;
 
@@ -109,6 +110,31 @@ pub(crate) struct Outbox {
     pub(crate) client: async_nats::Client,
 }
 
+impl Outbox {
+    /// Seals `frame` and publishes it (a failure is logged: the client
+    /// reconnects, and what was lost is mended, see the module docs).
+    pub(crate) async fn send(&self, frame: &Frame) {
+        let mut buf = BytesMut::new();
+        match self.sealer.seal(&self.subject, unix_ms(), frame, &mut buf) {
+            Ok(()) => {
+                if let Err(error) = self.client.publish(self.subject.clone(), buf.freeze()).await {
+                    tracing::debug!(%error, "NATS publish of the shared load failed (the client reconnects)");
+                }
+            }
+            Err(error) => tracing::warn!(%error, "shared load not sealed"),
+        }
+    }
+}
+
+/// What the publisher shares with [`Peers`](super::peers::Peers).
+pub(crate) struct PeerLinks {
+    /// Set when a frontend joins or restarts (or this one reconnects):
+    /// publish everything again.
+    pub(crate) newcomer: Arc<AtomicBool>,
+    /// Told each publication before it is sent.
+    pub(crate) reference: Arc<Reference>,
+}
+
 /// The publishing task; dropping it stops it.
 #[derive(Debug)]
 pub(crate) struct SharePublisher {
@@ -124,12 +150,12 @@ impl Drop for SharePublisher {
 struct Own {
     identity: Identity,
     seq: u64,
-    subject: String,
-    sealer: Sealer,
-    client: async_nats::Client,
+    outbox: Outbox,
     monitor: Arc<WorkerMonitor>,
     /// What is republished, a slice per beat.
     rotation: Rotation,
+    /// Told each publication before it is sent.
+    reference: Arc<Reference>,
 }
 
 impl SharePublisher {
@@ -141,11 +167,11 @@ impl SharePublisher {
         mut feed: ChangeFeed,
         heartbeat: Duration,
         holds: Holds,
-        newcomer: Arc<AtomicBool>,
+        links: PeerLinks,
     ) -> SharePublisher {
-        let Outbox { subject, sealer, client } = outbox;
+        let PeerLinks { newcomer, reference } = links;
         let rotation = Rotation::default();
-        let mut own = Own { identity, seq: 0, subject, sealer, client, monitor, rotation };
+        let mut own = Own { identity, seq: 0, outbox, monitor, rotation, reference };
         let task = tokio::spawn(async move {
             let mut beats = tokio::time::interval(heartbeat);
             beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -221,12 +247,15 @@ impl Own {
     async fn publish(&mut self, worker: WorkerId, rank: u32, again: bool) {
         let Some((worker_incarnation, load)) = self.monitor.tracked(worker, rank) else {
             self.rotation.forget((worker, rank));
+            self.reference.forget((worker, rank));
             return;
         };
         if !self.rotation.publish((worker, rank), is_zero(&load)) && !again {
             return;
         }
         self.seq += 1;
+        // Before it is sent: no peer can acknowledge it first.
+        self.reference.published((worker, rank), worker_incarnation, self.seq, load);
         let frame = Frame::FrontendLoad {
             frontend: self.identity.frontend,
             incarnation: self.identity.incarnation,
@@ -236,7 +265,7 @@ impl Own {
             rank,
             load,
         };
-        self.send(&frame).await;
+        self.outbox.send(&frame).await;
     }
 
     /// Sends a beat with what this frontend holds.
@@ -249,19 +278,7 @@ impl Own {
             waiting,
             lines,
         };
-        self.send(&beat).await;
-    }
-
-    async fn send(&self, frame: &Frame) {
-        let mut buf = BytesMut::new();
-        match self.sealer.seal(&self.subject, unix_ms(), frame, &mut buf) {
-            Ok(()) => {
-                if let Err(error) = self.client.publish(self.subject.clone(), buf.freeze()).await {
-                    tracing::debug!(%error, "NATS publish of the shared load failed (the client reconnects)");
-                }
-            }
-            Err(error) => tracing::warn!(%error, "shared load not sealed"),
-        }
+        self.outbox.send(&beat).await;
     }
 }
 

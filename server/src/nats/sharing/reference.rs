@@ -1,0 +1,361 @@
+//! [`Reference`]: what every other live frontend has surely applied of this
+//! frontend's published load, per (worker, rank): the lease's reference
+//! (the monitor's `Publisher::Echo`, see `loadgate::monitor` `lease`).
+//!
+//! The lease's bound needs each frontend's view of this one to be at least
+//! the reference. A frontend's own publication coming back from NATS does
+//! not say that: another frontend busy with requests may apply it later
+//! than this one hears it back, and then admits against headroom this one
+//! already took (seen on a busy 2-core machine: 1.7× a threshold where the
+//! bound said 1.3×). So the others say what they applied: each
+//! acknowledges, in a `FrontendAck`, the seqs of this frontend's
+//! `FrontendLoad` frames it applied in order (`first..=seq`, no gap), and
+//! the reference is, per (worker, rank), the least any live peer may hold
+//! of it:
+//!
+//! ```text
+//! peer's least = min(its last publication with seq ≤ the peer's ack
+//!                        (nothing if before the peer's first),
+//!                    every later publication)
+//! reference    = that least, field by field, over the live peers
+//! ```
+//!
+//! A peer with no acknowledgement yet (it just joined) holds nothing of
+//! this frontend. The history kept per (worker, rank) starts at the last
+//! publication every live peer acknowledged and holds at most
+//! [`MAX_HISTORY`] more (the oldest two merged, keeping the smaller
+//! figures: the reference only errs low, which makes this frontend more
+//! careful, never the fleet fuller).
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use loadgate::monitor::Publisher;
+use loadgate::{LoadReport, RankLoad, WorkerId, WorkerMonitor};
+
+/// The most publications kept per (worker, rank) past the acknowledged one.
+pub(crate) const MAX_HISTORY: usize = 16;
+
+type Key = (WorkerId, u32);
+
+/// What one peer acknowledged of this frontend: `first..=seq`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Acked {
+    first: u64,
+    seq: u64,
+}
+
+struct Peer {
+    incarnation: u64,
+    acked: Option<Acked>,
+}
+
+/// One (worker, rank)'s publications, oldest first, and its reference.
+struct History {
+    worker_incarnation: u64,
+    published: VecDeque<(u64, RankLoad)>,
+    reference: Option<RankLoad>,
+}
+
+#[derive(Default)]
+struct State {
+    keys: HashMap<Key, History>,
+    /// Each kept publication's seq, to its key.
+    by_seq: BTreeMap<u64, Key>,
+    peers: HashMap<u64, Peer>,
+    /// The seq of the monitor's echo reports.
+    echo_seq: u64,
+}
+
+/// This frontend's lease reference, fed to its monitor.
+pub(crate) struct Reference {
+    monitor: Arc<WorkerMonitor>,
+    state: Mutex<State>,
+}
+
+impl Reference {
+    pub(crate) fn new(monitor: Arc<WorkerMonitor>) -> Self {
+        Reference { monitor, state: Mutex::default() }
+    }
+
+    /// This frontend is about to publish `load` for `key` as `seq` (before
+    /// it sends: an acknowledgement cannot come first).
+    pub(crate) fn published(&self, key: Key, worker_incarnation: u64, seq: u64, load: RankLoad) {
+        let mut state = self.lock();
+        let state = &mut *state;
+        let history = state.keys.entry(key).or_insert_with(|| History {
+            worker_incarnation,
+            published: VecDeque::new(),
+            reference: None,
+        });
+        if history.worker_incarnation != worker_incarnation {
+            for (old, _) in history.published.drain(..) {
+                state.by_seq.remove(&old);
+            }
+            history.worker_incarnation = worker_incarnation;
+            history.reference = None;
+        }
+        history.published.push_back((seq, load));
+        state.by_seq.insert(seq, key);
+        state.refresh(&self.monitor, key);
+    }
+
+    /// `key` is published no more (its worker left).
+    pub(crate) fn forget(&self, key: Key) {
+        let mut state = self.lock();
+        if let Some(history) = state.keys.remove(&key) {
+            for (seq, _) in history.published {
+                state.by_seq.remove(&seq);
+            }
+        }
+    }
+
+    /// Live peer `peer` (of `incarnation`) applied this frontend's frames
+    /// `first..=seq`.
+    pub(crate) fn acked(&self, peer: u64, incarnation: u64, first: u64, seq: u64) {
+        if first > seq {
+            return;
+        }
+        let mut state = self.lock();
+        let entry = state.peers.entry(peer).or_insert(Peer { incarnation, acked: None });
+        if entry.incarnation != incarnation {
+            *entry = Peer { incarnation, acked: None };
+        }
+        let before = entry.acked;
+        let now = match before {
+            // A late or repeated ack of the same run says nothing new.
+            Some(old) if old.first == first && seq <= old.seq => return,
+            _ => Acked { first, seq },
+        };
+        entry.acked = Some(now);
+        match before {
+            Some(old) if old.first == first => {
+                // Only the keys published within (old.seq, seq] can change.
+                let keys: HashSet<Key> = state.by_seq.range(old.seq + 1..=seq).map(|(_, &key)| key).collect();
+                for key in keys {
+                    state.refresh(&self.monitor, key);
+                }
+            }
+            _ => state.refresh_all(&self.monitor),
+        }
+    }
+
+    /// The live peers now (id, incarnation); a change refreshes every key.
+    pub(crate) fn set_live(&self, live: &[(u64, u64)]) {
+        let mut state = self.lock();
+        let same = live.len() == state.peers.len()
+            && live.iter().all(|(id, inc)| state.peers.get(id).is_some_and(|p| p.incarnation == *inc));
+        if same {
+            return;
+        }
+        let mut peers = HashMap::with_capacity(live.len());
+        for &(id, incarnation) in live {
+            let acked = state.peers.get(&id).filter(|p| p.incarnation == incarnation).and_then(|p| p.acked);
+            peers.insert(id, Peer { incarnation, acked });
+        }
+        state.peers = peers;
+        state.refresh_all(&self.monitor);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl State {
+    fn refresh_all(&mut self, monitor: &WorkerMonitor) {
+        let keys: Vec<Key> = self.keys.keys().copied().collect();
+        for key in keys {
+            self.refresh(monitor, key);
+        }
+    }
+
+    /// Prunes `key`'s history and tells the monitor its reference if it
+    /// changed (nothing without peers: the lease is off alone).
+    fn refresh(&mut self, monitor: &WorkerMonitor, key: Key) {
+        let Some(history) = self.keys.get_mut(&key) else { return };
+        // Every live peer acknowledged up to `all` (alone: everything, no
+        // one holds anything): what came before the last publication at or
+        // under it no peer can still hold.
+        let all = self.peers.values().map(|p| p.acked.map_or(0, |a| a.seq)).min().unwrap_or(u64::MAX);
+        let keep_from = history.published.iter().rposition(|&(seq, _)| seq <= all).unwrap_or(0);
+        for (seq, _) in history.published.drain(..keep_from) {
+            self.by_seq.remove(&seq);
+        }
+        while history.published.len() > MAX_HISTORY + 1 {
+            // The oldest two as one: the later seq, the smaller figures.
+            let (seq, older) = history.published.pop_front().unwrap_or_default();
+            self.by_seq.remove(&seq);
+            if let Some((_, newer)) = history.published.front_mut() {
+                *newer = least(&older, newer);
+            }
+        }
+        if self.peers.is_empty() {
+            return; // the lease is off alone
+        }
+        let reference = self
+            .peers
+            .values()
+            .map(|peer| held(&history.published, peer.acked))
+            .reduce(|a, b| least(&a, &b))
+            .unwrap_or_default();
+        if history.reference == Some(reference) {
+            return;
+        }
+        history.reference = Some(reference);
+        self.echo_seq += 1;
+        let report = LoadReport {
+            worker: key.0,
+            incarnation: history.worker_incarnation,
+            rank: key.1,
+            publisher: Publisher::Echo,
+            seq: self.echo_seq,
+            load: reference,
+        };
+        if let Err(error) = monitor.apply(&report) {
+            tracing::debug!(worker = key.0, %error, "lease reference not applied");
+        }
+    }
+}
+
+/// The least a peer that acknowledged `acked` may hold of publications
+/// `published` (oldest first): its last acknowledged one (nothing if the
+/// peer missed it) and every later one.
+fn held(published: &VecDeque<(u64, RankLoad)>, acked: Option<Acked>) -> RankLoad {
+    let Some(acked) = acked else { return RankLoad::default() };
+    let split = published.partition_point(|&(seq, _)| seq <= acked.seq);
+    let base = match split.checked_sub(1).map(|i| published[i]) {
+        Some((seq, load)) if seq >= acked.first => load,
+        _ => RankLoad::default(),
+    };
+    published.range(split..).fold(base, |least_yet, (_, load)| least(&least_yet, load))
+}
+
+/// The smaller numerators of `a` and `b` (the lease reads only those).
+fn least(a: &RankLoad, b: &RankLoad) -> RankLoad {
+    RankLoad {
+        active_decode_blocks: a.active_decode_blocks.min(b.active_decode_blocks),
+        active_prefill_tokens: a.active_prefill_tokens.min(b.active_prefill_tokens),
+        waiting_requests: a.waiting_requests.min(b.waiting_requests),
+        ..*b
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loadgate::monitor::SharedLoad;
+    use loadgate::MonitorConfig;
+
+    const KEY: Key = (1, 0);
+
+    fn reference() -> Reference {
+        let config = MonitorConfig { shared: SharedLoad { frontends: 4, ..Default::default() }, ..Default::default() };
+        let monitor = Arc::new(WorkerMonitor::new(config).unwrap());
+        monitor.register(1, "m", 1, 9).unwrap();
+        Reference::new(monitor)
+    }
+
+    fn tokens(n: u32) -> RankLoad {
+        RankLoad { active_prefill_tokens: n, ..Default::default() }
+    }
+
+    /// The reference of `KEY` now, in prefill tokens.
+    fn now(r: &Reference) -> Option<u32> {
+        r.lock().keys.get(&KEY).and_then(|h| h.reference).map(|l| l.active_prefill_tokens)
+    }
+
+    #[test]
+    fn the_reference_is_the_least_any_live_peer_may_hold() {
+        let r = reference();
+        r.set_live(&[(7, 1), (8, 1)]);
+        r.published(KEY, 9, 1, tokens(100));
+        r.published(KEY, 9, 2, tokens(300));
+        assert_eq!(now(&r), Some(0), "no peer acknowledged anything");
+        r.acked(7, 1, 1, 2);
+        assert_eq!(now(&r), Some(0), "peer 8 holds nothing yet");
+        r.acked(8, 1, 1, 1);
+        assert_eq!(now(&r), Some(100), "peer 8 holds seq 1, or 2");
+        r.acked(8, 1, 1, 2);
+        assert_eq!(now(&r), Some(300));
+        r.published(KEY, 9, 3, tokens(200));
+        assert_eq!(now(&r), Some(200), "a lower publication may already be held");
+        r.published(KEY, 9, 4, tokens(500));
+        assert_eq!(now(&r), Some(200), "a higher one may not");
+        r.acked(7, 1, 1, 4);
+        r.acked(8, 1, 1, 4);
+        assert_eq!(now(&r), Some(500));
+        assert_eq!(r.lock().keys[&KEY].published.len(), 1, "only the acknowledged publication is kept");
+    }
+
+    #[test]
+    fn a_peer_that_missed_a_publication_holds_nothing_of_it() {
+        let r = reference();
+        r.set_live(&[(7, 1)]);
+        r.published(KEY, 9, 1, tokens(100));
+        r.published((2, 0), 9, 2, tokens(50));
+        r.acked(7, 1, 1, 2);
+        assert_eq!(now(&r), Some(100));
+        // A gap: peer 7 lost frames and now applies a new run from seq 2.
+        r.acked(7, 1, 2, 2);
+        assert_eq!(now(&r), Some(0), "seq 1 was before the run");
+        r.published(KEY, 9, 3, tokens(100));
+        r.acked(7, 1, 2, 3);
+        assert_eq!(now(&r), Some(100), "the republication was applied");
+        // A late ack of the same run changes nothing; one with first > seq is refused.
+        r.acked(7, 1, 2, 2);
+        r.acked(7, 1, 5, 4);
+        assert_eq!(now(&r), Some(100));
+    }
+
+    #[test]
+    fn a_newcomer_or_a_restarted_peer_holds_nothing() {
+        let r = reference();
+        r.set_live(&[(7, 1)]);
+        r.published(KEY, 9, 1, tokens(100));
+        r.acked(7, 1, 1, 1);
+        assert_eq!(now(&r), Some(100));
+        r.set_live(&[(7, 1), (8, 1)]);
+        assert_eq!(now(&r), Some(0), "peer 8 just joined");
+        r.acked(8, 1, 1, 1);
+        assert_eq!(now(&r), Some(100));
+        r.acked(8, 2, 1, 1);
+        r.set_live(&[(7, 1), (8, 2)]);
+        assert_eq!(now(&r), Some(100), "peer 8's new life acknowledged seq 1");
+        r.set_live(&[(7, 1), (8, 3)]);
+        assert_eq!(now(&r), Some(0), "and its next life nothing yet");
+        r.set_live(&[(7, 1)]);
+        assert_eq!(now(&r), Some(100), "a peer gone no longer counts");
+    }
+
+    #[test]
+    fn the_history_is_bounded_and_errs_low() {
+        let r = reference();
+        r.set_live(&[(7, 1)]);
+        r.published(KEY, 9, 1, tokens(10));
+        r.acked(7, 1, 1, 1);
+        for seq in 2..100 {
+            r.published(KEY, 9, seq, tokens(1000 + seq as u32));
+            assert!(r.lock().keys[&KEY].published.len() <= MAX_HISTORY + 1);
+        }
+        assert_eq!(r.lock().by_seq.len(), MAX_HISTORY + 1, "the index follows the history");
+        assert_eq!(now(&r), Some(0), "seq 1 merged into a later one: it errs low");
+        r.acked(7, 1, 1, 98);
+        assert!(now(&r).unwrap() <= 1098, "the merged publications count low");
+        r.acked(7, 1, 1, 99);
+        assert_eq!(now(&r), Some(1099));
+        r.forget(KEY);
+        assert!(r.lock().by_seq.is_empty() && r.lock().keys.is_empty());
+    }
+
+    #[test]
+    fn a_worker_s_new_incarnation_starts_its_history_over() {
+        let r = reference();
+        r.set_live(&[(7, 1)]);
+        r.published(KEY, 9, 1, tokens(100));
+        r.acked(7, 1, 1, 1);
+        r.published(KEY, 10, 2, tokens(40));
+        assert_eq!(now(&r), Some(0), "nothing of the new life acknowledged");
+        assert_eq!(r.lock().by_seq.len(), 1);
+    }
+}
