@@ -22,7 +22,7 @@ use loadgate::wire::Ack;
 use loadgate::{LoadReport, RankLoad, WorkerId, WorkerMonitor};
 
 use super::publish::{Holding, Identity, PeerLinks};
-use super::reference::Reference;
+use super::reference::{Acknowledged, Reference};
 
 /// What a FrontendLoad frame says.
 #[derive(Clone, Copy, Debug)]
@@ -107,7 +107,7 @@ impl Peers {
     pub(crate) fn new(own: Identity, monitor: Arc<WorkerMonitor>, slots: u16, staleness: Duration) -> Self {
         let free = (0..slots).rev().collect();
         let table = Mutex::new(Table { by_id: HashMap::new(), free });
-        let reference = Arc::new(Reference::new(monitor.clone()));
+        let reference = Arc::new(Reference::new(monitor.clone(), staleness));
         Peers { own, monitor, staleness, table, newcomer: Arc::new(AtomicBool::new(false)), reference }
     }
 
@@ -144,26 +144,28 @@ impl Peers {
             seq: added.seq,
             load: added.load,
         };
-        let heard = match self.monitor.apply(&report) {
-            Ok(Applied::Stored | Applied::Flipped) => Heard::Taken,
-            Ok(_) => Heard::Dropped,
-            // A worker this frontend does not know (yet, or any more): it
-            // routes nothing there, so the frame is applied all the same.
-            Err(_) => Heard::Dropped,
-        };
-        // Applied (or moot) now: acknowledged at the end of this batch.
-        self.applied(added.frontend, added.incarnation, added.seq);
-        heard
+        let applied = matches!(self.monitor.apply(&report), Ok(Applied::Stored | Applied::Flipped));
+        // Acknowledged soon; a frame not applied (a worker this frontend
+        // does not know yet, or in another incarnation) ends the run: this
+        // frontend does not hold it, and may register the worker next.
+        self.applied(added.frontend, added.incarnation, added.seq, applied);
+        if applied {
+            Heard::Taken
+        } else {
+            Heard::Dropped
+        }
     }
 
-    /// `frontend`'s frame `seq` was applied: the run since its last gap.
-    fn applied(&self, frontend: u64, incarnation: u64, seq: u64) {
+    /// `frontend`'s frame `seq` was `applied` or not: the run since its
+    /// last gap.
+    fn applied(&self, frontend: u64, incarnation: u64, seq: u64, applied: bool) {
         let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
         let Some(peer) = table.by_id.get_mut(&frontend).filter(|p| p.incarnation == incarnation) else { return };
         peer.applied = match peer.applied {
-            Some((first, last)) if seq == last.wrapping_add(1) => Some((first, seq)),
             // A replay or a duplicate: the run stands.
             Some((first, last)) if seq <= last => Some((first, last)),
+            _ if !applied => None,
+            Some((first, last)) if seq == last.wrapping_add(1) => Some((first, seq)),
             // The first frame heard, or one after a gap (NATS lost some):
             // a new run.
             _ => Some((seq, seq)),
@@ -171,16 +173,26 @@ impl Peers {
         peer.unacked = true;
     }
 
-    /// The acknowledgements to send: each peer whose frames were applied
-    /// since the last call.
+    /// This frontend forgot a worker, or found it restarted: what it held
+    /// of every peer's load there is gone, so every run ends (each peer
+    /// hears at once that this one holds nothing of it, and publishes
+    /// everything again).
+    pub(crate) fn forgot_worker(&self) {
+        let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        for peer in table.by_id.values_mut() {
+            peer.applied = None;
+            peer.unacked = true;
+        }
+    }
+
+    /// The acknowledgements to send: each peer whose run changed since the
+    /// last call (`0..=0`: this frontend holds nothing of it).
     pub(crate) fn acks(&self) -> Vec<Ack> {
         let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
         let mut acks = Vec::new();
         for (&peer, p) in table.by_id.iter_mut() {
-            if !std::mem::take(&mut p.unacked) {
-                continue;
-            }
-            if let Some((first, seq)) = p.applied {
+            if std::mem::take(&mut p.unacked) {
+                let (first, seq) = p.applied.unwrap_or((0, 0));
                 acks.push(Ack { peer, peer_incarnation: p.incarnation, first, seq });
             }
         }
@@ -198,7 +210,10 @@ impl Peers {
         }
         let own = |a: &&Ack| a.peer == self.own.frontend && a.peer_incarnation == self.own.incarnation;
         for ack in acks.iter().filter(own) {
-            self.reference.acked(frontend, incarnation, ack.first, ack.seq);
+            if self.reference.acked(frontend, incarnation, ack.first, ack.seq) == Acknowledged::NewRun {
+                // It holds nothing from before: everything again.
+                self.ask_to_resend();
+            }
         }
         Heard::Taken
     }
@@ -268,15 +283,18 @@ impl Peers {
                 // nothing of the others' load yet.
                 peer.incarnation = incarnation;
                 peer.applied = None;
+                peer.unacked = true;
                 let _ = self.monitor.clear_publisher(Publisher::Frontend(peer.index));
                 self.ask_to_resend();
                 tracing::info!(frontend, incarnation, "frontend restarted");
-            } else if now.duration_since(peer.heard) > self.staleness {
+            } else if now.duration_since(peer.heard) > self.staleness - self.staleness / 8 {
                 // Back after a silence past the window (a partition, a
                 // reconnection): it may have lost what this one published,
-                // and what it published is dropped here (below): its run
-                // of applied frames starts over.
+                // and what it published may be dropped here (below, by the
+                // monitor's own clock: hence the eighth of the window to
+                // spare): its run of applied frames ends, and it hears so.
                 peer.applied = None;
+                peer.unacked = true;
                 self.ask_to_resend();
                 tracing::info!(frontend, incarnation, "frontend heard again after a silence");
             }
@@ -388,6 +406,42 @@ mod tests {
         assert_eq!(peers.acks(), vec![run(1, 2, 1, 1)], "a restart too");
         peers.load(added(1000, 1, 7, 20));
         assert!(peers.acks().is_empty(), "its own frames are not acknowledged");
+    }
+
+    #[test]
+    fn a_frame_not_applied_or_a_forgotten_worker_ends_the_run_and_says_so() {
+        let peers = Peers::new(OWN, monitor(2), 2, Duration::from_secs(60));
+        let run = |first, seq| vec![Ack { peer: 1, peer_incarnation: 1, first, seq }];
+        peers.load(added(1, 1, 1, 10));
+        peers.load(added(1, 1, 2, 10));
+        assert_eq!(peers.acks(), run(1, 2));
+        let unknown = Added { worker: 77, ..added(1, 1, 3, 10) };
+        assert_eq!(peers.load(unknown), Heard::Dropped);
+        assert_eq!(peers.acks(), run(0, 0), "a worker it does not know: it holds nothing now");
+        peers.load(added(1, 1, 4, 10));
+        assert_eq!(peers.acks(), run(4, 4), "a new run");
+        let other_life = Added { worker_incarnation: 8, ..added(1, 1, 5, 10) };
+        assert_eq!(peers.load(other_life), Heard::Dropped);
+        assert_eq!(peers.acks(), run(0, 0), "another incarnation of the worker");
+        peers.load(added(1, 1, 6, 10));
+        peers.forgot_worker();
+        assert_eq!(peers.acks(), run(0, 0), "a worker forgotten here");
+    }
+
+    #[test]
+    fn a_peer_starting_a_new_run_of_this_frontend_s_frames_has_everything_sent_again() {
+        let peers = Peers::new(OWN, monitor(2), 2, Duration::from_secs(60));
+        let links = peers.links();
+        let ack = |first, seq| [Ack { peer: OWN.frontend, peer_incarnation: OWN.incarnation, first, seq }];
+        for seq in 1..=5 {
+            links.reference.published((1, 0), 9, seq, RankLoad::default());
+        }
+        peers.ack(1, 1, &ack(1, 3));
+        links.newcomer.store(false, Ordering::Relaxed);
+        peers.ack(1, 1, &ack(1, 5));
+        assert!(!links.newcomer.load(Ordering::Relaxed), "the run grew");
+        peers.ack(1, 1, &ack(0, 0));
+        assert!(links.newcomer.load(Ordering::Relaxed), "it holds nothing: everything again");
     }
 
     #[test]

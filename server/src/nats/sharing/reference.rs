@@ -20,15 +20,22 @@
 //! reference    = that least, field by field, over the live peers
 //! ```
 //!
-//! A peer with no acknowledgement yet (it just joined) holds nothing of
-//! this frontend. The history kept per (worker, rank) starts at the last
-//! publication every live peer acknowledged and holds at most
-//! [`MAX_HISTORY`] more (the oldest two merged, keeping the smaller
-//! figures: the reference only errs low, which makes this frontend more
-//! careful, never the fleet fuller).
+//! A peer with no acknowledgement yet (it just joined), or whose last
+//! acknowledged frame was sent more than the staleness ago, holds nothing
+//! of this frontend: a peer that stopped hearing this one stops counting
+//! its load no sooner than that (its own staleness runs from when it last
+//! heard a frame, which was sent before). A peer that starts a new run (it
+//! missed frames, dropped one it could not apply, forgot a worker or was
+//! silent) holds nothing from before the run, and this frontend publishes
+//! everything again at its next beat. The history kept per (worker, rank)
+//! starts at the last publication every live peer acknowledged and holds
+//! at most [`MAX_HISTORY`] more (two merged into the earlier one's seq,
+//! with the smaller figures: the reference only errs low, which makes this
+//! frontend more careful, never the fleet fuller).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use loadgate::monitor::Publisher;
 use loadgate::{LoadReport, RankLoad, WorkerId, WorkerMonitor};
@@ -48,6 +55,8 @@ struct Acked {
 struct Peer {
     incarnation: u64,
     acked: Option<Acked>,
+    /// When the last frame `acked` covers was sent.
+    sent: Option<Instant>,
 }
 
 /// One (worker, rank)'s publications, oldest first, and its reference.
@@ -62,6 +71,8 @@ struct State {
     keys: HashMap<Key, History>,
     /// Each kept publication's seq, to its key.
     by_seq: BTreeMap<u64, Key>,
+    /// When each publication of the last staleness was sent.
+    sent: BTreeMap<u64, Instant>,
     peers: HashMap<u64, Peer>,
     /// The seq of the monitor's echo reports.
     echo_seq: u64,
@@ -70,12 +81,29 @@ struct State {
 /// This frontend's lease reference, fed to its monitor.
 pub(crate) struct Reference {
     monitor: Arc<WorkerMonitor>,
+    /// How long a peer's acknowledgement holds after the frame it covers
+    /// was sent: seven eighths of the others' staleness (three beats), the
+    /// eighth to spare for the checks' own pace (`set_live`, every 50 ms
+    /// at most, against 75 ms at the default beat).
+    holds_for: Duration,
     state: Mutex<State>,
 }
 
+/// What an acknowledgement did ([`Reference::acked`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Acknowledged {
+    /// Nothing new.
+    Nothing,
+    /// The run it acknowledges grew.
+    Grew,
+    /// A new run: the peer holds nothing from before it (publish
+    /// everything again).
+    NewRun,
+}
+
 impl Reference {
-    pub(crate) fn new(monitor: Arc<WorkerMonitor>) -> Self {
-        Reference { monitor, state: Mutex::default() }
+    pub(crate) fn new(monitor: Arc<WorkerMonitor>, staleness: Duration) -> Self {
+        Reference { monitor, holds_for: staleness - staleness / 8, state: Mutex::default() }
     }
 
     /// This frontend is about to publish `load` for `key` as `seq` (before
@@ -97,6 +125,14 @@ impl Reference {
         }
         history.published.push_back((seq, load));
         state.by_seq.insert(seq, key);
+        let now = Instant::now();
+        state.sent.insert(seq, now);
+        while let Some((_, &at)) = state.sent.first_key_value() {
+            if now.duration_since(at) <= self.holds_for {
+                break;
+            }
+            state.sent.pop_first();
+        }
         state.refresh(&self.monitor, key);
     }
 
@@ -111,23 +147,30 @@ impl Reference {
     }
 
     /// Live peer `peer` (of `incarnation`) applied this frontend's frames
-    /// `first..=seq`.
-    pub(crate) fn acked(&self, peer: u64, incarnation: u64, first: u64, seq: u64) {
+    /// `first..=seq` (`0..=0`: none).
+    pub(crate) fn acked(&self, peer: u64, incarnation: u64, first: u64, seq: u64) -> Acknowledged {
         if first > seq {
-            return;
+            return Acknowledged::Nothing;
         }
         let mut state = self.lock();
-        let entry = state.peers.entry(peer).or_insert(Peer { incarnation, acked: None });
+        let state = &mut *state;
+        // When the last frame it covers was sent; sent too long ago (or
+        // never), it counts for nothing: as if it held nothing.
+        let sent = state.sent.range(..=seq).next_back().map(|(_, &at)| at);
+        let (first, seq) = match sent {
+            Some(at) if at.elapsed() <= self.holds_for => (first, seq),
+            _ => (0, 0),
+        };
+        let entry = state.peers.entry(peer).or_insert(Peer { incarnation, acked: None, sent: None });
         if entry.incarnation != incarnation {
-            *entry = Peer { incarnation, acked: None };
+            *entry = Peer { incarnation, acked: None, sent: None };
         }
         let before = entry.acked;
-        let now = match before {
-            // A late or repeated ack of the same run says nothing new.
-            Some(old) if old.first == first && seq <= old.seq => return,
-            _ => Acked { first, seq },
-        };
-        entry.acked = Some(now);
+        if before.is_some_and(|old| old.first == first && seq <= old.seq) {
+            return Acknowledged::Nothing; // a late or repeated ack of the same run
+        }
+        entry.acked = Some(Acked { first, seq });
+        entry.sent = sent;
         match before {
             Some(old) if old.first == first => {
                 // Only the keys published within (old.seq, seq] can change.
@@ -135,26 +178,49 @@ impl Reference {
                 for key in keys {
                     state.refresh(&self.monitor, key);
                 }
+                Acknowledged::Grew
             }
-            _ => state.refresh_all(&self.monitor),
+            _ => {
+                state.refresh_all(&self.monitor);
+                Acknowledged::NewRun
+            }
         }
     }
 
-    /// The live peers now (id, incarnation); a change refreshes every key.
+    /// The live peers now (id, incarnation), and the time: a change, or an
+    /// acknowledgement gone stale, refreshes every key.
     pub(crate) fn set_live(&self, live: &[(u64, u64)]) {
         let mut state = self.lock();
+        let cut = Instant::now().checked_sub(self.holds_for);
+        let mut stale = false;
+        for peer in state.peers.values_mut() {
+            if peer.acked.is_some() && peer.sent.is_none_or(|at| cut.is_some_and(|cut| at < cut)) {
+                // Its last acknowledged frame is older than the staleness:
+                // it may have stopped counting this frontend.
+                peer.acked = None;
+                peer.sent = None;
+                stale = true;
+            }
+        }
         let same = live.len() == state.peers.len()
             && live.iter().all(|(id, inc)| state.peers.get(id).is_some_and(|p| p.incarnation == *inc));
-        if same {
+        if same && !stale {
             return;
         }
         let mut peers = HashMap::with_capacity(live.len());
         for &(id, incarnation) in live {
-            let acked = state.peers.get(&id).filter(|p| p.incarnation == incarnation).and_then(|p| p.acked);
-            peers.insert(id, Peer { incarnation, acked });
+            let kept = state.peers.get(&id).filter(|p| p.incarnation == incarnation);
+            let (acked, sent) = kept.map_or((None, None), |p| (p.acked, p.sent));
+            peers.insert(id, Peer { incarnation, acked, sent });
         }
         state.peers = peers;
         state.refresh_all(&self.monitor);
+    }
+
+    /// The reference of `key` now (what the monitor was last told).
+    #[cfg(test)]
+    pub(crate) fn of(&self, key: Key) -> Option<RankLoad> {
+        self.lock().keys.get(&key).and_then(|h| h.reference)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -183,11 +249,15 @@ impl State {
             self.by_seq.remove(&seq);
         }
         while history.published.len() > MAX_HISTORY + 1 {
-            // The oldest two as one: the later seq, the smaller figures.
-            let (seq, older) = history.published.pop_front().unwrap_or_default();
+            // The two after the oldest (the slowest peer's base) as one:
+            // the earlier seq, the smaller figures. A peer whose ack falls
+            // between them holds the earlier or the later, both counted;
+            // one whose run starts between them is counted as holding
+            // nothing of it.
+            let Some((seq, newer)) = history.published.remove(2) else { break };
             self.by_seq.remove(&seq);
-            if let Some((_, newer)) = history.published.front_mut() {
-                *newer = least(&older, newer);
+            if let Some((_, older)) = history.published.get_mut(1) {
+                *older = least(older, &newer);
             }
         }
         if self.peers.is_empty() {
@@ -253,7 +323,7 @@ mod tests {
         let config = MonitorConfig { shared: SharedLoad { frontends: 4, ..Default::default() }, ..Default::default() };
         let monitor = Arc::new(WorkerMonitor::new(config).unwrap());
         monitor.register(1, "m", 1, 9).unwrap();
-        Reference::new(monitor)
+        Reference::new(monitor, Duration::from_secs(3600))
     }
 
     fn tokens(n: u32) -> RankLoad {
@@ -262,7 +332,7 @@ mod tests {
 
     /// The reference of `KEY` now, in prefill tokens.
     fn now(r: &Reference) -> Option<u32> {
-        r.lock().keys.get(&KEY).and_then(|h| h.reference).map(|l| l.active_prefill_tokens)
+        r.of(KEY).map(|l| l.active_prefill_tokens)
     }
 
     #[test]
@@ -339,13 +409,37 @@ mod tests {
             assert!(r.lock().keys[&KEY].published.len() <= MAX_HISTORY + 1);
         }
         assert_eq!(r.lock().by_seq.len(), MAX_HISTORY + 1, "the index follows the history");
-        assert_eq!(now(&r), Some(0), "seq 1 merged into a later one: it errs low");
+        assert_eq!(now(&r), Some(10), "seq 1, the slowest peer's base, is kept");
         r.acked(7, 1, 1, 98);
         assert!(now(&r).unwrap() <= 1098, "the merged publications count low");
         r.acked(7, 1, 1, 99);
         assert_eq!(now(&r), Some(1099));
         r.forget(KEY);
         assert!(r.lock().by_seq.is_empty() && r.lock().keys.is_empty());
+    }
+
+    #[test]
+    fn an_acknowledgement_of_a_frame_sent_longer_ago_than_the_staleness_counts_for_nothing() {
+        let config = MonitorConfig { shared: SharedLoad { frontends: 4, ..Default::default() }, ..Default::default() };
+        let monitor = Arc::new(WorkerMonitor::new(config).unwrap());
+        monitor.register(1, "m", 1, 9).unwrap();
+        let r = Reference::new(monitor, Duration::from_millis(50));
+        r.set_live(&[(7, 1)]);
+        r.published(KEY, 9, 1, tokens(100));
+        r.acked(7, 1, 1, 1);
+        // (No assertion that it counts now: a busy machine may pause past
+        // 50 ms here. That it counts is shown with a long staleness above.)
+        std::thread::sleep(Duration::from_millis(120));
+        r.set_live(&[(7, 1)]);
+        assert_eq!(now(&r), Some(0), "peer 7 may have stopped counting this frontend by now");
+        r.acked(7, 1, 1, 1);
+        assert_eq!(now(&r), Some(0), "a late ack of a frame sent too long ago");
+        r.published(KEY, 9, 2, tokens(100));
+        r.acked(7, 1, 1, 2);
+        r.set_live(&[(7, 1)]);
+        // Counts again unless this thread paused 50 ms between the two
+        // calls above: only the stale side is asserted.
+        assert!(now(&r).is_some());
     }
 
     #[test]

@@ -37,8 +37,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures_util::{FutureExt as _, StreamExt as _};
-use loadgate::monitor::{Applied, Publisher};
+use futures_util::StreamExt as _;
+use loadgate::monitor::{Applied, Publisher, Registered};
 use loadgate::wire::envelope::Openers;
 use loadgate::wire::{model_key, Frame, MAX_ACKS};
 use loadgate::{LoadReport, WorkerId, WorkerMonitor};
@@ -63,8 +63,10 @@ const SWEEP_EVERY: Duration = Duration::from_millis(50);
 /// beat whose lines changed, at most this often).
 const SHARE_AT_MOST_EVERY: Duration = Duration::from_millis(10);
 
-/// The most frames from other frontends applied before their ack goes out.
-const ACK_BATCH: usize = 256;
+/// The least time between two of this frontend's FrontendAcks (each goes
+/// to every frontend: with k frontends, each opens at most k − 1 acks per
+/// this much time).
+const ACK_AT_MOST_EVERY: Duration = Duration::from_millis(1);
 
 /// A worker the plane registered.
 struct Known {
@@ -84,6 +86,8 @@ pub(crate) struct NatsPlane {
     sweep: tokio::task::JoinHandle<()>,
     /// Applying the other frontends' figures (when shared).
     pooling: Option<tokio::task::JoinHandle<()>>,
+    /// Sending this frontend's acks (when shared).
+    acking: Option<tokio::task::JoinHandle<()>>,
     /// Publishing this frontend's load (when shared).
     _share: Option<SharePublisher>,
 }
@@ -108,6 +112,9 @@ impl Drop for NatsPlane {
         if let Some(pooling) = &self.pooling {
             pooling.abort();
         }
+        if let Some(acking) = &self.acking {
+            acking.abort();
+        }
     }
 }
 
@@ -131,6 +138,8 @@ struct Applier {
     peers: Option<Peers>,
     /// Where this frontend's acks go, and who it is (when load is shared).
     acks: Option<(Outbox, Identity)>,
+    /// Told when a run of another frontend's frames changed (an ack is due).
+    ack_ready: tokio::sync::Notify,
     /// Told when another frontend's lines changed.
     lines_changed: tokio::sync::Notify,
     /// The retry hint told the pool's figures (`--retry-hint-scope pool`).
@@ -223,6 +232,7 @@ impl NatsPlane {
             stats,
             peers,
             acks,
+            ack_ready: tokio::sync::Notify::new(),
             lines_changed: tokio::sync::Notify::new(),
             pool_hint,
         });
@@ -238,12 +248,8 @@ impl NatsPlane {
                     },
                     Some(message) = shared.next() => {
                         receiving.apply(&message.subject, &message.payload);
-                        // What else has come, then one ack for the lot.
-                        for _ in 1..ACK_BATCH {
-                            let Some(Some(message)) = shared.next().now_or_never() else { break };
-                            receiving.apply(&message.subject, &message.payload);
-                        }
-                        receiving.acknowledge().await;
+                        // The acker sends what changed, soon.
+                        receiving.ack_ready.notify_one();
                     }
                     Some(()) = reconnections.recv() => {
                         // Every worker's silence starts over, and every
@@ -266,6 +272,17 @@ impl NatsPlane {
                 applier.sweep(silence, idle);
             }
         });
+        let acker = pooled.clone();
+        let acking = pooled.peers.is_some().then(|| {
+            tokio::spawn(async move {
+                loop {
+                    acker.ack_ready.notified().await;
+                    acker.acknowledge().await;
+                    // Runs that change meanwhile go in the next ack.
+                    tokio::time::sleep(ACK_AT_MOST_EVERY).await;
+                }
+            })
+        });
         let pooling = pooled.peers.is_some().then(|| {
             tokio::spawn(async move {
                 loop {
@@ -280,7 +297,7 @@ impl NatsPlane {
                 }
             })
         });
-        Ok(NatsPlane { task, sweep, pooling, _share: share })
+        Ok(NatsPlane { task, sweep, pooling, acking, _share: share })
     }
 }
 
@@ -441,12 +458,18 @@ impl Applier {
             tracing::warn!(worker, "NATS registration of an id registered by --worker or --engine refused");
             return;
         }
-        if let Err(error) = self.monitor.register(worker, model, dp_size, incarnation) {
-            if new {
-                self.directory.remove(worker);
+        match self.monitor.register(worker, model, dp_size, incarnation) {
+            Err(error) => {
+                if new {
+                    self.directory.remove(worker);
+                }
+                tracing::warn!(worker, %error, "NATS registration refused");
+                return;
             }
-            tracing::warn!(worker, %error, "NATS registration refused");
-            return;
+            // Its slots started empty: what the other frontends' runs say
+            // this one holds there, it does not.
+            Ok(Registered::Restarted) => self.forgot_worker(),
+            Ok(_) => {}
         }
         if !new && !self.directory.insert(worker, http_addr, dp_size) {
             return;
@@ -461,7 +484,17 @@ impl Applier {
     fn forget(&self, worker: WorkerId, incarnation: u64) {
         if self.monitor.deregister_incarnation(worker, incarnation) {
             self.directory.remove(worker);
+            self.forgot_worker();
             tracing::info!(worker, incarnation, "worker deregistered (NATS)");
+        }
+    }
+
+    /// What this frontend held of the other frontends' load on a worker is
+    /// gone: their runs end, and the acker tells them at once.
+    fn forgot_worker(&self) {
+        if let Some(peers) = &self.peers {
+            peers.forgot_worker();
+            self.ack_ready.notify_one();
         }
     }
 
@@ -526,59 +559,4 @@ impl Applier {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use bytes::BytesMut;
-    use loadgate::wire::envelope::seal;
-    use loadgate::MonitorConfig;
-
-    const SECRET: &[u8] = b"the event secret of the tests, 32+";
-
-    fn applier() -> Applier {
-        let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
-        let directory = Arc::new(WorkerDirectory::new(monitor.clone()));
-        Applier {
-            monitor,
-            directory,
-            openers: Openers::new(&[SECRET]),
-            limits: PlaneLimits::default(),
-            subjects: Subjects::new("lg"),
-            known: Mutex::default(),
-            ended: Mutex::default(),
-            connected: Arc::new(AtomicBool::new(true)),
-            stats: Arc::default(),
-            peers: None,
-            acks: None,
-            lines_changed: tokio::sync::Notify::new(),
-            pool_hint: None,
-        }
-    }
-
-    /// `frame` of worker 7 sealed `ago_ms` ago, applied.
-    fn deliver(a: &Applier, frame: &Frame, ago_ms: u64) {
-        let subject = a.subjects.events("m", 7);
-        let mut buf = BytesMut::new();
-        seal(SECRET, &subject, unix_ms() - ago_ms, frame, &mut buf).unwrap();
-        a.apply(&subject, &buf);
-    }
-
-    #[test]
-    fn a_life_that_left_and_rejoined_is_safe_from_its_old_frames() {
-        let a = applier();
-        let register =
-            Frame::Register { worker: 7, incarnation: 5, dp_size: 1, model: "m".into(), http_addr: "h:1".into() };
-        let deregister = Frame::Deregister { worker: 7, incarnation: 5 };
-        deliver(&a, &register, 3000);
-        assert_eq!(a.monitor.incarnation(7), Some(5));
-        deliver(&a, &deregister, 2000);
-        assert_eq!(a.monitor.incarnation(7), None, "it left");
-        deliver(&a, &register, 3000);
-        assert_eq!(a.monitor.incarnation(7), None, "its old Register replayed does not bring it back");
-        deliver(&a, &register, 1000);
-        assert_eq!(a.monitor.incarnation(7), Some(5), "it rejoins with a new Register");
-        deliver(&a, &deregister, 2000);
-        assert_eq!(a.monitor.incarnation(7), Some(5), "its old Deregister replayed does not take it out");
-        deliver(&a, &register, (CLOCK_WINDOW + Duration::from_secs(1)).as_millis() as u64);
-        assert_eq!(a.stats.frames_dropped().1, 3, "two replays and one frame outside the clock window");
-    }
-}
+mod tests;
