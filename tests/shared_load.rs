@@ -224,3 +224,19 @@ fn without_a_lease_or_other_frontends_the_echo_changes_nothing() {
     let (single, _) = monitor(0);
     assert!(single.apply(&report(Publisher::Echo, 1, 0)).is_err(), "no echo slot without other frontends");
 }
+
+#[test]
+fn the_count_of_dropped_slots_moves_at_a_restart_or_a_removal_only() {
+    let (monitor, _clock) = monitor(2);
+    let at_start = monitor.slots_dropped();
+    monitor.register(2, "m", 1, 1).unwrap();
+    monitor.register(2, "m", 1, 1).unwrap();
+    assert_eq!(monitor.slots_dropped(), at_start, "a new worker, and the same life again, drop nothing");
+    monitor.register(2, "m", 1, 2).unwrap();
+    assert_eq!(monitor.slots_dropped(), at_start + 1, "a restart starts its slots empty");
+    assert!(!monitor.deregister_incarnation(2, 1));
+    assert_eq!(monitor.slots_dropped(), at_start + 1, "an older life's removal drops nothing");
+    assert!(monitor.deregister(2));
+    assert!(!monitor.deregister(2));
+    assert_eq!(monitor.slots_dropped(), at_start + 2);
+}

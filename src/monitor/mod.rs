@@ -30,7 +30,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::load::{LoadReport, WorkerId};
-use crate::sync::{lock, Arc, Mutex, Ordering};
+use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering};
 use crate::thresholds::{BusySignals, BusyThresholds, ThresholdError, Thresholds};
 use crate::waiting::{Begun, LineLimits, LineStats, ReportShare};
 
@@ -96,6 +96,8 @@ pub struct WorkerMonitor {
     chunk_capacity: usize,
     /// Other frontends' slots per rank ([`SharedLoad::frontends`]).
     frontends: u16,
+    /// Times a worker's slots were dropped ([`slots_dropped`](Self::slots_dropped)).
+    dropped: AtomicU64,
 }
 
 impl fmt::Debug for WorkerMonitor {
@@ -180,6 +182,7 @@ impl WorkerMonitor {
         Ok(WorkerMonitor {
             registry: Registry::default(),
             registry_write: Mutex::new(()),
+            dropped: AtomicU64::new(0),
             clock: MonitorClock::new(
                 clock,
                 config.staleness,
@@ -242,7 +245,10 @@ impl WorkerMonitor {
                     Err(RegisterError::Conflict(worker))
                 };
             }
-            Some(_) => Registered::Restarted,
+            Some(_) => {
+                self.drops_slots();
+                Registered::Restarted
+            }
             None => Registered::New,
         };
         // A new model is published once it lists its first worker, so a
@@ -280,6 +286,25 @@ impl WorkerMonitor {
         Ok(outcome)
     }
 
+    /// How many times a worker's slots were dropped (a deregistration, or a
+    /// restart: a new incarnation starts empty), counted before they are:
+    /// a caller that reads the same count before and after applying a
+    /// report knows no worker's slots were dropped meanwhile (a frontend
+    /// acknowledging what it holds of another's load, see
+    /// `SharedLoad::lease`).
+    pub fn slots_dropped(&self) -> u64 {
+        // SeqCst, as the RMW in `drops_slots`: a load after the reader's
+        // own slot stores sees any drop counted before them (a cold path).
+        self.dropped.load(Ordering::SeqCst)
+    }
+
+    /// Counts a drop of a worker's slots, before it happens.
+    fn drops_slots(&self) {
+        // SeqCst RMW before the drop: a reader whose later load still sees
+        // the old count read its slots before any of them was dropped.
+        self.dropped.fetch_add(1, Ordering::SeqCst);
+    }
+
     /// Removes a worker; returns whether it was registered. When it was its
     /// model's last worker, the model is forgotten with its thresholds,
     /// unless it is kept (named by [`add_model`](Self::add_model) or given
@@ -305,6 +330,7 @@ impl WorkerMonitor {
         if incarnation.is_some_and(|i| i != rec.entry.incarnation) {
             return false;
         }
+        self.drops_slots();
         let empty = relist(&rec.model, Some(&rec.entry), None);
         self.registry.workers.remove(&worker);
         if empty {

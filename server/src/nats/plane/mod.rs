@@ -467,9 +467,16 @@ impl Applier {
                 return;
             }
             // Its slots started empty: what the other frontends' runs say
-            // this one holds there, it does not.
-            Ok(Registered::Restarted) => self.forgot_worker(),
-            Ok(_) => {}
+            // this one holds there, it does not (the monitor counts the
+            // drop; the acker tells them).
+            Ok(Registered::Restarted) => self.ack_ready.notify_one(),
+            Ok(Registered::New) => {
+                if let Some(peers) = &self.peers {
+                    peers.registered(worker);
+                    self.ack_ready.notify_one();
+                }
+            }
+            Ok(Registered::Same) => {}
         }
         if !new && !self.directory.insert(worker, http_addr, dp_size) {
             return;
@@ -484,17 +491,10 @@ impl Applier {
     fn forget(&self, worker: WorkerId, incarnation: u64) {
         if self.monitor.deregister_incarnation(worker, incarnation) {
             self.directory.remove(worker);
-            self.forgot_worker();
-            tracing::info!(worker, incarnation, "worker deregistered (NATS)");
-        }
-    }
-
-    /// What this frontend held of the other frontends' load on a worker is
-    /// gone: their runs end, and the acker tells them at once.
-    fn forgot_worker(&self) {
-        if let Some(peers) = &self.peers {
-            peers.forgot_worker();
+            // What this frontend held of the others' load there is gone
+            // (the monitor counts the drop; the acker tells them).
             self.ack_ready.notify_one();
+            tracing::info!(worker, incarnation, "worker deregistered (NATS)");
         }
     }
 
@@ -508,6 +508,10 @@ impl Applier {
     /// lines and the pool-wide hint.
     fn share_pool(&self, peers: &Peers) {
         let pool = peers.pool();
+        // Every run again (an ack may have been lost), and any end of runs
+        // a plane other than this one caused (a TCP worker forgotten).
+        peers.ack_again();
+        self.ack_ready.notify_one();
         self.stats.set_shared_frontends(pool.frontends);
         // Each model's lines share its workers' reports with the others'
         // by their waiters (one dispatch per report between them).

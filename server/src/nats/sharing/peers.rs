@@ -12,7 +12,7 @@
 //! the peers' acknowledgements of this frontend's own frames make its
 //! lease reference ([`Reference`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -59,6 +59,21 @@ struct Peer {
     /// (first, last), and whether that changed since the last ack.
     applied: Option<(u64, u64)>,
     unacked: bool,
+    /// The highest seq of its heard here (a frame at or below it is a
+    /// duplicate or a replay, and starts no run).
+    high: u64,
+}
+
+/// Whether this frontend holds a peer's frame ([`Peers::load`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Held {
+    /// Applied (or a later one of the same peer is).
+    Yes,
+    /// For a worker this frontend does not route as the frame's (see
+    /// [`Peers::registered`]).
+    Elsewhere(WorkerId),
+    /// Not held: the run ends.
+    Not,
 }
 
 /// The live frontends of the pool, this one included, and what the others
@@ -86,6 +101,28 @@ struct Table {
     by_id: HashMap<u64, Peer>,
     /// Indexes never given, or given back.
     free: Vec<u16>,
+    /// The monitor's count of dropped worker slots when the runs were last
+    /// checked against it.
+    dropped: u64,
+    /// Workers this frontend did not know when a peer's frame for them
+    /// came (the runs went on: it routes nothing there); registering one
+    /// ends every run. `None`: more than [`MAX_UNHELD`], any registration
+    /// does.
+    unheld: Option<HashSet<WorkerId>>,
+}
+
+/// The most workers [`Table::unheld`] lists.
+const MAX_UNHELD: usize = 4096;
+
+impl Table {
+    /// Every run ends: the peers hear that this frontend holds nothing of
+    /// theirs from before.
+    fn end_runs(&mut self) {
+        for peer in self.by_id.values_mut() {
+            peer.applied = None;
+            peer.unacked = true;
+        }
+    }
 }
 
 /// The other frontends.
@@ -106,7 +143,8 @@ impl Peers {
     /// after `staleness`.
     pub(crate) fn new(own: Identity, monitor: Arc<WorkerMonitor>, slots: u16, staleness: Duration) -> Self {
         let free = (0..slots).rev().collect();
-        let table = Mutex::new(Table { by_id: HashMap::new(), free });
+        let dropped = monitor.slots_dropped();
+        let table = Mutex::new(Table { by_id: HashMap::new(), free, dropped, unheld: Some(HashSet::new()) });
         let reference = Arc::new(Reference::new(monitor.clone(), staleness));
         Peers { own, monitor, staleness, table, newcomer: Arc::new(AtomicBool::new(false)), reference }
     }
@@ -144,27 +182,50 @@ impl Peers {
             seq: added.seq,
             load: added.load,
         };
-        let applied = matches!(self.monitor.apply(&report), Ok(Applied::Stored | Applied::Flipped));
-        // Acknowledged soon; a frame not applied (a worker this frontend
-        // does not know yet, or in another incarnation) ends the run: this
-        // frontend does not hold it, and may register the worker next.
-        self.applied(added.frontend, added.incarnation, added.seq, applied);
-        if applied {
+        let dropped = self.monitor.slots_dropped();
+        let outcome = self.monitor.apply(&report);
+        // A worker's slots dropped meanwhile may have held this frame: the
+        // runs end (`acks` sees the count too).
+        let held = match outcome {
+            _ if self.monitor.slots_dropped() != dropped => Held::Not,
+            Ok(Applied::Stored | Applied::Flipped) => Held::Yes,
+            // The rank already holds a later frame of this peer.
+            Ok(Applied::Stale) => Held::Yes,
+            // A worker this frontend does not know, or knows in another
+            // incarnation (a restart one of them has not heard yet, or an
+            // `--engine` of this frontend's own): it holds nothing of it,
+            // and counts nothing of it; a registration ends the runs
+            // (`registered`; a restart drops the slots).
+            Err(_) | Ok(Applied::OtherIncarnation) => Held::Elsewhere(added.worker),
+            Ok(_) => Held::Not,
+        };
+        self.applied(added.frontend, added.incarnation, added.seq, held);
+        if matches!(outcome, Ok(Applied::Stored | Applied::Flipped)) {
             Heard::Taken
         } else {
             Heard::Dropped
         }
     }
 
-    /// `frontend`'s frame `seq` was `applied` or not: the run since its
-    /// last gap.
-    fn applied(&self, frontend: u64, incarnation: u64, seq: u64, applied: bool) {
+    /// `frontend`'s frame `seq` was `held` or not: the run since its last
+    /// gap.
+    fn applied(&self, frontend: u64, incarnation: u64, seq: u64, held: Held) {
         let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        if let Held::Elsewhere(worker) = held {
+            if let Some(unheld) = &mut table.unheld {
+                unheld.insert(worker);
+                if unheld.len() > MAX_UNHELD {
+                    table.unheld = None;
+                }
+            }
+        }
         let Some(peer) = table.by_id.get_mut(&frontend).filter(|p| p.incarnation == incarnation) else { return };
+        if seq <= peer.high {
+            return; // a duplicate or a replay: the run stands
+        }
+        peer.high = seq;
         peer.applied = match peer.applied {
-            // A replay or a duplicate: the run stands.
-            Some((first, last)) if seq <= last => Some((first, last)),
-            _ if !applied => None,
+            _ if held == Held::Not => None,
             Some((first, last)) if seq == last.wrapping_add(1) => Some((first, seq)),
             // The first frame heard, or one after a gap (NATS lost some):
             // a new run.
@@ -173,22 +234,39 @@ impl Peers {
         peer.unacked = true;
     }
 
-    /// This frontend forgot a worker, or found it restarted: what it held
-    /// of every peer's load there is gone, so every run ends (each peer
-    /// hears at once that this one holds nothing of it, and publishes
-    /// everything again).
-    pub(crate) fn forgot_worker(&self) {
+    /// This frontend registered `worker` (new here): if a peer's frame for
+    /// it went unapplied while it was unknown, the runs that went on over
+    /// that frame end.
+    pub(crate) fn registered(&self, worker: WorkerId) {
         let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
-        for peer in table.by_id.values_mut() {
-            peer.applied = None;
-            peer.unacked = true;
+        let listed = match &mut table.unheld {
+            Some(unheld) => unheld.remove(&worker),
+            None => true,
+        };
+        if listed {
+            table.unheld = Some(table.unheld.take().unwrap_or_default());
+            table.end_runs();
         }
+    }
+
+    /// Every peer's run is acknowledged again with the next acks (one may
+    /// have been lost: NATS delivers at most once).
+    pub(crate) fn ack_again(&self) {
+        let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        table.by_id.values_mut().for_each(|p| p.unacked = true);
     }
 
     /// The acknowledgements to send: each peer whose run changed since the
     /// last call (`0..=0`: this frontend holds nothing of it).
     pub(crate) fn acks(&self) -> Vec<Ack> {
         let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let dropped = self.monitor.slots_dropped();
+        if dropped != table.dropped {
+            // A worker was forgotten or restarted here (by any plane):
+            // what this frontend held of the peers' load there is gone.
+            table.dropped = dropped;
+            table.end_runs();
+        }
         let mut acks = Vec::new();
         for (&peer, p) in table.by_id.iter_mut() {
             if std::mem::take(&mut p.unacked) {
@@ -209,7 +287,8 @@ impl Peers {
             return Heard::Dropped;
         }
         let own = |a: &&Ack| a.peer == self.own.frontend && a.peer_incarnation == self.own.incarnation;
-        for ack in acks.iter().filter(own) {
+        // One per frame counts (its last): more are a sender's mistake.
+        if let Some(ack) = acks.iter().filter(own).last() {
             if self.reference.acked(frontend, incarnation, ack.first, ack.seq) == Acknowledged::NewRun {
                 // It holds nothing from before: everything again.
                 self.ask_to_resend();
@@ -284,6 +363,8 @@ impl Peers {
                 peer.incarnation = incarnation;
                 peer.applied = None;
                 peer.unacked = true;
+                peer.high = 0;
+                self.reference.restarted(frontend, incarnation);
                 let _ = self.monitor.clear_publisher(Publisher::Frontend(peer.index));
                 self.ask_to_resend();
                 tracing::info!(frontend, incarnation, "frontend restarted");
@@ -323,7 +404,8 @@ impl Peers {
             }
         };
         let _ = self.monitor.clear_publisher(Publisher::Frontend(index));
-        let peer = Peer { incarnation, index, heard: now, holds: Holding::default(), applied: None, unacked: false };
+        let peer =
+            Peer { incarnation, index, heard: now, holds: Holding::default(), applied: None, unacked: false, high: 0 };
         table.by_id.insert(frontend, peer);
         let _ = self.monitor.renew_publisher(Publisher::Frontend(index));
         // It knows nothing of this frontend's load yet.
@@ -399,7 +481,11 @@ mod tests {
         assert_eq!(acks, vec![run(1, 1, 5, 6), run(2, 3, 1, 1)]);
         assert!(peers.acks().is_empty(), "nothing new");
         peers.load(added(1, 1, 6, 20));
-        assert_eq!(peers.acks(), vec![run(1, 1, 5, 6)], "a duplicate leaves the run");
+        assert!(peers.acks().is_empty(), "a duplicate leaves the run as it was");
+        peers.ack_again();
+        let mut again = peers.acks();
+        again.sort_by_key(|a| a.peer);
+        assert_eq!(again, vec![run(1, 1, 5, 6), run(2, 3, 1, 1)], "every run told again (an ack may be lost)");
         peers.load(added(1, 1, 9, 20));
         assert_eq!(peers.acks(), vec![run(1, 1, 9, 9)], "a gap starts a new run");
         peers.load(added(1, 2, 1, 20));
@@ -409,23 +495,31 @@ mod tests {
     }
 
     #[test]
-    fn a_frame_not_applied_or_a_forgotten_worker_ends_the_run_and_says_so() {
-        let peers = Peers::new(OWN, monitor(2), 2, Duration::from_secs(60));
+    fn a_frame_for_a_worker_not_routed_here_ends_the_run_only_once_it_is() {
+        let monitor = monitor(2);
+        let peers = Peers::new(OWN, monitor.clone(), 2, Duration::from_secs(60));
         let run = |first, seq| vec![Ack { peer: 1, peer_incarnation: 1, first, seq }];
         peers.load(added(1, 1, 1, 10));
-        peers.load(added(1, 1, 2, 10));
-        assert_eq!(peers.acks(), run(1, 2));
-        let unknown = Added { worker: 77, ..added(1, 1, 3, 10) };
+        assert_eq!(peers.acks(), run(1, 1));
+        let unknown = Added { worker: 77, ..added(1, 1, 2, 10) };
         assert_eq!(peers.load(unknown), Heard::Dropped);
-        assert_eq!(peers.acks(), run(0, 0), "a worker it does not know: it holds nothing now");
+        let other_life = Added { worker_incarnation: 8, ..added(1, 1, 3, 10) };
+        assert_eq!(peers.load(other_life), Heard::Dropped);
+        assert_eq!(peers.acks(), run(1, 3), "it routes nothing there as theirs: the run goes on");
+        peers.registered(78);
+        assert!(peers.acks().is_empty(), "a worker no frame went unapplied for");
+        peers.registered(77);
+        assert_eq!(peers.acks(), run(0, 0), "now it routes there without peer 1's frame 2");
         peers.load(added(1, 1, 4, 10));
         assert_eq!(peers.acks(), run(4, 4), "a new run");
-        let other_life = Added { worker_incarnation: 8, ..added(1, 1, 5, 10) };
-        assert_eq!(peers.load(other_life), Heard::Dropped);
-        assert_eq!(peers.acks(), run(0, 0), "another incarnation of the worker");
-        peers.load(added(1, 1, 6, 10));
-        peers.forgot_worker();
+        monitor.register(1, "m", 1, 10).unwrap(); // a restart: its slots dropped
+        assert_eq!(peers.acks(), run(0, 0), "a worker's slots dropped here, by any plane");
+        peers.load(added(1, 1, 5, 10));
+        monitor.register(2, "m", 1, 1).unwrap();
+        monitor.deregister(2);
         assert_eq!(peers.acks(), run(0, 0), "a worker forgotten here");
+        peers.load(added(1, 1, 5, 10));
+        assert!(peers.acks().is_empty(), "a replay starts no run");
     }
 
     #[test]
