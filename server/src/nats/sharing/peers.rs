@@ -182,12 +182,11 @@ impl Peers {
             seq: added.seq,
             load: added.load,
         };
+        // A worker's slots dropped after this may have held the frame
+        // (`applied` checks the count again).
         let dropped = self.monitor.slots_dropped();
         let outcome = self.monitor.apply(&report);
-        // A worker's slots dropped meanwhile may have held this frame: the
-        // runs end (`acks` sees the count too).
         let held = match outcome {
-            _ if self.monitor.slots_dropped() != dropped => Held::Not,
             Ok(Applied::Stored | Applied::Flipped) => Held::Yes,
             // The rank already holds a later frame of this peer.
             Ok(Applied::Stale) => Held::Yes,
@@ -199,7 +198,7 @@ impl Peers {
             Err(_) | Ok(Applied::OtherIncarnation) => Held::Elsewhere(added.worker),
             Ok(_) => Held::Not,
         };
-        self.applied(added.frontend, added.incarnation, added.seq, held);
+        self.applied(added.frontend, added.incarnation, added.seq, held, dropped);
         if matches!(outcome, Ok(Applied::Stored | Applied::Flipped)) {
             Heard::Taken
         } else {
@@ -207,10 +206,15 @@ impl Peers {
         }
     }
 
-    /// `frontend`'s frame `seq` was `held` or not: the run since its last
-    /// gap.
-    fn applied(&self, frontend: u64, incarnation: u64, seq: u64, held: Held) {
+    /// `frontend`'s frame `seq` was `held` or not, applied while the
+    /// monitor's count of dropped slots was `dropped`: the run since its
+    /// last gap.
+    fn applied(&self, frontend: u64, incarnation: u64, seq: u64, held: Held, dropped: u64) {
         let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        // Under the lock `acks` checks the count under: a drop since the
+        // apply (its runs ended there, or end at the next `acks`) may have
+        // taken this frame too.
+        let held = if self.monitor.slots_dropped() == dropped { held } else { Held::Not };
         if let Held::Elsewhere(worker) = held {
             if let Some(unheld) = &mut table.unheld {
                 unheld.insert(worker);
