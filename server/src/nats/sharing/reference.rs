@@ -60,6 +60,13 @@ struct Peer {
     sent: Option<Instant>,
 }
 
+impl Peer {
+    /// A peer of `incarnation` that acknowledged nothing yet.
+    fn new(incarnation: u64) -> Self {
+        Peer { incarnation, acked: None, sent: None }
+    }
+}
+
 /// One (worker, rank)'s publications, oldest first, and its reference.
 struct History {
     worker_incarnation: u64,
@@ -165,9 +172,9 @@ impl Reference {
             Some(at) if at.elapsed() <= self.holds_for => (first, seq),
             _ => (0, 0),
         };
-        let entry = state.peers.entry(peer).or_insert(Peer { incarnation, acked: None, sent: None });
+        let entry = state.peers.entry(peer).or_insert(Peer::new(incarnation));
         if entry.incarnation != incarnation {
-            *entry = Peer { incarnation, acked: None, sent: None };
+            *entry = Peer::new(incarnation);
         }
         let before = entry.acked;
         if before.is_some_and(|old| old.first == first && seq <= old.seq) {
@@ -196,7 +203,7 @@ impl Reference {
     pub(crate) fn restarted(&self, peer: u64, incarnation: u64) {
         let mut state = self.lock();
         if state.peers.get(&peer).is_some_and(|p| p.incarnation != incarnation) {
-            state.peers.insert(peer, Peer { incarnation, acked: None, sent: None });
+            state.peers.insert(peer, Peer::new(incarnation));
             state.refresh_all(&self.monitor);
         }
     }
