@@ -13,7 +13,9 @@
 //! critical arrival at a full line displaces sheddable waiters from the
 //! latest key down when that makes it fit; each displaced one is woken and
 //! hears `ClassShed` (polled, or with its timer fired) or is dropped. A woken waiter that is
-//! polled routes to a free worker, or waits again if none is left.
+//! polled routes to a free worker it does not exclude, or waits again if none is left: held,
+//! if it has exclusions (passed over by the passes until the next report), so a free worker
+//! it may not take goes to the next waiter.
 //!
 //! Tenants: within a class the reference walks its tenants (in the order
 //! they started waiting) one step at a time, as deficit round robin is
@@ -70,6 +72,9 @@ enum Op {
         /// Its tenant (mod 3) and weight (mod 4, plus 1).
         tenant: u8,
         weight: u8,
+        /// The workers it may not go to: bit w-1 for worker w (mod 8,
+        /// so most joins exclude some).
+        exclude: u8,
     },
     Poll(u8),
     Drop(u8),
@@ -113,6 +118,9 @@ struct Waiter<'r> {
     tenant: u32,
     tokens: u64,
     woken: bool,
+    /// Kept off the free workers by its exclusions, until the next report.
+    held: bool,
+    exclude: Vec<WorkerId>,
     /// The line's dispatches when it joined.
     dispatched_before: u64,
 }
@@ -187,7 +195,7 @@ impl<'r> Model<'r> {
     fn next(&self, class: usize, tenant: u32) -> Option<usize> {
         let mine = (0..self.line.len()).filter(|i| {
             let w = &self.line[*i];
-            w.key.0 == class && w.tenant == tenant && !w.woken
+            w.key.0 == class && w.tenant == tenant && !w.woken && !w.held
         });
         match self.overrun[class] {
             true => mine.max_by_key(|i| self.line[*i].key),
@@ -270,10 +278,11 @@ impl<'r> Model<'r> {
             assert_eq!(got, Poll::Pending, "an unwoken waiter routed");
             return;
         }
-        let free = self.free();
+        let exclude = &self.line[i].exclude;
+        let free: Vec<WorkerId> = self.free().into_iter().filter(|w| !exclude.contains(w)).collect();
         match got {
             Poll::Ready(Ok(worker)) => {
-                assert!(free.contains(&worker), "routed to {worker}, free were {free:?}");
+                assert!(free.contains(&worker), "routed to {worker}, free (and not excluded) were {free:?}");
                 let served = self.remove(i);
                 self.dispatched[served.key.0] += 1;
                 if !self.line.is_empty() {
@@ -283,6 +292,7 @@ impl<'r> Model<'r> {
             Poll::Pending => {
                 assert!(free.is_empty(), "a woken waiter waits while {free:?} are free");
                 self.refund(i);
+                self.line[i].held = !self.line[i].exclude.is_empty();
             }
             other => panic!("a woken waiter got {other:?}"),
         }
@@ -366,7 +376,8 @@ fuzz_target!(|input: Input| {
     });
     for op in input.ops.into_iter().take(200) {
         match op {
-            Op::Join { deadline_ms, tokens, class, fate, tenant, weight } => {
+            Op::Join { deadline_ms, tokens, class, fate, tenant, weight, exclude } => {
+                let exclude: Vec<WorkerId> = (1..=workers).filter(|w| exclude % 8 & (1 << (w - 1)) != 0).collect();
                 let class = usize::from(class % 3);
                 let fired = Rc::new(Cell::new(false));
                 let deadline = m.base + Duration::from_millis(u64::from(deadline_ms));
@@ -375,7 +386,7 @@ fuzz_target!(|input: Input| {
                 let weight = u32::from(weight % 4) + 1;
                 let tenant = Tenant { max_waiting, max_tokens, ..Tenant::new(id, weight) };
                 let ticket = Ticket::new(u64::from(tokens), deadline).with_class(Class::ALL[class]).with_tenant(tenant);
-                let wait = Box::pin(m.router.wait(MODEL, &[], ticket, Timer(fired.clone())));
+                let wait = Box::pin(m.router.wait(MODEL, &exclude, ticket, Timer(fired.clone())));
                 let flag = Arc::new(Flag(AtomicBool::new(false)));
                 let key = (class, deadline_ms, m.arrivals);
                 m.arrivals += 1;
@@ -387,10 +398,12 @@ fuzz_target!(|input: Input| {
                     tenant: id,
                     tokens: u64::from(tokens),
                     woken: false,
+                    held: false,
+                    exclude,
                     dispatched_before: m.dispatched[class],
                 };
                 let got = waiter.poll();
-                let free = m.free();
+                let free: Vec<WorkerId> = m.free().into_iter().filter(|w| !waiter.exclude.contains(w)).collect();
                 if m.line.is_empty() && !free.is_empty() {
                     match got {
                         Poll::Ready(Ok(worker)) => assert!(free.contains(&worker), "{worker} not in {free:?}"),
@@ -429,6 +442,8 @@ fuzz_target!(|input: Input| {
                 let i = m.line.len() - 1;
                 m.pass();
                 m.polled(i, got);
+                // A joiner held at once passes the turn on in the same poll.
+                m.pass();
             }
             Op::Poll(n) => {
                 let Some(i) = m.find(n) else { continue };
@@ -467,6 +482,8 @@ fuzz_target!(|input: Input| {
                 m.monitor.apply(&LoadReport { worker: w, seq: m.seq[w as usize], load, ..Default::default() }).unwrap();
                 m.busy[w as usize] = busy;
                 m.spent.retain(|s| *s != w);
+                // Every report of the model's workers releases the held.
+                m.line.iter_mut().for_each(|waiter| waiter.held = false);
                 m.pass();
             }
         }

@@ -40,8 +40,8 @@ struct Waiter {
     tokens: u64,
     /// Told that a worker may be free for it: its next poll routes.
     woken: bool,
-    /// A sheddable waiter the sheddable headroom kept off the free workers:
-    /// not woken again until a publication or a report.
+    /// A waiter kept off the free workers (by the sheddable headroom, or by
+    /// its own exclusions): not woken again until a publication or a report.
     held: bool,
     /// How to wake its task.
     waker: Waker,
@@ -396,8 +396,9 @@ impl Queue {
         self.held != 0
     }
 
-    /// A woken sheddable waiter found no worker free at the headroom's
-    /// thresholds: it waits again, and is not woken again until the next
+    /// A woken waiter found no free worker it may take (a sheddable one
+    /// none with the headroom, one with exclusions only workers it
+    /// excludes): it waits again, and is not woken again until the next
     /// publication or report ([`Queue::release`]), so a free worker goes to
     /// whoever else waits instead.
     pub(super) fn hold(&mut self, at: At) {

@@ -343,3 +343,28 @@ fn three_lines_that_agree_take_each_report_once_between_them() {
     }
     assert!(per_line.iter().all(|n| *n >= 50), "{per_line:?}");
 }
+
+/// A waiter that may not go to the worker that frees (its request failed
+/// there before) is first in line: the worker goes to the next waiter, not
+/// left idle until the first one's deadline.
+#[test]
+fn a_waiter_excluding_the_free_worker_does_not_hold_up_the_next() {
+    let pool = Pool::new(2, LineLimits::default());
+    pool.report(1, true);
+    pool.report(2, true);
+    let ticket = || Ticket::new(10, Instant::now() + Duration::from_secs(60));
+    let (first, second) = (Arc::new(Count::default()), Arc::new(Count::default()));
+    let mut excluding: Waiting<'_> = Box::pin(pool.router.wait("m", &[1], ticket(), Timer::default()));
+    let mut next = wait(&pool, &Timer::default());
+    assert_eq!(poll(&mut excluding, &first), Poll::Pending);
+    assert_eq!(poll(&mut next, &second), Poll::Pending);
+    pool.report(1, false);
+    assert_eq!(first.0.load(Ordering::SeqCst), 1, "the first in line is woken");
+    assert_eq!(poll(&mut excluding, &first), Poll::Pending, "it may not take worker 1");
+    assert_eq!(second.0.load(Ordering::SeqCst), 1, "worker 1 goes on to the next waiter");
+    assert_eq!(poll(&mut next, &second), Poll::Ready(Ok(1)));
+    // Worker 2 frees: the first, held until this report, takes it.
+    pool.report(2, false);
+    assert_eq!(poll(&mut excluding, &first), Poll::Ready(Ok(2)));
+    assert_eq!(pool.waiting(), 0);
+}

@@ -242,10 +242,12 @@ fn dispatch(
             line.waiting.fetch_sub(1, Ordering::AcqRel);
             Poll::Ready(Ok(worker))
         }
-        Err(RouteError::Overloaded) if router.holds_off() => {
-            // Free workers, but none with the sheddable headroom (or none
-            // at all): held until the next publication or report, and the
-            // turn goes on to whoever else waits.
+        Err(RouteError::Overloaded) if router.holds_off() || !exclude.is_empty() => {
+            // Free workers, but none this request may take (none with the
+            // sheddable headroom, or only workers it excludes), or none at
+            // all: held until the next publication or report, and the turn
+            // goes on to whoever else waits (a free worker it may not take
+            // is not left idle behind it).
             queue.set_waker(at, cx.waker());
             queue.hold(at);
             line.sync_hint(&queue);
