@@ -7,7 +7,8 @@
 //! holds the place, and the critical one is served either way; a report
 //! another frontend's line takes (declined here) gives its worker to no
 //! waiter here, whatever joins meanwhile, and the next report of this
-//! line's serves the first.
+//! line's serves the first; a waiter whose exclusions name the freed worker
+//! passes it on to the next waiter in every interleaving.
 //!
 //! loom sees the view's swap as a mutex (see `sync.rs`), so these models
 //! check the line's protocol around it — the joiner's own wake-up pass, the
@@ -55,9 +56,13 @@ impl<'r> Waiter<'r> {
     }
 
     fn of(router: &'r WorkerRouter, class: Class) -> Self {
+        Waiter::excluding(router, class, &[])
+    }
+
+    fn excluding(router: &'r WorkerRouter, class: Class, exclude: &[WorkerId]) -> Self {
         let ticket = Ticket::new(1, Instant::now() + Duration::from_secs(60)).with_class(class);
         Waiter {
-            wait: Box::pin(router.wait(MODEL, &[], ticket, std::future::pending())),
+            wait: Box::pin(router.wait(MODEL, exclude, ticket, std::future::pending())),
             woken: Arc::new(Flag(AtomicBool::new(false))),
         }
     }
@@ -283,5 +288,31 @@ fn a_declined_report_serves_no_waiter_here_and_the_next_report_does() {
         assert!(first.woken(), "the next report, this line's, wakes the first");
         assert_eq!(first.poll(), Poll::Ready(Ok(1)));
         assert_eq!(second.poll(), Poll::Pending, "one report, one dispatch");
+    });
+}
+
+/// The first in line may not go to the only worker (its request failed
+/// there); the worker frees while that waiter is polled: in every
+/// interleaving the worker goes to the second waiter, never left idle
+/// behind the first, and the first still waits.
+#[test]
+fn a_waiter_excluding_the_freed_worker_passes_it_on() {
+    run_model_with("waiting/a_waiter_excluding_the_freed_worker_passes_it_on", 3, || {
+        let (monitor, router) = busy_pool(4);
+        let mut first = Waiter::excluding(&router, Class::Standard, &[1]);
+        let mut second = Waiter::new(&router);
+        assert_eq!(first.poll(), Poll::Pending);
+        assert_eq!(second.poll(), Poll::Pending);
+        let freer = spawn_freer(&monitor);
+        // Its task runs whenever it is woken (maybe before the report).
+        let early = first.poll();
+        freer.join().unwrap();
+        assert_eq!(early, Poll::Pending, "it may not take worker 1");
+        if first.woken() {
+            assert_eq!(first.poll(), Poll::Pending, "it may not take worker 1");
+        }
+        assert!(second.woken(), "worker 1 was left idle behind a waiter that excludes it");
+        assert_eq!(second.poll(), Poll::Ready(Ok(1)));
+        assert_eq!(waiting(&monitor), 1, "the first still waits");
     });
 }
