@@ -396,9 +396,9 @@ impl Queue {
         self.held != 0
     }
 
-    /// A woken waiter found no free worker it may take (a sheddable one
-    /// none with the headroom, one with exclusions only workers it
-    /// excludes): it waits again, and is not woken again until the next
+    /// A woken waiter found no free worker it may take (for a sheddable
+    /// one, none with the headroom; for one with exclusions, only workers
+    /// it excludes): it waits again, and is not woken again until the next
     /// publication or report ([`Queue::release`]), so a free worker goes to
     /// whoever else waits instead.
     pub(super) fn hold(&mut self, at: At) {
