@@ -173,6 +173,11 @@ impl<'r> Model<'r> {
         (1..=self.workers).filter(|w| !self.busy[*w as usize] && !self.spent.contains(w)).collect()
     }
 
+    /// The free workers a waiter excluding `exclude` may take.
+    fn free_beside(&self, exclude: &[WorkerId]) -> Vec<WorkerId> {
+        self.free().into_iter().filter(|w| !exclude.contains(w)).collect()
+    }
+
     /// Wakes waiters until as many are woken as there are free workers,
     /// the highest class first, by the walk in each; checks that each was
     /// really woken.
@@ -278,8 +283,7 @@ impl<'r> Model<'r> {
             assert_eq!(got, Poll::Pending, "an unwoken waiter routed");
             return;
         }
-        let exclude = &self.line[i].exclude;
-        let free: Vec<WorkerId> = self.free().into_iter().filter(|w| !exclude.contains(w)).collect();
+        let free = self.free_beside(&self.line[i].exclude);
         match got {
             Poll::Ready(Ok(worker)) => {
                 assert!(free.contains(&worker), "routed to {worker}, free (and not excluded) were {free:?}");
@@ -403,7 +407,7 @@ fuzz_target!(|input: Input| {
                     dispatched_before: m.dispatched[class],
                 };
                 let got = waiter.poll();
-                let free: Vec<WorkerId> = m.free().into_iter().filter(|w| !waiter.exclude.contains(w)).collect();
+                let free = m.free_beside(&waiter.exclude);
                 if m.line.is_empty() && !free.is_empty() {
                     match got {
                         Poll::Ready(Ok(worker)) => assert!(free.contains(&worker), "{worker} not in {free:?}"),
