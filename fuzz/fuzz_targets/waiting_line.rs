@@ -22,10 +22,11 @@
 //! usually written: a tenant with a sleeping waiter gets its weight in
 //! tokens as the turn reaches it and is woken while its deficit covers its
 //! next waiter's prompt (at least 1); a woken waiter that leaves or waits
-//! again without a worker refunds it; a tenant without waiters leaves the
-//! walk. A tenant over its caps (waiting requests, queued tokens, every
-//! class) is refused with `TenantCap`. The real line must agree on every
-//! outcome, its counts, and every wake-up.
+//! again without a worker refunds it (keeping at most one weight beyond
+//! its prompt); a tenant without waiters leaves the walk. A tenant over
+//! its caps (waiting requests, queued tokens, every class) is refused with
+//! `TenantCap`. The real line must agree on every outcome, its counts, and
+//! every wake-up.
 #![no_main]
 
 use std::cell::Cell;
@@ -239,14 +240,16 @@ impl<'r> Model<'r> {
     }
 
     /// A woken waiter `i` goes back to sleep (or leaves) without a worker:
-    /// its tenant gets its wake-up back.
+    /// its tenant gets its wake-up back, but keeps at most one quantum
+    /// beyond it (no credit banked by being woken and held again and
+    /// again).
     fn refund(&mut self, i: usize) {
         let waiter = &mut self.line[i];
         if std::mem::take(&mut waiter.woken) {
             let cost = waiter.tokens.max(1);
             let round = &mut self.rounds[waiter.key.0];
             let t = round.tenants.iter_mut().find(|t| t.tenant == waiter.tenant).expect("a waiting tenant");
-            t.deficit += cost;
+            t.deficit = (t.deficit + cost).min(t.quantum + cost);
         }
     }
 

@@ -458,7 +458,8 @@ impl Queue {
     }
 
     /// A woken waiter found no worker after all: it waits for the next
-    /// wake-up, and its tenant gets back what the wake-up cost.
+    /// wake-up, and its tenant gets back what the wake-up cost, up to one
+    /// quantum beyond it ([`refunded`]).
     pub(super) fn unwake(&mut self, at: At) {
         let waiter = self.waiter(at);
         if waiter.woken {
@@ -466,7 +467,7 @@ impl Queue {
             let cost = waiter.cost();
             self.woken -= 1;
             let line = self.tenant_line(at);
-            line.deficit = line.deficit.saturating_add(cost);
+            line.deficit = refunded(line.deficit, cost, line.quantum);
         }
     }
 
@@ -622,6 +623,18 @@ impl Queue {
 /// behind it as were served during its wait; a burst at full load about as
 /// many (the demo: 1x stays in deadline order, 2x and 3x are overrun).
 const OUTPACED: (u64, u64) = (3, 2);
+
+/// A tenant's deficit after a wake-up of `cost` is given back: the cost
+/// returns, but the deficit stays within one `quantum` beyond it. The pick
+/// that woke the waiter may have credited the tenant a quantum for its
+/// turn; a waiter woken and held again and again (its exclusions name the
+/// only worker that frees) would otherwise bank a quantum each time, and
+/// its tenant would later take that many turns in a row from tenants of
+/// equal weight (deficit round robin bounds a backlogged tenant's deficit
+/// by a quantum and its largest request).
+fn refunded(deficit: u64, cost: u64, quantum: u64) -> u64 {
+    deficit.saturating_add(cost).min(quantum.saturating_add(cost))
+}
 
 /// A worker's bit in [`Queue::spent_bits`].
 #[inline]
@@ -848,6 +861,40 @@ mod tests {
         assert!(q.leave(at(&q, a[0])));
         q.wake(1);
         assert!(q.is_woken(at(&q, a[1])));
+    }
+
+    /// A waiter woken and held again and again (its exclusions name the
+    /// only worker that frees) banks no credit: its tenant's deficit stays
+    /// within one quantum beyond its cost, however many rounds.
+    #[test]
+    fn a_waiter_held_again_and_again_banks_no_credit() {
+        let mut q = Queue::default();
+        let (held_tenant, other) = (Tenant::new(2, 100), Tenant::new(1, 100));
+        let held = join_of(&mut q, held_tenant, 0, 1, 100)[0];
+        let deficit = |q: &Queue| {
+            let class = &q.classes[STANDARD.index()];
+            class.tenants[class.tenant(2).expect("waiting")].deficit
+        };
+        let mut seen = Vec::new();
+        for i in 0..50 {
+            let served = join_of(&mut q, other, 1 + i, 1, 100)[0];
+            q.wake(1);
+            if q.is_woken(at(&q, held)) {
+                q.hold(at(&q, held));
+                q.wake(1);
+            }
+            q.dispatched_to(at(&q, served), 1);
+            assert!(q.reported(1, q.dispatched()));
+            q.release();
+            q.wake(1);
+            assert!(q.is_woken(at(&q, held)), "round {i}: woken once released");
+            q.hold(at(&q, held));
+            q.release();
+            seen.push(deficit(&q));
+        }
+        assert!(seen.iter().all(|d| *d <= 200), "at most one quantum beyond its cost: {seen:?}");
+        assert_eq!(refunded(u64::MAX - 1, 10, u64::MAX), u64::MAX, "saturates");
+        assert_eq!(refunded(0, 1000, 100), 1000, "a large prompt gets its whole cost back");
     }
 
     #[test]

@@ -368,3 +368,55 @@ fn a_waiter_excluding_the_free_worker_does_not_hold_up_the_next() {
     assert_eq!(poll(&mut excluding, &first), Poll::Ready(Ok(2)));
     assert_eq!(pool.waiting(), 0);
 }
+
+/// Serves `rounds` requests of tenant 1 while a request of tenant 2 that
+/// excludes worker 1, the only one that frees, is woken and held at every
+/// report; then both tenant 2 and tenant 3 (equal weights and prompts) line
+/// up 6 requests each. The tenants of the next 6 dispatches.
+fn served_after_held_rounds(rounds: u64) -> Vec<u32> {
+    use crate::Tenant;
+    let pool = Pool::new(2, LineLimits::default());
+    pool.report(1, true);
+    pool.report(2, true);
+    let deadline = |s: u64| Instant::now() + Duration::from_secs(60 + s);
+    let ticket = |tenant, s| Ticket::new(100, deadline(s)).with_tenant(Tenant::new(tenant, 100));
+    let wakes = Arc::new(Count::default());
+    let mut held: Waiting<'_> = Box::pin(pool.router.wait("m", &[1], ticket(2, 0), Timer::default()));
+    assert_eq!(poll(&mut held, &wakes), Poll::Pending);
+    for i in 0..rounds {
+        let mut next: Waiting<'_> = Box::pin(pool.router.wait("m", &[], ticket(1, 1 + i), Timer::default()));
+        assert_eq!(poll(&mut next, &Arc::default()), Poll::Pending, "round {i}: behind the held one");
+        pool.report(1, false);
+        assert_eq!(poll(&mut held, &wakes), Poll::Pending, "round {i}: held");
+        assert_eq!(poll(&mut next, &Arc::default()), Poll::Ready(Ok(1)), "round {i}");
+    }
+    let mut line: Vec<(u32, Waiting<'_>)> = Vec::new();
+    for i in 0..6 {
+        line.push((3, Box::pin(pool.router.wait("m", &[], ticket(3, 100 + 2 * i), Timer::default()))));
+        line.push((2, Box::pin(pool.router.wait("m", &[], ticket(2, 101 + 2 * i), Timer::default()))));
+    }
+    for (_, w) in &mut line {
+        assert_eq!(poll(w, &Arc::default()), Poll::Pending);
+    }
+    (0..6)
+        .map(|_| {
+            pool.report(1, false);
+            let _ = poll(&mut held, &wakes);
+            let served = line.iter_mut().position(|(_, w)| poll(w, &Arc::default()) == Poll::Ready(Ok(1)));
+            line.remove(served.expect("one served per report")).0
+        })
+        .collect()
+}
+
+/// A tenant whose request is woken and held round after round (it
+/// excludes the only worker that frees) banks nothing by it: afterwards
+/// it shares dispatches with a tenant of equal weight as it would after a
+/// single round, however many rounds there were.
+#[test]
+fn a_tenant_held_round_after_round_does_not_starve_an_equal_one() {
+    let of_3 = |served: &[u32]| served.iter().filter(|&&t| t == 3).count();
+    let once = served_after_held_rounds(1);
+    let many = served_after_held_rounds(40);
+    assert!(of_3(&once) >= 2, "after one round: {once:?}");
+    assert_eq!(of_3(&many), of_3(&once), "after 40 rounds {many:?}, after one {once:?}");
+}
