@@ -337,7 +337,7 @@ impl WorkerRouter {
 
     /// This router's state of `model` (a lookup; the monitor's the first
     /// time).
-    fn routed(&self, model: &str) -> Result<Arc<RoutedModel>, RouteError> {
+    pub(crate) fn routed(&self, model: &str) -> Result<Arc<RoutedModel>, RouteError> {
         match self.models.by_name.load().get(model).filter(|r| !r.state.is_retired()) {
             Some(routed) => Ok(routed.clone()),
             None => self.add_model(model),

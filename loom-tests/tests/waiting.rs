@@ -8,7 +8,9 @@
 //! another frontend's line takes (declined here) gives its worker to no
 //! waiter here, whatever joins meanwhile, and the next report of this
 //! line's serves the first; a waiter whose exclusions name the freed worker
-//! passes it on to the next waiter in every interleaving.
+//! passes it on to the next waiter in every interleaving; a request joining
+//! as the model's last worker leaves hears that the model is unavailable,
+//! as does the one waiting before it.
 //!
 //! loom sees the view's swap as a mutex (see `sync.rs`), so these models
 //! check the line's protocol around it — the joiner's own wake-up pass, the
@@ -314,5 +316,38 @@ fn a_waiter_excluding_the_freed_worker_passes_it_on() {
         assert!(second.woken(), "worker 1 was left idle behind a waiter that excludes it");
         assert_eq!(second.poll(), Poll::Ready(Ok(1)));
         assert_eq!(waiting(&monitor), 1, "the first still waits");
+    });
+}
+
+/// The model's last worker leaves (the monitor forgets the model) while a
+/// request joins behind one already waiting: in every interleaving each
+/// hears at once, or is woken to hear, that the model is unavailable (the
+/// joiner, if it looked the model up once it was forgotten, that it is
+/// unknown, as any request would); none is left asleep in the forgotten
+/// line until its deadline.
+#[test]
+fn a_request_joining_as_the_last_worker_leaves_hears_it_is_unavailable() {
+    run_model_with("waiting/a_request_joining_as_the_last_worker_leaves_hears_it_is_unavailable", 3, || {
+        let (monitor, router) = busy_pool(4);
+        let mut first = Waiter::new(&router);
+        assert_eq!(first.poll(), Poll::Pending);
+        let leaver = {
+            let monitor = monitor.clone();
+            thread::spawn(move || assert!(monitor.deregister(1)))
+        };
+        let mut joiner = Waiter::new(&router);
+        let joined = joiner.poll();
+        leaver.join().unwrap();
+        for (name, waiter, early) in [("first", &mut first, Poll::Pending), ("joiner", &mut joiner, joined)] {
+            let heard = match early {
+                Poll::Pending => {
+                    assert!(waiter.woken(), "the {name} sleeps in a forgotten line");
+                    waiter.poll()
+                }
+                ready => ready,
+            };
+            let unknown = name == "joiner" && heard == Poll::Ready(Err(WaitError::UnknownModel));
+            assert!(unknown || heard == Poll::Ready(Err(WaitError::Unavailable)), "the {name}: {heard:?}");
+        }
     });
 }

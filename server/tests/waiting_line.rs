@@ -79,6 +79,39 @@ async fn a_client_that_goes_away_leaves_the_line() {
     assert_eq!(worker.http.requests(), 0, "nobody left to serve");
 }
 
+/// The model's last worker leaves (a restart's first half) while a request
+/// waits: there is nothing left to wait for, so the request hears at once
+/// that no worker is available (503), as a request sent then would, not a
+/// 529 at its deadline 20 s later. Back as its next incarnation, the worker
+/// serves through the model's new line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_request_hears_at_once_when_the_models_last_worker_leaves() {
+    let _box = common::shared().await;
+    let fe = frontend(&["--router-queue-timeout-ms", "20000"]);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let request = tokio::spawn(send(&fe, fe.client.clone()));
+    wait_waiting(&fe, 1.0).await;
+    worker.leave();
+    let (status, reason, took) = tokio::time::timeout(Duration::from_secs(5), request)
+        .await
+        .expect("answered well before its deadline")
+        .unwrap();
+    assert_eq!((status, reason), (503, None), "answered after {took:?}");
+    fe.wait_workers(0, Duration::from_secs(5)).await;
+    worker.come_back(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let request = tokio::spawn(send(&fe, fe.client.clone()));
+    wait_waiting(&fe, 1.0).await;
+    worker.report(false);
+    let (status, _, took) = tokio::time::timeout(Duration::from_secs(5), request).await.expect("served").unwrap();
+    assert_eq!(status, 200, "served after {took:?}");
+    assert_eq!(worker.http.requests(), 1);
+    wait_waiting(&fe, 0.0).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_freed_worker_takes_one_waiter_per_report_of_its_own() {
     let _box = common::shared().await;

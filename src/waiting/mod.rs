@@ -86,6 +86,14 @@
 //! ([`WaitError::Deadline`]), or when its future is dropped (the client
 //! went away): at once, under the lock, with its tokens. A woken waiter
 //! that leaves without a worker passes its wake-up on.
+//!
+//! A publication that leaves the model with no instance in routing (none
+//! registered, or every one out of routing) wakes every waiter: there is
+//! nothing to wait for, and each leaves with [`WaitError::Unavailable`],
+//! as a newcomer would be answered. If the monitor forgot the model (its
+//! last worker left) and it has come back by the time a waiter's task
+//! runs, the waiter moves into the model's new line instead, in its place
+//! by class and deadline.
 
 mod queue;
 #[cfg(test)]
@@ -335,7 +343,7 @@ impl Line {
             queue.release();
             self.sync_hint(&queue);
         }
-        wake_free(&mut queue, view);
+        self.wake_free(&mut queue, view);
     }
 
     /// Sets how many requests wait in the other frontends' lines for this
@@ -447,7 +455,7 @@ impl Line {
         }
         queue.release();
         self.sync_hint(&queue);
-        wake_free(&mut queue, view);
+        self.wake_free(&mut queue, view);
     }
 
     /// Stores the spent workers' bits and whether waiters are held after a
@@ -459,11 +467,23 @@ impl Line {
         // Release: pairs with the Acquire in `report_begins`.
         self.dispatches.store(queue.dispatched(), Ordering::Release);
     }
-}
 
-/// Under the line's lock: wakes as many waiters as there are free workers
-/// (eligible in the view, not spent).
-fn wake_free(queue: &mut Queue, view: &crate::sync::Swap<ModelView>) {
-    let free = crate::route::eligible_count(&view.load(), queue.spent());
-    queue.wake(free);
+    /// Under the line's lock: wakes as many waiters as there are free
+    /// workers (eligible in the view, not spent). A view with no instance in
+    /// routing (none registered, or every one out of routing) wakes every
+    /// waiter, held ones too: there is nothing to wait for, and each hears it
+    /// as a newcomer would ([`WaitError::Unavailable`]), or moves to its
+    /// model's new line if the model was forgotten and has come back.
+    fn wake_free(&self, queue: &mut Queue, view: &crate::sync::Swap<ModelView>) {
+        let view = view.load();
+        if view.is_empty() || view.all_out() {
+            if queue.any_held() {
+                queue.release();
+                self.sync_hint(queue);
+            }
+            queue.wake(usize::MAX);
+            return;
+        }
+        queue.wake(crate::route::eligible_count(&view, queue.spent()));
+    }
 }

@@ -60,10 +60,14 @@ impl Pool {
     }
 
     fn report(&self, worker: WorkerId, busy: bool) {
+        self.report_of(worker, 0, if busy { 90 } else { 10 });
+    }
+
+    /// A report of `worker`'s `incarnation` with `blocks` of 100 in use.
+    fn report_of(&self, worker: WorkerId, incarnation: u64, blocks: u32) {
         let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
-        let load =
-            RankLoad { active_decode_blocks: if busy { 90 } else { 10 }, kv_total_blocks: 100, ..Default::default() };
-        self.monitor.apply(&LoadReport { worker, seq, load, ..Default::default() }).unwrap();
+        let load = RankLoad { active_decode_blocks: blocks, kv_total_blocks: 100, ..Default::default() };
+        self.monitor.apply(&LoadReport { worker, incarnation, seq, load, ..Default::default() }).unwrap();
     }
 
     fn waiting(&self) -> usize {
@@ -419,4 +423,98 @@ fn a_tenant_held_round_after_round_does_not_starve_an_equal_one() {
     let many = served_after_held_rounds(40);
     assert!(of_3(&once) >= 2, "after one round: {once:?}");
     assert_eq!(of_3(&many), of_3(&once), "after 40 rounds {many:?}, after one {once:?}");
+}
+
+/// The model's last worker leaves while a request waits (a restart): the
+/// monitor forgets the model, and the publication that emptied it wakes the
+/// waiter. Back with a new incarnation, the model has a new line: the
+/// waiter moves into it, in its place by deadline (ahead of a newcomer that
+/// joined first with a later deadline), and the report that frees the
+/// worker serves it.
+#[test]
+fn a_model_forgotten_and_back_takes_its_waiters_into_its_new_line() {
+    let pool = Pool::new(1, LineLimits::default());
+    pool.report(1, true);
+    let wakes = Arc::new(Count::default());
+    let mut waiter = wait(&pool, &Timer::default());
+    assert_eq!(poll(&mut waiter, &wakes), Poll::Pending);
+    assert!(pool.monitor.deregister(1));
+    assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "the model left without an instance wakes its waiters");
+    pool.monitor.register(1, "m", 1, 1).unwrap();
+    pool.report_of(1, 1, 90);
+    let later = Ticket::new(10, Instant::now() + Duration::from_secs(120));
+    let newcomer_wakes = Arc::new(Count::default());
+    let mut newcomer: Waiting<'_> = Box::pin(pool.router.wait("m", &[], later, Timer::default()));
+    assert_eq!(poll(&mut newcomer, &newcomer_wakes), Poll::Pending);
+    assert_eq!(poll(&mut waiter, &wakes), Poll::Pending, "moved to the new line: the worker is busy");
+    assert_eq!(pool.waiting(), 2, "both wait in the model's line now");
+    pool.report_of(1, 1, 10);
+    assert_eq!(poll(&mut waiter, &wakes), Poll::Ready(Ok(1)), "its earlier deadline goes first");
+    assert_eq!(poll(&mut newcomer, &newcomer_wakes), Poll::Pending, "one waiter per report");
+    drop(newcomer);
+    assert_eq!(pool.waiting(), 0);
+}
+
+/// The same, with the model not back when the waiter runs: unavailable,
+/// as a newcomer would hear (no instance), not a wait to its deadline.
+#[test]
+fn a_model_forgotten_while_requests_wait_tells_them_it_is_unavailable() {
+    let pool = Pool::new(1, LineLimits::default());
+    pool.report(1, true);
+    let wakes = Arc::new(Count::default());
+    let mut waiter = wait(&pool, &Timer::default());
+    assert_eq!(poll(&mut waiter, &wakes), Poll::Pending);
+    assert!(pool.monitor.deregister(1));
+    assert_eq!(poll(&mut waiter, &wakes), Poll::Ready(Err(WaitError::Unavailable)));
+}
+
+/// A `ModelRouter` handle taken before its model was forgotten and came
+/// back waits in the model's new line, where the freeing report wakes it.
+#[test]
+fn a_model_routers_wait_after_its_model_came_back_joins_the_new_line() {
+    let pool = Pool::new(1, LineLimits::default());
+    let handle = pool.router.model("m").unwrap();
+    assert!(pool.monitor.deregister(1));
+    pool.monitor.register(1, "m", 1, 1).unwrap();
+    pool.report_of(1, 1, 90);
+    let ticket = Ticket::new(10, Instant::now() + Duration::from_secs(60));
+    let wakes = Arc::new(Count::default());
+    let mut waiter: Waiting<'_> = Box::pin(handle.wait(&[], ticket, Timer::default()));
+    assert_eq!(poll(&mut waiter, &wakes), Poll::Pending);
+    assert_eq!(pool.waiting(), 1);
+    pool.report_of(1, 1, 10);
+    assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "the report that frees the worker wakes it");
+    assert_eq!(poll(&mut waiter, &wakes), Poll::Ready(Ok(1)));
+}
+
+/// Every instance out of routing while requests wait, one of them held by
+/// its exclusions: there is nothing to wait for. Each waiter is woken and
+/// told the model is unavailable, and so is a newcomer, as when nobody
+/// waited.
+#[test]
+fn no_instance_in_routing_is_unavailable_to_waiters_and_newcomers_alike() {
+    let pool = Pool::new(2, LineLimits::default());
+    pool.report(1, true);
+    pool.report(2, true);
+    let (wakes, held_wakes) = (Arc::new(Count::default()), Arc::new(Count::default()));
+    let ticket = Ticket::new(10, Instant::now() + Duration::from_secs(30));
+    let mut held: Waiting<'_> = Box::pin(pool.router.wait("m", &[2], ticket, Timer::default()));
+    assert_eq!(poll(&mut held, &held_wakes), Poll::Pending);
+    let mut waiter = wait(&pool, &Timer::default());
+    assert_eq!(poll(&mut waiter, &wakes), Poll::Pending);
+    pool.report(2, false);
+    assert_eq!(held_wakes.0.load(Ordering::SeqCst), 1, "first in line");
+    assert_eq!(poll(&mut held, &held_wakes), Poll::Pending, "held: it excludes the free worker");
+    assert_eq!(poll(&mut waiter, &wakes), Poll::Ready(Ok(2)));
+    let mut waiter = wait(&pool, &Timer::default());
+    assert_eq!(poll(&mut waiter, &wakes), Poll::Pending);
+    assert!(pool.monitor.set_out_of_routing(1, true));
+    assert!(pool.monitor.set_out_of_routing(2, true));
+    assert_eq!(held_wakes.0.load(Ordering::SeqCst), 2, "the held waiter is woken too");
+    for w in [&mut waiter, &mut held] {
+        assert_eq!(poll(w, &Arc::default()), Poll::Ready(Err(WaitError::Unavailable)));
+    }
+    let mut newcomer = wait(&pool, &Timer::default());
+    assert_eq!(poll(&mut newcomer, &Arc::default()), Poll::Ready(Err(WaitError::Unavailable)));
+    assert_eq!(pool.waiting(), 0);
 }

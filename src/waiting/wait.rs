@@ -19,7 +19,7 @@ use std::task::{Context, Poll};
 use pin_project_lite::pin_project;
 
 use super::queue::{Key, Queue};
-use super::{wake_free, Line, Ticket, WaitError};
+use super::{Line, Ticket, WaitError};
 use crate::class::Class;
 use crate::load::WorkerId;
 use crate::route::{RouteError, RoutedModel, WorkerRouter};
@@ -88,6 +88,10 @@ impl<T: Future<Output = ()>> Future for Wait<'_, T> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
+        if let Some(error) = move_if_forgotten(this.router, this.routed, this.phase) {
+            *this.phase = Phase::Done(None);
+            return Poll::Ready(Err(error));
+        }
         let routed = match (&mut *this.phase, this.routed.as_deref()) {
             (Phase::Done(error), _) => {
                 let error = error.take().expect("Wait polled after it resolved");
@@ -167,13 +171,49 @@ impl<T: Future<Output = ()>> Future for Wait<'_, T> {
                     // the one it joined with.
                     return Poll::Pending;
                 }
-                wake_free(&mut queue, routed.state.view());
+                line.wake_free(&mut queue, routed.state.view());
                 (queue, key)
             }
             Phase::Done(_) => unreachable!("handled above"),
         };
         let result = dispatch(line, &router, this.exclude, queue, &key, cx);
         finish(this.phase, result)
+    }
+}
+
+/// If the monitor forgot the model of `routed` (its last instance left),
+/// the wait leaves that model's line and starts over with the model's
+/// current state: it joins the new line in its place by class and deadline
+/// (or routes at once), keeping its ticket and timer. The model not back:
+/// [`WaitError::Unavailable`], as a newcomer would get. A waiter that a
+/// critical arrival displaced meanwhile hears that instead. Cold: one flag
+/// load while the model stays.
+///
+/// The publication that left the model without an instance woke every
+/// waiter of its line (`Line::wake_free`), so none sleeps in a forgotten
+/// line: each is polled, and moves here.
+fn move_if_forgotten(
+    router: &WorkerRouter,
+    routed: &mut Option<Arc<RoutedModel>>,
+    phase: &mut Phase,
+) -> Option<WaitError> {
+    let current = routed.as_deref().filter(|r| r.state.is_retired())?;
+    if matches!(phase, Phase::Done(_)) {
+        return None;
+    }
+    if let Phase::Queued(key) = phase {
+        let line = &current.state.line;
+        if !leave(line, current, lock(&line.queue), key, Leaving::Dropped) {
+            return Some(WaitError::ClassShed);
+        }
+    }
+    match router.routed(&current.state.name) {
+        Ok(fresh) => {
+            *routed = Some(fresh);
+            *phase = Phase::Start;
+            None
+        }
+        Err(_) => Some(WaitError::Unavailable),
     }
 }
 
@@ -242,6 +282,14 @@ fn dispatch(
             line.waiting.fetch_sub(1, Ordering::AcqRel);
             Poll::Ready(Ok(worker))
         }
+        Err(RouteError::Overloaded) if router.routed.state.is_retired() => {
+            // The model was forgotten since this poll began, and is back
+            // overloaded (the route looked it up again): polled again at
+            // once, the wait moves to the new line (`move_if_forgotten`).
+            // It stays woken here until then: its leaving passes it on.
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
         Err(RouteError::Overloaded) if router.holds_off() || !exclude.is_empty() => {
             // Free workers, but none this request may take (none with the
             // sheddable headroom, or only workers it excludes), or none at
@@ -251,7 +299,7 @@ fn dispatch(
             queue.set_waker(at, cx.waker());
             queue.hold(at);
             line.sync_hint(&queue);
-            wake_free(&mut queue, router.routed.state.view());
+            line.wake_free(&mut queue, router.routed.state.view());
             Poll::Pending
         }
         Err(RouteError::Overloaded) => {
@@ -259,9 +307,11 @@ fn dispatch(
             queue.set_waker(at, cx.waker());
             Poll::Pending
         }
-        Err(other) => {
+        Err(_) => {
+            // No instance (or the model forgotten since, and not back): a
+            // request that waited for a known model hears it is unavailable.
             leave(line, router.routed, queue, key, Leaving::Dropped);
-            Poll::Ready(Err(not_overloaded(other)))
+            Poll::Ready(Err(WaitError::Unavailable))
         }
     }
 }
@@ -290,7 +340,7 @@ fn leave(line: &Line, routed: &RoutedModel, mut queue: MutexGuard<'_, Queue>, ke
     // AcqRel: see `dispatch`.
     line.waiting.fetch_sub(1, Ordering::AcqRel);
     if was_woken {
-        wake_free(&mut queue, routed.state.view());
+        line.wake_free(&mut queue, routed.state.view());
     }
     true
 }

@@ -43,6 +43,7 @@ pub struct Controlled {
     pub http: FakeWorker,
     events: TcpStream,
     seq: u64,
+    incarnation: u64,
 }
 
 impl Controlled {
@@ -52,7 +53,22 @@ impl Controlled {
         let frame = register(WORKER, 1, 1, MODEL, &http.addr.to_string());
         std::io::Write::write_all(&mut events, &encoded(&frame)).expect("register");
         frontend.wait_workers(1, Duration::from_secs(10)).await;
-        Controlled { http, events, seq: 0 }
+        Controlled { http, events, seq: 0, incarnation: 1 }
+    }
+
+    /// Deregisters (a restart's first half: the model's last worker leaves).
+    pub fn leave(&mut self) {
+        let frame = Frame::Deregister { worker: WORKER, incarnation: self.incarnation };
+        std::io::Write::write_all(&mut self.events, &encoded(&frame)).expect("deregister");
+    }
+
+    /// Registers again as the next incarnation (a restart's second half).
+    pub async fn come_back(&mut self, frontend: &Frontend) {
+        self.incarnation += 1;
+        self.seq = 0;
+        let frame = register(WORKER, self.incarnation, 1, MODEL, &self.http.addr.to_string());
+        std::io::Write::write_all(&mut self.events, &encoded(&frame)).expect("register");
+        frontend.wait_workers(1, Duration::from_secs(10)).await;
     }
 
     /// One load report: 90 of 100 blocks (busy) or 10 (free).
@@ -64,7 +80,7 @@ impl Controlled {
     pub fn report_blocks(&mut self, blocks: u32) {
         self.seq += 1;
         let load = RankLoad { active_decode_blocks: blocks, kv_total_blocks: 100, ..Default::default() };
-        let frame = Frame::Load { worker: WORKER, incarnation: 1, rank: 0, seq: self.seq, load };
+        let frame = Frame::Load { worker: WORKER, incarnation: self.incarnation, rank: 0, seq: self.seq, load };
         std::io::Write::write_all(&mut self.events, &encoded(&frame)).expect("report");
     }
 }
