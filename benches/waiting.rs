@@ -23,6 +23,11 @@
 //! threads a thread's oldest request may be woken by the other's report;
 //! while it is not yet ready the thread reports (and notifies) again, on
 //! both sides alike.
+//!
+//! `waiting_spent/N`: the line's 1-thread cycle in a fleet of 10,000
+//! workers, N of them dispatched to since their last report (the line
+//! leaves them out until they report): what a dispatch costs as that count
+//! grows.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -271,5 +276,52 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
+/// Workers in the fleet of [`spent_cycles`].
+const FLEET: usize = 10_000;
+
+/// The 1-thread cycle in a fleet of [`FLEET`] workers, with `spent` of
+/// them dispatched to by the line since their last report (the line gives
+/// none of them a waiter until it reports; under overload in a large fleet
+/// they can be thousands). The worker that reports in a cycle is the one
+/// the line dispatched to `spent` cycles before, so the count stays. A
+/// request woken and never polled keeps the line from emptying (an empty
+/// line forgets its marks).
+fn spent_cycles(iters: u64, spent: usize) -> Duration {
+    let line = Line::new(FLEET);
+    let keeper = line.join();
+    line.report(0, 10);
+    assert!(keeper.woken(), "the first free worker wakes the keeper");
+    let mut dispatched = VecDeque::with_capacity(spent + 1);
+    let serve = |worker: WorkerId, dispatched: &mut VecDeque<WorkerId>| {
+        let mut task = line.join();
+        line.report(worker, 10);
+        assert!(task.woken(), "the report frees a worker for it");
+        let Poll::Ready(routed) = task.poll() else { panic!("a woken request with a free worker waits") };
+        dispatched.push_back(routed.expect("routed"));
+    };
+    for worker in 1..=spent as WorkerId {
+        serve(worker, &mut dispatched);
+    }
+    let start = Instant::now();
+    for _ in 0..iters {
+        let worker = dispatched.pop_front().expect("spent >= 1");
+        serve(worker, &mut dispatched);
+    }
+    let elapsed = start.elapsed();
+    drop(keeper);
+    elapsed
+}
+
+fn spent(c: &mut Criterion) {
+    let mut group = c.benchmark_group("waiting_spent");
+    group.throughput(Throughput::Elements(1));
+    // Each sample registers the whole fleet first.
+    group.sample_size(10);
+    for spent in [1, 1000, 4000] {
+        group.bench_function(format!("{spent}"), |b| b.iter_custom(|iters| spent_cycles(iters, spent)));
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench, spent);
 criterion_main!(benches);

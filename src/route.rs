@@ -618,26 +618,72 @@ pub(crate) fn eligible_count(view: &ModelView, exclude: &[WorkerId]) -> usize {
 
 struct Eligible<'a> {
     view: &'a ModelView,
-    exclude: &'a [WorkerId],
+    exclude: Excluded<'a>,
     /// Excluded instances that would otherwise be eligible.
     excluded: usize,
+}
+
+/// The workers a route leaves out: a short list as given (a request's own
+/// exclusions, a few), a long one as a set. The waiting line leaves out the
+/// workers it dispatched to since their last report, which in a large
+/// fleet under overload can be thousands: looked up in the list, every
+/// dispatch cost the square of that count.
+enum Excluded<'a> {
+    Few(&'a [WorkerId]),
+    Many(rustc_hash::FxHashSet<WorkerId>),
+}
+
+/// The longest exclusion list searched as a list.
+const FEW_EXCLUDED: usize = 16;
+
+std::thread_local! {
+    /// The set of a route's many exclusions, emptied and kept for this
+    /// thread's next such route: once warm, routes allocate nothing
+    /// (`tests/alloc.rs`). A route made while another holds it (a cost
+    /// function that routes) builds its own.
+    static EXCLUDED_SET: std::cell::Cell<rustc_hash::FxHashSet<WorkerId>> = std::cell::Cell::default();
+}
+
+impl Excluded<'_> {
+    #[inline]
+    fn contains(&self, id: WorkerId) -> bool {
+        match self {
+            Excluded::Few(list) => list.contains(&id),
+            Excluded::Many(set) => set.contains(&id),
+        }
+    }
+}
+
+impl Drop for Excluded<'_> {
+    fn drop(&mut self) {
+        if let Excluded::Many(set) = self {
+            let mut set = std::mem::take(set);
+            set.clear();
+            EXCLUDED_SET.with(|kept| kept.set(set));
+        }
+    }
 }
 
 impl<'a> Eligible<'a> {
     #[inline]
     fn new(view: &'a ModelView, exclude: &'a [WorkerId]) -> Self {
+        let is_eligible = |id: WorkerId| view.find(id).is_some_and(|place| view.chunk(place).is_eligible(place.local));
+        if exclude.len() > FEW_EXCLUDED {
+            let mut set = EXCLUDED_SET.with(std::cell::Cell::take);
+            set.reserve(exclude.len());
+            let excluded = exclude.iter().filter(|id| set.insert(**id) && is_eligible(**id)).count();
+            return Eligible { view, exclude: Excluded::Many(set), excluded };
+        }
         let mut excluded = 0;
         for (i, id) in exclude.iter().enumerate() {
             if exclude[..i].contains(id) {
                 continue; // listed twice
             }
-            if let Some(place) = view.find(*id) {
-                if view.chunk(place).is_eligible(place.local) {
-                    excluded += 1;
-                }
+            if is_eligible(*id) {
+                excluded += 1;
             }
         }
-        Eligible { view, exclude, excluded }
+        Eligible { view, exclude: Excluded::Few(exclude), excluded }
     }
 
     #[inline]
@@ -670,7 +716,7 @@ impl<'a> Eligible<'a> {
     fn for_each_from(&self, start: usize, mut f: impl FnMut(usize, &WorkerEntry)) {
         self.view.for_each_from(start, |p, place, chunk| {
             let free = chunk.is_eligible(place.local);
-            if free && !(self.excluded != 0 && self.exclude.contains(&chunk.id(place.local))) {
+            if free && !(self.excluded != 0 && self.exclude.contains(chunk.id(place.local))) {
                 f(p, chunk.entry(place.local));
             }
         });

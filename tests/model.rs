@@ -22,6 +22,15 @@ const PPB: u128 = 1_000_000_000;
 
 // ---------------------------------------------------------------- operations
 
+/// A route's exclusions: mostly a few, sometimes more than the router
+/// searches as a list (with repeats: the ids run to `WORKERS + 2`).
+fn exclusions() -> impl Strategy<Value = Vec<u64>> {
+    prop_oneof![
+        3 => prop::collection::vec(0..WORKERS + 2, 0..4),
+        1 => prop::collection::vec(0..WORKERS + 2, 17..24),
+    ]
+}
+
 /// A threshold field's new value: in exact integer form (what the person
 /// wrote, in ppb for the fractions), or an invalid float.
 #[derive(Clone, Copy, Debug)]
@@ -182,7 +191,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(model, decode, prefill, frac, waiting)| Op::SetAll { model, decode, prefill, frac, waiting }),
         3 => (model.clone(), prop::sample::select(vec![Field::Decode, Field::Prefill, Field::Frac, Field::Waiting]))
             .prop_flat_map(|(model, field)| value(field).prop_map(move |value| Op::Edit { model, field, value })),
-        8 => (model.clone(), 0usize..6, any::<bool>(), prop::collection::vec(0..WORKERS + 2, 0..4))
+        8 => (model.clone(), 0usize..6, any::<bool>(), exclusions())
             .prop_map(|(model, policy, local, exclude)| Op::Route { model, policy, local, exclude }),
         2 => (0u64..=30).prop_map(|ms| Op::Advance { ms }),
     ]
