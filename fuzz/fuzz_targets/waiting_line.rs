@@ -22,8 +22,9 @@
 //! usually written: a tenant with a sleeping waiter gets its weight in
 //! tokens as the turn reaches it and is woken while its deficit covers its
 //! next waiter's prompt (at least 1); a woken waiter that leaves or waits
-//! again without a worker refunds it (keeping at most one weight beyond
-//! its prompt); a tenant without waiters leaves the walk. A tenant over
+//! again without a worker refunds it (up to its weight and its largest
+//! prompt, never below what it had); a tenant without waiters leaves the
+//! walk. A tenant over
 //! its caps (waiting requests, queued tokens, every class) is refused with
 //! `TenantCap`. The real line must agree on every outcome, its counts, and
 //! every wake-up.
@@ -138,6 +139,8 @@ impl Waiter<'_> {
 struct Turn {
     tenant: u32,
     quantum: u64,
+    /// The largest prompt (at least 1) of its arrivals since it joined.
+    largest: u64,
     deficit: u64,
 }
 
@@ -240,16 +243,16 @@ impl<'r> Model<'r> {
     }
 
     /// A woken waiter `i` goes back to sleep (or leaves) without a worker:
-    /// its tenant gets its wake-up back, but keeps at most one quantum
-    /// beyond it (no credit banked by being woken and held again and
-    /// again).
+    /// its tenant gets its wake-up back, up to its weight and its largest
+    /// prompt (no credit banked by being woken and held again and again),
+    /// and never loses credit by it.
     fn refund(&mut self, i: usize) {
         let waiter = &mut self.line[i];
         if std::mem::take(&mut waiter.woken) {
             let cost = waiter.tokens.max(1);
             let round = &mut self.rounds[waiter.key.0];
             let t = round.tenants.iter_mut().find(|t| t.tenant == waiter.tenant).expect("a waiting tenant");
-            t.deficit = (t.deficit + cost).min(t.quantum + cost);
+            t.deficit = t.deficit.max((t.deficit + cost).min(t.quantum + t.largest));
         }
     }
 
@@ -442,9 +445,15 @@ fuzz_target!(|input: Input| {
                 // woken joiner routes in the same poll.
                 m.line.push(waiter);
                 let round = &mut m.rounds[class];
+                let cost = u64::from(tokens).max(1);
                 match round.tenants.iter_mut().find(|t| t.tenant == id) {
-                    Some(t) => t.quantum = u64::from(weight),
-                    None => round.tenants.push(Turn { tenant: id, quantum: u64::from(weight), deficit: 0 }),
+                    Some(t) => {
+                        t.quantum = u64::from(weight);
+                        t.largest = t.largest.max(cost);
+                    }
+                    None => {
+                        round.tenants.push(Turn { tenant: id, quantum: u64::from(weight), largest: cost, deficit: 0 })
+                    }
                 }
                 let i = m.line.len() - 1;
                 m.pass();

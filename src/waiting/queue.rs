@@ -63,6 +63,9 @@ struct TenantLine {
     tenant: u32,
     /// The latest weight its arrivals gave (at least 1).
     quantum: u64,
+    /// The largest cost ([`Waiter::cost`]) of its arrivals since it joined
+    /// the round: with `quantum`, the bound of a refund ([`refunded`]).
+    largest: u64,
     /// In key order (arrivals almost always go to the back).
     waiters: VecDeque<Waiter>,
     /// Tokens it may still be woken for this round (deficit round robin);
@@ -336,12 +339,19 @@ impl Queue {
         let t = match line.tenant(tenant.id) {
             Some(t) => t,
             None => {
-                line.tenants.push(TenantLine { tenant: tenant.id, quantum: 0, waiters: VecDeque::new(), deficit: 0 });
+                line.tenants.push(TenantLine {
+                    tenant: tenant.id,
+                    quantum: 0,
+                    largest: 0,
+                    waiters: VecDeque::new(),
+                    deficit: 0,
+                });
                 line.tenants.len() - 1
             }
         };
         let own = &mut line.tenants[t];
         own.quantum = tenant.quantum();
+        own.largest = own.largest.max(waiter.cost());
         if own.waiters.back().is_none_or(|last| last.key < key) {
             own.waiters.push_back(waiter);
         } else {
@@ -458,8 +468,8 @@ impl Queue {
     }
 
     /// A woken waiter found no worker after all: it waits for the next
-    /// wake-up, and its tenant gets back what the wake-up cost, up to one
-    /// quantum beyond it ([`refunded`]).
+    /// wake-up, and its tenant gets back what the wake-up cost, within a
+    /// bound ([`refunded`]).
     pub(super) fn unwake(&mut self, at: At) {
         let waiter = self.waiter(at);
         if waiter.woken {
@@ -467,7 +477,7 @@ impl Queue {
             let cost = waiter.cost();
             self.woken -= 1;
             let line = self.tenant_line(at);
-            line.deficit = refunded(line.deficit, cost, line.quantum);
+            line.deficit = refunded(line.deficit, cost, line.quantum.saturating_add(line.largest));
         }
     }
 
@@ -625,15 +635,16 @@ impl Queue {
 const OUTPACED: (u64, u64) = (3, 2);
 
 /// A tenant's deficit after a wake-up of `cost` is given back: the cost
-/// returns, but the deficit stays within one `quantum` beyond it. The pick
-/// that woke the waiter may have credited the tenant a quantum for its
-/// turn; a waiter woken and held again and again (its exclusions name the
-/// only worker that frees) would otherwise bank a quantum each time, and
-/// its tenant would later take that many turns in a row from tenants of
-/// equal weight (deficit round robin bounds a backlogged tenant's deficit
-/// by a quantum and its largest request).
-fn refunded(deficit: u64, cost: u64, quantum: u64) -> u64 {
-    deficit.saturating_add(cost).min(quantum.saturating_add(cost))
+/// returns, up to `bound` (its quantum and its largest prompt, deficit
+/// round robin's bound on a backlogged tenant's deficit), and a refund
+/// never takes credit away. The pick that woke the waiter may have
+/// credited the tenant a quantum for its turn; a waiter woken and held
+/// again and again (its exclusions name the only worker that frees) would
+/// otherwise bank a quantum each time, and its tenant would later take
+/// that many turns in a row from tenants of equal weight. The order in
+/// which woken waiters are refunded does not change the result.
+fn refunded(deficit: u64, cost: u64, bound: u64) -> u64 {
+    deficit.max(deficit.saturating_add(cost).min(bound))
 }
 
 /// A worker's bit in [`Queue::spent_bits`].
@@ -892,9 +903,54 @@ mod tests {
             q.release();
             seen.push(deficit(&q));
         }
-        assert!(seen.iter().all(|d| *d <= 200), "at most one quantum beyond its cost: {seen:?}");
+        assert!(seen.iter().all(|d| *d <= 200), "at most its weight and its largest prompt: {seen:?}");
         assert_eq!(refunded(u64::MAX - 1, 10, u64::MAX), u64::MAX, "saturates");
-        assert_eq!(refunded(0, 1000, 100), 1000, "a large prompt gets its whole cost back");
+        assert_eq!(refunded(0, 1000, 1100), 1000, "a large prompt gets its whole cost back");
+        assert_eq!(refunded(5000, 1, 200), 5000, "a refund takes nothing away");
+    }
+
+    /// A refund gives a wake-up's cost back and never takes away credit the
+    /// tenant held before: its large waiter woken and held (refunded to
+    /// 1000), then its small one woken from that credit and refunded too,
+    /// leave it its 1000.
+    #[test]
+    fn a_refund_never_takes_credit_away() {
+        let mut q = Queue::default();
+        let t = Tenant::new(1, 100);
+        let large = join_of(&mut q, t, 0, 1, 1000)[0];
+        let small = join_of(&mut q, t, 1, 1, 1)[0];
+        let deficit = |q: &Queue| {
+            let class = &q.classes[STANDARD.index()];
+            class.tenants[class.tenant(1).expect("waiting")].deficit
+        };
+        q.wake(1);
+        assert!(q.is_woken(at(&q, large)));
+        q.hold(at(&q, large));
+        assert_eq!(deficit(&q), 1000, "the large waiter's charge refunded");
+        q.wake(1);
+        assert!(q.is_woken(at(&q, small)), "the pass goes on to the next");
+        q.unwake(at(&q, small));
+        assert_eq!(deficit(&q), 1000);
+    }
+
+    /// Two woken waiters of one tenant both find no worker: the order their
+    /// tasks run in does not decide who is served next.
+    #[test]
+    fn the_order_of_refunds_does_not_decide_the_turns() {
+        let run = |large_first: bool| {
+            let mut q = Queue::default();
+            let t = Tenant::new(1, 100);
+            let large = join_of(&mut q, t, 0, 1, 1000)[0];
+            let small = join_of(&mut q, t, 1, 1, 1)[0];
+            q.wake(2);
+            assert!(q.is_woken(at(&q, large)) && q.is_woken(at(&q, small)));
+            join_of(&mut q, Tenant::new(2, 100), 10, 20, 100);
+            let order = if large_first { [large, small] } else { [small, large] };
+            order.into_iter().for_each(|key| q.unwake(at(&q, key)));
+            serve(&mut q, 12)
+        };
+        let (large_first, small_first) = (run(true), run(false));
+        assert_eq!(large_first, small_first, "large refunded first {large_first:?}, small first {small_first:?}");
     }
 
     #[test]
