@@ -640,7 +640,8 @@ std::thread_local! {
     /// The set of a route's many exclusions, emptied and kept for this
     /// thread's next such route: once warm, routes allocate nothing
     /// (`tests/alloc.rs`). A route made while another holds it (a cost
-    /// function that routes) builds its own.
+    /// function that routes), or in a thread-local's destructor after it,
+    /// builds its own.
     static EXCLUDED_SET: std::cell::Cell<rustc_hash::FxHashSet<WorkerId>> = std::cell::Cell::default();
 }
 
@@ -659,7 +660,8 @@ impl Drop for Excluded<'_> {
         if let Excluded::Many(set) = self {
             let mut set = std::mem::take(set);
             set.clear();
-            EXCLUDED_SET.with(|kept| kept.set(set));
+            // Gone (a route in a thread-local's destructor): the set goes too.
+            let _ = EXCLUDED_SET.try_with(|kept| kept.set(set));
         }
     }
 }
@@ -669,7 +671,9 @@ impl<'a> Eligible<'a> {
     fn new(view: &'a ModelView, exclude: &'a [WorkerId]) -> Self {
         let is_eligible = |id: WorkerId| view.find(id).is_some_and(|place| view.chunk(place).is_eligible(place.local));
         if exclude.len() > FEW_EXCLUDED {
-            let mut set = EXCLUDED_SET.with(std::cell::Cell::take);
+            // A route in a thread-local's destructor, once the kept set is
+            // gone, builds its own.
+            let mut set = EXCLUDED_SET.try_with(std::cell::Cell::take).unwrap_or_default();
             set.reserve(exclude.len());
             let excluded = exclude.iter().filter(|id| set.insert(**id) && is_eligible(**id)).count();
             return Eligible { view, exclude: Excluded::Many(set), excluded };

@@ -365,3 +365,36 @@ fn a_flip_is_seen_by_the_counter() {
     });
     assert!(n > 0, "flipping reports publish new views");
 }
+
+/// Routes with more than 16 exclusions in a destructor of this thread's
+/// locals.
+struct RoutesOnDrop(WorkerRouter);
+
+impl Drop for RoutesOnDrop {
+    fn drop(&mut self) {
+        let exclude: Vec<WorkerId> = (100..117).collect();
+        assert_eq!(self.0.route("m", &exclude), Ok(1));
+    }
+}
+
+thread_local! {
+    static ROUTES_ON_DROP: std::cell::RefCell<Option<RoutesOnDrop>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The set a route keeps for many exclusions is a thread-local: a route
+/// made in another thread-local's destructor, after that set is gone,
+/// builds its own (it used to abort the process: "cannot access a Thread
+/// Local Storage value during or after destruction").
+#[test]
+fn a_route_in_a_thread_locals_destructor_still_works() {
+    let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
+    monitor.register(1, "m", 1, 0).unwrap();
+    let router = WorkerRouter::new(monitor, Policy::RoundRobin);
+    let exclude: Vec<WorkerId> = (100..117).collect();
+    let thread = std::thread::spawn(move || {
+        // Registered first, destroyed last: after the route's set.
+        ROUTES_ON_DROP.with(|slot| *slot.borrow_mut() = Some(RoutesOnDrop(router.clone())));
+        assert_eq!(router.route("m", &exclude), Ok(1));
+    });
+    assert!(thread.join().is_ok());
+}
