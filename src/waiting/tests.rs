@@ -518,3 +518,44 @@ fn no_instance_in_routing_is_unavailable_to_waiters_and_newcomers_alike() {
     assert_eq!(poll(&mut newcomer, &Arc::default()), Poll::Ready(Err(WaitError::Unavailable)));
     assert_eq!(pool.waiting(), 0);
 }
+
+/// A `ModelRouter` handle's `wait` answers as its router's `wait` does:
+/// once the model is forgotten (and not back), a wait that never joined a
+/// line hears the model is unknown, as `route` and `WorkerRouter::wait` do.
+#[test]
+fn a_model_routers_wait_for_a_forgotten_model_answers_as_its_router_does() {
+    use crate::RouteError;
+    let pool = Pool::new(1, LineLimits::default());
+    let handle = pool.router.model("m").unwrap();
+    assert!(pool.monitor.deregister(1));
+    assert_eq!(handle.route(&[]), Err(RouteError::UnknownModel));
+    let ticket = Ticket::new(10, Instant::now() + Duration::from_secs(60));
+    let mut by_name: Waiting<'_> = Box::pin(pool.router.wait("m", &[], ticket, Timer::default()));
+    assert_eq!(poll(&mut by_name, &Arc::default()), Poll::Ready(Err(WaitError::UnknownModel)));
+    let mut by_handle: Waiting<'_> = Box::pin(handle.wait(&[], ticket, Timer::default()));
+    assert_eq!(poll(&mut by_handle, &Arc::default()), Poll::Ready(Err(WaitError::UnknownModel)));
+}
+
+/// A waiter whose timer fired is answered at its deadline, not routed,
+/// whether it is woken with a worker free in its line or its model was
+/// forgotten and came back meanwhile.
+#[test]
+fn a_waiter_past_its_deadline_is_not_routed_after_its_model_came_back() {
+    for came_back in [false, true] {
+        let pool = Pool::new(1, LineLimits::default());
+        pool.report(1, true);
+        let timer = Timer::default();
+        let wakes = Arc::new(Count::default());
+        let mut waiter = wait(&pool, &timer);
+        assert_eq!(poll(&mut waiter, &wakes), Poll::Pending);
+        if came_back {
+            assert!(pool.monitor.deregister(1));
+            pool.monitor.register(1, "m", 1, 1).unwrap();
+        } else {
+            pool.report(1, false);
+        }
+        timer.0.store(true, Ordering::SeqCst);
+        assert_eq!(poll(&mut waiter, &wakes), Poll::Ready(Err(WaitError::Deadline)), "came back: {came_back}");
+        assert_eq!(pool.waiting(), 0);
+    }
+}

@@ -87,8 +87,8 @@ impl<T: Future<Output = ()>> Future for Wait<'_, T> {
     type Output = Result<WorkerId, WaitError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        if let Some(error) = move_if_forgotten(this.router, this.routed, this.phase) {
+        let mut this = self.project();
+        if let Some(error) = move_if_forgotten(this.router, this.routed, this.phase, this.timer.as_mut(), cx) {
             *this.phase = Phase::Done(None);
             return Poll::Ready(Err(error));
         }
@@ -184,36 +184,49 @@ impl<T: Future<Output = ()>> Future for Wait<'_, T> {
 /// If the monitor forgot the model of `routed` (its last instance left),
 /// the wait leaves that model's line and starts over with the model's
 /// current state: it joins the new line in its place by class and deadline
-/// (or routes at once), keeping its ticket and timer. The model not back:
-/// [`WaitError::Unavailable`], as a newcomer would get. A waiter that a
-/// critical arrival displaced meanwhile hears that instead. Cold: one flag
-/// load while the model stays.
+/// (or routes at once), keeping its ticket and timer. A waiter whose timer
+/// fired meanwhile hears [`WaitError::Deadline`], one that a critical
+/// arrival displaced [`WaitError::ClassShed`]. The model not back: a waiter
+/// hears [`WaitError::Unavailable`], as a request routed then would; a wait
+/// not yet in any line (made from a [`ModelRouter`](crate::ModelRouter)
+/// handle taken before) [`WaitError::UnknownModel`], as
+/// [`WorkerRouter::wait`] for a forgotten model. Cold: one flag load while
+/// the model stays.
 ///
 /// The publication that left the model without an instance woke every
 /// waiter of its line (`Line::wake_free`), so none sleeps in a forgotten
 /// line: each is polled, and moves here.
-fn move_if_forgotten(
+fn move_if_forgotten<T: Future<Output = ()>>(
     router: &WorkerRouter,
     routed: &mut Option<Arc<RoutedModel>>,
     phase: &mut Phase,
+    timer: Pin<&mut T>,
+    cx: &mut Context<'_>,
 ) -> Option<WaitError> {
     let current = routed.as_deref().filter(|r| r.state.is_retired())?;
-    if matches!(phase, Phase::Done(_)) {
-        return None;
-    }
-    if let Phase::Queued(key) = phase {
-        let line = &current.state.line;
-        if !leave(line, current, lock(&line.queue), key, Leaving::Dropped) {
-            return Some(WaitError::ClassShed);
+    let gone = match phase {
+        Phase::Done(_) => return None,
+        Phase::Start => WaitError::UnknownModel,
+        Phase::Queued(key) => {
+            let line = &current.state.line;
+            let expired = timer.poll(cx).is_ready();
+            let why = if expired { Leaving::Expired } else { Leaving::Dropped };
+            if !leave(line, current, lock(&line.queue), key, why) {
+                return Some(WaitError::ClassShed);
+            }
+            if expired {
+                return Some(WaitError::Deadline);
+            }
+            WaitError::Unavailable
         }
-    }
+    };
     match router.routed(&current.state.name) {
         Ok(fresh) => {
             *routed = Some(fresh);
             *phase = Phase::Start;
             None
         }
-        Err(_) => Some(WaitError::Unavailable),
+        Err(_) => Some(gone),
     }
 }
 
