@@ -171,7 +171,16 @@ async fn three_frontends_admitting_at_once_stay_within_the_lease_bound_and_not_s
     assert!(statuses.iter().all(|s| [200, 529].contains(s)), "only 200 and 529: {statuses:?}");
     assert!(alone >= 2.5, "each frontend alone fills each worker: about 3x, got {alone:.2}");
     assert!(leased <= 1.3 + 1e-9, "within threshold + k requests (1.3x): {leased:.2}");
-    assert!(count(&statuses, 200) >= 20, "the lease still fills the workers: {} admitted", count(&statuses, 200));
+    // The fill the lease guarantees in a burst that ends before any
+    // acknowledgement comes back (all 180 requests arrive at once), each
+    // frontend seeing the others' load at once: per worker, the worst
+    // interleaving admits 7 requests of 100 tokens. The first frontend
+    // takes 3, the second 2 (seeing 300), the third 2 (seeing 500); then
+    // each one's unseen growth times 3 is past the headroom it sees (900 >
+    // 600, 600 > 500, 600 > 500). An exhaustive search of the orders finds
+    // no fewer. Acknowledgements during the burst let more in (peaks of
+    // 1.1-1.3x); one CI run admitted 18 (peak 0.9x).
+    assert!(count(&statuses, 200) >= 14, "the lease still fills the workers: {} admitted", count(&statuses, 200));
 }
 
 /// Frontend A fills both workers (paced, so its echoes keep up); B and C
