@@ -1,10 +1,13 @@
 //! The waiting line's enqueue + wake + dequeue against a tokio `Notify` +
 //! `Mutex<VecDeque>` line, like for like, on 1 and 2 threads sharing one
 //! line (started together on a barrier; a reported time is the wall time
-//! of one cycle on every thread at once).
+//! of one cycle on every thread at once). Two harnesses: `waiting/`, where
+//! each thread waits for its own oldest request, and `waiting_executor/`,
+//! where a woken request is polled by the thread that woke it, as a tokio
+//! worker thread does.
 //!
-//! One cycle, per thread, in a steady state where the line always holds a
-//! request and the worker was just dispatched to:
+//! `waiting/`: one cycle, per thread, in a steady state where the line
+//! always holds a request and the worker was just dispatched to:
 //!
 //! - **loadgate**: a new request joins (`WorkerRouter::wait`, first poll:
 //!   the line is not empty, so it joins and finds nothing free); the worker
@@ -22,7 +25,22 @@
 //! routed, one future boxed per cycle); what differs is the line. With 2
 //! threads a thread's oldest request may be woken by the other's report;
 //! while it is not yet ready the thread reports (and notifies) again, on
-//! both sides alike.
+//! both sides alike. The two lines do not wake alike there: loadgate's wakes
+//! exactly the first in line, often the other thread's request, and a
+//! report of a worker already given back wakes nobody, so a loadgate thread
+//! waits for the other's report in about half its cycles (reporting again
+//! meanwhile), a baseline thread almost never. `waiting_executor/` has no
+//! such wait.
+//!
+//! `waiting_executor/`: the requests are tasks of a small executor
+//! ([`Executor`]): a waker puts its task on the run queue of the thread
+//! that calls it, which polls it next. Each thread starts with
+//! [`PRESPAWNED`] requests waiting. One cycle, per thread: a request joins;
+//! a worker that took a request since its last report (whichever thread
+//! polled that request) reports, with `notify_one` on the baseline's side;
+//! the thread polls the tasks that woke, routing them. The line's length
+//! stays as it started; no thread waits for another's report unless every
+//! worker's request is still on its way.
 //!
 //! `waiting_spent/N`: the line's 1-thread cycle in a fleet of 10,000
 //! workers, N of them dispatched to since their last report (the line
@@ -40,6 +58,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use crossbeam_utils::CachePadded;
 use loadgate::{
     BusyThresholds, LoadReport, MonitorConfig, Policy, RankLoad, Ticket, Wait, WorkerId, WorkerMonitor, WorkerRouter,
 };
@@ -77,6 +96,16 @@ impl Line {
         }
         let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
         Line { monitor, router, deadline: Instant::now() + Duration::from_secs(3600), seq: AtomicU64::new(2) }
+    }
+
+    /// A line whose `threads` workers have all reported free (the
+    /// baselines': their line does not know which worker freed).
+    fn all_free(threads: usize) -> Line {
+        let line = Line::new(threads);
+        for worker in 0..threads as WorkerId {
+            line.report(worker, 10);
+        }
+        line
     }
 
     fn join(&self) -> Task<Wait<'_, Pending>> {
@@ -219,6 +248,178 @@ impl BaselineThread<'_> {
     }
 }
 
+/// A request of the executor harness: which slot it is in, how to wake it.
+/// Waking pushes it onto the run queue of the thread that wakes it (as
+/// tokio's worker threads schedule a task they wake), which polls it next.
+struct Spawned(usize);
+
+thread_local! {
+    /// The calling bench thread's run queue: slots of the tasks it woke.
+    static RUN: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Wake for Spawned {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        RUN.with(|run| run.borrow_mut().push(self.0));
+    }
+}
+
+/// Requests each thread of the executor harness starts with, waiting: the
+/// line never empties (a dispatch from a line left empty marks nobody: the
+/// next request would route at once, beside the line).
+const PRESPAWNED: usize = 4;
+
+/// Slots for the requests in flight of the executor harness: a ring, whose
+/// next slot is almost always free (a request waits a few cycles; one
+/// woken while its thread was descheduled may still be in it, and the
+/// spawner then polls what it woke until it leaves).
+const SLOTS: usize = 1 << 16;
+
+/// A request's future and its waker.
+type Slot<F> = Mutex<Option<(Pin<Box<F>>, Waker)>>;
+
+/// One side's requests as tasks of a shared executor: made by `join`,
+/// polled with their own wakers by whichever thread woke them, resolved by
+/// `done` to the worker the request went to.
+struct Executor<F: Future, J, D> {
+    slots: Vec<Slot<F>>,
+    next: AtomicU64,
+    join: J,
+    done: D,
+}
+
+impl<F, J, D> Executor<F, J, D>
+where
+    F: Future,
+    J: Fn() -> F,
+    D: Fn(F::Output) -> WorkerId,
+{
+    fn new(join: J, done: D) -> Self {
+        Executor { slots: (0..SLOTS).map(|_| Mutex::new(None)).collect(), next: AtomicU64::new(0), join, done }
+    }
+
+    /// A new request, polled once on this thread (in its slot: a wake-up
+    /// during that poll finds it there); the worker it went to if it was
+    /// routed at once is pushed on `routed`.
+    fn spawn(&self, routed: &mut Vec<WorkerId>) {
+        // Relaxed: only numbers the slots.
+        let slot = self.next.fetch_add(1, Ordering::Relaxed) as usize % SLOTS;
+        let mut task = loop {
+            let task = self.slots[slot].lock().unwrap();
+            if task.is_none() {
+                break task;
+            }
+            drop(task);
+            self.run(routed);
+            std::hint::spin_loop();
+        };
+        let waker = Waker::from(Arc::new(Spawned(slot)));
+        let (future, waker) = task.insert((Box::pin((self.join)()), waker));
+        if let Poll::Ready(output) = future.as_mut().poll(&mut Context::from_waker(waker)) {
+            *task = None;
+            drop(task);
+            routed.push((self.done)(output));
+        }
+    }
+
+    /// Polls every task this thread woke until none is left; the workers
+    /// of those routed are pushed on `routed`.
+    fn run(&self, routed: &mut Vec<WorkerId>) {
+        while let Some(slot) = RUN.with(|run| run.borrow_mut().pop()) {
+            let mut task = self.slots[slot].lock().unwrap();
+            let Some((future, waker)) = task.as_mut() else { continue };
+            if let Poll::Ready(output) = future.as_mut().poll(&mut Context::from_waker(waker)) {
+                *task = None;
+                drop(task);
+                routed.push((self.done)(output));
+            }
+        }
+    }
+}
+
+/// One thread of the executor harness.
+struct ExecutorThread<'a, F: Future, J, D> {
+    executor: &'a Executor<F, J, D>,
+    /// For each worker, the requests the line gave it that it has not
+    /// reported yet (shared by the threads).
+    unreported: &'a [CachePadded<AtomicU64>],
+    /// Where this thread looks first in `unreported`.
+    first: usize,
+    /// Reports a worker (and, for the baseline, notifies).
+    report: &'a (dyn Fn(WorkerId) + Sync),
+    routed: Vec<WorkerId>,
+}
+
+impl<'a, F, J, D> ExecutorThread<'a, F, J, D>
+where
+    F: Future,
+    J: Fn() -> F,
+    D: Fn(F::Output) -> WorkerId,
+{
+    /// Thread `t`, with [`PRESPAWNED`] requests that wait (every worker is
+    /// busy, or none has reported yet).
+    fn start(
+        executor: &'a Executor<F, J, D>,
+        unreported: &'a [CachePadded<AtomicU64>],
+        t: usize,
+        report: &'a (dyn Fn(WorkerId) + Sync),
+    ) -> Self {
+        let mut routed = Vec::new();
+        for _ in 0..PRESPAWNED {
+            executor.spawn(&mut routed);
+            assert!(routed.is_empty(), "the first requests of a thread wait");
+        }
+        ExecutorThread { executor, unreported, first: t, report, routed }
+    }
+
+    /// A request joins, a worker that took a request reports (whichever
+    /// thread polled that request), and the thread polls what that woke.
+    fn cycle(&mut self) {
+        self.executor.spawn(&mut self.routed);
+        let worker = self.claim();
+        (self.report)(worker);
+        self.run();
+    }
+
+    /// A worker with a request not reported yet, counted off. While every
+    /// such request is still on its way (woken, not yet polled), polls what
+    /// this thread woke (a wake-up in its last `spawn` may be the request
+    /// for the worker it needs).
+    fn claim(&mut self) -> WorkerId {
+        let n = self.unreported.len();
+        for spin in 0.. {
+            for i in 0..n {
+                let worker = (self.first + i) % n;
+                // Relaxed: see `run`.
+                let claimed =
+                    self.unreported[worker].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_sub(1));
+                if claimed.is_ok() {
+                    return worker as WorkerId;
+                }
+            }
+            assert!(spin < 100_000_000, "no worker took a request: the harness lost a wake-up");
+            self.run();
+            std::hint::spin_loop();
+        }
+        unreachable!()
+    }
+
+    /// Polls what this thread woke; counts the requests routed.
+    fn run(&mut self) {
+        self.executor.run(&mut self.routed);
+        for &worker in &self.routed {
+            // Relaxed: a count; the report that follows a claim
+            // synchronises through the monitor.
+            self.unreported[worker as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        self.routed.clear();
+    }
+}
+
 /// Times `threads` threads, started together, each running `iters` cycles
 /// of its own state made by `make`: until the last one finishes.
 fn timed<S>(iters: u64, threads: usize, make: &(dyn Fn(usize) -> S + Sync), cycle: fn(&mut S)) -> Duration {
@@ -259,10 +460,7 @@ fn bench(c: &mut Criterion) {
         });
         group.bench_function(format!("notify_vecdeque/{threads}"), |b| {
             b.iter_custom(|iters| {
-                let line = Line::new(threads);
-                for worker in 0..threads as WorkerId {
-                    line.report(worker, 10);
-                }
+                let line = Line::all_free(threads);
                 let base = Baseline { line, notify: Arc::new(Notify::new()), queue: Mutex::new(VecDeque::new()) };
                 let make = |t: usize| {
                     let first = base.join(t as u64 * 1_000_000_000);
@@ -270,6 +468,54 @@ fn bench(c: &mut Criterion) {
                     BaselineThread { base: &base, worker: t as WorkerId, next, oldest: Some(first) }
                 };
                 timed(iters, threads, &make, BaselineThread::cycle)
+            })
+        });
+    }
+    group.finish();
+}
+
+/// The executor harness ([`Executor`]): `threads` threads; in a cycle a
+/// request joins, a worker that took one reports, and the thread polls the
+/// requests that woke.
+fn executed(c: &mut Criterion) {
+    let mut group = c.benchmark_group("waiting_executor");
+    group.throughput(Throughput::Elements(1));
+    for threads in [1, 2] {
+        // Every worker starts with a request to report (the loadgate side's
+        // workers start busy: the report frees them).
+        let unreported = || (0..threads).map(|_| CachePadded::new(AtomicU64::new(1))).collect::<Vec<_>>();
+        group.bench_function(format!("loadgate/{threads}"), |b| {
+            b.iter_custom(|iters| {
+                let line = Line::new(threads);
+                let join = || line.router.wait(MODEL, &[], Ticket::new(1, line.deadline), std::future::pending());
+                let executor = Executor::new(join, |routed: Result<WorkerId, _>| routed.expect("routed"));
+                let report = |worker| line.report(worker, 10);
+                let unreported = unreported();
+                let make = |t: usize| ExecutorThread::start(&executor, &unreported, t, &report);
+                timed(iters, threads, &make, ExecutorThread::cycle)
+            })
+        });
+        group.bench_function(format!("notify_vecdeque/{threads}"), |b| {
+            b.iter_custom(|iters| {
+                let line = Line::all_free(threads);
+                let notify = Arc::new(Notify::new());
+                let queue = Mutex::new(VecDeque::new());
+                let join = || {
+                    queue.lock().unwrap().push_back(0u64);
+                    notify.clone().notified_owned()
+                };
+                let done = |()| {
+                    black_box(queue.lock().unwrap().pop_front());
+                    line.router.route(MODEL, &[]).expect("routed")
+                };
+                let executor = Executor::new(join, done);
+                let report = |worker| {
+                    line.report(worker, 10);
+                    notify.notify_one();
+                };
+                let unreported = unreported();
+                let make = |t: usize| ExecutorThread::start(&executor, &unreported, t, &report);
+                timed(iters, threads, &make, ExecutorThread::cycle)
             })
         });
     }
@@ -323,5 +569,5 @@ fn spent(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench, spent);
+criterion_group!(benches, bench, executed, spent);
 criterion_main!(benches);
