@@ -252,3 +252,47 @@ async fn sighup_reloads_the_file_with_requests_in_flight_and_a_bad_one_is_kept_o
     }
     assert_eq!(metric(&metrics_text(&fe.client, &fe.http).await, "loadgate_frontend_queue_waiting"), Some(0.0));
 }
+
+/// A reload that puts a new tenant first: each tenant keeps its own waiters
+/// and caps (the line knows a tenant by an id that stays with its name, not
+/// by its place in the file). Before, the new first tenant inherited the
+/// waiter of the one that moved (refused for a cap it did not hold) and
+/// the moved one got a fresh allowance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_puts_a_tenant_first_leaves_each_its_own_waiters_and_caps() {
+    let _box = common::shared().await;
+    let file = File::new("reorder.toml", &tenant("a", "max_waiting = 1"));
+    let fe = frontend(&["--router-queue-timeout-ms", "60000", "--tenants-file", file.arg()]);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let client = common::client_within(Duration::from_secs(90));
+    let url = format!("{}/v1/completions", fe.http);
+    let first = spawn_keyed(&fe, &client, Some("a"), None);
+    wait_waiting(&fe, 1.0).await;
+    file.rewrite(&(tenant("b", "max_waiting = 1") + &tenant("a", "max_waiting = 1")));
+    common::signal(fe.proc.pid(), "HUP");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _, _) = send_keyed(url.clone(), client.clone(), Some("b"), None, "no-such-model").await;
+        assert_eq!(status, 404);
+        let text = metrics_text(&fe.client, &fe.http).await;
+        if metric_with(&text, "loadgate_frontend_tenant_requests_total", "tenant=\"b\"").is_some() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the file was not reloaded:\n{text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // b holds nothing: it joins.
+    let b = spawn_keyed(&fe, &client, Some("b"), None);
+    wait_waiting(&fe, 2.0).await;
+    // a still holds its one place.
+    let (status, reason, _) = send_keyed(url.clone(), client.clone(), Some("a"), None, MODEL).await;
+    assert_eq!((status, reason.as_deref()), (529, Some("tenant_cap")), "a's waiter is still a's");
+    for (n, task) in [first, b].into_iter().enumerate() {
+        worker.report(false);
+        let (status, _, _) = tokio::time::timeout(Duration::from_secs(5), task).await.expect("served").unwrap();
+        assert_eq!(status, 200, "request {n}");
+    }
+    assert_eq!(metric(&metrics_text(&fe.client, &fe.http).await, "loadgate_frontend_queue_waiting"), Some(0.0));
+}

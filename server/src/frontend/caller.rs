@@ -73,14 +73,14 @@ impl Callers {
             .and_then(|key| tenants.by_key(key))
             .or_else(|| if self.trusted { named() } else { None })
             .unwrap_or_else(|| tenants.default_tenant());
-        caller(index, tenant)
+        caller(tenants.line_id(index), tenant)
     }
 }
 
-/// The caller of the file's tenant at `index`.
-fn caller(index: u32, tenant: &crate::frontend::tenants::Tenant) -> Caller {
+/// The caller of a tenant of the file, known to the line as `line_id`.
+fn caller(line_id: u32, tenant: &crate::frontend::tenants::Tenant) -> Caller {
     let line = Tenant {
-        id: index,
+        id: line_id,
         weight: tenant.weight,
         max_waiting: tenant.max_waiting.unwrap_or(usize::MAX),
         max_tokens: tenant.max_tokens.unwrap_or(u64::MAX),

@@ -20,7 +20,11 @@
 //! without it, an implicit `default` has weight 1, `standard` and no caps.
 //!
 //! Indices are small and stable for one file: 0 is the default tenant, the
-//! file's other tenants follow from 1 in file order.
+//! file's other tenants follow from 1 in file order. The waiting line knows
+//! a tenant by its *line id* instead, which stays with its name across
+//! reloads ([`Tenants::line_id`]): a reload that inserts or reorders
+//! tenants does not hand the waiters already in line, or their caps, to
+//! another tenant.
 
 mod file;
 mod tenant;
@@ -44,13 +48,45 @@ pub(crate) struct Tenants {
     tenants: Vec<Tenant>,
     /// Every key hash with its tenant's index, in one run for [`Tenants::by_key`].
     keys: Vec<([u8; 32], u32)>,
+    /// Each tenant's line id, by index ([`Tenants::line_id`]).
+    line_ids: Vec<u32>,
+    /// The line id the next new name gets (ids are never reused).
+    next_line_id: u32,
 }
 
 impl Tenants {
     fn new(tenants: Vec<Tenant>) -> Tenants {
         let keys = (0..).zip(&tenants).flat_map(|(index, t)| t.keys.iter().map(move |&hash| (hash, index)));
         let keys = keys.collect();
-        Tenants { tenants, keys }
+        let line_ids = (0..).take(tenants.len()).collect();
+        let next_line_id = u32::try_from(tenants.len()).expect("at most 1,001 tenants");
+        Tenants { tenants, keys, line_ids, next_line_id }
+    }
+
+    /// These tenants with the line ids of `before` (the file they replace)
+    /// kept for the names it had: a new name gets an id no name had.
+    fn succeeding(mut self, before: &Tenants) -> Tenants {
+        let mut next = before.next_line_id;
+        for (tenant, id) in self.tenants.iter().zip(&mut self.line_ids) {
+            *id = match before.by_name(&tenant.name) {
+                Some((index, _)) => before.line_id(index),
+                None => {
+                    let fresh = next;
+                    // Past u32::MAX new names (about four billion): the
+                    // last id is shared, the line's only cost.
+                    next = next.saturating_add(1);
+                    fresh
+                }
+            };
+        }
+        self.next_line_id = next;
+        self
+    }
+
+    /// The waiting line's id of the tenant at `index`: the same for a name
+    /// as long as the process runs (0 for `default`).
+    pub(crate) fn line_id(&self, index: u32) -> u32 {
+        usize::try_from(index).ok().and_then(|i| self.line_ids.get(i).copied()).unwrap_or(index)
     }
 
     /// Reads, parses and validates the file at `path` (JSON if it ends in
@@ -158,7 +194,8 @@ impl SharedTenants {
     pub(crate) fn reload(&self, path: &Path) -> Result<usize, String> {
         let tenants = Tenants::load(path)?;
         let count = tenants.len();
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(tenants);
+        let mut current = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        *current = Arc::new(tenants.succeeding(&current));
         Ok(count)
     }
 }
@@ -218,6 +255,28 @@ mod tests {
         assert_eq!(tenants.get(2).map(|t| t.name.as_str()), Some("beta"));
         assert!(tenants.get(4).is_none() && tenants.get(u32::MAX).is_none());
         assert!(!format!("{tenants:?}").contains(&hash_key("acme-1")[7..]), "hashes stay out of logs");
+    }
+
+    #[test]
+    fn a_name_keeps_its_line_id_across_reloads() {
+        let parse = |names: &[&str]| {
+            let entries: Vec<(&str, &[&str])> = names.iter().map(|n| (*n, &[][..])).collect();
+            Tenants::parse(&file(&entries), false, "t.toml").unwrap()
+        };
+        let ids = |t: &Tenants| -> Vec<(String, u32)> {
+            (0..t.len() as u32).map(|i| (t.get(i).unwrap().name.clone(), t.line_id(i))).collect()
+        };
+        let first = parse(&["a", "b"]);
+        assert_eq!(ids(&first), [("default".into(), 0), ("a".into(), 1), ("b".into(), 2)]);
+        // `c` inserted before `a`, `b` gone: `a` keeps 1, `c` gets an id no
+        // name had.
+        let second = parse(&["c", "a"]).succeeding(&first);
+        assert_eq!(ids(&second), [("default".into(), 0), ("c".into(), 3), ("a".into(), 1)]);
+        // `b` back: not its old id (it may still label waiters of the old
+        // `b`, whose caps were the old file's).
+        let third = parse(&["b", "a", "c"]).succeeding(&second);
+        assert_eq!(ids(&third), [("default".into(), 0), ("b".into(), 4), ("a".into(), 1), ("c".into(), 3)]);
+        assert_eq!(third.line_id(99), 99, "an index past the file is its own id");
     }
 
     #[test]
