@@ -454,3 +454,142 @@ fn without_the_secret_with_wrong_credentials_or_too_many_models_a_frontend_refus
     let stderr = refuses(&many);
     assert!(stderr.contains("--max-models 340 with frontends sharing their load"), "{stderr}");
 }
+
+/// `frame` sealed for `subject` with the event secret, now.
+fn sealed(subject: &str, frame: &Frame) -> bytes::Bytes {
+    let mut buf = BytesMut::new();
+    seal(SECRET.as_bytes(), subject, unix_ms(), frame, &mut buf).unwrap();
+    buf.freeze()
+}
+
+/// A worker the test plays (with the secret): a Register and a Load every
+/// 200 ms on `MODEL`'s subject, until aborted.
+fn played_worker(
+    client: async_nats::Client,
+    worker: u64,
+    incarnation: u64,
+    addr: String,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let subject = format!("loadgate.ev.{MODEL}.{worker}");
+        for seq in 1u64.. {
+            let register =
+                Frame::Register { worker, incarnation, dp_size: 1, model: MODEL.to_owned(), http_addr: addr.clone() };
+            let load = RankLoad { kv_total_blocks: 1000, ..Default::default() };
+            let report = Frame::Load { worker, incarnation, rank: 0, seq, load };
+            for frame in [register, report] {
+                let _ = client.publish(subject.clone(), sealed(&subject, &frame)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+}
+
+/// Publishes `messages` as recorded, every 100 ms, for `for_how_long`.
+fn replay(
+    attacker: async_nats::Client,
+    messages: Vec<async_nats::Message>,
+    for_how_long: Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let stop = Instant::now() + for_how_long;
+        while Instant::now() < stop {
+            for m in &messages {
+                let _ = attacker.publish(m.subject.clone(), m.payload.clone()).await;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+}
+
+/// A crashed worker's last frames, replayed by a client without the
+/// secret, do not keep it registered: it is forgotten after the idle
+/// timeout (2 s; asserted at 4 s) as if nobody replayed them. Before,
+/// each replayed Register or Load counted as heard, for the whole 30 s
+/// clock window, and a Register replayed after the idle sweep registered
+/// it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
+async fn a_crashed_worker_leaves_on_time_whatever_is_replayed_of_it() {
+    let _box = common::shared().await;
+    let nats = Nats::start(&[]);
+    let fe = frontend(&nats, &[]);
+    let attacker = async_nats::connect(nats.url.as_str()).await.unwrap();
+    let mut seen = attacker.subscribe(format!("loadgate.ev.{MODEL}.42")).await.unwrap();
+    let honest = async_nats::connect(nats.url.as_str()).await.unwrap();
+    let endpoint = common::FakeWorker::start();
+    let played = played_worker(honest, 42, unix_ms() * 1000, endpoint.addr.to_string());
+    fe.wait_workers(1, Duration::from_secs(10)).await;
+    let mut captured = Vec::new();
+    let until = Instant::now() + Duration::from_secs(1);
+    while let Ok(Some(m)) = tokio::time::timeout_at(until.into(), seen.next()).await {
+        captured.push(m);
+    }
+    assert!(captured.len() >= 2, "its Register and Load recorded");
+    played.abort();
+    drop(endpoint);
+    let crashed = Instant::now();
+    let replaying = replay(attacker, captured, Duration::from_secs(6));
+    tokio::time::sleep_until((crashed + Duration::from_secs(4)).into()).await;
+    assert_eq!(fe.workers().await, Some(0), "still registered 4 s after its crash (idle timeout 2 s)");
+    replaying.await.unwrap();
+    assert_eq!(fe.workers().await, Some(0), "registered again by a replay");
+}
+
+/// A dead frontend's last beat, replayed by a client without the secret,
+/// does not keep its load counting: 1,000 prefill tokens it published
+/// (threshold 100) stop counting after the staleness (three heartbeats,
+/// 600 ms; asserted at 2.5 s), as if nobody replayed it. Before, the load
+/// counted on for the 30 s clock window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
+async fn a_dead_frontends_beat_replayed_does_not_keep_its_load_counting() {
+    let _box = common::shared().await;
+    let nats = Nats::start(&[]);
+    let fe = frontend(&nats, &["--active-prefill-tokens-threshold", "100", "--worker-health-check-ms", "0"]);
+    let honest = async_nats::connect(nats.url.as_str()).await.unwrap();
+    let incarnation = unix_ms() * 1000;
+    let endpoint = common::FakeWorker::start();
+    let _played = played_worker(honest.clone(), 42, incarnation, endpoint.addr.to_string());
+    fe.wait_workers(1, Duration::from_secs(10)).await;
+    assert_eq!(fe.complete(MODEL).await.0, 200);
+    let attacker = async_nats::connect(nats.url.as_str()).await.unwrap();
+    let mut seen = attacker.subscribe("loadgate.fe.777").await.unwrap();
+    // Frontend 777 (played with the secret): 1,000 tokens on worker 42,
+    // then beats for a second.
+    let (peer, peer_incarnation) = (777u64, unix_ms() * 1_000_000);
+    let subject = format!("loadgate.fe.{peer}");
+    let load = RankLoad { active_prefill_tokens: 1000, ..Default::default() };
+    let added = Frame::FrontendLoad {
+        frontend: peer,
+        incarnation: peer_incarnation,
+        seq: 1,
+        worker: 42,
+        worker_incarnation: incarnation,
+        rank: 0,
+        load,
+    };
+    honest.publish(subject.clone(), sealed(&subject, &added)).await.unwrap();
+    for _ in 0..5 {
+        let beat = Frame::FrontendBeat {
+            frontend: peer,
+            incarnation: peer_incarnation,
+            in_flight: 10,
+            waiting: 0,
+            lines: vec![],
+        };
+        honest.publish(subject.clone(), sealed(&subject, &beat)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(fe.complete(MODEL).await.0, 529, "its 1,000 tokens count while it beats");
+    let mut recorded = Vec::new();
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(100), seen.next()).await {
+        recorded.push(m);
+    }
+    assert!(!recorded.is_empty(), "its frames recorded");
+    let died = Instant::now();
+    let replaying = replay(attacker, recorded, Duration::from_secs(4));
+    tokio::time::sleep_until((died + Duration::from_millis(2500)).into()).await;
+    assert_eq!(fe.complete(MODEL).await.0, 200, "a dead frontend's load still counts, kept alive by a replay");
+    replaying.await.unwrap();
+}

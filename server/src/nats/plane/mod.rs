@@ -15,7 +15,13 @@
 //!   hosts comes back with its new address); a Load or Deregister must be
 //!   of the registered incarnation;
 //! - the seq: the monitor drops a Load not numbered above the last one it
-//!   applied for the rank (a replay within the window);
+//!   applied for the rank (a replay within the window), and a Load keeps
+//!   its worker heard only once the monitor applied it; a frontend's
+//!   FrontendLoad not numbered above the last one heard renews nothing;
+//! - the frames that carry no seq and keep something alive (a worker's
+//!   Registers, a frontend's beats and acks): one sealed before the newest
+//!   of its stream, or the same envelope again, is a replay and dropped
+//!   ([`replays`]);
 //! - the order of a life's Register and Deregister (one incarnation may
 //!   leave and rejoin: a sidecar whose engine stopped answering): a
 //!   Deregister sealed before the Register that made the current life, or
@@ -43,6 +49,7 @@ use loadgate::wire::envelope::Openers;
 use loadgate::wire::{model_key, Frame, MAX_ACKS};
 use loadgate::{LoadReport, WorkerId, WorkerMonitor};
 
+use self::replays::{envelope_tag, Replays, Stream};
 use super::args::NatsArgs;
 use super::sharing::changes::ChangeFeed;
 use super::sharing::peers::{Added, Heard, Peers};
@@ -130,6 +137,8 @@ struct Applier {
     /// Lives that deregistered within the clock window: (incarnation, when
     /// their Deregister was sealed).
     ended: Mutex<HashMap<WorkerId, (u64, u64)>>,
+    /// The newest Register, beat and ack of each sender.
+    replays: Replays,
     /// Connected to NATS now (set by the client's events).
     connected: Arc<AtomicBool>,
     /// Loads applied and busy flips (the frontend's `/metrics`, with the TCP plane's).
@@ -228,6 +237,7 @@ impl NatsPlane {
             subjects,
             known: Mutex::default(),
             ended: Mutex::default(),
+            replays: Replays::default(),
             connected,
             stats,
             peers,
@@ -319,6 +329,9 @@ impl Applier {
             tracing::debug!(subject, skew_ms = sealed.sent_ms.abs_diff(now_ms), "NATS frame outside the clock window");
             return;
         }
+        // A frame of a stream that carries no seq: new, or a replay.
+        let (sent_ms, tag) = (sealed.sent_ms, envelope_tag(payload));
+        let is_new = |stream, incarnation| self.replays.is_new(stream, incarnation, sent_ms, tag);
         match sealed.frame {
             Frame::Register { worker, incarnation, dp_size, model, http_addr } => {
                 if subject != self.subjects.events(&model, worker) {
@@ -330,16 +343,23 @@ impl Applier {
                     self.stats.frame_dropped(false);
                     return; // a Register replayed after its life ended
                 }
+                if !is_new(Stream::Register(worker), incarnation) {
+                    self.stats.frame_dropped(false);
+                    return; // a heartbeat replayed (or one sealed before the newest)
+                }
                 self.register(subject, worker, incarnation, sealed.sent_ms, (dp_size, &model, &http_addr));
             }
             Frame::Load { worker, incarnation, rank, seq, load } => {
-                if !self.heard(subject, worker, incarnation) {
+                if !self.is_registered(subject, worker, incarnation) {
                     self.stats.frame_dropped(false);
                     return;
                 }
                 let report = LoadReport { worker, incarnation, rank, publisher: Publisher::Worker, seq, load };
                 match self.monitor.apply(&report) {
                     Ok(applied @ (Applied::Stored | Applied::Flipped)) => {
+                        // Heard (and back in routing) only now: a Load
+                        // replayed is stale, and says nothing of the worker.
+                        self.heard(subject, worker, incarnation);
                         self.stats.load_applied(applied == Applied::Flipped);
                         if applied == Applied::Flipped {
                             self.stats.flip_lag(sealed.sent_ms, unix_ms());
@@ -379,7 +399,7 @@ impl Applier {
             Frame::FrontendBeat { frontend, incarnation, in_flight, waiting, lines } => {
                 let Some(peers) = &self.peers else { return };
                 let holds = Holding { in_flight, waiting, lines };
-                if subject != self.subjects.frontend(frontend) {
+                if subject != self.subjects.frontend(frontend) || !is_new(Stream::Beat(frontend), incarnation) {
                     self.stats.frame_dropped(false);
                     return;
                 }
@@ -393,7 +413,7 @@ impl Applier {
             }
             Frame::FrontendAck { frontend, incarnation, acks } => {
                 let Some(peers) = &self.peers else { return };
-                if subject != self.subjects.frontend(frontend) {
+                if subject != self.subjects.frontend(frontend) || !is_new(Stream::Ack(frontend), incarnation) {
                     self.stats.frame_dropped(false);
                     return;
                 }
@@ -416,6 +436,12 @@ impl Applier {
                 Frame::FrontendAck { frontend: own.frontend, incarnation: own.incarnation, acks: chunk.to_vec() };
             outbox.send(&frame).await;
         }
+    }
+
+    /// Whether `worker`'s `incarnation` on `subject` is the registered one.
+    fn is_registered(&self, subject: &str, worker: WorkerId, incarnation: u64) -> bool {
+        let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        known.get(&worker).is_some_and(|k| k.incarnation == incarnation && k.subject == subject)
     }
 
     /// A frame of `worker`'s `incarnation` on `subject`: whether it is the
@@ -556,11 +582,13 @@ impl Applier {
         // A Register sealed before the window is dropped by its clock anyway.
         let horizon = unix_ms().saturating_sub(CLOCK_WINDOW.as_millis() as u64);
         self.ended.lock().unwrap_or_else(|e| e.into_inner()).retain(|_, (_, at)| *at >= horizon);
+        self.replays.forget_before(horizon);
         for (worker, incarnation) in gone {
             self.forget(worker, incarnation);
         }
     }
 }
 
+mod replays;
 #[cfg(test)]
 mod tests;

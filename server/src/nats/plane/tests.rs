@@ -18,6 +18,7 @@ fn applier() -> Applier {
         subjects: Subjects::new("lg"),
         known: Mutex::default(),
         ended: Mutex::default(),
+        replays: Default::default(),
         connected: Arc::new(AtomicBool::new(true)),
         stats: Arc::default(),
         peers: None,
@@ -31,9 +32,24 @@ fn applier() -> Applier {
 /// `frame` of worker 7 sealed `ago_ms` ago, applied.
 fn deliver(a: &Applier, frame: &Frame, ago_ms: u64) {
     let subject = a.subjects.events("m", 7);
+    a.apply(&subject, &sealed(&subject, frame, ago_ms));
+}
+
+/// `frame` sealed for `subject` `ago_ms` ago.
+fn sealed(subject: &str, frame: &Frame, ago_ms: u64) -> BytesMut {
     let mut buf = BytesMut::new();
-    seal(SECRET, &subject, unix_ms() - ago_ms, frame, &mut buf).unwrap();
-    a.apply(&subject, &buf);
+    seal(SECRET, subject, unix_ms() - ago_ms, frame, &mut buf).unwrap();
+    buf
+}
+
+/// How long ago worker 7 was last heard.
+fn silent_for(a: &Applier) -> Duration {
+    a.known.lock().unwrap()[&7].heard.elapsed()
+}
+
+/// Worker 7 last heard `ago`.
+fn heard_ago(a: &Applier, ago: Duration) {
+    a.known.lock().unwrap().get_mut(&7).unwrap().heard = Instant::now() - ago;
 }
 
 #[test]
@@ -54,4 +70,58 @@ fn a_life_that_left_and_rejoined_is_safe_from_its_old_frames() {
     assert_eq!(a.monitor.incarnation(7), Some(5), "its old Deregister replayed does not take it out");
     deliver(&a, &register, (CLOCK_WINDOW + Duration::from_secs(1)).as_millis() as u64);
     assert_eq!(a.stats.frames_dropped().1, 3, "two replays and one frame outside the clock window");
+}
+
+#[test]
+fn a_replayed_register_or_load_keeps_no_crashed_worker_alive() {
+    let a = applier();
+    let subject = a.subjects.events("m", 7);
+    let register =
+        Frame::Register { worker: 7, incarnation: 5, dp_size: 1, model: "m".into(), http_addr: "h:1".into() };
+    let first = sealed(&subject, &register, 3000);
+    let heartbeat = sealed(&subject, &register, 2000);
+    let load = Frame::Load { worker: 7, incarnation: 5, rank: 0, seq: 1, load: Default::default() };
+    let report = sealed(&subject, &load, 1500);
+    for frame in [&first, &heartbeat, &report] {
+        a.apply(&subject, frame);
+    }
+    assert_eq!(a.stats.frames_dropped().1, 0);
+    // It crashed 10 s ago; its frames come again, recorded off NATS.
+    let crashed = Duration::from_secs(10);
+    heard_ago(&a, crashed);
+    for frame in [&first, &heartbeat, &report] {
+        a.apply(&subject, frame);
+    }
+    assert!(silent_for(&a) >= crashed, "neither a Register nor a Load replayed is a sign of life");
+    assert_eq!(a.stats.frames_dropped().1, 2, "the Registers dropped (the Load is stale for the monitor)");
+    // Forgotten after the idle timeout, it is not registered again by them.
+    a.sweep(Duration::from_secs(1), Duration::from_secs(2));
+    assert_eq!(a.monitor.incarnation(7), None);
+    for frame in [&first, &heartbeat] {
+        a.apply(&subject, frame);
+    }
+    assert_eq!(a.monitor.incarnation(7), None, "a replayed Register does not bring it back");
+    // Its own next heartbeat does.
+    deliver(&a, &register, 100);
+    assert_eq!(a.monitor.incarnation(7), Some(5));
+}
+
+#[test]
+fn a_replayed_beat_or_ack_is_dropped() {
+    let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
+    let own = Identity { frontend: 1, incarnation: 1 };
+    let a = Applier { peers: Some(Peers::new(own, monitor.clone(), 2, Duration::from_secs(60))), monitor, ..applier() };
+    let subject = a.subjects.frontend(9);
+    let beat = Frame::FrontendBeat { frontend: 9, incarnation: 3, in_flight: 1, waiting: 0, lines: vec![] };
+    let ack = Frame::FrontendAck { frontend: 9, incarnation: 3, acks: vec![] };
+    let (old_beat, new_beat) = (sealed(&subject, &beat, 900), sealed(&subject, &beat, 300));
+    let (old_ack, new_ack) = (sealed(&subject, &ack, 800), sealed(&subject, &ack, 200));
+    for frame in [&old_beat, &new_beat, &old_ack, &new_ack] {
+        a.apply(&subject, frame);
+    }
+    assert_eq!(a.stats.frames_dropped().1, 0, "each newer than the last of its kind");
+    for frame in [&old_beat, &new_beat, &old_ack, &new_ack] {
+        a.apply(&subject, frame);
+    }
+    assert_eq!(a.stats.frames_dropped().1, 4, "each again: replays");
 }

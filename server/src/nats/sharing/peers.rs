@@ -173,6 +173,11 @@ impl Peers {
             }
             return Heard::Own;
         }
+        if self.is_replay(added.frontend, added.incarnation, added.seq) {
+            // Before `slot`: a replayed frame must not keep its sender
+            // alive.
+            return Heard::Dropped;
+        }
         let Some(index) = self.slot(added.frontend, added.incarnation) else { return Heard::Dropped };
         let report = LoadReport {
             worker: added.worker,
@@ -204,6 +209,13 @@ impl Peers {
         } else {
             Heard::Dropped
         }
+    }
+
+    /// Whether `frontend`'s FrontendLoad `seq` of `incarnation` is not
+    /// above the highest heard of that life: a duplicate or a replay.
+    fn is_replay(&self, frontend: u64, incarnation: u64, seq: u64) -> bool {
+        let table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        table.by_id.get(&frontend).is_some_and(|p| p.incarnation == incarnation && seq <= p.high)
     }
 
     /// `frontend`'s frame `seq` was `held` or not, applied while the
@@ -570,6 +582,20 @@ mod tests {
         assert_eq!(peers.beat(9, 1, holding(0, &[(1, 6)])), Heard::Changed);
         let lines = HashMap::from([(1, LineShare { ahead: 4, others: 10 }), (2, LineShare { ahead: 1, others: 1 })]);
         assert_eq!(peers.pool(), Pool { frontends: 3, in_flight: 0, waiting: 11, lines }, "per model");
+    }
+
+    #[test]
+    fn a_replayed_load_keeps_no_silent_peer_alive() {
+        // Staleness 60 ms: after 100 ms without a new frame, peer 1 is
+        // silent whatever the scheduling, unless the replay renewed it.
+        let peers = Peers::new(OWN, monitor(2), 2, Duration::from_millis(60));
+        assert_eq!(peers.load(added(1, 1, 1, 10)), Heard::Taken);
+        assert_eq!(peers.pool().frontends, 2);
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(peers.load(added(1, 1, 1, 10)), Heard::Dropped, "the same seq again");
+        assert_eq!(peers.pool().frontends, 1, "a replay says nothing of its sender");
+        assert_eq!(peers.load(added(1, 1, 2, 10)), Heard::Taken, "a new seq does");
+        assert_eq!(peers.pool().frontends, 2);
     }
 
     #[test]
