@@ -198,6 +198,32 @@ impl WorkerRouter {
         self.with_routed(model, |routed| self.route_class_routed(routed, exclude, class))?
     }
 
+    /// As [`route_class`](Self::route_class) for a request that may not
+    /// wait, beside requests that do ([`wait`](Self::wait)): while anyone
+    /// waits in the model's line, it gets no worker ahead of them
+    /// ([`RouteError::Overloaded`]), as a request that may wait would join
+    /// the line behind them. With nobody waiting, the same route (one more
+    /// atomic load).
+    ///
+    /// # Errors
+    ///
+    /// As [`route`](Self::route).
+    pub fn route_class_behind_line(
+        &self,
+        model: &str,
+        exclude: &[WorkerId],
+        class: Class,
+    ) -> Result<WorkerId, RouteError> {
+        self.with_routed(model, |routed| {
+            // A forgotten model's line says nothing of the model now: the
+            // route looks it up again.
+            if routed.state.line.is_waiting() && !routed.state.is_retired() {
+                return Err(RouteError::Overloaded);
+            }
+            self.route_class_routed(routed, exclude, class)
+        })?
+    }
+
     /// This router's view of `model`: one map lookup, or (the first time)
     /// the monitor's.
     #[inline]

@@ -315,3 +315,34 @@ async fn a_sheddable_waiter_kept_off_the_headroom_does_not_hold_up_the_line() {
     let (status, _, _) = tokio::time::timeout(Duration::from_secs(5), sheddable).await.expect("served").unwrap();
     assert_eq!(status, 200);
 }
+
+/// A class with no line of its own (`critical=20000` only) gets no worker
+/// ahead of the critical requests that wait for it: a worker the line just
+/// gave one waiter, free in the view until its next report, goes to the
+/// next waiter, not to a sheddable newcomer (before: the newcomer took it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_with_no_line_does_not_overtake_the_waiters() {
+    let _box = common::shared().await;
+    let fe = frontend(&["--router-queue-timeout-ms", "critical=20000", "--trust-priority-header"]);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let client = common::client_within(Duration::from_secs(30));
+    let first = tokio::spawn(send_with(&fe, client.clone(), "critical"));
+    wait_waiting(&fe, 1.0).await;
+    let second = tokio::spawn(send_with(&fe, client.clone(), "critical"));
+    wait_waiting(&fe, 2.0).await;
+    // One report: the line gives the worker one waiter.
+    worker.report(false);
+    let (status, _, _) = tokio::time::timeout(Duration::from_secs(5), first).await.expect("served").unwrap();
+    assert_eq!(status, 200);
+    wait_waiting(&fe, 1.0).await;
+    let (status, reason, took) = send_with(&fe, client.clone(), "sheddable").await;
+    eprintln!("sheddable beside a waiter: {status} {reason:?} after {took:?}");
+    assert_eq!(status, 529, "a sheddable request took the worker a critical one waits for");
+    assert!(!second.is_finished(), "the critical request still waits for the worker's next report");
+    worker.report(false);
+    let (status, _, _) = tokio::time::timeout(Duration::from_secs(5), second).await.expect("served").unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(worker.http.requests(), 2, "only the two critical requests reached the worker");
+}

@@ -142,6 +142,27 @@ fn a_freed_worker_takes_one_waiter_per_report() {
 /// that dispatch: applied as measured before it, it leaves the worker
 /// spent; a report measured after the dispatch frees it.
 #[test]
+fn a_request_that_may_not_wait_gets_no_worker_ahead_of_the_waiters() {
+    use crate::{Class, RouteError};
+    let pool = Pool::new(1, LineLimits::default());
+    let behind = || pool.router.route_class_behind_line("m", &[], Class::Sheddable);
+    assert_eq!(behind(), Ok(1), "nobody waits: routed as route_class");
+    pool.report(1, true);
+    let (mut first, mut second) = (wait(&pool, &Timer::default()), wait(&pool, &Timer::default()));
+    assert_eq!(poll(&mut first, &Arc::default()), Poll::Pending);
+    assert_eq!(poll(&mut second, &Arc::default()), Poll::Pending);
+    pool.report(1, false);
+    assert_eq!(poll(&mut first, &Arc::default()), Poll::Ready(Ok(1)));
+    // The worker is free in the view, spent for the line: the second
+    // waiter's until its next report.
+    assert_eq!(pool.router.route_class("m", &[], Class::Sheddable), Ok(1), "route_class overtakes");
+    assert_eq!(behind(), Err(RouteError::Overloaded), "behind the line, it does not");
+    pool.report(1, false);
+    assert_eq!(poll(&mut second, &Arc::default()), Poll::Ready(Ok(1)));
+    assert_eq!(behind(), Ok(1), "the line empty: routed again");
+}
+
+#[test]
 fn a_report_measured_before_a_dispatch_does_not_free_the_worker_for_another_waiter() {
     let pool = Pool::new(1, LineLimits::default());
     pool.report(1, true);

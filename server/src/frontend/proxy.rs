@@ -239,7 +239,10 @@ async fn route_and_send(
                     // after it.
                     let _turn =
                         frontend.routing_turn.as_ref().map(|turn| turn.lock().unwrap_or_else(|e| e.into_inner()));
-                    let routed = frontend.router.route_class(model, &exclude, request.class);
+                    // No worker ahead of the model's waiters (a class
+                    // with no line, or a request a worker refused at its
+                    // cap): as if every worker were busy.
+                    let routed = frontend.router.route_class_behind_line(model, &exclude, request.class);
                     routed.map(|worker| (worker, take(frontend, worker, request.prompt)))
                 };
                 match routed {
