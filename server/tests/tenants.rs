@@ -296,3 +296,36 @@ async fn a_reload_that_puts_a_tenant_first_leaves_each_its_own_waiters_and_caps(
     }
     assert_eq!(metric(&metrics_text(&fe.client, &fe.http).await, "loadgate_frontend_queue_waiting"), Some(0.0));
 }
+
+/// A tenant's `max_tokens` holds in the default router mode, with no
+/// `--router-queue-token-limit`: the prompt is counted because there is a
+/// tenants file (before, every waiter weighed 0 tokens, and a 1,000-word
+/// prompt of a tenant capped at 5 tokens waited).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_token_cap_holds_without_a_token_limit() {
+    let _box = common::shared().await;
+    let file = File::new("tokens.toml", &tenant("acme", "max_tokens = 5"));
+    let fe = frontend(&["--router-queue-timeout-ms", "20000", "--tenants-file", file.arg()]);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let client = common::client_within(Duration::from_secs(30));
+    let url = format!("{}/v1/completions", fe.http);
+    let send = |prompt: String| {
+        let request = client.post(url.clone()).bearer_auth("key-acme");
+        async move {
+            let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 4});
+            let response = request.json(&body).send().await.expect("send");
+            let reason = response.headers().get("x-loadgate-rejected-reason").map(|v| v.to_str().unwrap().to_owned());
+            (response.status().as_u16(), reason)
+        }
+    };
+    let (status, reason) = send(vec!["word"; 1000].join(" ")).await;
+    assert_eq!((status, reason.as_deref()), (529, Some("tenant_cap")), "1,000 words past a cap of 5 tokens");
+    // A prompt within the cap waits, and is served.
+    let small = tokio::spawn(send("hi".to_owned()));
+    wait_waiting(&fe, 1.0).await;
+    worker.report(false);
+    let (status, _) = tokio::time::timeout(Duration::from_secs(5), small).await.expect("served").unwrap();
+    assert_eq!(status, 200);
+}

@@ -60,8 +60,10 @@ pub struct Frontend {
     pub(crate) priority: Priority,
     /// Which tenant a request is of (`--tenants-file`).
     pub(crate) callers: Callers,
-    /// `--router-queue-token-limit` is set: every request's prompt is
-    /// counted (the line's token bound), whatever the router mode.
+    /// `--router-queue-token-limit` or `--tenants-file` is set: every
+    /// request's prompt is counted (the line's token bound, a tenant's
+    /// `max_tokens` and its turns, charged in prompt tokens), whatever the
+    /// router mode.
     pub(crate) line_counts_tokens: bool,
     /// With the fleet lease (`--share-lease`): one route and the tracking
     /// of its load at a time, so that no two of this frontend's threads
@@ -126,8 +128,8 @@ impl Frontend {
                 trusted: args.trust_priority_header || tenants.is_some(),
                 nvext: args.priority_from_nvext,
             },
+            line_counts_tokens: args.router_queue_token_limit.is_some() || tenants.is_some(),
             callers: Callers::new(tenants, args.trust_priority_header),
-            line_counts_tokens: args.router_queue_token_limit.is_some(),
             routing_turn: (args.shares_load() && args.sharing.share_lease).then(Default::default),
         })
     }
