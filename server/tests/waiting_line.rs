@@ -14,7 +14,7 @@ mod common;
 mod line;
 
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{encoded, metric, metrics_text, register, Frontend};
 use line::*;
@@ -193,19 +193,20 @@ async fn the_token_limit_counts_prompts_in_every_router_mode() {
     }
 }
 
+/// `POST /busy_threshold` with `body` on the admin listener: the status and
+/// the JSON answer.
+async fn admin_post(fe: &common::Frontend, body: serde_json::Value) -> (u16, serde_json::Value) {
+    let admin = fe.admin.clone().expect("admin listener");
+    let r = fe.client.post(format!("{admin}/busy_threshold")).json(&body).send().await.unwrap();
+    (r.status().as_u16(), r.json::<serde_json::Value>().await.unwrap())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_sets_and_clears_a_models_timeout() {
     let _box = common::shared().await;
     let fe = frontend(&[]);
     let mut worker = Controlled::register(&fe).await;
-    let admin = fe.admin.clone().expect("admin listener");
-    let post = |body: serde_json::Value| {
-        let (client, url) = (fe.client.clone(), format!("{admin}/busy_threshold"));
-        async move {
-            let r = client.post(url).json(&body).send().await.unwrap();
-            (r.status().as_u16(), r.json::<serde_json::Value>().await.unwrap())
-        }
-    };
+    let post = |body| admin_post(&fe, body);
     let (status, body) = post(json!({"model": MODEL, "router_queue_timeout_ms": 5000})).await;
     assert_eq!((status, body["router_queue_timeout_ms"].as_u64()), (200, Some(5000)), "{body}");
     // Thresholds untouched.
@@ -234,6 +235,35 @@ async fn the_admin_api_sets_and_clears_a_models_timeout() {
     assert_eq!(body["router_queue_timeout_ms"], json!({"critical": 5000, "standard": 0, "sheddable": 0}));
     let (status, _) = post(json!({"model": MODEL, "router_queue_timeout_ms": {"urgent": 5}})).await;
     assert_eq!(status, 400);
+}
+
+/// A model's timeout set through the admin API goes with the model, as its
+/// thresholds do: once its last worker left and it came back, it has the
+/// flag's timeout again (none here: the instant 529). Before, the timeout
+/// outlived the model unless someone read `/metrics` in between, so a read
+/// decided whether the model came back with a line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_timeout_goes_with_its_model() {
+    let _box = common::shared().await;
+    let fe = frontend(&[]);
+    let mut worker = Controlled::register(&fe).await;
+    let post = |body| admin_post(&fe, body);
+    let (status, body) = post(json!({"model": MODEL, "router_queue_timeout_ms": 5000})).await;
+    assert_eq!((status, body["router_queue_timeout_ms"].as_u64()), (200, Some(5000)), "{body}");
+    worker.leave();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fe.workers().await != Some(0) {
+        assert!(Instant::now() < deadline, "the worker never left");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    worker.come_back(&fe).await;
+    let (status, body) = post(json!({"model": MODEL})).await;
+    assert_eq!((status, body["router_queue_timeout_ms"].as_u64()), (200, Some(0)), "{body}");
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let (status, reason, took) = send(&fe, fe.client.clone()).await;
+    assert_eq!((status, reason.as_deref()), (529, Some("decode_blocks")), "after {took:?}");
+    assert!(took < Duration::from_millis(2500), "no line: the instant 529 ({took:?})");
 }
 
 /// A worker that refuses every request at its hard cap (the refusal

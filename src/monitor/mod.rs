@@ -724,6 +724,15 @@ impl WorkerMonitor {
         self.registry.models.load().contains_key(model)
     }
 
+    /// A number for `model`'s current life, unique in the process: the same
+    /// from its first worker (or [`add_model`](Self::add_model)) until the
+    /// monitor forgets it, another once it is back. `None` if not known.
+    /// What an embedder keeps per model beside the monitor (as the monitor
+    /// keeps thresholds) can be dropped when it changes.
+    pub fn model_life(&self, model: &str) -> Option<u64> {
+        self.registry.models.load().get(model).map(|state| state.line.id())
+    }
+
     /// Whether `worker` is in its model's published busy set.
     pub fn is_busy(&self, worker: WorkerId) -> bool {
         self.registry.with_worker(worker, |rec| {

@@ -302,6 +302,12 @@ impl Line {
         }
     }
 
+    /// This line's number: unique in the process, so it names the model's
+    /// life the line belongs to ([`WorkerMonitor::model_life`](crate::WorkerMonitor::model_life)).
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
     /// Whether anyone waits.
     #[inline]
     pub(crate) fn is_waiting(&self) -> bool {

@@ -580,3 +580,19 @@ fn a_waiter_past_its_deadline_is_not_routed_after_its_model_came_back() {
         assert_eq!(pool.waiting(), 0);
     }
 }
+
+#[test]
+fn a_models_life_changes_only_when_it_is_forgotten() {
+    let pool = Pool::new(1, LineLimits::default());
+    let life = pool.monitor.model_life("m");
+    assert!(life.is_some());
+    pool.monitor.register(2, "m", 1, 0).unwrap();
+    pool.monitor.deregister(2);
+    assert_eq!(pool.monitor.model_life("m"), life, "a worker came and went: the same life");
+    pool.monitor.deregister(1);
+    assert_eq!(pool.monitor.model_life("m"), None, "forgotten");
+    pool.monitor.register(1, "m", 1, 1).unwrap();
+    let back = pool.monitor.model_life("m");
+    assert!(back.is_some() && back != life, "back: another life");
+    assert_eq!(pool.monitor.model_life("other"), None);
+}

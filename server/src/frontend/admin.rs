@@ -121,7 +121,6 @@ pub async fn metrics(
         "Requests to workers that failed, by kind (connect, timeouts, broken)",
     );
     register_liveness(&mut registry, &frontend.directory);
-    frontend.queue.retain_known(&frontend.monitor);
     frontend.queue.register(&mut registry, &frontend.monitor);
     register_event_plane(&mut registry, &frontend.event_stats);
     let scrape_failures = Counter::<u64>::default();

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::future::Future as _;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
@@ -27,8 +27,11 @@ const WAIT_BUCKETS: [f64; 12] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 pub(crate) struct QueueTimeouts {
     /// `--router-queue-timeout-ms` (zero: no line).
     default: PerClass<Duration>,
-    /// Set by `POST /busy_threshold`, per model.
-    by_model: RwLock<HashMap<String, PerClass<Duration>>>,
+    /// Set by `POST /busy_threshold`, per model, for the model's life then
+    /// ([`WorkerMonitor::model_life`]): forgotten with the model, as its
+    /// thresholds are.
+    by_model: RwLock<HashMap<String, (u64, PerClass<Duration>)>>,
+    monitor: Arc<WorkerMonitor>,
     /// Whether `by_model` holds anything: without, a shed request reads
     /// only `default` (no lock on the reject path).
     any: AtomicBool,
@@ -37,10 +40,11 @@ pub(crate) struct QueueTimeouts {
 }
 
 impl QueueTimeouts {
-    pub(crate) fn new(default: PerClass<Duration>) -> Self {
+    pub(crate) fn new(default: PerClass<Duration>, monitor: Arc<WorkerMonitor>) -> Self {
         QueueTimeouts {
             default,
             by_model: RwLock::default(),
+            monitor,
             any: AtomicBool::new(false),
             waited: StripedHistogram::new(WAIT_BUCKETS),
         }
@@ -67,18 +71,23 @@ impl QueueTimeouts {
         // request routed at that moment; the map itself is read under its lock.
         if self.any.load(Ordering::Relaxed) {
             let by_model = self.by_model.read().unwrap_or_else(|e| e.into_inner());
-            by_model.get(model).copied().unwrap_or(self.default)
+            match by_model.get(model) {
+                Some(&(life, timeouts)) if self.monitor.model_life(model) == Some(life) => timeouts,
+                _ => self.default,
+            }
         } else {
             self.default
         }
     }
 
-    /// The model's own timeouts, or (`None`) the flag's again.
+    /// The model's own timeouts for its current life, or (`None`) the
+    /// flag's again. Timeouts of models forgotten since they were set go.
     pub(crate) fn set(&self, model: &str, timeout: Option<PerClass<Duration>>) {
         let mut by_model = self.by_model.write().unwrap_or_else(|e| e.into_inner());
-        match timeout {
-            Some(timeout) => by_model.insert(model.to_owned(), timeout),
-            None => by_model.remove(model),
+        by_model.retain(|model, (life, _)| self.monitor.model_life(model) == Some(*life));
+        match (timeout, self.monitor.model_life(model)) {
+            (Some(timeout), Some(life)) => by_model.insert(model.to_owned(), (life, timeout)),
+            _ => by_model.remove(model),
         };
         // Relaxed: written under the map's lock; see `timeout`.
         self.any.store(!by_model.is_empty(), Ordering::Relaxed);
@@ -87,16 +96,6 @@ impl QueueTimeouts {
     /// The timeouts `model` has now, in ms (0: no line), for the admin API.
     pub(crate) fn millis(&self, model: &str) -> PerClass<u64> {
         self.of(model).map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX))
-    }
-
-    /// Forgets the timeouts of models the monitor no longer knows.
-    pub(crate) fn retain_known(&self, monitor: &WorkerMonitor) {
-        if !self.any.load(Ordering::Relaxed) {
-            return;
-        }
-        let mut by_model = self.by_model.write().unwrap_or_else(|e| e.into_inner());
-        by_model.retain(|model, _| monitor.has_model(model));
-        self.any.store(!by_model.is_empty(), Ordering::Relaxed);
     }
 
     /// Registers the waiting-time histogram and each model's line: requests

@@ -97,6 +97,7 @@ impl Frontend {
             Some(path) => Some(Arc::new(SharedTenants::new(Tenants::load(path).map_err(anyhow::Error::msg)?))),
             None => None,
         };
+        let queue = QueueTimeouts::new(args.router_queue_timeout_ms.map(Duration::from_millis), monitor.clone());
         Ok(Frontend {
             router: WorkerRouter::new(monitor.clone(), args.policy())
                 .with_sheddable_headroom(args.sheddable_headroom)
@@ -121,7 +122,7 @@ impl Frontend {
             ),
             secrets,
             draining: AtomicBool::new(false),
-            queue: QueueTimeouts::new(args.router_queue_timeout_ms.map(Duration::from_millis)),
+            queue,
             // With a tenants file the class header counts: a tenant's
             // maximum class bounds it.
             priority: Priority {
