@@ -19,7 +19,6 @@ use loadgate::metrics::Endpoint;
 use crate::openai::{checked_token_limit, Field, InvalidRequest};
 
 mod reading;
-use self::reading::Nvext;
 pub(crate) use self::reading::Reading;
 
 /// The fields of a request the proxy uses.
@@ -88,8 +87,9 @@ struct Found<'de> {
     stream: Option<Result<Option<bool>, Wrong>>,
     /// `stream_options`: whether it is given (not null), or the field at fault.
     stream_options: Option<Result<bool, Field>>,
-    /// `nvext.agent_hints.priority` (read only when asked).
-    priority: Option<i64>,
+    /// `nvext.agent_hints.priority` (read only when asked; `Err`: not an
+    /// integer, or `nvext` or `agent_hints` not an object).
+    priority: Result<Option<i64>, Wrong>,
 }
 
 impl<'de> Found<'de> {
@@ -117,7 +117,15 @@ impl<'de> Found<'de> {
             Some(Ok(true)) if !stream => return Err(InvalidRequest::stream_options_without_stream()),
             _ => {}
         }
-        Ok(RequestHead { model: model.into_owned(), prompt_tokens, priority: self.priority })
+        let Ok(priority) = self.priority else {
+            return Err(InvalidRequest {
+                param: Some(PRIORITY_PARAM),
+                message: format!(
+                    "\"{PRIORITY_PARAM}\" must be an integer (and \"nvext\" and its \"agent_hints\" objects)"
+                ),
+            });
+        };
+        Ok(RequestHead { model: model.into_owned(), prompt_tokens, priority })
     }
 }
 
@@ -153,7 +161,7 @@ impl<'de> Visitor<'de> for Fields {
             max_completion_tokens: None,
             stream: None,
             stream_options: None,
-            priority: None,
+            priority: Ok(None),
         };
         let count = self.count;
         while let Some(key) = map.next_key::<Cow<'de, str>>()? {
@@ -171,10 +179,7 @@ impl<'de> Visitor<'de> for Fields {
                 }
                 ("stream", _) => found.stream = Some(map.next_value_seed(Checked(Flag))?),
                 ("stream_options", _) => found.stream_options = Some(map.next_value_seed(Checked(StreamOptions))?),
-                ("nvext", _) if self.nvext => {
-                    let nvext = map.next_value::<Option<Nvext>>()?;
-                    found.priority = nvext.and_then(|n| n.agent_hints).and_then(|h| h.priority);
-                }
+                ("nvext", _) if self.nvext => found.priority = map.next_value_seed(Checked(NVEXT))?,
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -191,7 +196,9 @@ enum Scalar<'a> {
     Bool(bool),
     /// A non-negative integer.
     Unsigned(u64),
-    /// A negative integer or a number with a fraction or exponent.
+    /// A negative integer.
+    Negative(i64),
+    /// A number with a fraction or exponent (or past 64 bits).
     OtherNumber,
     Str(&'a str),
 }
@@ -259,7 +266,7 @@ impl<'de, C: Check<'de>> Visitor<'de> for Checked<C> {
 
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<C::Out, E> {
         // serde_json gives non-negative integers as u64; this is for others.
-        Ok(self.0.scalar(u64::try_from(v).map_or(Scalar::OtherNumber, Scalar::Unsigned)))
+        Ok(self.0.scalar(u64::try_from(v).map_or(Scalar::Negative(v), Scalar::Unsigned)))
     }
 
     fn visit_f64<E: de::Error>(self, _: f64) -> Result<C::Out, E> {
@@ -311,6 +318,7 @@ impl<'de> Check<'de> for Model {
 }
 
 /// `stream`, `include_usage`: a boolean or null (`Ok(None)`).
+#[derive(Clone, Copy)]
 struct Flag;
 
 impl Check<'_> for Flag {
@@ -367,16 +375,77 @@ impl<'de> Check<'de> for StreamOptions {
         }
     }
 
+    fn map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Out, A::Error> {
+        let include_usage = Within { key: "include_usage", inner: Flag }.map(map)?;
+        Ok(include_usage.map(|_| true).map_err(|Wrong| Field::IncludeUsage))
+    }
+}
+
+/// The `param` of a priority in the body.
+const PRIORITY_PARAM: &str = "nvext.agent_hints.priority";
+
+/// An object (or null) of which only `key` is read, with `inner` (every
+/// other field skipped unread; the last of a repeated key wins).
+#[derive(Clone, Copy)]
+struct Within<C> {
+    key: &'static str,
+    inner: C,
+}
+
+/// `nvext`, as far as `agent_hints.priority`.
+const NVEXT: Within<Within<Priority>> =
+    Within { key: "agent_hints", inner: Within { key: "priority", inner: Priority } };
+
+impl<'de, C, T> Check<'de> for Within<C>
+where
+    C: Check<'de, Out = Result<Option<T>, Wrong>> + Copy,
+{
+    type Out = Result<Option<T>, Wrong>;
+
+    fn wrong(self) -> Self::Out {
+        Err(Wrong)
+    }
+
+    fn scalar(self, value: Scalar<'_>) -> Self::Out {
+        match value {
+            Scalar::Null => Ok(None),
+            _ => self.wrong(),
+        }
+    }
+
     fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Out, A::Error> {
-        let mut include_usage = Ok(None);
-        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-            if key == "include_usage" {
-                include_usage = map.next_value_seed(Checked(Flag))?;
+        let mut found = Ok(None);
+        while let Some(name) = map.next_key::<Cow<'de, str>>()? {
+            if name == self.key {
+                found = map.next_value_seed(Checked(self.inner))?;
             } else {
                 map.next_value::<IgnoredAny>()?;
             }
         }
-        Ok(include_usage.map(|_| true).map_err(|Wrong| Field::IncludeUsage))
+        Ok(found)
+    }
+}
+
+/// `nvext.agent_hints.priority`: an integer (or null), of any size (one
+/// past 64 bits is taken as the extreme of its sign, as the
+/// `x-loadgate-priority` header's).
+#[derive(Clone, Copy)]
+struct Priority;
+
+impl<'de> Check<'de> for Priority {
+    type Out = Result<Option<i64>, Wrong>;
+
+    fn wrong(self) -> Self::Out {
+        Err(Wrong)
+    }
+
+    fn scalar(self, value: Scalar<'_>) -> Self::Out {
+        match value {
+            Scalar::Null => Ok(None),
+            Scalar::Unsigned(n) => Ok(Some(i64::try_from(n).unwrap_or(i64::MAX))),
+            Scalar::Negative(n) => Ok(Some(n)),
+            _ => self.wrong(),
+        }
     }
 }
 

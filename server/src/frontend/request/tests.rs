@@ -35,11 +35,31 @@ fn the_nvext_priority_is_read_only_when_asked() {
     for wrong in [
         r#"{"model":"m","prompt":"a","nvext":{"agent_hints":{"priority":"high"}}}"#,
         r#"{"model":"m","prompt":"a","nvext":{"agent_hints":{"priority":1.5}}}"#,
+        r#"{"model":"m","prompt":"a","nvext":{"agent_hints":{"priority":[1]}}}"#,
+        r#"{"model":"m","prompt":"a","nvext":{"agent_hints":5}}"#,
         r#"{"model":"m","prompt":"a","nvext":[1]}"#,
+        r#"{"model":"m","prompt":"a","nvext":5}"#,
     ] {
-        assert!(read(wrong, true).is_err(), "{wrong}");
+        // A clear 400 naming the field, not "not valid JSON".
+        let error = read(wrong, true).expect_err(wrong);
+        assert_eq!(error.param, Some("nvext.agent_hints.priority"), "{wrong}");
+        assert!(error.message.starts_with("\"nvext.agent_hints.priority\" must be an integer"), "{}", error.message);
         assert_eq!(read(wrong, false), Ok(None), "unread when not asked: {wrong}");
     }
+    // Any integer, as the header takes it: past 64 bits, the extreme of its
+    // sign; the last of a repeated key wins.
+    let priority = |value: &str| {
+        read(&format!(r#"{{"model":"m","prompt":"a","nvext":{{"agent_hints":{{"priority":{value}}}}}}}"#), true)
+    };
+    assert_eq!(priority("9223372036854775808"), Ok(Some(i64::MAX)));
+    assert_eq!(priority("18446744073709551615"), Ok(Some(i64::MAX)));
+    assert_eq!(priority("-9223372036854775808"), Ok(Some(i64::MIN)));
+    assert_eq!(priority("null"), Ok(None));
+    let twice = r#"{"model":"m","prompt":"a","nvext":{"agent_hints":{"priority":1,"priority":-2}}}"#;
+    assert_eq!(read(twice, true), Ok(Some(-2)));
+    // The body's other fields are still checked first.
+    let both = r#"{"prompt":"a","nvext":{"agent_hints":{"priority":"x"}}}"#;
+    assert_eq!(read(both, true).expect_err(both).param, Some("model"));
 }
 
 fn endpoint(api: Api) -> Endpoint {
