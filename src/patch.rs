@@ -217,15 +217,21 @@ fn queue_timeouts(value: &Value) -> Result<Change<PerClass<u64>>, PatchError> {
     let invalid = || PatchError::InvalidValue {
         field: QUEUE_TIMEOUT_FIELD,
         expected: "a whole number of milliseconds from 0 to 86400000, or an object of them by class \
-                   (critical, standard, sheddable)",
+                   (critical, standard, sheddable; each named once)",
     };
     let ms = |value: &Value| value.as_u64().filter(|ms| *ms <= MAX_QUEUE_TIMEOUT_MS).ok_or_else(invalid);
     match value {
         Value::Null => Ok(Change::Clear),
         Value::Object(by_class) => {
             let mut timeouts = PerClass::all(0);
+            let mut named = [false; Class::COUNT];
             for (name, value) in by_class {
                 let class: Class = name.parse().map_err(|_| invalid())?;
+                // Named twice (in two spellings: names are read in any
+                // case): refused, as the flag refuses it.
+                if std::mem::replace(&mut named[class.index()], true) {
+                    return Err(invalid());
+                }
                 timeouts.0[class.index()] = ms(value)?;
             }
             Ok(Change::Set(timeouts))
@@ -287,9 +293,15 @@ mod tests {
         assert!(!q.is_read());
         let by_class = parse(r#"{"model":"m","router_queue_timeout_ms":{"critical":5000,"sheddable":0}}"#).unwrap();
         assert_eq!(by_class.queue_timeout_ms, Change::Set(PerClass([5000, 0, 0])), "a class not named: 0");
-        for bad in
-            [r#"{"urgent":1}"#, r#"{"critical":-1}"#, r#"{"critical":86400001}"#, r#"{"critical":null}"#, "[1]", "1.5"]
-        {
+        for bad in [
+            r#"{"urgent":1}"#,
+            r#"{"critical":-1}"#,
+            r#"{"critical":86400001}"#,
+            r#"{"critical":null}"#,
+            "[1]",
+            "1.5",
+            r#"{"critical":5000,"CRITICAL":7}"#,
+        ] {
             let body = format!(r#"{{"model":"m","router_queue_timeout_ms":{bad}}}"#);
             assert!(parse(&body).is_err(), "{body}");
         }

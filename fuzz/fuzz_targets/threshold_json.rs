@@ -184,12 +184,16 @@ fn reference(value: &Value) -> Option<ThresholdPatch> {
                     Value::Null => Change::Clear,
                     Value::Object(by_class) => {
                         // A class not named: 0; names as `Class`'s, any
-                        // ASCII case.
+                        // ASCII case; each at most once.
                         let mut ms = [0; 3];
+                        let mut named = [false; 3];
                         for (name, value) in by_class {
                             let i = ["critical", "standard", "sheddable"]
                                 .iter()
                                 .position(|c| c.eq_ignore_ascii_case(name))?;
+                            if std::mem::replace(&mut named[i], true) {
+                                return None;
+                            }
                             ms[i] = queue_ms(value)?;
                         }
                         Change::Set(PerClass(ms))
