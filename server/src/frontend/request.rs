@@ -12,14 +12,17 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use loadgate::metrics::Endpoint;
 
 use crate::openai::{checked_token_limit, Field, InvalidRequest};
 
+mod check;
 mod reading;
+use self::check::{Check, Checked, Scalar, Wrong};
 pub(crate) use self::reading::Reading;
+use self::reading::{Within, NVEXT, PRIORITY_PARAM};
 
 /// The fields of a request the proxy uses.
 #[derive(Debug, PartialEq, Eq)]
@@ -67,10 +70,6 @@ fn read_request(endpoint: Endpoint, body: &[u8], reading: Reading) -> Result<Req
     let head = found.check(endpoint)?;
     Ok(if count_prompt { head } else { RequestHead { prompt_tokens: 0, ..head } })
 }
-
-/// A value of a type its field does not take.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Wrong;
 
 /// What was read of each checked field (`None`: absent; the last of a
 /// repeated key wins, as in a parsed value).
@@ -189,107 +188,6 @@ impl<'de> Visitor<'de> for Fields {
     }
 }
 
-/// A JSON value that is not a container, as a [`Check`] sees it.
-#[derive(Clone, Copy, Debug)]
-enum Scalar<'a> {
-    Null,
-    Bool(bool),
-    /// A non-negative integer.
-    Unsigned(u64),
-    /// A negative integer.
-    Negative(i64),
-    /// A number with a fraction or exponent (or past 64 bits).
-    OtherNumber,
-    Str(&'a str),
-}
-
-/// What one field (or part of one) takes: each JSON type is read by one
-/// method, and any type whose method is left out is [`wrong`](Check::wrong)
-/// (a container is then skipped). Read through [`Checked`].
-trait Check<'de>: Sized {
-    /// What the check yields.
-    type Out;
-
-    /// The outcome for a value of a type the field does not take.
-    fn wrong(self) -> Self::Out;
-
-    /// A scalar.
-    fn scalar(self, _value: Scalar<'_>) -> Self::Out {
-        self.wrong()
-    }
-
-    /// A string borrowed from the body (no escapes).
-    fn borrowed_str(self, value: &'de str) -> Self::Out {
-        self.scalar(Scalar::Str(value))
-    }
-
-    /// An array.
-    fn seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Out, A::Error> {
-        IgnoredAny.visit_seq(seq).map(|_| self.wrong())
-    }
-
-    /// An object.
-    fn map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Out, A::Error> {
-        IgnoredAny.visit_map(map).map(|_| self.wrong())
-    }
-}
-
-/// Reads one value with the [`Check`] `C`.
-struct Checked<C>(C);
-
-impl<'de, C: Check<'de>> DeserializeSeed<'de> for Checked<C> {
-    type Value = C::Out;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<C::Out, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'de, C: Check<'de>> Visitor<'de> for Checked<C> {
-    type Value = C::Out;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<C::Out, E> {
-        Ok(self.0.scalar(Scalar::Null))
-    }
-
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<C::Out, E> {
-        Ok(self.0.scalar(Scalar::Bool(v)))
-    }
-
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<C::Out, E> {
-        Ok(self.0.scalar(Scalar::Unsigned(v)))
-    }
-
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<C::Out, E> {
-        // serde_json gives non-negative integers as u64; this is for others.
-        Ok(self.0.scalar(u64::try_from(v).map_or(Scalar::Negative(v), Scalar::Unsigned)))
-    }
-
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<C::Out, E> {
-        Ok(self.0.scalar(Scalar::OtherNumber))
-    }
-
-    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<C::Out, E> {
-        Ok(self.0.borrowed_str(v))
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<C::Out, E> {
-        Ok(self.0.scalar(Scalar::Str(v)))
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<C::Out, A::Error> {
-        self.0.seq(seq)
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<C::Out, A::Error> {
-        self.0.map(map)
-    }
-}
-
 fn words(s: &str) -> u64 {
     s.split_whitespace().count() as u64
 }
@@ -378,74 +276,6 @@ impl<'de> Check<'de> for StreamOptions {
     fn map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Out, A::Error> {
         let include_usage = Within { key: "include_usage", inner: Flag }.map(map)?;
         Ok(include_usage.map(|_| true).map_err(|Wrong| Field::IncludeUsage))
-    }
-}
-
-/// The `param` of a priority in the body.
-const PRIORITY_PARAM: &str = "nvext.agent_hints.priority";
-
-/// An object (or null) of which only `key` is read, with `inner` (every
-/// other field skipped unread; the last of a repeated key wins).
-#[derive(Clone, Copy)]
-struct Within<C> {
-    key: &'static str,
-    inner: C,
-}
-
-/// `nvext`, as far as `agent_hints.priority`.
-const NVEXT: Within<Within<Priority>> =
-    Within { key: "agent_hints", inner: Within { key: "priority", inner: Priority } };
-
-impl<'de, C, T> Check<'de> for Within<C>
-where
-    C: Check<'de, Out = Result<Option<T>, Wrong>> + Copy,
-{
-    type Out = Result<Option<T>, Wrong>;
-
-    fn wrong(self) -> Self::Out {
-        Err(Wrong)
-    }
-
-    fn scalar(self, value: Scalar<'_>) -> Self::Out {
-        match value {
-            Scalar::Null => Ok(None),
-            _ => self.wrong(),
-        }
-    }
-
-    fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Out, A::Error> {
-        let mut found = Ok(None);
-        while let Some(name) = map.next_key::<Cow<'de, str>>()? {
-            if name == self.key {
-                found = map.next_value_seed(Checked(self.inner))?;
-            } else {
-                map.next_value::<IgnoredAny>()?;
-            }
-        }
-        Ok(found)
-    }
-}
-
-/// `nvext.agent_hints.priority`: an integer (or null), of any size (one
-/// past 64 bits is taken as the extreme of its sign, as the
-/// `x-loadgate-priority` header's).
-#[derive(Clone, Copy)]
-struct Priority;
-
-impl<'de> Check<'de> for Priority {
-    type Out = Result<Option<i64>, Wrong>;
-
-    fn wrong(self) -> Self::Out {
-        Err(Wrong)
-    }
-
-    fn scalar(self, value: Scalar<'_>) -> Self::Out {
-        match value {
-            Scalar::Null => Ok(None),
-            Scalar::Unsigned(n) => Ok(Some(i64::try_from(n).unwrap_or(i64::MAX))),
-            Scalar::Negative(n) => Ok(Some(n)),
-            _ => self.wrong(),
-        }
     }
 }
 

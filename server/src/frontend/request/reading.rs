@@ -1,5 +1,12 @@
 //! [`Reading`]: what the proxy asks of a request body beyond its model (and
-//! of Dynamo's `nvext`, `agent_hints.priority`).
+//! of Dynamo's `nvext`, `agent_hints.priority`), and the checks that read
+//! that priority.
+
+use std::borrow::Cow;
+
+use serde::de::{IgnoredAny, MapAccess};
+
+use super::check::{Check, Checked, Scalar, Wrong};
 
 /// What [`read_head`](super::read_head) reads beyond the model.
 #[derive(Clone, Copy, Debug, Default)]
@@ -9,4 +16,72 @@ pub(crate) struct Reading {
     /// Read `nvext.agent_hints.priority` (an integer; any other type there
     /// is a 400). Otherwise `nvext` is skipped unread.
     pub(crate) nvext_priority: bool,
+}
+
+/// The `param` of a priority in the body.
+pub(super) const PRIORITY_PARAM: &str = "nvext.agent_hints.priority";
+
+/// An object (or null) of which only `key` is read, with `inner` (every
+/// other field skipped unread; the last of a repeated key wins).
+#[derive(Clone, Copy)]
+pub(super) struct Within<C> {
+    pub(super) key: &'static str,
+    pub(super) inner: C,
+}
+
+/// `nvext`, as far as `agent_hints.priority`.
+pub(super) const NVEXT: Within<Within<Priority>> =
+    Within { key: "agent_hints", inner: Within { key: "priority", inner: Priority } };
+
+impl<'de, C, T> Check<'de> for Within<C>
+where
+    C: Check<'de, Out = Result<Option<T>, Wrong>> + Copy,
+{
+    type Out = Result<Option<T>, Wrong>;
+
+    fn wrong(self) -> Self::Out {
+        Err(Wrong)
+    }
+
+    fn scalar(self, value: Scalar<'_>) -> Self::Out {
+        match value {
+            Scalar::Null => Ok(None),
+            _ => self.wrong(),
+        }
+    }
+
+    fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Out, A::Error> {
+        let mut found = Ok(None);
+        while let Some(name) = map.next_key::<Cow<'de, str>>()? {
+            if name == self.key {
+                found = map.next_value_seed(Checked(self.inner))?;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(found)
+    }
+}
+
+/// `nvext.agent_hints.priority`: an integer (or null), of any size (one
+/// past 64 bits is taken as the extreme of its sign, as the
+/// `x-loadgate-priority` header's).
+#[derive(Clone, Copy)]
+pub(super) struct Priority;
+
+impl<'de> Check<'de> for Priority {
+    type Out = Result<Option<i64>, Wrong>;
+
+    fn wrong(self) -> Self::Out {
+        Err(Wrong)
+    }
+
+    fn scalar(self, value: Scalar<'_>) -> Self::Out {
+        match value {
+            Scalar::Null => Ok(None),
+            Scalar::Unsigned(n) => Ok(Some(i64::try_from(n).unwrap_or(i64::MAX))),
+            Scalar::Negative(n) => Ok(Some(n)),
+            _ => self.wrong(),
+        }
+    }
 }
