@@ -96,6 +96,25 @@ fn spawn_keyed(
     tokio::spawn(send_keyed(url, client.clone(), tenant, priority, MODEL))
 }
 
+/// Sends SIGHUP and waits until the file is reloaded: until a request
+/// with the key of `tenant` (new in the file) is labelled `tenant` (an
+/// unknown model: answered at once).
+async fn reload(fe: &common::Frontend, client: &reqwest::Client, tenant: &'static str) {
+    common::signal(fe.proc.pid(), "HUP");
+    let url = format!("{}/v1/completions", fe.http);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _, _) = send_keyed(url.clone(), client.clone(), Some(tenant), None, "no-such-model").await;
+        assert_eq!(status, 404);
+        let text = metrics_text(&fe.client, &fe.http).await;
+        if metric_with(&text, "loadgate_frontend_tenant_requests_total", &format!("tenant=\"{tenant}\"")).is_some() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the file was not reloaded:\n{text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_tenant_gets_half_the_dispatches_of_a_ten_to_one_burst() {
     let _box = common::shared().await;
@@ -220,20 +239,7 @@ async fn sighup_reloads_the_file_with_requests_in_flight_and_a_bad_one_is_kept_o
     assert_eq!((status, reason.as_deref()), (529, Some("tenant_cap")));
     // A new file: a's cap is 3, and tenant c appears.
     file.rewrite(&(tenant("a", "max_waiting = 3") + &tenant("c", "")));
-    common::signal(fe.proc.pid(), "HUP");
-    // Reloaded once a request with c's key is labelled c (an unknown
-    // model: answered at once).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (status, _, _) = send_keyed(url.clone(), client.clone(), Some("c"), None, "no-such-model").await;
-        assert_eq!(status, 404);
-        let text = metrics_text(&fe.client, &fe.http).await;
-        if metric_with(&text, "loadgate_frontend_tenant_requests_total", "tenant=\"c\"").is_some() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the file was not reloaded:\n{text}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    reload(&fe, &client, "c").await;
     let second = spawn_keyed(&fe, &client, Some("a"), None);
     wait_waiting(&fe, 2.0).await;
     // A bad file: logged, the current one stays.
@@ -271,18 +277,7 @@ async fn a_reload_that_puts_a_tenant_first_leaves_each_its_own_waiters_and_caps(
     let first = spawn_keyed(&fe, &client, Some("a"), None);
     wait_waiting(&fe, 1.0).await;
     file.rewrite(&(tenant("b", "max_waiting = 1") + &tenant("a", "max_waiting = 1")));
-    common::signal(fe.proc.pid(), "HUP");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (status, _, _) = send_keyed(url.clone(), client.clone(), Some("b"), None, "no-such-model").await;
-        assert_eq!(status, 404);
-        let text = metrics_text(&fe.client, &fe.http).await;
-        if metric_with(&text, "loadgate_frontend_tenant_requests_total", "tenant=\"b\"").is_some() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the file was not reloaded:\n{text}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    reload(&fe, &client, "b").await;
     // b holds nothing: it joins.
     let b = spawn_keyed(&fe, &client, Some("b"), None);
     wait_waiting(&fe, 2.0).await;
