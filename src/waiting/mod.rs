@@ -23,7 +23,10 @@
 //! another. The first worker to free does not receive the whole line.
 //!
 //! While a model has waiters every request of it joins the line, behind
-//! those with earlier deadlines: no newcomer overtakes them.
+//! those with earlier deadlines: no newcomer overtakes them. A request that
+//! may not wait routes with
+//! [`WorkerRouter::route_class_behind_line`](crate::WorkerRouter::route_class_behind_line),
+//! which gives it no worker while anyone waits.
 //!
 //! # Overrun: the latest deadline first
 //!
