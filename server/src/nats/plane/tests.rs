@@ -125,3 +125,24 @@ fn a_replayed_beat_or_ack_is_dropped() {
     }
     assert_eq!(a.stats.frames_dropped().1, 4, "each again: replays");
 }
+
+#[test]
+fn an_older_lifes_register_does_not_come_back_after_the_newer_one_left() {
+    let a = applier();
+    let subject = a.subjects.events("m", 7);
+    let life = |incarnation| Frame::Register {
+        worker: 7,
+        incarnation,
+        dp_size: 1,
+        model: "m".into(),
+        http_addr: "h:1".into(),
+    };
+    let old = sealed(&subject, &life(5), 3000);
+    a.apply(&subject, &old);
+    deliver(&a, &life(6), 2000);
+    assert_eq!(a.monitor.incarnation(7), Some(6), "a restart");
+    deliver(&a, &Frame::Deregister { worker: 7, incarnation: 6 }, 1000);
+    assert_eq!(a.monitor.incarnation(7), None, "it left");
+    a.apply(&subject, &old);
+    assert_eq!(a.monitor.incarnation(7), None, "the older life's Register, replayed, brings back no old address");
+}
