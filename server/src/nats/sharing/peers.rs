@@ -173,12 +173,7 @@ impl Peers {
             }
             return Heard::Own;
         }
-        if self.is_replay(added.frontend, added.incarnation, added.seq) {
-            // Before `slot`: a replayed frame must not keep its sender
-            // alive.
-            return Heard::Dropped;
-        }
-        let Some(index) = self.slot(added.frontend, added.incarnation) else { return Heard::Dropped };
+        let Some(index) = self.slot(added.frontend, added.incarnation, Some(added.seq)) else { return Heard::Dropped };
         let report = LoadReport {
             worker: added.worker,
             incarnation: added.worker_incarnation,
@@ -209,13 +204,6 @@ impl Peers {
         } else {
             Heard::Dropped
         }
-    }
-
-    /// Whether `frontend`'s FrontendLoad `seq` of `incarnation` is not
-    /// above the highest heard of that life: a duplicate or a replay.
-    fn is_replay(&self, frontend: u64, incarnation: u64, seq: u64) -> bool {
-        let table = self.table.lock().unwrap_or_else(|e| e.into_inner());
-        table.by_id.get(&frontend).is_some_and(|p| p.incarnation == incarnation && seq <= p.high)
     }
 
     /// `frontend`'s frame `seq` was `held` or not, applied while the
@@ -299,7 +287,7 @@ impl Peers {
         if frontend == self.own.frontend {
             return Heard::Own;
         }
-        if self.slot(frontend, incarnation).is_none() {
+        if self.slot(frontend, incarnation, None).is_none() {
             return Heard::Dropped;
         }
         let own = |a: &&Ack| a.peer == self.own.frontend && a.peer_incarnation == self.own.incarnation;
@@ -317,7 +305,7 @@ impl Peers {
     /// alive, so its publications are renewed. [`Heard::Changed`] when its
     /// lines differ from its last beat's.
     pub(crate) fn beat(&self, frontend: u64, incarnation: u64, holds: Holding) -> Heard {
-        match self.slot(frontend, incarnation) {
+        match self.slot(frontend, incarnation, None) {
             Some(_) => {
                 // (`slot` renewed what it published: it is alive.)
                 let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
@@ -362,8 +350,10 @@ impl Peers {
     }
 
     /// The slot of `frontend`'s `incarnation`, heard now; `None` for this
-    /// frontend, an older incarnation, or no slot left.
-    fn slot(&self, frontend: u64, incarnation: u64) -> Option<u16> {
+    /// frontend, an older incarnation, no slot left, or a FrontendLoad
+    /// whose `seq` is not above the highest heard of that life (a duplicate
+    /// or a replay: it must not keep its sender alive).
+    fn slot(&self, frontend: u64, incarnation: u64, seq: Option<u64>) -> Option<u16> {
         if frontend == self.own.frontend {
             return None;
         }
@@ -371,6 +361,9 @@ impl Peers {
         let now = Instant::now();
         if let Some(peer) = table.by_id.get_mut(&frontend) {
             if incarnation < peer.incarnation {
+                return None;
+            }
+            if incarnation == peer.incarnation && seq.is_some_and(|seq| seq <= peer.high) {
                 return None;
             }
             if incarnation > peer.incarnation {
