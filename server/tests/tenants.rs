@@ -96,6 +96,21 @@ fn spawn_keyed(
     tokio::spawn(send_keyed(url, client.clone(), tenant, priority, MODEL))
 }
 
+/// Each report of `worker` serves the next of `tasks` (a 200 within 5 s),
+/// and the line is empty after the last.
+async fn each_report_serves_the_next(
+    fe: &common::Frontend,
+    worker: &mut Controlled,
+    tasks: impl IntoIterator<Item = tokio::task::JoinHandle<(u16, Option<String>, Duration)>>,
+) {
+    for (n, task) in tasks.into_iter().enumerate() {
+        worker.report(false);
+        let (status, _, _) = tokio::time::timeout(Duration::from_secs(5), task).await.expect("served").unwrap();
+        assert_eq!(status, 200, "request {n}");
+    }
+    assert_eq!(metric(&metrics_text(&fe.client, &fe.http).await, "loadgate_frontend_queue_waiting"), Some(0.0));
+}
+
 /// Sends SIGHUP and waits until the file is reloaded: until a request
 /// with the key of `tenant` (new in the file) is labelled `tenant` (an
 /// unknown model: answered at once).
@@ -250,13 +265,8 @@ async fn sighup_reloads_the_file_with_requests_in_flight_and_a_bad_one_is_kept_o
     wait_waiting(&fe, 3.0).await;
     let (status, reason, _) = send_keyed(url.clone(), client.clone(), Some("a"), None, MODEL).await;
     assert_eq!((status, reason.as_deref()), (529, Some("tenant_cap")), "a's cap is still 3");
-    // Nothing in flight was lost: each report serves the next.
-    for (n, task) in [first, second, third].into_iter().enumerate() {
-        worker.report(false);
-        let (status, _, _) = tokio::time::timeout(Duration::from_secs(5), task).await.expect("served").unwrap();
-        assert_eq!(status, 200, "request {n}");
-    }
-    assert_eq!(metric(&metrics_text(&fe.client, &fe.http).await, "loadgate_frontend_queue_waiting"), Some(0.0));
+    // Nothing in flight was lost.
+    each_report_serves_the_next(&fe, &mut worker, [first, second, third]).await;
 }
 
 /// A reload that puts a new tenant first: each tenant keeps its own waiters
@@ -284,12 +294,7 @@ async fn a_reload_that_puts_a_tenant_first_leaves_each_its_own_waiters_and_caps(
     // a still holds its one place.
     let (status, reason, _) = send_keyed(url.clone(), client.clone(), Some("a"), None, MODEL).await;
     assert_eq!((status, reason.as_deref()), (529, Some("tenant_cap")), "a's waiter is still a's");
-    for (n, task) in [first, b].into_iter().enumerate() {
-        worker.report(false);
-        let (status, _, _) = tokio::time::timeout(Duration::from_secs(5), task).await.expect("served").unwrap();
-        assert_eq!(status, 200, "request {n}");
-    }
-    assert_eq!(metric(&metrics_text(&fe.client, &fe.http).await, "loadgate_frontend_queue_waiting"), Some(0.0));
+    each_report_serves_the_next(&fe, &mut worker, [first, b]).await;
 }
 
 /// A tenant's `max_tokens` holds in the default router mode, with no
