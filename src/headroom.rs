@@ -16,6 +16,7 @@ use std::fmt;
 
 use crate::class::Class;
 use crate::load::WorkerId;
+use crate::monitor::view::ModelView;
 use crate::monitor::{ModelState, WorkerMonitor};
 use crate::route::{RouteError, RoutedModel, WorkerRouter};
 use crate::thresholds::{Thresholds, PPB};
@@ -94,25 +95,47 @@ impl WorkerRouter {
         exclude: &[WorkerId],
         class: Class,
     ) -> Result<WorkerId, RouteError> {
+        let route = |exclude: &[WorkerId]| self.route_routed(routed, exclude);
         match (class, self.headroom()) {
-            (Class::Sheddable, Some(headroom)) => self.route_with_headroom(routed, exclude, headroom),
-            _ => self.route_routed(routed, exclude),
+            (Class::Sheddable, Some(headroom)) => self.with_headroom(routed, exclude, headroom, route),
+            _ => route(exclude),
         }
     }
 
-    fn route_with_headroom(
+    /// As [`route_class_routed`](Self::route_class_routed), choosing only
+    /// among `among` (see
+    /// [`route_among_routed`](WorkerRouter::route_among_routed)).
+    pub(crate) fn route_class_among(
+        &self,
+        routed: &RoutedModel,
+        view: &ModelView,
+        among: &[WorkerId],
+        exclude: &[WorkerId],
+        class: Class,
+    ) -> Result<WorkerId, RouteError> {
+        let route = |exclude: &[WorkerId]| self.route_among_routed(routed, view, among, exclude);
+        match (class, self.headroom()) {
+            (Class::Sheddable, Some(headroom)) => self.with_headroom(routed, exclude, headroom, route),
+            _ => route(exclude),
+        }
+    }
+
+    /// A worker `route` picks (given what to leave out) that is free at the
+    /// lowered thresholds: up to [`TRIES`] picks.
+    fn with_headroom(
         &self,
         routed: &RoutedModel,
         exclude: &[WorkerId],
         headroom: Headroom,
+        route: impl Fn(&[WorkerId]) -> Result<WorkerId, RouteError>,
     ) -> Result<WorkerId, RouteError> {
         let thresholds = routed.state.thresholds.load().scaled(headroom.keep_ppb);
         if !thresholds.is_enabled() {
-            return self.route_routed(routed, exclude);
+            return route(exclude);
         }
         let mut tried = exclude.to_vec();
         for _ in 0..TRIES {
-            let worker = self.route_routed(routed, &tried)?;
+            let worker = route(&tried)?;
             if self.monitor().free_at(&routed.state, worker, &thresholds) {
                 return Ok(worker);
             }

@@ -418,13 +418,39 @@ impl WorkerRouter {
         exclude: &[WorkerId],
         cost: Option<CostRef<'_>>,
     ) -> Result<WorkerId, RouteError> {
-        let eligible = Eligible::new(view, exclude);
+        self.select_in(routed, &Eligible::new(view, exclude), cost)
+    }
+
+    /// As [`route_routed`](Self::route_routed) with `view` loaded, choosing
+    /// only among `among` (ids, ascending; a member not eligible in `view`
+    /// is passed over) less `exclude`: the waiting line's free workers in
+    /// a large fleet. The same choice as a route that excludes every other
+    /// eligible instance, at the cost of `among`'s length, not the
+    /// model's. A view with no instance in routing gives
+    /// [`RouteError::Unavailable`] without looking the model up again.
+    pub(crate) fn route_among_routed(
+        &self,
+        routed: &RoutedModel,
+        view: &ModelView,
+        among: &[WorkerId],
+        exclude: &[WorkerId],
+    ) -> Result<WorkerId, RouteError> {
+        self.select_in(routed, &Eligible::among(view, among, exclude), self.policy_cost())
+    }
+
+    fn select_in(
+        &self,
+        routed: &RoutedModel,
+        eligible: &Eligible<'_>,
+        cost: Option<CostRef<'_>>,
+    ) -> Result<WorkerId, RouteError> {
+        let view = eligible.view;
         let count = eligible.count();
         if count == 0 {
             return Err(no_instance(view));
         }
         let position = match (cost, &self.policy) {
-            (Some(cost), _) => self.lowest(routed, &eligible, |entry| cost(entry.id, &self.monitor.load_of(entry))),
+            (Some(cost), _) => self.lowest(routed, eligible, |entry| cost(entry.id, &self.monitor.load_of(entry))),
             (None, Policy::RoundRobin) => eligible.nth(routed.turn() % count),
             (None, Policy::Random) => eligible.nth(fastrand::usize(..count)),
             (None, Policy::PowerOfTwoChoices) => {
@@ -635,18 +661,46 @@ impl std::ops::Deref for ViewSource {
     }
 }
 
-/// The eligible positions of a view: free (when filtering) and not excluded.
 /// How many instances of `view` are eligible once `exclude` is left out
 /// (the waiting line's count of free instances).
 pub(crate) fn eligible_count(view: &ModelView, exclude: &[WorkerId]) -> usize {
     Eligible::new(view, exclude).count()
 }
 
+/// How many of `among` (ids, ascending) are eligible in `view` (the
+/// waiting line's count of free instances in a large fleet).
+pub(crate) fn eligible_among(view: &ModelView, among: &[WorkerId]) -> usize {
+    Eligible::among(view, among, &[]).count()
+}
+
+/// The eligible positions of a view: free (when filtering) and not excluded.
 struct Eligible<'a> {
     view: &'a ModelView,
     exclude: Excluded<'a>,
     /// Excluded instances that would otherwise be eligible.
     excluded: usize,
+    /// Only these positions (ascending), when routing among given workers;
+    /// `exclude` is then left out already.
+    among: Option<Positions>,
+}
+
+/// Positions of a view, ascending, in a vector kept per thread (so that,
+/// once warm, a route among given workers allocates nothing).
+struct Positions(Vec<usize>);
+
+std::thread_local! {
+    /// The vector of [`Positions`], emptied and kept for this thread's next
+    /// route among given workers.
+    static POSITIONS: std::cell::Cell<Vec<usize>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+impl Drop for Positions {
+    fn drop(&mut self) {
+        let mut positions = std::mem::take(&mut self.0);
+        positions.clear();
+        // Gone (a route in a thread-local's destructor): the vector goes too.
+        let _ = POSITIONS.try_with(|kept| kept.set(positions));
+    }
 }
 
 /// The workers a route leaves out: a short list as given (a request's own
@@ -693,6 +747,18 @@ impl Drop for Excluded<'_> {
 }
 
 impl<'a> Eligible<'a> {
+    /// The instances of `among` (ids, ascending) eligible in `view`, less
+    /// `exclude`.
+    fn among(view: &'a ModelView, among: &[WorkerId], exclude: &[WorkerId]) -> Self {
+        let mut positions = POSITIONS.try_with(std::cell::Cell::take).unwrap_or_default();
+        for &id in among.iter().filter(|id| !exclude.contains(id)) {
+            if let Some(place) = view.find(id).filter(|place| view.chunk(*place).is_eligible(place.local)) {
+                positions.push(view.position(place));
+            }
+        }
+        Eligible { view, exclude: Excluded::Few(&[]), excluded: 0, among: Some(Positions(positions)) }
+    }
+
     #[inline]
     fn new(view: &'a ModelView, exclude: &'a [WorkerId]) -> Self {
         let is_eligible = |id: WorkerId| view.find(id).is_some_and(|place| view.chunk(place).is_eligible(place.local));
@@ -702,7 +768,7 @@ impl<'a> Eligible<'a> {
             let mut set = EXCLUDED_SET.try_with(std::cell::Cell::take).unwrap_or_default();
             set.reserve(exclude.len());
             let excluded = exclude.iter().filter(|id| set.insert(**id) && is_eligible(**id)).count();
-            return Eligible { view, exclude: Excluded::Many(set), excluded };
+            return Eligible { view, exclude: Excluded::Many(set), excluded, among: None };
         }
         let mut excluded = 0;
         for (i, id) in exclude.iter().enumerate() {
@@ -713,17 +779,23 @@ impl<'a> Eligible<'a> {
                 excluded += 1;
             }
         }
-        Eligible { view, exclude: Excluded::Few(exclude), excluded }
+        Eligible { view, exclude: Excluded::Few(exclude), excluded, among: None }
     }
 
     #[inline]
     fn count(&self) -> usize {
+        if let Some(among) = &self.among {
+            return among.0.len();
+        }
         self.view.eligible - self.excluded
     }
 
     /// The k-th eligible position; `k < count()`.
     #[inline]
     fn nth(&self, k: usize) -> usize {
+        if let Some(among) = &self.among {
+            return among.0[k];
+        }
         if self.excluded == 0 {
             return self.view.nth_eligible(k);
         }
@@ -744,6 +816,11 @@ impl<'a> Eligible<'a> {
     /// `start` and wrapping.
     #[inline]
     fn for_each_from(&self, start: usize, mut f: impl FnMut(usize, &WorkerEntry)) {
+        if let Some(among) = &self.among {
+            let (before, from) = among.0.split_at(among.0.partition_point(|p| *p < start));
+            from.iter().chain(before).for_each(|&p| f(p, self.view.entry(p)));
+            return;
+        }
         self.view.for_each_from(start, |p, place, chunk| {
             let free = chunk.is_eligible(place.local);
             if free && !(self.excluded != 0 && self.exclude.contains(chunk.id(place.local))) {

@@ -60,7 +60,7 @@ use crate::monitor::reasons::ReasonCounts;
 use crate::monitor::view::{Change, ModelView, Toggle, CHUNK_MAX};
 use crate::sync::{lock, Arc, AtomicBool, AtomicU32, Mutex, Ordering, Swap};
 use crate::thresholds::{BusySignals, Thresholds};
-use crate::waiting::{Line, LineLimits};
+use crate::waiting::{Changed, Line, LineLimits};
 
 /// The most instances a chunk of a model's view holds: small under loom,
 /// so that a model of a few workers spans several chunks.
@@ -177,10 +177,10 @@ impl ModelWriter<'_> {
     /// The caller holds no guard or `Arc` of the current view, and the swap
     /// hands back arc-swap's own reference: publishing touches no count of
     /// the view that routers are still reading.
-    fn replace(&mut self, next: ModelView) {
+    fn replace(&mut self, next: ModelView, changed: Changed<'_>) {
         self.written.retired = Some(self.model.view.swap(Arc::new(next)));
         // After the store: a waiter may now find an instance free.
-        self.model.line.published(&self.model.view);
+        self.model.line.published(&self.model.view, changed);
     }
 
     /// Counts instances as no longer busy with their first signals and now
@@ -207,7 +207,7 @@ impl ModelWriter<'_> {
         let next = view.with_member(remove, add);
         drop(view); // before the swap, which would otherwise pay this guard's debt
         let empty = next.is_empty();
-        self.replace(next);
+        self.replace(next, Changed::All);
         empty
     }
 
@@ -225,7 +225,7 @@ impl ModelWriter<'_> {
         let mut change = [Change { slot: place.slot, local: place.local, what: Toggle::Out(out) }];
         let next = view.with_changes(&mut change, view.filtering);
         drop(view); // before the swap, which would otherwise pay this guard's debt
-        self.replace(next);
+        self.replace(next, Changed::Workers(&[entry.id]));
         entry.set_out(out);
         true
     }
@@ -254,6 +254,7 @@ impl ModelWriter<'_> {
             let now = clock.now();
             let view = self.model.view.load();
             let mut changes = Vec::new();
+            let mut flipped = Vec::new();
             let mut recounts = Vec::new();
             let mut seen = Vec::with_capacity(pending.len());
             for entry in pending.drain(..) {
@@ -270,6 +271,7 @@ impl ModelWriter<'_> {
                             flips += 1;
                             let what = Toggle::Busy(now_busy.is_some());
                             changes.push(Change { slot: place.slot, local: place.local, what });
+                            flipped.push(entry.id);
                         }
                         recounts.push((was, now_busy));
                     }
@@ -277,11 +279,11 @@ impl ModelWriter<'_> {
                 seen.push((entry, before, now_busy));
             }
             let next_filtering = filtering.take().unwrap_or(view.filtering);
-            let changed = !changes.is_empty() || next_filtering != view.filtering;
-            let next = changed.then(|| view.with_changes(&mut changes, next_filtering));
+            let refiltered = next_filtering != view.filtering;
+            let next = (!changes.is_empty() || refiltered).then(|| view.with_changes(&mut changes, next_filtering));
             drop(view); // before the swap, which would otherwise pay this guard's debt
             if let Some(next) = next {
-                self.replace(next);
+                self.replace(next, if refiltered { Changed::All } else { Changed::Workers(&flipped) });
             }
             if !recounts.is_empty() {
                 self.recount(recounts);

@@ -22,6 +22,11 @@
 //! report (with the load of the request it took) says whether it can take
 //! another. The first worker to free does not receive the whole line.
 //!
+//! In a large fleet under overload those spent workers number in the
+//! thousands; the line then keeps the set of free ones itself, so a pass
+//! and a dispatch cost that set's size, almost nobody, not the marks'
+//! (`spent`'s module docs).
+//!
 //! While a model has waiters every request of it joins the line, behind
 //! those with earlier deadlines: no newcomer overtakes them. A request that
 //! may not wait routes with
@@ -99,6 +104,7 @@
 //! by class and deadline.
 
 mod queue;
+mod spent;
 #[cfg(test)]
 mod tests;
 mod wait;
@@ -114,6 +120,7 @@ use crate::monitor::view::ModelView;
 use crate::sync::{lock, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 use crate::tenant::Tenant;
 
+pub(crate) use spent::Changed;
 pub use wait::Wait;
 
 use queue::Queue;
@@ -338,21 +345,24 @@ impl Line {
         }
     }
 
-    /// After a publication of the model's view: wakes waiters if a worker
-    /// may be free for them. The caller stored the view first.
+    /// After a publication of the model's view that changed `changed`:
+    /// wakes waiters if a worker may be free for them. The caller stored
+    /// the view first.
     #[inline]
-    pub(crate) fn published(&self, view: &crate::sync::Swap<ModelView>) {
+    pub(crate) fn published(&self, view: &crate::sync::Swap<ModelView>, changed: Changed<'_>) {
         // AcqRel RMW, not a load: ordered against every joiner's
         // increment (module docs: no lost wake-up).
         if self.waiting.fetch_add(0, Ordering::AcqRel) == 0 {
             return;
         }
         let mut queue = lock(&self.queue);
+        let view = view.load();
+        queue.published(&view, changed);
         if queue.any_held() {
             queue.release();
             self.sync_hint(&queue);
         }
-        self.wake_free(&mut queue, view);
+        self.wake_free_in(&mut queue, &view);
     }
 
     /// Sets how many requests wait in the other frontends' lines for this
@@ -404,7 +414,7 @@ impl Line {
         // Relaxed: hints; a report that misses a mark set at this moment
         // (a dispatch or a hold racing the report) leaves it to the next
         // report, the same as if it had come first.
-        let spent = self.spent_hint.load(Ordering::Relaxed) & queue::spent_bit(worker) != 0;
+        let spent = self.spent_hint.load(Ordering::Relaxed) & spent::spent_bit(worker) != 0;
         if !(spent || self.held_hint.load(Ordering::Relaxed)) {
             return Begun::Nothing;
         }
@@ -464,7 +474,11 @@ impl Line {
         }
         queue.release();
         self.sync_hint(&queue);
-        self.wake_free(&mut queue, view);
+        let view = view.load();
+        if freed {
+            queue.freed(worker, &view);
+        }
+        self.wake_free_in(&mut queue, &view);
     }
 
     /// Stores the spent workers' bits and whether waiters are held after a
@@ -484,7 +498,12 @@ impl Line {
     /// as a newcomer would ([`WaitError::Unavailable`]), or moves to its
     /// model's new line if the model was forgotten and has come back.
     fn wake_free(&self, queue: &mut Queue, view: &crate::sync::Swap<ModelView>) {
-        let view = view.load();
+        self.wake_free_in(queue, &view.load());
+    }
+
+    /// [`Line::wake_free`] with the view loaded.
+    #[inline]
+    fn wake_free_in(&self, queue: &mut Queue, view: &ModelView) {
         if view.is_empty() || view.all_out() {
             if queue.any_held() {
                 queue.release();
@@ -493,6 +512,10 @@ impl Line {
             queue.wake(usize::MAX);
             return;
         }
-        queue.wake(crate::route::eligible_count(&view, queue.spent()));
+        let free = match queue.free(view) {
+            Some(free) => crate::route::eligible_among(view, free),
+            None => crate::route::eligible_count(view, queue.spent()),
+        };
+        queue.wake(free);
     }
 }

@@ -9,9 +9,11 @@ use std::collections::VecDeque;
 use std::task::Waker;
 use std::time::Instant;
 
+use super::spent::{Changed, Spent};
 use super::{LineLimits, WaitError};
 use crate::class::Class;
 use crate::load::WorkerId;
+use crate::monitor::view::ModelView;
 use crate::tenant::Tenant;
 
 /// A waiter's place: its class (highest first), then earliest deadline,
@@ -224,12 +226,7 @@ pub(super) struct Queue {
     held: usize,
     /// Workers the line dispatched to since their last report, while it had
     /// waiters: each stays out of the line's reach until it reports again.
-    spent: Vec<WorkerId>,
-    /// For each of `spent`, the number of the line's last dispatch to it
-    /// (the line's dispatches before it): a report clears only a mark older
-    /// than the report. `None`: declined (another frontend's report; any
-    /// later report clears it).
-    spent_since: Vec<Option<u64>>,
+    spent: Spent,
     /// Numbers the waiters in arrival order.
     arrivals: u64,
     /// Requests the line dispatched, ever.
@@ -270,14 +267,35 @@ impl Queue {
     }
 
     /// The workers the line may not give a waiter until they report.
+    #[inline]
     pub(super) fn spent(&self) -> &[WorkerId] {
-        &self.spent
+        self.spent.ids()
     }
 
     /// The spent workers as bits (`1 << (id % 64)`), for a lock-free first
     /// look by reporters.
+    #[inline]
     pub(super) fn spent_bits(&self) -> u64 {
-        self.spent.iter().fold(0, |bits, w| bits | spent_bit(*w))
+        self.spent.bits()
+    }
+
+    /// In a large fleet, the free workers the line routes among (see
+    /// `spent`'s module docs); `None`: route leaving out
+    /// [`Queue::spent`].
+    #[inline]
+    pub(super) fn free(&mut self, view: &ModelView) -> Option<&[WorkerId]> {
+        self.spent.free(view)
+    }
+
+    /// Whether the line keeps a free set (many workers spent).
+    #[inline]
+    pub(super) fn is_large(&self) -> bool {
+        self.spent.is_large()
+    }
+
+    /// A publication of `view` changed `changed`.
+    pub(super) fn published(&mut self, view: &ModelView, changed: Changed<'_>) {
+        self.spent.published(view, changed);
     }
 
     /// Whether `tokens` more fit beside `len` waiters holding `sum`.
@@ -516,8 +534,7 @@ impl Queue {
             self.held -= 1;
         }
         if self.len == 0 {
-            self.spent.clear();
-            self.spent_since.clear();
+            self.spent.clear_all();
         }
         waiter
     }
@@ -564,18 +581,7 @@ impl Queue {
         self.dispatched += 1;
         self.classes[at.class].dispatched += 1;
         if self.len != 0 {
-            self.mark(worker, Some(number));
-        }
-    }
-
-    /// Marks `worker` spent since `since` (see `spent_since`).
-    fn mark(&mut self, worker: WorkerId, since: Option<u64>) {
-        match self.spent.iter().position(|w| *w == worker) {
-            Some(i) => self.spent_since[i] = since,
-            None => {
-                self.spent.push(worker);
-                self.spent_since.push(since);
-            }
+            self.spent.mark(worker, Some(number));
         }
     }
 
@@ -584,24 +590,24 @@ impl Queue {
     /// stays as it is (a report begun before that dispatch may not clear
     /// it).
     pub(super) fn decline(&mut self, worker: WorkerId) {
-        if self.len != 0 && !self.spent.contains(&worker) {
-            self.mark(worker, None);
+        if self.len != 0 && !self.spent.contains(worker) {
+            self.spent.mark(worker, None);
         }
     }
 
     /// `worker` reported, and the line had made `seen` dispatches when the
     /// report began: the line may give it a waiter again, unless its last
     /// dispatch came later (a report reflects no dispatch after it). Returns
-    /// whether it was spent and is no longer.
+    /// whether it was spent and is no longer (then [`Queue::freed`]).
+    #[inline]
     pub(super) fn reported(&mut self, worker: WorkerId, seen: u64) -> bool {
-        match self.spent.iter().position(|w| *w == worker) {
-            Some(i) if self.spent_since[i].is_none_or(|number| number < seen) => {
-                self.spent.swap_remove(i);
-                self.spent_since.swap_remove(i);
-                true
-            }
-            _ => false,
-        }
+        self.spent.clear(worker, seen)
+    }
+
+    /// After [`Queue::reported`] freed `worker`, `view` the model's now.
+    #[inline]
+    pub(super) fn freed(&mut self, worker: WorkerId, view: &ModelView) {
+        self.spent.freed(worker, view);
     }
 
     /// With `free` workers the line may give out, wakes waiters not yet
@@ -645,12 +651,6 @@ const OUTPACED: (u64, u64) = (3, 2);
 /// which woken waiters are refunded does not change the result.
 fn refunded(deficit: u64, cost: u64, bound: u64) -> u64 {
     deficit.max(deficit.saturating_add(cost).min(bound))
-}
-
-/// A worker's bit in [`Queue::spent_bits`].
-#[inline]
-pub(super) fn spent_bit(worker: WorkerId) -> u64 {
-    1 << (worker % 64)
 }
 
 #[cfg(test)]

@@ -38,6 +38,8 @@ impl Wake for Count {
     }
 }
 
+mod large;
+
 struct Pool {
     monitor: Arc<WorkerMonitor>,
     router: WorkerRouter,
@@ -46,6 +48,10 @@ struct Pool {
 
 impl Pool {
     fn new(workers: WorkerId, limits: LineLimits) -> Pool {
+        Pool::with_policy(workers, limits, Policy::RoundRobin)
+    }
+
+    fn with_policy(workers: WorkerId, limits: LineLimits, policy: Policy) -> Pool {
         let config = MonitorConfig {
             default_thresholds: BusyThresholds { active_decode_blocks_threshold: Some(0.5), ..Default::default() },
             line: limits,
@@ -55,7 +61,7 @@ impl Pool {
         for w in 1..=workers {
             monitor.register(w, "m", 1, 0).unwrap();
         }
-        let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
+        let router = WorkerRouter::new(monitor.clone(), policy);
         Pool { monitor, router, seq: Default::default() }
     }
 

@@ -252,6 +252,31 @@ impl Routing<'_> {
         self.router.route_class_routed(self.routed, exclude, self.class)
     }
 
+    /// Routes leaving out the line's spent workers and the request's own
+    /// exclusions.
+    #[inline]
+    fn route_leaving_out(&self, spent: &[WorkerId], exclude: &[WorkerId]) -> Result<WorkerId, RouteError> {
+        if exclude.is_empty() {
+            return self.route(spent);
+        }
+        let mut skip = exclude.to_vec();
+        skip.extend(spent.iter().filter(|w| !exclude.contains(w)));
+        self.route(&skip)
+    }
+
+    /// In a large fleet: routes among the line's free set, less the
+    /// request's own exclusions (at the set's cost, not the spent
+    /// workers'). A view with no instance in routing routes as with few
+    /// marks (the model may be gone: that route looks it up again).
+    fn route_among_free(&self, queue: &mut Queue, exclude: &[WorkerId]) -> Result<WorkerId, RouteError> {
+        let view = self.routed.state.view().load();
+        let free = queue.free(&view).expect("a large fleet's line keeps a free set");
+        match self.router.route_class_among(self.routed, &view, free, exclude, self.class) {
+            Err(RouteError::Unavailable) => self.route_leaving_out(queue.spent(), exclude),
+            routed => routed,
+        }
+    }
+
     /// Whether this request keeps off the sheddable headroom (a woken one
     /// that finds no worker is held, see `Queue::hold`).
     fn holds_off(&self) -> bool {
@@ -279,12 +304,9 @@ fn dispatch(
         queue.set_waker(at, cx.waker());
         return Poll::Pending;
     }
-    let routed = if exclude.is_empty() {
-        router.route(queue.spent())
-    } else {
-        let mut skip = exclude.to_vec();
-        skip.extend(queue.spent().iter().filter(|w| !exclude.contains(w)));
-        router.route(&skip)
+    let routed = match queue.is_large() {
+        true => router.route_among_free(&mut queue, exclude),
+        false => router.route_leaving_out(queue.spent(), exclude),
     };
     match routed {
         Ok(worker) => {

@@ -145,6 +145,12 @@ impl ModelView {
         Place { slot, local: position - self.slots[slot].start }
     }
 
+    /// The position (in the model) of `place`.
+    #[inline]
+    pub(crate) fn position(&self, place: Place) -> usize {
+        self.slots[place.slot].start + place.local
+    }
+
     /// The chunk of `place`.
     #[inline]
     pub(crate) fn chunk(&self, place: Place) -> &Chunk {
