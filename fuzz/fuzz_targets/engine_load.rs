@@ -446,12 +446,14 @@ fn render(doc: &Doc) -> (EngineKind, String, String, Expected) {
             let running = r.running.saturating_sub(ending);
             break 'expected Expected::Load(vec![(cap(active), cap(total), r.waiting, running)]);
         }
-        // Dense: `ranks[i]` is rank i; a rank no series names is unknown.
-        let highest = ranks.keys().last().copied().unwrap_or(0);
+        // The ranks named, ascending, without gaps (none: one unknown rank).
+        if ranks.is_empty() {
+            ranks.insert(0, Readings::default());
+        }
         Expected::Load(
-            (0..=highest)
-                .map(|rank| {
-                    let r = ranks.get(&rank).copied().unwrap_or_default();
+            ranks
+                .iter()
+                .map(|(&rank, &r)| {
                     let blocks = rank_blocks.get(&rank).copied().or(all_blocks);
                     let (active, total) = match (r.fraction, blocks) {
                         (None, _) => (0, 0),

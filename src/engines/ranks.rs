@@ -71,13 +71,20 @@ impl Ranks {
         self.by_rank.iter_mut().map(|(&rank, readings)| (rank, readings))
     }
 
-    /// The snapshot: `ranks[i]` is rank `i`, from 0 to the highest rank
-    /// seen, a rank no series names as unknown (all 0: a gap must not shift
-    /// the ranks after it onto their neighbours); `None` when no load sample
-    /// was seen at all.
+    /// The snapshot: the ranks seen, ascending, without gaps; `None` when
+    /// no load sample was seen at all.
+    ///
+    /// A rank number no series names is no rank of this engine: vLLM labels
+    /// its ranks by their global number, so an engine behind an external
+    /// balancer (`--data-parallel-rank 3`) shows rank 3 alone. Filled in as
+    /// idle, such a rank would keep the worker free however loaded its real
+    /// ranks are (a worker is busy only when every rank is). A rank's place
+    /// says nothing else: the frontend routes to the worker, not to a rank.
     pub(super) fn snapshot(self) -> Option<EngineSnapshot> {
-        let highest = *self.by_rank.keys().next_back()?;
-        let ranks = (0..=highest).map(|rank| self.by_rank.get(&rank).copied().unwrap_or_default().sample()).collect();
+        if self.by_rank.is_empty() {
+            return None;
+        }
+        let ranks = self.by_rank.into_values().map(RankReadings::sample).collect();
         Some(EngineSnapshot { ranks })
     }
 }
