@@ -213,6 +213,17 @@ impl EventPublisher {
     }
 }
 
+impl EventPublisher {
+    /// Forgets every rank's latest load: heartbeats carry none until the
+    /// next report (the Registration alone keeps the worker alive), so the
+    /// frontends let the last one age out (`--load-staleness-ms`).
+    pub fn forget_loads(&self) {
+        let mut state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.latest.iter_mut().for_each(|load| *load = None);
+        state.dirty.iter_mut().for_each(|dirty| *dirty = false);
+    }
+}
+
 impl Drop for EventPublisher {
     fn drop(&mut self) {
         self.shared.state.lock().unwrap_or_else(|e| e.into_inner()).stop = true;

@@ -85,6 +85,15 @@ impl NatsPublisher {
         }
     }
 
+    /// Forgets every rank's latest load: heartbeats carry none until the
+    /// next report (the Register alone keeps the worker alive), so the
+    /// frontends let the last one age out (`--load-staleness-ms`).
+    pub(crate) fn forget_loads(&self) {
+        let mut state = self.state.0.lock().unwrap_or_else(|e| e.into_inner());
+        state.latest.iter_mut().for_each(|load| *load = None);
+        state.changed.iter_mut().for_each(|changed| *changed = false);
+    }
+
     /// Sends the Deregister and waits (bounded: 2 s) until NATS has it;
     /// true when it did in time.
     pub(crate) async fn shutdown(&self) -> bool {

@@ -105,6 +105,16 @@ pub(crate) struct Publishers {
 }
 
 impl Publishers {
+    /// No load is re-sent as a heartbeat until the next report.
+    fn forget_loads(&self) {
+        if let Some(tcp) = &self.tcp {
+            tcp.forget_loads();
+        }
+        if let Some(nats) = &self.nats {
+            nats.forget_loads();
+        }
+    }
+
     fn report(&self, rank: u32, load: RankLoad) {
         if let Some(tcp) = &self.tcp {
             tcp.report(rank, load);
@@ -128,7 +138,7 @@ pub(crate) struct EngineReports {
     admission: Option<Arc<Admission<()>>>,
     health: Arc<EngineHealth>,
     failures_to_leave: u32,
-    /// Ranks the engine reported over the registered dp size were logged.
+    /// A rank count other than the registered dp size was logged.
     warned_ranks: bool,
 }
 
@@ -195,6 +205,13 @@ impl EngineReports {
             ScrapeEvent::Failed { consecutive, error } => {
                 if consecutive == 1 {
                     tracing::debug!(%error, "engine scrape failed");
+                    // The heartbeats would re-send the last good load as
+                    // fresh until the worker leaves routing: the frontends'
+                    // `--load-staleness-ms` ages it out instead, as when
+                    // they scrape the engine themselves.
+                    if let Some(publisher) = &self.publisher {
+                        publisher.forget_loads();
+                    }
                 }
                 if consecutive >= self.failures_to_leave && self.health.problem().is_none() {
                     let reason = format!("{consecutive} engine scrapes failed in a row; the last: {error}");
@@ -237,21 +254,29 @@ impl EngineReports {
         true
     }
 
-    /// Reports every rank of `snapshot`, each with the sidecar's queue added.
+    /// Reports every rank of `snapshot`, each with the sidecar's queue
+    /// added. A rank the engine no longer reports (fewer than at start)
+    /// reports the field-wise maximum of those it does, so it never decides
+    /// whether the worker is busy: the ranks the engine reports do (it is
+    /// busy when they all are). Left as it was, its last load would be
+    /// re-sent as fresh at every heartbeat.
     fn report(&mut self, snapshot: &EngineSnapshot) {
         let queued = self.admission.as_ref().map_or(0, |a| u32::try_from(a.queued()).unwrap_or(u32::MAX));
         let dp_size = self.config.registration.dp_size as usize;
-        if snapshot.ranks.len() > dp_size && !self.warned_ranks {
+        if snapshot.ranks.len() != dp_size && !self.warned_ranks {
             self.warned_ranks = true;
             tracing::warn!(
                 ranks = snapshot.ranks.len(),
                 dp_size,
-                "the engine reports more ranks than it had at start; the extra ones are not reported"
+                "the engine reports another number of ranks than at start: extra ones are not reported, \
+                 missing ones report the busiest of the others (restart the worker to register the new count)"
             );
         }
         let Some(publisher) = &self.publisher else { return };
-        for (rank, sample) in snapshot.ranks.iter().enumerate().take(dp_size) {
-            publisher.report(rank as u32, with_queue(sample.load, queued));
+        let busiest = snapshot.ranks.iter().map(|sample| sample.load).reduce(|a, b| a.max_with(&b));
+        for rank in 0..dp_size {
+            let load = snapshot.ranks.get(rank).map(|sample| sample.load).or(busiest).unwrap_or_default();
+            publisher.report(rank as u32, with_queue(load, queued));
         }
     }
 
@@ -334,17 +359,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_rejoin_numbers_its_reports_on_from_the_previous_publisher() {
         let frontend = TcpListener::bind("127.0.0.1:0").unwrap();
-        let registration =
-            Registration { worker: 3, incarnation: 9, model: "m".into(), dp_size: 1, http_addr: "127.0.0.1:1".into() };
-        let config = PublisherConfig {
-            frontends: vec![frontend.local_addr().unwrap().to_string()],
-            registration,
-            heartbeat: Duration::from_millis(5),
-            secrets: None,
-            nats: None,
-        };
         let health = Arc::new(EngineHealth::new());
-        let mut reports = EngineReports::start(config, None, health.clone(), 1, &scrape(1)).unwrap();
+        let mut reports = EngineReports::start(config(&frontend, 1), None, health.clone(), 1, &scrape(1)).unwrap();
         let mut old = Accepted::from(&frontend);
         let mut last_old = 0;
         let mut loads = 0;
@@ -385,6 +401,93 @@ mod tests {
         };
         assert_eq!(load.waiting_requests, 7);
         assert!(seq > last_old, "the new publisher's first seq {seq} is not above the old one's last {last_old}");
+    }
+
+    /// A publisher to the fake frontend `frontend`: worker 3 with `dp_size`
+    /// ranks, heartbeats every 5 ms.
+    fn config(frontend: &TcpListener, dp_size: u32) -> PublisherConfig {
+        let registration =
+            Registration { worker: 3, incarnation: 9, model: "m".into(), dp_size, http_addr: "127.0.0.1:1".into() };
+        PublisherConfig {
+            frontends: vec![frontend.local_addr().unwrap().to_string()],
+            registration,
+            heartbeat: Duration::from_millis(5),
+            secrets: None,
+            nats: None,
+        }
+    }
+
+    /// Reports to a fake frontend, leaving routing after `failures` failed
+    /// scrapes.
+    fn reporting(dp_size: u32, failures: u32, first: &EngineSnapshot) -> (EngineReports, Accepted) {
+        let frontend = TcpListener::bind("127.0.0.1:0").unwrap();
+        let health = Arc::new(EngineHealth::new());
+        let reports = EngineReports::start(config(&frontend, dp_size), None, health, failures, first).unwrap();
+        let accepted = Accepted::from(&frontend);
+        (reports, accepted)
+    }
+
+    /// Reads frames (at most 2,000) until `wanted` returns true for one.
+    fn until(frontend: &mut Accepted, what: &str, mut wanted: impl FnMut(&Frame) -> bool) {
+        for _ in 0..2000 {
+            match frontend.next() {
+                Some(frame) if wanted(&frame) => return,
+                Some(_) => {}
+                None => panic!("closed before {what}"),
+            }
+        }
+        panic!("2,000 frames without {what}");
+    }
+
+    /// While scrapes fail (fewer than it takes to leave routing), the
+    /// heartbeats carry no load: the frontends' staleness ages the last one
+    /// out, as when they scrape the engine themselves.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_scrape_stops_the_heartbeats_re_sending_the_last_load() {
+        let (mut reports, mut frontend) = reporting(1, 5, &scrape(50));
+        until(&mut frontend, "the first load", |f| matches!(f, Frame::Load { .. }));
+        reports.on_scrape(ScrapeEvent::Failed { consecutive: 1, error: "timed out".into() });
+        // Frames written before the failure may still come: from the third
+        // bare heartbeat on, none carries a load.
+        let mut bare = 0;
+        until(&mut frontend, "three bare heartbeats", |f| {
+            bare += u32::from(matches!(f, Frame::Register { .. }));
+            bare == 3
+        });
+        for _ in 0..20 {
+            let frame = frontend.next().expect("heartbeats go on");
+            assert!(matches!(frame, Frame::Register { .. }), "a failed scrape's load re-sent: {frame:?}");
+        }
+        reports.on_scrape(ScrapeEvent::Loaded(scrape(4)));
+        until(
+            &mut frontend,
+            "the next scrape's load",
+            |f| matches!(f, Frame::Load { load, .. } if load.waiting_requests == 4),
+        );
+    }
+
+    /// A rank the engine stops reporting reports the busiest of the others
+    /// (it never keeps the worker free, nor is its last load re-sent).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rank_the_engine_stops_reporting_reports_the_busiest_of_the_others() {
+        let two = EngineSnapshot { ranks: [scrape(1).ranks[0], scrape(2).ranks[0]].to_vec() };
+        let (mut reports, mut frontend) = reporting(2, 5, &two);
+        until(
+            &mut frontend,
+            "rank 1's first load",
+            |f| matches!(f, Frame::Load { rank: 1, load, .. } if load.waiting_requests == 2),
+        );
+        reports.on_scrape(ScrapeEvent::Loaded(scrape(50)));
+        until(
+            &mut frontend,
+            "rank 1 at rank 0's load",
+            |f| matches!(f, Frame::Load { rank: 1, load, .. } if load.waiting_requests == 50),
+        );
+        for _ in 0..20 {
+            if let Some(Frame::Load { load, .. }) = frontend.next() {
+                assert_eq!(load.waiting_requests, 50, "the old load of rank 1 came back");
+            }
+        }
     }
 
     #[test]
