@@ -39,6 +39,10 @@ pub(crate) struct Load {
     pub(crate) remain: Option<i64>,
     /// vLLM: per `engine` rank, (waiting, KV fraction).
     pub(crate) vllm_ranks: Vec<(u32, f64)>,
+    /// vLLM: the `engine` label of the first of `vllm_ranks` (vLLM labels
+    /// ranks by their global number: an engine behind an external balancer
+    /// may serve rank 3 alone).
+    pub(crate) vllm_first_rank: u32,
     /// `/metrics` answers 500.
     pub(crate) fail: bool,
     /// `/metrics` answers only after 2 s (past any scrape timeout here).
@@ -241,18 +245,19 @@ async fn metrics(State(Fake { kind, shared, .. }): FakeState) -> Response {
              llamacpp:requests_deferred {}\n",
             load.running, load.waiting
         ),
-        Kind::Vllm => vllm_metrics(&load.vllm_ranks),
+        Kind::Vllm => vllm_metrics(&load.vllm_ranks, load.vllm_first_rank),
     };
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }
 
-/// A vLLM exposition with one `engine` label value per rank, as vLLM 0.10
-/// writes it (`model_name` label, `cache_config_info` with `num_gpu_blocks`).
-fn vllm_metrics(ranks: &[(u32, f64)]) -> String {
+/// A vLLM exposition with one `engine` label value per rank from `first`,
+/// as vLLM 0.10 writes it (`model_name` label, `cache_config_info` with
+/// `num_gpu_blocks`).
+fn vllm_metrics(ranks: &[(u32, f64)], first: u32) -> String {
     let mut text = String::new();
     let family = |text: &mut String, name: &str, kind: &str, value: &dyn Fn(u32, &(u32, f64)) -> String| {
         text.push_str(&format!("# HELP {name} A vLLM metric.\n# TYPE {name} {kind}\n"));
-        for (rank, load) in (0u32..).zip(ranks) {
+        for (rank, load) in (first..).zip(ranks) {
             text.push_str(&format!("{name}{{engine=\"{rank}\",model_name=\"{MODEL}\"}} {}\n", value(rank, load)));
         }
     };
@@ -260,7 +265,7 @@ fn vllm_metrics(ranks: &[(u32, f64)]) -> String {
     family(&mut text, "vllm:num_requests_waiting", "gauge", &|_, (waiting, _)| format!("{waiting:.1}"));
     family(&mut text, "vllm:kv_cache_usage_perc", "gauge", &|_, (_, kv)| format!("{kv}"));
     text.push_str("# HELP vllm:cache_config_info Information of the LLMCache\n# TYPE vllm:cache_config_info gauge\n");
-    for rank in 0..ranks.len() {
+    for rank in (first..).take(ranks.len()) {
         text.push_str(&format!(
             "vllm:cache_config_info{{block_size=\"16\",engine=\"{rank}\",num_gpu_blocks=\"1000\"}} 1.0\n"
         ));
