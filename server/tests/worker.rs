@@ -282,3 +282,19 @@ fn invalid_queue_limit_is_an_error() {
     refuses_to_start(&cap, &[("DYN_DYNAMO_REQUEST_QUEUE_LIMIT", "1")], "at least 2");
     refuses_to_start(&["--engine-request-limit", "0"], &[], "at least 1");
 }
+
+/// A request that could never fit in the KV cache is refused with a 400
+/// before it takes a place in the cap: not queued behind the others, not a
+/// 529 that invites the client to retry it forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_never_fits_is_refused_before_the_cap() {
+    let worker = capped_worker();
+    let client = long_client();
+    let long = fill(&client, &worker).await;
+    let (status, body) = complete(client.clone(), worker.addr.clone(), 1_000_000_000).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("more than the KV cache holds"), "{body}");
+    let text = metrics(&client, &worker.addr).await;
+    assert_eq!(metric(&text, "dynamo_rejection_request_total"), Some(0.0), "{text}");
+    drop(long);
+}

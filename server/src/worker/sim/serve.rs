@@ -46,6 +46,11 @@ pub(crate) async fn generate(gate: &Gate, simulator: &Simulator, api: Api, body:
         Ok(r) => r,
         Err(error) => return invalid(&error),
     };
+    // A request that could never fit is refused before it takes a place in
+    // the cap (queued, or a 529 that invites retries of it).
+    if let Err(e) = simulator.fits(request.prompt_tokens, request.max_tokens) {
+        return error_response(StatusCode::BAD_REQUEST, INVALID_REQUEST_ERROR, None, &e.to_string());
+    }
     let held = match gate.admit().await {
         Ok(held) => held,
         Err(refusal) => return refusal,

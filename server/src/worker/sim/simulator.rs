@@ -396,6 +396,22 @@ impl Simulator {
         Simulator { config, ranks }
     }
 
+    /// Whether a request of `prompt_tokens` and `max_tokens` could ever fit
+    /// in a rank's KV cache (checked before it takes a place in the
+    /// worker's cap: one that never fits is refused, not queued).
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::ContextTooLong`].
+    pub fn fits(&self, prompt_tokens: u32, max_tokens: u32) -> Result<(), SimError> {
+        let tokens = u64::from(prompt_tokens) + u64::from(max_tokens.max(1));
+        let capacity = u64::from(self.config.kv_total_blocks) * u64::from(self.config.block_size.max(1));
+        match tokens > capacity {
+            true => Err(SimError::ContextTooLong { tokens, capacity }),
+            false => Ok(()),
+        }
+    }
+
     /// Submits a request to the least loaded rank; its tokens arrive on the
     /// returned stream. Dropping the stream cancels the request.
     ///
@@ -404,11 +420,7 @@ impl Simulator {
     /// [`SimError::ContextTooLong`] when the request could never fit in a
     /// rank's KV cache; [`SimError::Stopped`] when the engine is gone.
     pub fn submit(&self, prompt_tokens: u32, max_tokens: u32) -> Result<TokenStream, SimError> {
-        let tokens = u64::from(prompt_tokens) + u64::from(max_tokens.max(1));
-        let capacity = u64::from(self.config.kv_total_blocks) * u64::from(self.config.block_size.max(1));
-        if tokens > capacity {
-            return Err(SimError::ContextTooLong { tokens, capacity });
-        }
+        self.fits(prompt_tokens, max_tokens)?;
         // Relaxed: a load estimate for rank choice; exactness is not needed.
         let rank = self.ranks.iter().min_by_key(|r| r.outstanding.load(Ordering::Relaxed)).expect("at least one rank");
         let (tx, rx) = mpsc::unbounded_channel();
