@@ -57,7 +57,9 @@ impl FromStr for EngineSpec {
 }
 
 /// `url` as a base URL: `http://` added without a scheme, no trailing `/`;
-/// only http and https, with a host, no query or fragment.
+/// only http (loadgate's HTTP client speaks no TLS: an https engine could
+/// never be reached, so it is refused here rather than retried until the
+/// start deadline), with a host, no query or fragment.
 fn base_url(url: &str) -> Result<String, String> {
     if url.trim_end_matches('/').is_empty() {
         return Err("empty URL".to_owned());
@@ -65,8 +67,14 @@ fn base_url(url: &str) -> Result<String, String> {
     let with_scheme = if url.contains("://") { url.to_owned() } else { format!("http://{url}") };
     let base = with_scheme.trim_end_matches('/').to_owned();
     let parsed = reqwest::Url::parse(&with_scheme).map_err(|e| format!("invalid URL `{url}`: {e}"))?;
-    if !matches!(parsed.scheme(), "http" | "https") {
-        return Err(format!("URL `{url}`: only http and https are supported"));
+    match parsed.scheme() {
+        "http" => {}
+        "https" => {
+            return Err(format!(
+                "URL `{url}`: https is not supported (loadgate talks plain HTTP to engines; give their http address)"
+            ))
+        }
+        _ => return Err(format!("URL `{url}`: only http is supported")),
     }
     if parsed.host_str().is_none_or(str::is_empty) {
         return Err(format!("URL `{url}` has no host"));
@@ -92,11 +100,11 @@ mod tests {
             spec,
             EngineSpec { kind: EngineKind::LlamaCpp, base_url: "http://127.0.0.1:8080".into(), model: None }
         );
-        let spec = parse(" vLLM=https://gpu-1:8000/prefix/,model=meta/llama-3 ").unwrap();
+        let spec = parse(" vLLM=http://gpu-1:8000/prefix/,model=meta/llama-3 ").unwrap();
         assert_eq!(spec.kind, EngineKind::Vllm);
-        assert_eq!(spec.base_url, "https://gpu-1:8000/prefix");
+        assert_eq!(spec.base_url, "http://gpu-1:8000/prefix");
         assert_eq!(spec.model.as_deref(), Some("meta/llama-3"));
-        assert_eq!(spec.to_string(), "vllm=https://gpu-1:8000/prefix,model=meta/llama-3");
+        assert_eq!(spec.to_string(), "vllm=http://gpu-1:8000/prefix,model=meta/llama-3");
         assert_eq!(parse("sglang=localhost:30000").unwrap().kind, EngineKind::Sglang);
         assert_eq!(parse("llama.cpp=h:1,model=models/tiny.gguf").unwrap().model.as_deref(), Some("models/tiny.gguf"));
     }
@@ -111,7 +119,8 @@ mod tests {
             ("vllm=h:1,model=", "empty model name"),
             ("vllm=h:1,model=a,model=b", "given twice"),
             ("vllm=h:1,dp=2", "unknown option `dp`"),
-            ("vllm=ftp://h:1", "only http and https"),
+            ("vllm=ftp://h:1", "only http is supported"),
+            ("vllm=https://h:1", "https is not supported"),
             ("vllm=h:1/?x=1", "no query"),
             ("vllm=http://", "invalid URL"),
         ] {
