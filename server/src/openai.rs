@@ -3,9 +3,11 @@
 //! 400 naming the field when one has the wrong type), prompt-token counting,
 //! the error body, and the bodies of full responses and SSE chunks.
 //!
-//! The fields checked, here on a parsed value and in one pass by the
-//! frontend (`frontend/request.rs`), with the same rules and messages
-//! ([`Field`]); `null` counts as absent for the optional ones:
+//! The fields checked, in one pass over the bytes by the frontend and the
+//! simulated worker alike ([`request`]: no JSON tree, whose nodes take many
+//! times a body's size), and on a parsed value by the reference that reader
+//! is tested against ([`parse_request`], tests only), with the same rules
+//! and messages ([`Field`]); `null` counts as absent for the optional ones:
 //!
 //! - `model`: a non-empty string (required);
 //! - `prompt` (completions, required): a string, an array of strings, an
@@ -27,8 +29,11 @@
 use std::fmt;
 
 use serde::Serialize;
-use serde_json::{json, Map, Value};
+#[cfg(test)]
+use serde_json::Map;
+use serde_json::{json, Value};
 
+#[cfg(test)]
 use crate::tokens::{content_value, prompt_value};
 
 /// Tokens generated when a request gives no `max_tokens`.
@@ -222,7 +227,10 @@ pub struct GenerationRequest {
     pub include_usage: bool,
 }
 
-/// Reads a request body, checking the fields of the module doc.
+/// Reads a request body, checking the fields of the module doc, from its
+/// parsed value: the reference that the one-pass reader
+/// ([`request::read_generation`], which the simulated worker uses) is
+/// tested against.
 ///
 /// Prompt tokens: the length of a token-id array prompt, otherwise the number
 /// of whitespace-separated words (chat: of every message's content).
@@ -231,6 +239,7 @@ pub struct GenerationRequest {
 ///
 /// The 400 to send: the body is not a JSON object, or a field is missing or
 /// of the wrong type (named in `param`).
+#[cfg(test)]
 pub fn parse_request(api: Api, body: &[u8]) -> Result<GenerationRequest, InvalidRequest> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| InvalidRequest::body(format!("request body is not valid JSON: {e}")))?;
@@ -281,6 +290,7 @@ pub fn parse_request(api: Api, body: &[u8]) -> Result<GenerationRequest, Invalid
 }
 
 /// A completions `prompt` of one of the four shapes.
+#[cfg(test)]
 fn is_prompt(prompt: &Value) -> bool {
     let is_ids = |v: &Value| v.as_array().is_some_and(|ids| ids.iter().all(Value::is_u64));
     match prompt {
@@ -292,6 +302,7 @@ fn is_prompt(prompt: &Value) -> bool {
 
 /// `max_tokens` or `max_completion_tokens`: absent, or within 1 ..=
 /// [`MAX_TOKENS_LIMIT`].
+#[cfg(test)]
 fn token_limit(obj: &Map<String, Value>, field: Field) -> Result<Option<u32>, InvalidRequest> {
     match obj.get(field.param()) {
         None | Some(Value::Null) => Ok(None),
@@ -544,5 +555,6 @@ pub(crate) const GOOD_REQUESTS: &[(Api, &str)] = &[
     (Api::ChatCompletions, r#"{"model":"m","messages":[{"content":[{"text":"a b"},"x",{"text":3}]}]}"#),
 ];
 
+pub(crate) mod request;
 #[cfg(test)]
 mod tests;

@@ -3,12 +3,13 @@
 //! in a streamed SSE body (the usage chunk and `[DONE]` are not tokens).
 //!
 //! At the crate root because the frontend's tracking and the OpenAI request
-//! reader (`openai.rs`, which counts a request's prompt) share it.
-
-use serde_json::Value;
+//! readers share it. The counts on a parsed value are the references the
+//! one-pass reader (`openai/request.rs`) is tested against.
 
 #[cfg(test)]
 use loadgate::metrics::Endpoint;
+#[cfg(test)]
+use serde_json::Value;
 
 /// Tokens per KV block the router assumes.
 pub const BLOCK_SIZE: u64 = 16;
@@ -20,8 +21,8 @@ pub fn blocks_for(tokens: u64) -> u64 {
 
 /// Prompt tokens of a request: the length of a token-id array prompt,
 /// otherwise the number of whitespace-separated words (for chat, of every
-/// message's content). The reference that the frontend's one-pass reading
-/// (`frontend/request.rs`) is tested against.
+/// message's content). The reference that the one-pass reading
+/// (`openai/request.rs`) is tested against.
 #[cfg(test)]
 pub fn prompt_tokens(endpoint: Endpoint, request: &Value) -> u64 {
     match endpoint {
@@ -33,11 +34,13 @@ pub fn prompt_tokens(endpoint: Endpoint, request: &Value) -> u64 {
     }
 }
 
+#[cfg(test)]
 fn words(s: &str) -> u64 {
     s.split_whitespace().count() as u64
 }
 
 /// A completions `prompt`: a string, token ids, or a batch of either.
+#[cfg(test)]
 pub(crate) fn prompt_value(prompt: &Value) -> u64 {
     match prompt {
         Value::String(s) => words(s),
@@ -48,6 +51,7 @@ pub(crate) fn prompt_value(prompt: &Value) -> u64 {
 }
 
 /// A chat message `content`: a string or a list of parts with `text`.
+#[cfg(test)]
 pub(crate) fn content_value(content: &Value) -> u64 {
     match content {
         Value::String(s) => words(s),

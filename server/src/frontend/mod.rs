@@ -40,7 +40,6 @@ mod priority;
 mod proxy;
 mod register;
 mod reply;
-mod request;
 pub(crate) mod retry_hint;
 mod state;
 pub(crate) mod tenants;

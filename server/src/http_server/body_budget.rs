@@ -36,7 +36,7 @@
 //!
 //! A body is held once: read into one buffer, forwarded by reference to
 //! every attempt, and its model and prompt size are read without building a
-//! JSON tree (`request.rs`). So the frontend's memory is the budget plus a
+//! JSON tree (`openai/request.rs`). So the frontend's memory is the budget plus a
 //! few MiB (figures in `docs/deployment.md`).
 
 use std::collections::BTreeSet;

@@ -14,9 +14,8 @@ use futures_util::{Stream, StreamExt as _};
 use loadgate::{PermitStream, Rejection};
 
 use super::simulator::{SimError, Simulator, TokenStream};
-use crate::openai::{
-    filler_token, parse_request, sse_event, Api, InvalidRequest, ResponseId, Usage, INVALID_REQUEST_ERROR, SSE_DONE,
-};
+use crate::openai::request::read_generation;
+use crate::openai::{filler_token, sse_event, Api, InvalidRequest, ResponseId, Usage, INVALID_REQUEST_ERROR, SSE_DONE};
 use crate::worker::gate::{Gate, Held};
 use crate::worker::reply::{error_response, invalid};
 
@@ -36,9 +35,9 @@ const INLINE_PARSE_LIMIT: usize = 1024 * 1024;
 
 pub(crate) async fn generate(gate: &Gate, simulator: &Simulator, api: Api, body: Bytes) -> Response {
     let parsed = if body.len() <= INLINE_PARSE_LIMIT {
-        parse_request(api, &body)
+        read_generation(api, &body)
     } else {
-        tokio::task::spawn_blocking(move || parse_request(api, &body))
+        tokio::task::spawn_blocking(move || read_generation(api, &body))
             .await
             .unwrap_or_else(|e| Err(InvalidRequest::body(format!("could not parse the request: {e}"))))
     };

@@ -16,7 +16,7 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
 
 use loadgate::metrics::Endpoint;
 
-use crate::openai::{checked_token_limit, Field, InvalidRequest};
+use crate::openai::{checked_token_limit, Api, Field, GenerationRequest, InvalidRequest, DEFAULT_MAX_TOKENS};
 
 mod check;
 mod reading;
@@ -52,8 +52,47 @@ pub(crate) fn read_head<E: From<InvalidRequest>>(
     read_request(endpoint, body, reading).map_err(E::from)
 }
 
+/// What the simulated worker needs of a request body, read in the same one
+/// pass (the prompt's tokens counted): the answer of
+/// [`crate::openai::parse_request`] on the parsed value, without the tree
+/// (whose nodes take many times the body's size; the worker reads a body
+/// before its cap admits it).
+///
+/// # Errors
+///
+/// The 400 to send, as [`read_head`]'s.
+pub(crate) fn read_generation(api: Api, body: &[u8]) -> Result<GenerationRequest, InvalidRequest> {
+    let endpoint = match api {
+        Api::Completions => Endpoint::Completions,
+        Api::ChatCompletions => Endpoint::ChatCompletions,
+    };
+    let read = read_fields(endpoint, body, Reading { prompt: true, nvext_priority: false })?;
+    Ok(GenerationRequest {
+        model: read.head.model,
+        prompt_tokens: u32::try_from(read.head.prompt_tokens).unwrap_or(u32::MAX),
+        max_tokens: read.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+        stream: read.stream,
+        include_usage: read.include_usage,
+    })
+}
+
+/// A request read whole: its head and how to answer it.
+struct Read {
+    head: RequestHead,
+    /// `max_tokens`, else `max_completion_tokens`, if given.
+    max_tokens: Option<u32>,
+    stream: bool,
+    /// `stream_options.include_usage`.
+    include_usage: bool,
+}
+
 /// [`read_head`] with the error as an [`InvalidRequest`].
 fn read_request(endpoint: Endpoint, body: &[u8], reading: Reading) -> Result<RequestHead, InvalidRequest> {
+    read_fields(endpoint, body, reading).map(|read| read.head)
+}
+
+/// Reads every checked field of `body`.
+fn read_fields(endpoint: Endpoint, body: &[u8], reading: Reading) -> Result<Read, InvalidRequest> {
     let count_prompt = reading.prompt;
     let is_object = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
     if !is_object {
@@ -67,8 +106,8 @@ fn read_request(endpoint: Endpoint, body: &[u8], reading: Reading) -> Result<Req
         .deserialize(&mut deserializer)
         .and_then(|found| deserializer.end().map(|()| found))
         .map_err(|e| InvalidRequest::body(format!("request body is not valid JSON: {e}")))?;
-    let head = found.check(endpoint)?;
-    Ok(if count_prompt { head } else { RequestHead { prompt_tokens: 0, ..head } })
+    let read = found.check(endpoint)?;
+    Ok(if count_prompt { read } else { Read { head: RequestHead { prompt_tokens: 0, ..read.head }, ..read } })
 }
 
 /// What was read of each checked field (`None`: absent; the last of a
@@ -78,44 +117,44 @@ struct Found<'de> {
     model: Option<Option<Cow<'de, str>>>,
     /// `prompt` (completions) or `messages` (chat): its tokens.
     prompt: Option<Result<u64, Wrong>>,
-    /// Whether `max_tokens` is within bounds.
-    max_tokens: Option<bool>,
-    /// Whether `max_completion_tokens` is within bounds.
-    max_completion_tokens: Option<bool>,
+    /// `max_tokens` (`Ok(None)`: null), or out of bounds.
+    max_tokens: Option<Result<Option<u32>, Wrong>>,
+    /// `max_completion_tokens`, the same.
+    max_completion_tokens: Option<Result<Option<u32>, Wrong>>,
     /// `stream` (`Ok(None)`: null).
     stream: Option<Result<Option<bool>, Wrong>>,
-    /// `stream_options`: whether it is given (not null), or the field at fault.
-    stream_options: Option<Result<bool, Field>>,
+    /// `stream_options`: `include_usage` if it is given (not null), or the
+    /// field at fault.
+    stream_options: Option<Result<Option<bool>, Field>>,
     /// `nvext.agent_hints.priority` (read only when asked; `Err`: not an
     /// integer, or `nvext` or `agent_hints` not an object).
     priority: Result<Option<i64>, Wrong>,
 }
 
 impl<'de> Found<'de> {
-    /// The head, or the first field at fault in the module doc's order.
-    fn check(self, endpoint: Endpoint) -> Result<RequestHead, InvalidRequest> {
+    /// The request, or the first field at fault in the module doc's order.
+    fn check(self, endpoint: Endpoint) -> Result<Read, InvalidRequest> {
         let Some(Some(model)) = self.model else { return Err(Field::Model.invalid()) };
         let prompt_field = match endpoint {
             Endpoint::Completions => Field::Prompt,
             Endpoint::ChatCompletions => Field::Messages,
         };
         let Some(Ok(prompt_tokens)) = self.prompt else { return Err(prompt_field.invalid()) };
-        if self.max_tokens == Some(false) {
-            return Err(Field::MaxTokens.invalid());
-        }
-        if self.max_completion_tokens == Some(false) {
+        let Ok(max_tokens) = self.max_tokens.unwrap_or(Ok(None)) else { return Err(Field::MaxTokens.invalid()) };
+        let Ok(max_completion_tokens) = self.max_completion_tokens.unwrap_or(Ok(None)) else {
             return Err(Field::MaxCompletionTokens.invalid());
-        }
+        };
         let stream = match self.stream {
             Some(Err(Wrong)) => return Err(Field::Stream.invalid()),
             Some(Ok(stream)) => stream.unwrap_or(false),
             None => false,
         };
-        match self.stream_options {
+        let include_usage = match self.stream_options {
             Some(Err(field)) => return Err(field.invalid()),
-            Some(Ok(true)) if !stream => return Err(InvalidRequest::stream_options_without_stream()),
-            _ => {}
-        }
+            Some(Ok(Some(_))) if !stream => return Err(InvalidRequest::stream_options_without_stream()),
+            Some(Ok(include_usage)) => include_usage.unwrap_or(false),
+            None => false,
+        };
         let Ok(priority) = self.priority else {
             return Err(InvalidRequest {
                 param: Some(PRIORITY_PARAM),
@@ -124,7 +163,12 @@ impl<'de> Found<'de> {
                 ),
             });
         };
-        Ok(RequestHead { model: model.into_owned(), prompt_tokens, priority })
+        Ok(Read {
+            head: RequestHead { model: model.into_owned(), prompt_tokens, priority },
+            max_tokens: max_tokens.or(max_completion_tokens),
+            stream,
+            include_usage,
+        })
     }
 }
 
@@ -235,32 +279,33 @@ impl Check<'_> for Flag {
     }
 }
 
-/// `max_tokens`, `max_completion_tokens`: null, or an integer within
-/// bounds (true).
+/// `max_tokens`, `max_completion_tokens`: null (`Ok(None)`), or an
+/// integer within bounds.
 struct TokenLimit;
 
 impl Check<'_> for TokenLimit {
-    type Out = bool;
+    type Out = Result<Option<u32>, Wrong>;
 
-    fn wrong(self) -> bool {
-        false
+    fn wrong(self) -> Self::Out {
+        Err(Wrong)
     }
 
-    fn scalar(self, value: Scalar<'_>) -> bool {
+    fn scalar(self, value: Scalar<'_>) -> Self::Out {
         match value {
-            Scalar::Null => true,
-            Scalar::Unsigned(n) => checked_token_limit(Some(n)).is_some(),
-            _ => false,
+            Scalar::Null => Ok(None),
+            Scalar::Unsigned(n) => checked_token_limit(Some(n)).map(Some).ok_or(Wrong),
+            _ => Err(Wrong),
         }
     }
 }
 
-/// `stream_options`: null (`Ok(false)`), or an object whose
-/// `include_usage` is a boolean or null (`Ok(true)`); else the field at fault.
+/// `stream_options`: null (`Ok(None)`), or an object whose `include_usage`
+/// is a boolean or null (`Ok(Some(include_usage))`, null false); else the
+/// field at fault.
 struct StreamOptions;
 
 impl<'de> Check<'de> for StreamOptions {
-    type Out = Result<bool, Field>;
+    type Out = Result<Option<bool>, Field>;
 
     fn wrong(self) -> Self::Out {
         Err(Field::StreamOptions)
@@ -268,14 +313,14 @@ impl<'de> Check<'de> for StreamOptions {
 
     fn scalar(self, value: Scalar<'_>) -> Self::Out {
         match value {
-            Scalar::Null => Ok(false),
+            Scalar::Null => Ok(None),
             _ => self.wrong(),
         }
     }
 
     fn map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Out, A::Error> {
         let include_usage = Within { key: "include_usage", inner: Flag }.map(map)?;
-        Ok(include_usage.map(|_| true).map_err(|Wrong| Field::IncludeUsage))
+        Ok(include_usage.map(|include| Some(include.unwrap_or(false))).map_err(|Wrong| Field::IncludeUsage))
     }
 }
 

@@ -159,3 +159,33 @@ fn a_large_prompt_is_read_without_a_tree() {
     let ids = format!(r#"{{"model":"m","prompt":[{}0]}}"#, "1,".repeat(1 << 20));
     assert_eq!(read_request(Endpoint::Completions, ids.as_bytes(), COUNT).unwrap().prompt_tokens, (1 << 20) + 1);
 }
+
+/// The simulated worker's reading, in one pass, answers every request as
+/// the reference on the parsed value does (`crate::openai::parse_request`):
+/// the same fields, or the same 400.
+#[test]
+fn the_workers_reading_answers_as_the_parsed_value() {
+    let mut cases: Vec<(Api, String)> = GOOD_REQUESTS.iter().map(|(api, body)| (*api, (*body).to_owned())).collect();
+    cases.extend(BAD_REQUESTS.iter().map(|(api, body, _)| (*api, (*body).to_owned())));
+    for tail in [
+        r#""max_tokens":7"#,
+        r#""max_completion_tokens":9"#,
+        r#""max_tokens":null,"max_completion_tokens":9"#,
+        r#""max_tokens":3,"max_completion_tokens":9"#,
+        r#""max_tokens":0"#,
+        r#""stream":true"#,
+        r#""stream":null"#,
+        r#""stream":true,"stream_options":{"include_usage":true}"#,
+        r#""stream":true,"stream_options":{"include_usage":false}"#,
+        r#""stream":true,"stream_options":null"#,
+        r#""stream":false,"stream_options":{}"#,
+        r#""stream_options":{"include_usage":null}"#,
+    ] {
+        cases.push((Api::Completions, format!(r#"{{"model":"m","prompt":[1,2,3],{tail}}}"#)));
+        cases.push((Api::ChatCompletions, format!(r#"{{"model":"m","messages":[{{"content":"a b"}}],{tail}}}"#)));
+    }
+    cases.push((Api::Completions, format!(r#"{{"model":"m","prompt":"{}"}}"#, "w ".repeat(70_000))));
+    for (api, body) in cases {
+        assert_eq!(read_generation(api, body.as_bytes()), crate::openai::parse_request(api, body.as_bytes()), "{body}");
+    }
+}
