@@ -298,3 +298,35 @@ async fn a_request_that_never_fits_is_refused_before_the_cap() {
     assert_eq!(metric(&text, "dynamo_rejection_request_total"), Some(0.0), "{text}");
     drop(long);
 }
+
+/// A client that sent bytes after its request (a stray CRLF, a pipelined
+/// request) and then closed gives its place in the cap back at once: hyper
+/// alone notices a close only with nothing unread, and the request ran to
+/// the end of its generation (10 s here; the bound below is 3 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_with_bytes_unread_returns_the_permit() {
+    use std::io::Write as _;
+    let worker = capped_worker();
+    let client = long_client();
+    for trailing in ["\r\n", "GET /health HTTP/1.1\r\nhost: w\r\n\r\n"] {
+        let body = serde_json::json!({"model": "m", "prompt": "a b", "max_tokens": 1000}).to_string();
+        let request = format!(
+            "POST /v1/completions HTTP/1.1\r\nhost: w\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}{trailing}",
+            body.len()
+        );
+        let mut raw = std::net::TcpStream::connect(&worker.addr).unwrap();
+        raw.write_all(request.as_bytes()).unwrap();
+        let running = |text: &str| metric(text, "dynamo_engine_request");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while running(&metrics(&client, &worker.addr).await) != Some(1.0) {
+            assert!(std::time::Instant::now() < deadline, "the request did not start");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        drop(raw);
+        let closed = std::time::Instant::now();
+        while running(&metrics(&client, &worker.addr).await) != Some(0.0) {
+            assert!(closed.elapsed() < Duration::from_secs(3), "{trailing:?}: the permit is still held");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}

@@ -25,9 +25,9 @@ pub struct HttpArgs {
     /// HTTP/2 alike; a new connection that sends nothing is idle too). Default 60.
     #[arg(long, env = "LOADGATE_HTTP_IDLE_TIMEOUT_SECS", value_name = "SECS", default_value_t = 60, value_parser = crate::flag_limits::secs(1))]
     pub http_idle_timeout_secs: u64,
-    /// Open HTTP connections at most. Default: half of the soft RLIMIT_NOFILE less a reserve of
-    /// max(256, nofile/4) descriptors (each busy connection also holds one to a worker), at least
-    /// 1: 1024 -> 384, 2048 -> 768, 20000 -> 7500. At it, the idle connection unused longest is
+    /// Open HTTP connections at most. Default: a third of the soft RLIMIT_NOFILE less a reserve of
+    /// max(256, nofile/4) descriptors (each connection holds two, and a busy one also one to a
+    /// worker), at least 1: 1024 -> 256, 2048 -> 512, 20000 -> 5000. At it, the idle connection unused longest is
     /// closed to admit a new one; with none idle, the new connection is closed at once.
     #[arg(long, env = "LOADGATE_HTTP_MAX_CONNECTIONS", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub http_max_connections: Option<u64>,

@@ -15,7 +15,10 @@
 //! - **write progress**: a response body has had data ready that the client
 //!   did not take for the write timeout (`write_progress.rs`): the
 //!   connection is dropped at once (every response on it with it), since a
-//!   client that takes nothing would not take a graceful close either.
+//!   client that takes nothing would not take a graceful close either;
+//! - **hang-up**: the client closed its side (`hangup.rs`), with bytes
+//!   hyper has not read (which keep hyper from noticing): the connection is
+//!   dropped, and whatever it asked with it.
 //!
 //! Closing uses hyper's graceful shutdown (an idle HTTP/1 connection
 //! closes at once, HTTP/2 sends GOAWAY); one that has not closed
@@ -31,6 +34,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use super::config::{ServeConfig, Tls};
+use super::hangup::Hangup;
 use super::registry::Slot;
 use super::service::tracked;
 use super::write_progress::{Check, WriteWatch};
@@ -59,8 +63,9 @@ pub(super) async fn handle(
     builder: &auto::Builder<TokioExecutor>,
     slot: Slot,
 ) -> Result<(), BoxError> {
+    let hangup = Hangup::of(&tcp);
     match &config.tls {
-        None => drive(tcp, router, config, builder, &slot).await,
+        None => drive(tcp, router, config, builder, &slot, &hangup).await,
         Some(Tls(acceptor)) => {
             let handshake = tokio::time::timeout(config.tls_handshake_timeout, acceptor.accept(tcp));
             let stream = tokio::select! {
@@ -72,19 +77,20 @@ pub(super) async fn handle(
                 // Evicted (or the drain began) mid-handshake: nothing is in service.
                 () = slot.woken() => return Err("closed during the TLS handshake".into()),
             };
-            drive(stream, router, config, builder, &slot).await
+            drive(stream, router, config, builder, &slot, &hangup).await
         }
     }
 }
 
 /// HTTP/1 or HTTP/2 (detected from the preface) on one established stream,
-/// closed when idle too long, evicted, or drained.
+/// closed when idle too long, evicted, drained, or hung up.
 async fn drive<S>(
     stream: S,
     router: Router,
     config: &ServeConfig,
     builder: &auto::Builder<TokioExecutor>,
     slot: &Slot,
+    hangup: &Hangup,
 ) -> Result<(), BoxError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -166,6 +172,9 @@ where
             () = &mut sent_grace, if !sent_grace_over => {
                 sent_grace_over = true;
                 slot.evictable_if_unused();
+            }
+            () = hangup.closed() => {
+                return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "the client closed the connection").into());
             }
             () = &mut cut, if cut_armed => {
                 return Err(io::Error::new(io::ErrorKind::TimedOut, "did not close gracefully in time").into());

@@ -1,13 +1,15 @@
-//! The default connection limit: half of the process's soft `RLIMIT_NOFILE`
-//! less a reserve for everything else that needs a descriptor (the
-//! frontend's event-plane connections, the admin listener, log files,
-//! connections being closed). Half, because each client connection with a
-//! request in flight also holds a connection to a worker:
+//! The default connection limit: a third of the process's soft
+//! `RLIMIT_NOFILE` less a reserve for everything else that needs a
+//! descriptor (the frontend's event-plane connections, the admin listener,
+//! log files, connections being closed). A third, because each client
+//! connection holds two (its socket, and the second handle that watches for
+//! the client's close, `hangup.rs`) and, with a request in flight, a
+//! connection to a worker:
 //!
-//! `limit = (nofile - max(256, nofile / 4)) / 2`, at least 1.
+//! `limit = (nofile - max(256, nofile / 4)) / 3`, at least 1.
 //!
-//! So 1024 descriptors give 384 connections, 2048 give 768, 20000 give
-//! 7500, 1048576 give 393216. An unlimited `RLIMIT_NOFILE` counts as
+//! So 1024 descriptors give 256 connections, 2048 give 512, 20000 give
+//! 5000, 1048576 give 262144. An unlimited `RLIMIT_NOFILE` counts as
 //! 1048576 (2^20).
 
 /// The reserve is at least this many descriptors.
@@ -26,7 +28,7 @@ pub fn default_max_connections() -> usize {
 pub fn max_connections_for(nofile: Option<u64>) -> usize {
     let nofile = nofile.unwrap_or(UNLIMITED).min(UNLIMITED);
     let reserve = MIN_RESERVE.max(nofile / 4);
-    usize::try_from((nofile.saturating_sub(reserve) / 2).max(1)).unwrap_or(usize::MAX)
+    usize::try_from((nofile.saturating_sub(reserve) / 3).max(1)).unwrap_or(usize::MAX)
 }
 
 #[cfg(test)]
@@ -34,13 +36,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_limit_is_half_of_what_a_reserve_of_a_quarter_or_256_leaves() {
-        assert_eq!(max_connections_for(Some(1024)), 384);
-        assert_eq!(max_connections_for(Some(2048)), 768);
-        assert_eq!(max_connections_for(Some(20_000)), 7_500);
-        assert_eq!(max_connections_for(Some(300)), 22);
+    fn the_limit_is_a_third_of_what_a_reserve_of_a_quarter_or_256_leaves() {
+        assert_eq!(max_connections_for(Some(1024)), 256);
+        assert_eq!(max_connections_for(Some(2048)), 512);
+        assert_eq!(max_connections_for(Some(20_000)), 5_000);
+        assert_eq!(max_connections_for(Some(300)), 14);
         assert_eq!(max_connections_for(Some(100)), 1, "at least one");
-        assert_eq!(max_connections_for(None), 393_216);
+        assert_eq!(max_connections_for(None), 262_144);
         assert!(default_max_connections() >= 1);
     }
 }

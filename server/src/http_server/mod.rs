@@ -65,6 +65,7 @@ mod args;
 mod body_budget;
 mod config;
 mod connection;
+mod hangup;
 mod limits;
 mod registry;
 mod service;
