@@ -752,7 +752,7 @@ impl<'a> Eligible<'a> {
     fn among(view: &'a ModelView, among: &[WorkerId], exclude: &[WorkerId]) -> Self {
         let mut positions = POSITIONS.try_with(std::cell::Cell::take).unwrap_or_default();
         for &id in among.iter().filter(|id| !exclude.contains(id)) {
-            if let Some(place) = view.find(id).filter(|place| view.chunk(*place).is_eligible(place.local)) {
+            if let Some(place) = view.find_eligible(id) {
                 positions.push(view.position(place));
             }
         }
@@ -761,7 +761,7 @@ impl<'a> Eligible<'a> {
 
     #[inline]
     fn new(view: &'a ModelView, exclude: &'a [WorkerId]) -> Self {
-        let is_eligible = |id: WorkerId| view.find(id).is_some_and(|place| view.chunk(place).is_eligible(place.local));
+        let is_eligible = |id: WorkerId| view.find_eligible(id).is_some();
         if exclude.len() > FEW_EXCLUDED {
             // A route in a thread-local's destructor, once the kept set is
             // gone, builds its own.

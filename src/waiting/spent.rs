@@ -230,7 +230,7 @@ impl Spent {
 /// Puts `worker` (not spent) in `free` if `view` shows it eligible, takes
 /// it out otherwise.
 fn refresh(free: &mut Vec<WorkerId>, view: &ModelView, worker: WorkerId) {
-    let eligible = view.find(worker).is_some_and(|place| view.chunk(place).is_eligible(place.local));
+    let eligible = view.find_eligible(worker).is_some();
     match (free.binary_search(&worker), eligible) {
         (Err(i), true) => free.insert(i, worker),
         (Ok(i), false) => {

@@ -179,6 +179,13 @@ impl ModelView {
         Some(Place { slot, local })
     }
 
+    /// Where `id` is, if it is an instance a request with no exclusions may
+    /// take (in routing, and free when filtering).
+    #[inline]
+    pub(crate) fn find_eligible(&self, id: WorkerId) -> Option<Place> {
+        self.find(id).filter(|place| self.chunk(*place).is_eligible(place.local))
+    }
+
     /// Where `entry` itself is (not another entry of its id: a restart
     /// replaces the entry).
     pub(crate) fn find_entry(&self, entry: &Arc<WorkerEntry>) -> Option<Place> {
