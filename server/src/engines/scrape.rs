@@ -13,6 +13,7 @@ use reqwest::StatusCode;
 use tokio::sync::Notify;
 
 use crate::engines::fetch::get_text;
+use crate::engines::models::list_models;
 
 /// Documents above this are mapped on tokio's blocking pool (a large vLLM
 /// exposition takes long enough to hold up the runtime thread).
@@ -68,6 +69,21 @@ impl ScrapeArgs {
     }
 }
 
+/// Between two looks at an engine's models while some it served are not
+/// listed (or the list could not be read).
+pub const RELIST_EVERY: Duration = Duration::from_secs(1);
+
+/// The models a scraper checks the engine still lists once it answers
+/// again after failed scrapes (an engine restarted on the same address
+/// may serve another model: llama.cpp answers any `model` with its own).
+#[derive(Clone, Debug)]
+pub struct ModelCheck {
+    /// The models served from this engine, as it listed them at start.
+    pub models: Vec<String>,
+    /// For one `GET /v1/models`.
+    pub timeout: Duration,
+}
+
 /// The outcome of one scrape, as [`spawn_scraper`] reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ScrapeEvent {
@@ -82,6 +98,15 @@ pub enum ScrapeEvent {
         consecutive: u32,
         /// What failed, one line.
         error: String,
+    },
+    /// With a [`ModelCheck`]: the engine's models, read after it answered
+    /// again (before that scrape's `Loaded`), and then every
+    /// [`RELIST_EVERY`] while some are missing.
+    Listed {
+        /// The checked models it no longer lists (empty: all there).
+        missing: Vec<String>,
+        /// What it lists now.
+        listed: Vec<String>,
     },
 }
 
@@ -145,6 +170,7 @@ pub fn spawn_scraper(
     base_url: String,
     config: ScrapeConfig,
     wake: Option<Arc<Notify>>,
+    check: Option<ModelCheck>,
     mut on_event: impl FnMut(ScrapeEvent) -> ControlFlow<()> + Send + 'static,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -152,6 +178,9 @@ pub fn spawn_scraper(
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut consecutive: u32 = 0;
         let mut sent = tokio::time::Instant::now();
+        // When the models are to be read again (with a check: after a
+        // failure, and while some are missing).
+        let mut relist: Option<tokio::time::Instant> = None;
         loop {
             match &wake {
                 Some(wake) => tokio::select! {
@@ -173,10 +202,20 @@ pub fn spawn_scraper(
             let event = match scrape_once(&client, kind, &base_url, config.timeout, config.ahead_tokens).await {
                 Ok(snapshot) => {
                     consecutive = 0;
+                    if let Some(check) = check.as_ref().filter(|_| relist.is_some_and(|at| sent >= at)) {
+                        let (next, listed) = list_again(&client, &base_url, check).await;
+                        relist = next;
+                        if let Some(listed) = listed {
+                            if on_event(listed).is_break() {
+                                return;
+                            }
+                        }
+                    }
                     ScrapeEvent::Loaded(snapshot)
                 }
                 Err(error) => {
                     consecutive = consecutive.saturating_add(1);
+                    relist = Some(sent);
                     ScrapeEvent::Failed { consecutive, error }
                 }
             };
@@ -185,6 +224,30 @@ pub fn spawn_scraper(
             }
         }
     })
+}
+
+/// Reads the engine's models for `check`: the [`ScrapeEvent::Listed`] to
+/// report (none if the list could not be read: logged), and when to read
+/// them again (none once every checked model is listed).
+async fn list_again(
+    client: &reqwest::Client,
+    base_url: &str,
+    check: &ModelCheck,
+) -> (Option<tokio::time::Instant>, Option<ScrapeEvent>) {
+    let listed = list_models(client, base_url, check.timeout).await;
+    // From the answer: the next list starts a whole RELIST_EVERY after this one ended.
+    let again = Some(tokio::time::Instant::now() + RELIST_EVERY);
+    match listed {
+        Ok(listed) => {
+            let missing: Vec<String> = check.models.iter().filter(|m| !listed.contains(m)).cloned().collect();
+            let next = if missing.is_empty() { None } else { again };
+            (next, Some(ScrapeEvent::Listed { missing, listed }))
+        }
+        Err(error) => {
+            tracing::debug!(%error, "the engine answers its scrapes again but not GET /v1/models");
+            (again, None)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -277,32 +340,126 @@ mod tests {
         let seen = events.clone();
         let calls = Arc::new(AtomicU32::new(0));
         let counted = calls.clone();
-        let handle = spawn_scraper(reqwest::Client::new(), EngineKind::LlamaCpp, base, config, None, move |event| {
-            let outcome = match event {
-                ScrapeEvent::Sending => {
-                    seen.lock().unwrap().push(SENDING);
-                    return ControlFlow::Continue(());
+        let handle =
+            spawn_scraper(reqwest::Client::new(), EngineKind::LlamaCpp, base, config, None, None, move |event| {
+                let outcome = match event {
+                    ScrapeEvent::Sending => {
+                        seen.lock().unwrap().push(SENDING);
+                        return ControlFlow::Continue(());
+                    }
+                    ScrapeEvent::Loaded(_) => 0,
+                    ScrapeEvent::Failed { consecutive, .. } => consecutive,
+                    ScrapeEvent::Listed { .. } => unreachable!("no model check"),
+                };
+                seen.lock().unwrap().push(outcome);
+                // Relaxed: a counter, read after the task ended.
+                let n = counted.fetch_add(1, Ordering::Relaxed) + 1;
+                // Two good scrapes, three failed ones, a good one.
+                // Relaxed: see `engine_with`.
+                broken.store((2..5).contains(&n), Ordering::Relaxed);
+                if n == 7 {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
                 }
-                ScrapeEvent::Loaded(_) => 0,
-                ScrapeEvent::Failed { consecutive, .. } => consecutive,
-            };
-            seen.lock().unwrap().push(outcome);
-            // Relaxed: a counter, read after the task ended.
-            let n = counted.fetch_add(1, Ordering::Relaxed) + 1;
-            // Two good scrapes, three failed ones, a good one.
-            // Relaxed: see `engine_with`.
-            broken.store((2..5).contains(&n), Ordering::Relaxed);
-            if n == 7 {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            }
-        });
+            });
         tokio::time::timeout(Duration::from_secs(10), handle).await.unwrap().unwrap();
         // Relaxed: the task has ended.
         assert_eq!(calls.load(Ordering::Relaxed), 7, "no event after Break");
         // Each scrape is told before it is sent.
         let each = [0, 0, 1, 2, 3, 0, 0].map(|outcome| [SENDING, outcome]);
         assert_eq!(*events.lock().unwrap(), each.as_flattened());
+    }
+
+    /// After failed scrapes the scraper reads the engine's models again,
+    /// before the first good scrape's load, and again every
+    /// [`RELIST_EVERY`] while one it serves is missing; never while the
+    /// engine answers without a failure in between.
+    #[tokio::test]
+    async fn an_engine_back_after_failures_has_its_models_read_again() {
+        let broken = Arc::new(AtomicBool::new(false));
+        let served = Arc::new(std::sync::Mutex::new("a".to_owned()));
+        // When each GET /v1/models was answered.
+        let lists = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (failing, model, listed) = (broken.clone(), served.clone(), lists.clone());
+        let app = axum::Router::new()
+            .route(
+                "/metrics",
+                get(move || async move {
+                    // Relaxed: a flag the test flips.
+                    match failing.load(Ordering::Relaxed) {
+                        true => Err(axum::http::StatusCode::INTERNAL_SERVER_ERROR),
+                        false => Ok(LLAMA_METRICS),
+                    }
+                }),
+            )
+            .route("/slots", get(|| async { LLAMA_SLOTS }))
+            .route(
+                "/v1/models",
+                get(move || async move {
+                    listed.lock().unwrap().push(tokio::time::Instant::now());
+                    let id = model.lock().unwrap().clone();
+                    format!(r#"{{"data":[{{"id":"{id}"}}]}}"#)
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let _server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let config = ScrapeConfig {
+            interval: Duration::from_millis(10),
+            timeout: Duration::from_millis(500),
+            failures_to_leave: 3,
+            ahead_tokens: 0,
+        };
+        let check = ModelCheck { models: vec!["a".to_owned()], timeout: Duration::from_millis(500) };
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let handle = spawn_scraper(
+            reqwest::Client::new(),
+            EngineKind::LlamaCpp,
+            base,
+            config,
+            None,
+            Some(check),
+            move |event| {
+                match event {
+                    ScrapeEvent::Sending => {}
+                    other => tx.send(other).unwrap(),
+                }
+                ControlFlow::Continue(())
+            },
+        );
+        async fn recv(rx: &mut tokio::sync::mpsc::UnboundedReceiver<ScrapeEvent>) -> ScrapeEvent {
+            tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.expect("an event in time").unwrap()
+        }
+        let is_loaded = |e: &ScrapeEvent| matches!(e, ScrapeEvent::Loaded(_));
+        for _ in 0..5 {
+            assert!(is_loaded(&recv(&mut rx).await), "good scrapes, no list");
+        }
+        assert!(lists.lock().unwrap().is_empty(), "an engine that never failed is not listed");
+        // The engine goes away and comes back serving another model.
+        *served.lock().unwrap() = "b".to_owned();
+        broken.store(true, Ordering::Relaxed);
+        while !matches!(recv(&mut rx).await, ScrapeEvent::Failed { .. }) {}
+        broken.store(false, Ordering::Relaxed);
+        let mut event = recv(&mut rx).await;
+        while matches!(event, ScrapeEvent::Failed { .. }) {
+            event = recv(&mut rx).await;
+        }
+        assert_eq!(event, ScrapeEvent::Listed { missing: vec!["a".to_owned()], listed: vec!["b".to_owned()] });
+        assert!(is_loaded(&recv(&mut rx).await), "the load after the list");
+        // Missing: read again, RELIST_EVERY after the first list was answered.
+        *served.lock().unwrap() = "a".to_owned();
+        let mut event = recv(&mut rx).await;
+        while is_loaded(&event) {
+            event = recv(&mut rx).await;
+        }
+        assert_eq!(event, ScrapeEvent::Listed { missing: vec![], listed: vec!["a".to_owned()] });
+        let times = lists.lock().unwrap().clone();
+        assert_eq!(times.len(), 2);
+        assert!(times[1] - times[0] >= RELIST_EVERY, "{:?}", times[1] - times[0]);
+        // All there: no further list (more than RELIST_EVERY of good scrapes).
+        tokio::time::sleep(RELIST_EVERY + RELIST_EVERY / 2).await;
+        assert_eq!(lists.lock().unwrap().len(), 2, "no list once every model is there");
+        handle.abort();
     }
 }

@@ -21,7 +21,12 @@
 //! `--engine-scrape-failures` failures in a row take the engine's workers
 //! out of routing (the directory's silent flag), the next success brings
 //! them back. An engine whose rank count changes (restarted with another
-//! data-parallel size) is registered again under a new incarnation.
+//! data-parallel size) is registered again under a new incarnation. An
+//! engine back after failed scrapes whose models were not named with
+//! `model=` has them read again (`ScrapeEvent::Listed`): while it does not
+//! list every model it was registered with (restarted with another model
+//! on the same address), all its workers stay out of routing; restarting
+//! the frontend takes the new list.
 //! Transitions are logged; `/metrics` counts failed scrapes in
 //! `loadgate_frontend_engine_scrape_failures_total`.
 
@@ -38,7 +43,7 @@ use loadgate::{LoadReport, WorkerId};
 use sha2::{Digest as _, Sha256};
 
 use crate::engines::models::list_models;
-use crate::engines::scrape::{scrape_once, spawn_scraper, ScrapeConfig, ScrapeEvent};
+use crate::engines::scrape::{scrape_once, spawn_scraper, ModelCheck, ScrapeConfig, ScrapeEvent};
 use crate::engines::spec::EngineSpec;
 use crate::events::{PlaneLimits, Registration};
 use crate::frontend::state::Frontend;
@@ -65,8 +70,12 @@ pub(crate) struct Engine {
     /// Where each worker's waiting line stood when the scrape in flight was
     /// sent (by the place in `workers`).
     measuring: Vec<Option<Measuring>>,
-    /// Out of routing (too many failed scrapes, or too many ranks).
+    /// Out of routing (too many failed scrapes, too many ranks, or models
+    /// missing).
     out: bool,
+    /// It no longer lists every model it was registered with: kept out of
+    /// routing until it does.
+    models_missing: bool,
     /// `--max-dp-size`: a rank count it may change to.
     max_dp_size: u32,
 }
@@ -113,6 +122,7 @@ pub(crate) async fn register_engines(
             seq: 0,
             measuring: Vec::new(),
             out: false,
+            models_missing: false,
             max_dp_size: limits.max_dp_size,
         };
         for model in models {
@@ -209,7 +219,12 @@ pub(crate) fn spawn_scrapers(
         .map(|(mut engine, wake)| {
             let weak: Weak<Frontend> = Arc::downgrade(frontend);
             let (kind, base_url) = (engine.spec.kind, engine.spec.base_url.clone());
-            spawn_scraper(frontend.client.clone(), kind, base_url, config, on_end.then_some(wake), move |event| {
+            let check = engine.spec.model.is_none().then(|| ModelCheck {
+                models: engine.workers.iter().map(|(_, model)| model.clone()).collect(),
+                timeout: config.timeout.max(MIN_LIST_TIMEOUT),
+            });
+            let wake = on_end.then_some(wake);
+            spawn_scraper(frontend.client.clone(), kind, base_url, config, wake, check, move |event| {
                 let Some(frontend) = weak.upgrade() else { return ControlFlow::Break(()) };
                 match event {
                     ScrapeEvent::Sending => engine.sending(&frontend),
@@ -217,6 +232,7 @@ pub(crate) fn spawn_scrapers(
                     ScrapeEvent::Failed { consecutive, error } => {
                         engine.failed(&frontend, consecutive, &error, config.failures_to_leave)
                     }
+                    ScrapeEvent::Listed { missing, listed } => engine.listed(&frontend, &missing, &listed),
                 }
                 ControlFlow::Continue(())
             })
@@ -247,6 +263,9 @@ impl Engine {
                     "engine reports more data-parallel ranks than --max-dp-size: out of routing"
                 );
             }
+            return;
+        }
+        if self.models_missing {
             return;
         }
         if ranks != self.dp_size && !self.reregister(frontend, ranks) {
@@ -321,6 +340,32 @@ impl Engine {
             frontend.directory.insert_engine(*worker, &self.spec.base_url, ranks, self.spec.kind.assembles());
         }
         true
+    }
+
+    /// The engine's models, read again after it came back: out of routing
+    /// while one it was registered with is `missing` (`loaded` brings it
+    /// back once none is).
+    fn listed(&mut self, frontend: &Frontend, missing: &[String], listed: &[String]) {
+        match (missing.is_empty(), self.models_missing) {
+            (true, true) => {
+                self.models_missing = false;
+                tracing::info!(engine = %self.spec, ?listed, "engine lists its models again");
+            }
+            (false, false) => {
+                self.models_missing = true;
+                if !self.out {
+                    self.leave(frontend);
+                }
+                tracing::error!(
+                    engine = %self.spec,
+                    ?missing,
+                    ?listed,
+                    "engine came back without models it was registered with: out of routing \
+                     (restart the frontend to serve its new models)"
+                );
+            }
+            _ => {}
+        }
     }
 
     /// Takes every worker of this engine out of routing.

@@ -64,7 +64,7 @@ pub(crate) struct Received {
 #[derive(Default)]
 pub(crate) struct Shared {
     load: Mutex<Load>,
-    models: Mutex<Vec<String>>,
+    pub(crate) models: Mutex<Vec<String>>,
     scrapes: AtomicUsize,
     pub(crate) failed_scrapes: AtomicUsize,
     pub(crate) model_lists: AtomicUsize,

@@ -10,6 +10,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod fake_engine;
+mod model_change;
 mod rank_gaps;
 
 use std::time::{Duration, Instant};

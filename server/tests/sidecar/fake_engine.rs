@@ -44,6 +44,8 @@ struct EngineState {
     waiting: Vec<AtomicU32>,
     /// `/metrics` answers (else 500: a failing scrape).
     metrics_up: AtomicBool,
+    /// The model `/v1/models` lists.
+    model: Mutex<String>,
 }
 
 /// Counts a completion as running until dropped.
@@ -89,6 +91,7 @@ impl FakeEngine {
             next_conn: AtomicUsize::new(0),
             waiting: (0..ranks).map(|_| AtomicU32::new(0)).collect(),
             metrics_up: AtomicBool::new(true),
+            model: Mutex::new(MODEL.to_owned()),
         });
         let shared = state.clone();
         tokio::spawn(async move {
@@ -130,6 +133,11 @@ impl FakeEngine {
     pub(crate) fn set_metrics_up(&self, up: bool) {
         // Relaxed: read by the next /metrics answer.
         self.state.metrics_up.store(up, Ordering::Relaxed);
+    }
+
+    /// The model `/v1/models` lists from now on.
+    pub(crate) fn set_model(&self, model: &str) {
+        model.clone_into(&mut self.state.model.lock().unwrap());
     }
 
     pub(crate) fn running(&self) -> usize {
@@ -241,8 +249,9 @@ pub(crate) fn whole_answer(tokens: u64) -> String {
     )
 }
 
-async fn models() -> Response {
-    let body = json!({"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "vllm"}]});
+async fn models(State(state): State<Arc<EngineState>>) -> Response {
+    let model = state.model.lock().unwrap().clone();
+    let body = json!({"object": "list", "data": [{"id": model, "object": "model", "owned_by": "vllm"}]});
     ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 

@@ -51,6 +51,22 @@ fn sidecar(engine: &FakeEngine, extra: &[&str], env: &[(&str, &str)]) -> Sidecar
     Sidecar { proc, base: format!("http://{}", expect_field(&line, "http")) }
 }
 
+/// A frontend, a fake engine and a sidecar in front of it that reports to
+/// the frontend (scrapes 50 ms apart, out after 3 failures), once the
+/// frontend has it.
+async fn routed_sidecar() -> (Frontend, FakeEngine, Sidecar) {
+    let frontend = Frontend::start(None, &[]);
+    let engine = FakeEngine::start(1).await;
+    let events = frontend.events.to_string();
+    let worker = sidecar(
+        &engine,
+        &["--frontend", &events, "--engine-scrape-interval-ms", "50", "--engine-scrape-failures", "3"],
+        &[],
+    );
+    frontend.wait_workers(1, Duration::from_secs(10)).await;
+    (frontend, engine, worker)
+}
+
 /// The request body of a fake completion.
 fn request(tokens: u64, token_ms: u64, stream: bool) -> Value {
     json!({"model": MODEL, "prompt": "hello", "max_tokens": tokens, "token_ms": token_ms, "stream": stream})
@@ -303,15 +319,7 @@ async fn engine_load_plus_the_queue_reaches_the_frontend_which_sheds_on_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_scrapes_take_the_sidecar_out_of_routing_and_a_success_brings_it_back_and_sigterm_deregisters() {
-    let frontend = Frontend::start(None, &[]);
-    let engine = FakeEngine::start(1).await;
-    let events = frontend.events.to_string();
-    let worker = sidecar(
-        &engine,
-        &["--frontend", &events, "--engine-scrape-interval-ms", "50", "--engine-scrape-failures", "3"],
-        &[],
-    );
-    frontend.wait_workers(1, Duration::from_secs(10)).await;
+    let (frontend, engine, worker) = routed_sidecar().await;
     let client = long_client();
     let health = |base: String| {
         let client = client.clone();
@@ -337,6 +345,45 @@ async fn failed_scrapes_take_the_sidecar_out_of_routing_and_a_success_brings_it_
     frontend.wait_workers(0, Duration::from_secs(3)).await;
     let status = worker.proc.wait_exit(Duration::from_secs(10)).expect("the sidecar exits");
     assert!(status.success(), "{status:?}");
+}
+
+/// The engine goes away and comes back serving another model on the same
+/// address: the sidecar stays unhealthy and out of routing, saying why (its
+/// requests would be answered by the new model), until the engine lists
+/// its model again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_back_with_another_model_keeps_the_sidecar_out_until_it_lists_its_model() {
+    let (frontend, engine, worker) = routed_sidecar().await;
+    let client = long_client();
+    let health = || async {
+        let response = client.get(format!("{}/health", worker.base)).send().await.unwrap();
+        (response.status().as_u16(), response.text().await.unwrap())
+    };
+    engine.set_model("another/model");
+    engine.set_metrics_up(false);
+    frontend.wait_workers(0, Duration::from_secs(5)).await;
+    engine.set_metrics_up(true);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, body) = health().await;
+        if body.contains("restart the worker") {
+            assert_eq!(status, 503, "{body}");
+            assert!(body.contains("another/model"), "{body}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the sidecar never told the model was gone: {status} {body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A second of good scrapes (50 ms apart): still out.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(health().await.0, 503);
+    let (status, _) = complete(client.clone(), frontend.http.clone(), request(1, 0, false), None).await;
+    assert!(matches!(status, 404 | 503), "no worker in routing: {status}");
+    engine.set_model(MODEL);
+    frontend.wait_workers(1, Duration::from_secs(10)).await;
+    assert_eq!(health().await.0, 200);
+    let (status, body) = complete(client.clone(), frontend.http.clone(), request(1, 0, false), None).await;
+    assert_eq!((status, body.as_str()), (200, whole_answer(1).as_str()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,7 +23,7 @@ pub(crate) use self::reports::Publishers;
 use self::reports::{EngineReports, PublisherConfig};
 use super::Args;
 use crate::engines::models::list_models;
-use crate::engines::scrape::{scrape_once, spawn_scraper};
+use crate::engines::scrape::{scrape_once, spawn_scraper, ModelCheck};
 use crate::engines::spec::EngineSpec;
 use crate::events::Registration;
 use crate::nats::NatsLink;
@@ -100,6 +100,7 @@ impl Sidecar {
         let timeouts = args.engine_timeouts();
         let client = crate::upstream::client(timeouts.connect).context("cannot build the HTTP client to the engine")?;
         let scrape = args.scrape.config();
+        let named_by_engine = named.is_none();
         let engine = wait_for_engine(&client, spec, named, scrape.timeout).await?;
         let dp_size = u32::try_from(engine.first.ranks.len()).unwrap_or(u32::MAX).max(1);
         tracing::info!(engine = %spec, model = %engine.model, dp_size, "the engine answers");
@@ -123,10 +124,14 @@ impl Sidecar {
                 .context("cannot start the event publisher")?;
         let reports = Arc::new(Mutex::new(reports));
         let fed = reports.clone();
-        let scraper = spawn_scraper(client.clone(), spec.kind, spec.base_url.clone(), scrape, None, move |event| {
-            fed.lock().unwrap_or_else(|e| e.into_inner()).on_scrape(event);
-            ControlFlow::Continue(())
-        });
+        // A model the engine named (not `model=`) is checked again when the
+        // engine comes back after failures (`reports`' module docs).
+        let check = named_by_engine.then(|| ModelCheck { models: vec![engine.model.clone()], timeout: scrape.timeout });
+        let scraper =
+            spawn_scraper(client.clone(), spec.kind, spec.base_url.clone(), scrape, None, check, move |event| {
+                fed.lock().unwrap_or_else(|e| e.into_inner()).on_scrape(event);
+                ControlFlow::Continue(())
+            });
         let proxy = EngineProxy::new(client, spec.base_url.clone(), timeouts, spec.kind.assembles());
         Ok((Started { proxy, health, model: engine.model, dp_size }, Sidecar { scraper, reports }))
     }

@@ -22,6 +22,15 @@
 //! its Deregisters and closed, so a frontend never sees the two overlap.
 //! Requests already admitted keep being proxied meanwhile.
 //!
+//! # An engine back with another model
+//!
+//! An engine that comes back after failed scrapes may have been restarted
+//! with another model on the same address (llama.cpp answers a request for
+//! any model with its own). Unless `model=` named the model, the scraper
+//! then reads `/v1/models` again ([`ScrapeEvent::Listed`]); while the
+//! worker's model is not listed, the worker stays out of routing,
+//! unhealthy, and says why; it rejoins once the engine lists it again.
+//!
 //! # The seq survives a rejoin
 //!
 //! A Deregister can miss a frontend (its connection was down, or the write
@@ -140,6 +149,9 @@ pub(crate) struct EngineReports {
     failures_to_leave: u32,
     /// A rank count other than the registered dp size was logged.
     warned_ranks: bool,
+    /// Why the engine's models no longer include the worker's (out of
+    /// routing until they do again).
+    model_gone: Option<String>,
 }
 
 impl EngineReports {
@@ -165,6 +177,7 @@ impl EngineReports {
             health,
             failures_to_leave: failures_to_leave.max(1),
             warned_ranks: false,
+            model_gone: None,
         };
         reports.publisher = reports.new_publisher()?;
         reports.report(first);
@@ -197,7 +210,7 @@ impl EngineReports {
             // cannot know when this scrape was sent.
             ScrapeEvent::Sending => {}
             ScrapeEvent::Loaded(snapshot) => {
-                if self.health.problem().is_some() && !self.rejoin() {
+                if self.health.problem().is_some() && (self.model_gone.is_some() || !self.rejoin()) {
                     return;
                 }
                 self.report(&snapshot);
@@ -216,22 +229,43 @@ impl EngineReports {
                 if consecutive >= self.failures_to_leave && self.health.problem().is_none() {
                     let reason = format!("{consecutive} engine scrapes failed in a row; the last: {error}");
                     tracing::warn!("{reason}: unhealthy, leaving routing (Deregister to every frontend)");
-                    self.health.set(false, &reason);
-                    if let Some(Publishers { tcp, nats }) = self.publisher.take() {
-                        self.retiring = Some(tokio::spawn(async move {
-                            // The NATS Deregister goes out (bounded) before a
-                            // rejoin's Register can.
-                            if let Some(nats) = nats {
-                                nats.shutdown().await;
-                            }
-                            // Its drop sends the Deregisters (blocking writes, 1 s timeout each).
-                            if let Some(tcp) = tcp {
-                                let _ = tokio::task::spawn_blocking(move || drop(tcp)).await;
-                            }
-                        }));
-                    }
+                    self.leave(&reason);
                 }
             }
+            ScrapeEvent::Listed { missing, listed } => match (missing.is_empty(), self.model_gone.take()) {
+                (true, Some(_)) => tracing::info!(?listed, "the engine lists the worker's model again"),
+                (true, None) => {}
+                (false, gone) => {
+                    let reason = format!(
+                        "the engine came back serving {listed:?}, not {missing:?}: \
+                         restart the worker to serve its new model"
+                    );
+                    if gone.is_none() {
+                        tracing::error!("{reason}: unhealthy, leaving routing (Deregister to every frontend)");
+                    }
+                    self.leave(&reason);
+                    self.model_gone = Some(reason);
+                }
+            },
+        }
+    }
+
+    /// Unhealthy for `reason`, and out of routing: the publisher is dropped
+    /// (its Deregisters go out) if it still runs.
+    fn leave(&mut self, reason: &str) {
+        self.health.set(false, reason);
+        if let Some(Publishers { tcp, nats }) = self.publisher.take() {
+            self.retiring = Some(tokio::spawn(async move {
+                // The NATS Deregister goes out (bounded) before a
+                // rejoin's Register can.
+                if let Some(nats) = nats {
+                    nats.shutdown().await;
+                }
+                // Its drop sends the Deregisters (blocking writes, 1 s timeout each).
+                if let Some(tcp) = tcp {
+                    let _ = tokio::task::spawn_blocking(move || drop(tcp)).await;
+                }
+            }));
         }
     }
 
