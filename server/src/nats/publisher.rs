@@ -169,6 +169,13 @@ const REPEATS: [Duration; 2] = [Duration::from_millis(5), Duration::from_millis(
 
 /// The task: loads as they change (and again after each of [`REPEATS`]),
 /// everything at each heartbeat and hello, the Deregister at the end.
+///
+/// A hello is answered at once unless everything went out less than half a
+/// heartbeat ago; then at that half heartbeat, once however many came. The
+/// hello subject carries no seal (any client on the namespace can publish
+/// it), and each answer costs every frontend an authenticated Register and
+/// a Load per rank: a flood of hellos adds at most two answers per
+/// heartbeat.
 async fn run(
     sender: Sender,
     state: Arc<(Mutex<State>, Notify)>,
@@ -178,6 +185,11 @@ async fn run(
     let mut ticks = tokio::time::interval(heartbeat);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut everything = true;
+    // The least time between two answers to hellos, and when everything
+    // last went out; a hello that came sooner is owed until then.
+    let spacing = heartbeat / 2;
+    let mut sent_all = tokio::time::Instant::now();
+    let mut owed = false;
     // Per rank, when each repeat of its last change is due.
     let dp = state.0.lock().unwrap_or_else(|e| e.into_inner()).latest.len();
     let mut repeats: Vec<[Option<tokio::time::Instant>; REPEATS.len()]> = vec![[None; REPEATS.len()]; dp];
@@ -196,10 +208,11 @@ async fn run(
         if stop {
             break;
         }
+        let now = tokio::time::Instant::now();
         if everything {
             sender.send(&sender.register()).await;
+            (sent_all, owed) = (now, false);
         }
-        let now = tokio::time::Instant::now();
         for &(rank, load) in &pending {
             sender.send(&sender.load(rank, load)).await;
             if !everything {
@@ -211,7 +224,11 @@ async fn run(
         tokio::select! {
             () = state.1.notified() => {}
             _ = ticks.tick() => everything = true,
-            Some(_) = next_hello(&mut hellos) => everything = true,
+            Some(_) = next_hello(&mut hellos) => match sent_all.elapsed() >= spacing {
+                true => everything = true,
+                false => owed = true,
+            },
+            () = tokio::time::sleep_until(sent_all + spacing), if owed => everything = true,
             () = tokio::time::sleep_until(next_repeat.unwrap_or(now)), if next_repeat.is_some() => {
                 let now = tokio::time::Instant::now();
                 let latest = state.0.lock().unwrap_or_else(|e| e.into_inner()).latest.clone();

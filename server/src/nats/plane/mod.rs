@@ -469,7 +469,11 @@ impl Applier {
                 return; // an older life (a replay, or a late frame)
             }
         }
-        if self.heard(subject, worker, incarnation) {
+        // A heartbeat only while this frontend still routes that life: the
+        // TCP plane may have deregistered it meanwhile (a worker on both
+        // planes whose TCP path broke), and then NATS registers it again.
+        let routed = self.monitor.incarnation(worker) == Some(incarnation) && self.directory.contains(worker);
+        if routed && self.heard(subject, worker, incarnation) {
             return; // the same life announcing itself again (a heartbeat)
         }
         if let Err(refusal) =

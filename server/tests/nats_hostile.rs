@@ -1,0 +1,121 @@
+//! The NATS event plane against a client without the secret, and a worker
+//! on both planes whose TCP path breaks: a real `nats-server` (Debian's,
+//! installed by `scripts/prepare-nats-server`), real `loadgate` processes,
+//! raw NATS clients. `#[ignore]` in plain `cargo test`; `.ci/run` runs them
+//! with `--ignored`, where a missing server fails them.
+//!
+//! Margins: a flood's effect is compared with the same worker's traffic
+//! measured just before (at most 4 times it, where unbounded it was over a
+//! thousand times); every wait is bounded (10 s).
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{plane, Nats, SECRET};
+use futures_util::StreamExt as _;
+
+const MODEL: &str = "nats-model";
+
+/// A simulated worker on the NATS plane of `nats` (and, with `tcp`, on the
+/// TCP plane to that address too).
+fn worker(nats: &Nats, id: u64, tcp: Option<std::net::SocketAddr>) -> common::Worker {
+    let mut flags = plane(nats);
+    flags.extend(["--worker-id".to_owned(), id.to_string()]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    common::worker(tcp, MODEL, Some(SECRET), &flags)
+}
+
+/// Messages seen on `sub` within `window`.
+async fn count_for(sub: &mut async_nats::Subscriber, window: Duration) -> usize {
+    let until = tokio::time::Instant::now() + window;
+    let mut n = 0;
+    while let Ok(Some(_)) = tokio::time::timeout_at(until, sub.next()).await {
+        n += 1;
+    }
+    n
+}
+
+/// `{ns}.hello` carries no seal: any client on the namespace can publish it,
+/// and each answer (a Register and every rank's load) costs every frontend
+/// an authenticated frame each. A flood of hellos (about 20,000 in 2 s) made
+/// one worker send 35,420 frames in 2 s against 26 before; now a worker
+/// answers at most one hello per half heartbeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
+async fn a_hello_flood_without_the_secret_is_not_amplified_by_workers() {
+    let _box = common::shared().await;
+    let nats = Nats::start(&[]);
+    let _worker = worker(&nats, 1, None);
+    let observer = async_nats::connect(nats.url.as_str()).await.unwrap();
+    let mut frames = observer.subscribe("loadgate.ev.>").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = count_for(&mut frames, Duration::from_secs(2)).await;
+    let attacker = async_nats::connect(nats.url.as_str()).await.unwrap();
+    let flood = tokio::spawn(async move {
+        let start = Instant::now();
+        let mut sent = 0u64;
+        while start.elapsed() < Duration::from_secs(2) {
+            for _ in 0..100 {
+                attacker.publish("loadgate.hello", bytes::Bytes::new()).await.unwrap();
+                sent += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        attacker.flush().await.unwrap();
+        sent
+    });
+    let during = count_for(&mut frames, Duration::from_secs(2)).await;
+    let sent = tokio::time::timeout(Duration::from_secs(10), flood).await.unwrap().unwrap();
+    eprintln!("the worker's frames in 2 s: {before} before, {during} during a flood of {sent} hellos");
+    assert!(during <= 4 * before.max(10), "{during} frames answering {sent} unsealed hellos ({before} before)");
+}
+
+/// A TCP relay from a free port to `to`; aborting its task cuts every
+/// connection and stops listening.
+async fn relay(to: std::net::SocketAddr) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let mut conns = tokio::task::JoinSet::new();
+        loop {
+            let Ok((mut inbound, _)) = listener.accept().await else { return };
+            conns.spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(to).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    (addr, task)
+}
+
+/// A worker on both planes (`--event-plane nats` and `--frontend`, the
+/// documented migration) whose TCP path to the frontend breaks: the TCP
+/// plane deregisters it after its grace, and the NATS plane, which still
+/// hears it every heartbeat, registers it again (it took each heartbeat for
+/// a repeat of a life it knew and kept the worker out for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
+async fn a_worker_on_both_planes_is_routed_again_while_nats_still_hears_it() {
+    let _box = common::shared().await;
+    let nats = Nats::start(&[]);
+    let fe = common::frontend(&nats, &[]);
+    let (via, cut) = relay(fe.events).await;
+    let _worker = worker(&nats, 5, Some(via));
+    fe.wait_workers(1, Duration::from_secs(10)).await;
+    assert_eq!(fe.complete(MODEL).await.0, 200);
+    cut.abort();
+    let _ = cut.await;
+    // Past the TCP plane's grace (500 ms) and a few heartbeats (200 ms).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if fe.workers().await == Some(1) && fe.complete(MODEL).await.0 == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a worker NATS still hears stayed out of routing");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
