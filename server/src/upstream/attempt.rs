@@ -5,7 +5,7 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
-use futures_util::StreamExt as _;
+use futures_util::{FutureExt as _, StreamExt as _};
 use loadgate::rejection::{REFUSAL_AT_CAPACITY, REFUSAL_HEADER};
 use tokio::time::Instant;
 
@@ -82,14 +82,19 @@ pub(crate) async fn attempt<W: Watcher>(
     tokio::pin!(send);
     // Once the upstream has had the whole body for the grace without
     // failing, the payload lets go of it (the request is taken).
+    // It keeps running until the first bytes arrive: an upstream that sends
+    // its head at once (a stream's) and works on the request for longer than
+    // the grace has taken it too.
     let let_go = async {
         handed.wait().await;
         tokio::time::sleep(RELEASE_GRACE).await;
         payload.release();
-    };
+    }
+    .fuse();
+    tokio::pin!(let_go);
     let sent = tokio::select! {
         sent = &mut send => sent,
-        () = let_go => send.await,
+        () = &mut let_go => send.await,
     };
     let upstream = match sent {
         Ok(Ok(upstream)) => upstream,
@@ -125,12 +130,25 @@ pub(crate) async fn attempt<W: Watcher>(
     // The first bytes are awaited here, so that an upstream that sends its
     // head but no token can still be left for another.
     let mut stream: UpstreamBody = Box::pin(upstream.bytes_stream());
-    let first = match tokio::time::timeout_at(first_byte_by, stream.next()).await {
+    let next = tokio::time::timeout_at(first_byte_by, stream.next());
+    tokio::pin!(next);
+    let next = loop {
+        tokio::select! {
+            next = &mut next => break next,
+            () = &mut let_go => {}
+        }
+    };
+    let first = match next {
         Ok(Some(Ok(chunk))) => Some(chunk),
         Ok(None) => None,
         Ok(Some(Err(error))) => {
             warn_failure(peer, Failure::Broken, "the response broke before its first byte", &chain(&error));
-            return Outcome::Failed(Failure::Broken);
+            // Taken once the upstream had it for the grace, as when sending.
+            return if payload.body().is_some() {
+                Outcome::Failed(Failure::Broken)
+            } else {
+                Outcome::Cut(Failure::Broken)
+            };
         }
         Err(_) => return no_first_byte(peer, timeouts.first_byte),
     };

@@ -2,12 +2,14 @@
 //! worker that stops answering (first byte, between chunks), and refusals
 //! signalled with an overload status of 200.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use crate::common::{self, Frontend, Worker};
+use crate::common::{self, register, EventConn, Frontend, Worker, SECRET};
 
 /// A worker `kill -9`ed every [`KILL_EVERY`] under load, and a new one
 /// started: every client gets an answer (200, or 529), never a 503 while a
@@ -194,4 +196,87 @@ async fn refusals_with_an_overload_status_of_200_are_never_relayed_as_completion
         assert!(!text.contains("worker at capacity"), "a refusal reached the client ({status}): {text}");
         assert!(*status == 200 && text.contains("\"choices\""), "not a completion ({status}): {text}");
     }
+}
+
+/// A raw upstream on a free port: reads each request (its head and a
+/// `Content-Length` body), counts it, answers `head` at once, holds the
+/// connection for `hold` and closes it (a chunked body never ended).
+async fn breaking_upstream(head: &'static [u8], hold: Duration) -> (String, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let count = Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 8192];
+                let head_end = loop {
+                    match tcp.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                    if let Some(at) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break at + 4;
+                    }
+                };
+                let text = String::from_utf8_lossy(&got[..head_end]).to_ascii_lowercase();
+                let len: usize = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                while got.len() < head_end + len {
+                    match tcp.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                // Relaxed: a count read after the client's answer.
+                seen.fetch_add(1, Ordering::Relaxed);
+                let _ = tcp.write_all(head).await;
+                tokio::time::sleep(hold).await;
+            });
+        }
+    });
+    (addr.to_string(), count)
+}
+
+/// Found by a review: a worker that answers a stream's head at once and
+/// holds the request past the release grace (1 s) has taken it; when its
+/// connection then breaks before the first token, the request is not run
+/// again on another worker (it was: the grace stopped counting once the
+/// head arrived, so the break counted as "not taken" and migrated).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_a_worker_held_past_the_grace_is_not_sent_again_when_it_breaks() {
+    let _serial = common::exclusive().await;
+    let frontend = Frontend::secured(&[
+        "--router-mode",
+        "round-robin",
+        "--event-idle-timeout-ms",
+        "600000",
+        "--event-silence-ms",
+        "600000",
+        "--upstream-first-byte-timeout-secs",
+        "30",
+    ]);
+    let head: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+    let (a, a_count) = breaking_upstream(head, Duration::from_secs(2)).await;
+    let (b, b_count) = breaking_upstream(head, Duration::from_secs(2)).await;
+    let mut conn_a = EventConn::authenticated(frontend.events, SECRET);
+    conn_a.send(&register(7001, 1, 1, "m", &a)).unwrap();
+    let mut conn_b = EventConn::authenticated(frontend.events, SECRET);
+    conn_b.send(&register(7002, 1, 1, "m", &b)).unwrap();
+    frontend.wait_workers(2, Duration::from_secs(5)).await;
+    let client = common::client_within(Duration::from_secs(20));
+    let body = json!({"model": "m", "prompt": "hello", "max_tokens": 8, "stream": true});
+    let response = client.post(format!("{}/v1/completions", frontend.http)).json(&body).send().await.unwrap();
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap_or_default();
+    // Relaxed: the upstreams counted before they answered.
+    let sent = a_count.load(Ordering::Relaxed) + b_count.load(Ordering::Relaxed);
+    assert_eq!(sent, 1, "sent to {sent} workers; the client got {status}: {text}");
+    assert_eq!(status, 502, "{text}");
+    drop((conn_a, conn_b));
 }
