@@ -404,8 +404,8 @@ async fn admin_token_is_required_when_set() {
             let (status, challenge, body) = threshold(&client, &admin, None, authorization).await;
             assert_eq!(status, 401, "{name}, {what}: {body}");
             assert_eq!(challenge.as_deref(), Some("Bearer"), "{name}, {what}: WWW-Authenticate");
-            assert_eq!(body["error"]["type"], "Unauthorized", "{name}, {what}: {body}");
-            assert_eq!(body["error"]["code"], 401, "{name}, {what}: {body}");
+            // The admin API's error shape, as its 400s and 404s.
+            assert!(body["error"].as_str().is_some_and(|e| e.contains("Bearer")), "{name}, {what}: {body}");
             let set = json!({"model": MODEL, "active_decode_blocks_threshold": 0.0});
             assert_eq!(threshold(&client, &admin, Some(set), authorization).await.0, 401, "{name}, {what}: POST");
         }

@@ -94,12 +94,8 @@ pub async fn require_token(State(token): State<Arc<AdminToken>>, request: Reques
     if token.accepts(request.headers().get(header::AUTHORIZATION)) {
         return next.run(request).await;
     }
-    let body = serde_json::json!({"error": {
-        "message": "the admin API needs `Authorization: Bearer <token>`",
-        "type": "Unauthorized",
-        "param": null,
-        "code": 401,
-    }});
+    // The admin API's error shape (`{"error": "<message>"}`), as its other errors.
+    let body = serde_json::json!({"error": "the admin API needs `Authorization: Bearer <token>`"});
     (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], Json(body)).into_response()
 }
 

@@ -79,10 +79,15 @@ pub async fn update(State(frontend): State<Arc<Frontend>>, headers: HeaderMap, b
     if declared.is_some_and(|n: usize| n > DRAIN_LIMIT) {
         return too_large();
     }
-    let bytes = match read_limited(body).await {
+    let bytes = match read_limited(body, frontend.bodies.timeouts()).await {
         Ok(Some(bytes)) => bytes,
         Ok(None) => return too_large(),
-        Err(e) => return plain_error(StatusCode::BAD_REQUEST, format!("could not read the body: {e}")),
+        Err(Unread::Broken(e)) => return plain_error(StatusCode::BAD_REQUEST, format!("could not read the body: {e}")),
+        Err(Unread::Late) => {
+            let (idle, deadline) = frontend.bodies.timeouts();
+            let message = format!("the body paused over {idle:?} or took over {deadline:?}");
+            return plain_error(StatusCode::REQUEST_TIMEOUT, message);
+        }
     };
     let patch = match parse_threshold_patch(&bytes) {
         Ok(patch) => patch,
@@ -123,12 +128,25 @@ pub async fn update(State(frontend): State<Arc<Frontend>>, headers: HeaderMap, b
 
 /// The body if it is at most [`MAX_BODY`]; `None` if larger (read on to
 /// [`DRAIN_LIMIT`] and discarded, so the 413 reaches the client).
-async fn read_limited(body: Body) -> Result<Option<Vec<u8>>, axum::Error> {
+/// Why a body was not read.
+enum Unread {
+    /// The connection failed.
+    Broken(axum::Error),
+    /// It paused longer than the idle timeout, or took longer than the
+    /// deadline (`--http-body-idle-timeout-secs`, `--http-body-timeout-secs`,
+    /// as on the inference port).
+    Late,
+}
+
+async fn read_limited(body: Body, (idle, deadline): (Duration, Duration)) -> Result<Option<Vec<u8>>, Unread> {
+    let deadline = tokio::time::Instant::now() + deadline;
     let mut stream = body.into_data_stream();
     let mut bytes = Vec::new();
     let mut total = 0usize;
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk?;
+    loop {
+        let by = deadline.min(tokio::time::Instant::now() + idle);
+        let Some(chunk) = tokio::time::timeout_at(by, stream.next()).await.map_err(|_| Unread::Late)? else { break };
+        let chunk = chunk.map_err(Unread::Broken)?;
         total = total.saturating_add(chunk.len());
         if total <= MAX_BODY {
             bytes.extend_from_slice(&chunk);

@@ -237,6 +237,12 @@ impl BodyBudget {
         Self::with_timeouts(limit_mb, usize::MAX / MIB, BODY_IDLE_TIMEOUT, BODY_READ_DEADLINE)
     }
 
+    /// How long a body may pause, and how long one may take in all: the
+    /// bounds on every body a frontend reads (its admin API's too).
+    pub fn timeouts(&self) -> (Duration, Duration) {
+        (self.idle_timeout, self.read_deadline)
+    }
+
     /// As [`new`](Self::new), with a client's pauses bounded by `idle` and a
     /// whole body by `deadline` (`--http-body-idle-timeout-secs`,
     /// `--http-body-timeout-secs`).

@@ -35,3 +35,40 @@ async fn admin_calls_on_the_inference_port_get_404() {
     assert_eq!(ours["active_decode_blocks_threshold"], json!(0.5), "thresholds changed: {read}");
     fe.assert_still_serving(MODEL, MAX_RSS_MIB).await;
 }
+
+/// Found by a review: a `POST /busy_threshold` whose body stops part way
+/// was read with no deadline, and a connection with a request in service is
+/// never idle: 64 of them (the admin listener's connection cap) locked the
+/// operator out for good. Now the admin body has the inference port's body
+/// timeouts: each stalled request gets a 408 and the API answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_admin_bodies_get_408_and_leave_the_admin_api_usable() {
+    use std::io::{Read as _, Write as _};
+    let _box = shared().await;
+    let (fe, _w) = pool(&["--http-body-idle-timeout-secs", "1"], &[]).await;
+    let admin = fe.admin.clone().expect("an admin listener");
+    let addr = admin.trim_start_matches("http://").to_owned();
+    let started = std::time::Instant::now();
+    let mut stalled: Vec<std::net::TcpStream> = (0..64)
+        .map(|_| {
+            let mut tcp = std::net::TcpStream::connect(&addr).expect("connect to the admin listener");
+            let head = "POST /busy_threshold HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                        Content-Length: 100\r\n\r\n{\"model\"";
+            tcp.write_all(head.as_bytes()).expect("send a part of the body");
+            tcp
+        })
+        .collect();
+    for tcp in &mut stalled {
+        // Bounded: the idle timeout is 1 s; 20 s for a busy machine.
+        tcp.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+        let mut answer = [0u8; 64];
+        let n = tcp.read(&mut answer).expect("an answer to the stalled request");
+        let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    }
+    eprintln!("64 stalled admin bodies answered 408 within {:?}", started.elapsed());
+    drop(stalled);
+    let read = fe.client.get(format!("{admin}/busy_threshold")).send().await.expect("the admin API answers");
+    assert_eq!(read.status(), 200);
+    fe.assert_still_serving(MODEL, MAX_RSS_MIB).await;
+}
