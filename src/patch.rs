@@ -17,8 +17,11 @@
 //! A field that is absent leaves the threshold unchanged, a number sets it,
 //! `null` clears it (for `router_queue_timeout_ms`: back to the frontend's
 //! default). A body with only `"model"` reads the thresholds. Any
-//! other key, a value of another type, or a number out of range is an error,
-//! never a silent default (a typo must not turn a change into a read).
+//! other key, a key given twice (in any object of the body), a value of
+//! another type, or a number out of range is an error, never a silent
+//! default (a typo must not turn a change into a read, and a repeated
+//! `"model"` must not change another model than the one a reader of the
+//! body's start saw).
 //!
 //! # Examples
 //!
@@ -134,6 +137,8 @@ pub enum PatchError {
     Model,
     /// A key that is none of the known fields.
     UnknownField(String),
+    /// An object of the body names a key twice (the parser's message).
+    RepeatedKey(String),
     /// A field has a value of the wrong type or out of range.
     InvalidValue {
         /// The field.
@@ -150,6 +155,7 @@ impl fmt::Display for PatchError {
             Self::NotAnObject => f.write_str("body must be a JSON object"),
             Self::Model => f.write_str("\"model\" must be a non-empty string"),
             Self::UnknownField(k) => write!(f, "unknown field {k:?}"),
+            Self::RepeatedKey(message) => f.write_str(message),
             Self::InvalidValue { field, expected } => write!(f, "{field} must be {expected} or null"),
         }
     }
@@ -170,6 +176,9 @@ pub fn parse_threshold_patch(body: &[u8]) -> Result<ThresholdPatch, PatchError> 
     let Value::Object(fields) = value else {
         return Err(PatchError::NotAnObject);
     };
+    // A `Value` keeps the last of a repeated key: read the body once more
+    // for repeats alone.
+    serde_json::from_slice::<NoRepeats>(body).map_err(|e| PatchError::RepeatedKey(e.to_string()))?;
     let mut patch = ThresholdPatch {
         model: String::new(),
         decode: Change::Unchanged,
@@ -198,6 +207,65 @@ pub fn parse_threshold_patch(body: &[u8]) -> Result<ThresholdPatch, PatchError> 
     }
     patch.model = model.ok_or(PatchError::Model)?;
     Ok(patch)
+}
+
+/// A JSON value whose objects (at any depth) name each key once; reading
+/// it fails at the first key given twice.
+struct NoRepeats;
+
+impl<'de> serde::Deserialize<'de> for NoRepeats {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(NoRepeats)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for NoRepeats {
+    type Value = NoRepeats;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<NoRepeats, A::Error> {
+        let mut keys = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if keys.contains(&key) {
+                return Err(serde::de::Error::custom(format_args!("key {key:?} given twice")));
+            }
+            map.next_value::<NoRepeats>()?;
+            keys.insert(key);
+        }
+        Ok(NoRepeats)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<NoRepeats, A::Error> {
+        while seq.next_element::<NoRepeats>()?.is_some() {}
+        Ok(NoRepeats)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<NoRepeats, E> {
+        Ok(NoRepeats)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<NoRepeats, E> {
+        Ok(NoRepeats)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<NoRepeats, E> {
+        Ok(NoRepeats)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<NoRepeats, E> {
+        Ok(NoRepeats)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<NoRepeats, E> {
+        Ok(NoRepeats)
+    }
+
+    fn visit_unit<E>(self) -> Result<NoRepeats, E> {
+        Ok(NoRepeats)
+    }
 }
 
 fn fraction(value: &Value, field: &'static str, max: f64, expected: &'static str) -> Result<Change<f64>, PatchError> {
@@ -354,5 +422,23 @@ mod tests {
         let mut t = BusyThresholds::default();
         p.apply(&mut t);
         assert!(t.validate().is_ok());
+    }
+
+    /// A key given twice, at the top or in the per-class object, is an
+    /// error: a `Value` would keep the last (a set turned into a clear, or
+    /// the change landing on the second `"model"`).
+    #[test]
+    fn a_key_given_twice_is_an_error() {
+        for body in [
+            r#"{"model":"a","active_decode_blocks_threshold":0.5,"active_decode_blocks_threshold":null}"#,
+            r#"{"model":"a","model":"b","active_decode_blocks_threshold":0.5}"#,
+            r#"{"model":"a","router_queue_timeout_ms":{"critical":10,"critical":20}}"#,
+        ] {
+            let error = parse(body).unwrap_err();
+            assert!(matches!(error, PatchError::RepeatedKey(_)), "{body}: {error:?}");
+            assert!(error.to_string().contains("given twice"), "{error}");
+        }
+        // The same keys in different objects are not repeats.
+        assert!(parse(r#"{"model":"a","router_queue_timeout_ms":{"standard":10}}"#).is_ok());
     }
 }

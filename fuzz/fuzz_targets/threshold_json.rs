@@ -58,11 +58,15 @@ enum ClassKey {
 }
 
 impl Body {
-    fn bytes(self) -> Vec<u8> {
+    /// The body, and whether one of its objects names a key twice (known
+    /// for the objects built here; `None` for raw bytes).
+    fn bytes(self) -> (Vec<u8>, Option<bool>) {
         match self {
-            Body::Raw(bytes) => bytes,
+            Body::Raw(bytes) => (bytes, None),
             Body::Object(fields) => {
                 let mut out = String::from("{");
+                let mut keys = Vec::new();
+                let mut repeats = false;
                 for (i, (key, value)) in fields.into_iter().enumerate() {
                     if i > 0 {
                         out.push(',');
@@ -76,20 +80,24 @@ impl Body {
                         Key::QueueTimeout => QUEUE_TIMEOUT.to_owned(),
                         Key::Other(k) => k,
                     };
-                    out.push_str(&Value::String(key).to_string());
+                    out.push_str(&Value::String(key.clone()).to_string());
                     out.push(':');
-                    out.push_str(&value.text());
+                    let (text, inner) = value.text();
+                    out.push_str(&text);
+                    repeats |= inner || keys.contains(&key);
+                    keys.push(key);
                 }
                 out.push('}');
-                out.into_bytes()
+                (out.into_bytes(), Some(repeats))
             }
         }
     }
 }
 
 impl Json {
-    fn text(self) -> String {
-        match self {
+    /// Its JSON text, and whether an object in it names a key twice.
+    fn text(self) -> (String, bool) {
+        let text = match self {
             Json::Null => "null".to_owned(),
             Json::Bool(b) => b.to_string(),
             Json::Unsigned(n) => n.to_string(),
@@ -99,6 +107,8 @@ impl Json {
             Json::Str(s) => Value::String(s).to_string(),
             Json::Array => "[1]".to_owned(),
             Json::ByClass(fields) => {
+                let mut keys = Vec::new();
+                let mut repeats = false;
                 let items: Vec<String> = fields
                     .into_iter()
                     .map(|(key, value)| {
@@ -108,18 +118,21 @@ impl Json {
                             ClassKey::Sheddable => "sheddable".to_owned(),
                             ClassKey::Other(k) => k,
                         };
+                        repeats |= keys.contains(&key);
+                        keys.push(key.clone());
                         // Flat values only: a nested object is one more
                         // invalid value, and bounds the recursion.
                         let value = match value {
                             Json::ByClass(_) => "{}".to_owned(),
-                            other => other.text(),
+                            other => other.text().0,
                         };
                         format!("{}:{value}", Value::String(key))
                     })
                     .collect();
-                format!("{{{}}}", items.join(","))
+                return (format!("{{{}}}", items.join(",")), repeats);
             }
-        }
+        };
+        (text, false)
     }
 }
 
@@ -281,7 +294,7 @@ fn to_json(patch: &ThresholdPatch) -> Vec<u8> {
 
 fuzz_target!(|data: &[u8]| {
     let Ok(body) = Body::arbitrary_take_rest(Unstructured::new(data)) else { return };
-    let body = body.bytes();
+    let (body, repeats) = body.bytes();
     let got = parse_threshold_patch(&body);
     let Ok(value) = serde_json::from_slice::<Value>(&body) else {
         assert!(matches!(got, Err(PatchError::Json(_))), "{:?}: {got:?}", String::from_utf8_lossy(&body));
@@ -289,6 +302,18 @@ fuzz_target!(|data: &[u8]| {
     };
     if !value.is_object() {
         assert_eq!(got, Err(PatchError::NotAnObject));
+        return;
+    }
+    // A key given twice is refused whatever else the body holds (`Value`
+    // keeps the last: the reference below cannot see it).
+    let refused_as_repeat = matches!(got, Err(PatchError::RepeatedKey(_)));
+    match repeats {
+        Some(repeats) => assert_eq!(refused_as_repeat, repeats, "{value}: {got:?}"),
+        // Raw bytes: a repeat the parser found is not checked here.
+        None if refused_as_repeat => return,
+        None => {}
+    }
+    if refused_as_repeat {
         return;
     }
     match (reference(&value), &got) {
