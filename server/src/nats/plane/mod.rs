@@ -49,7 +49,7 @@ use loadgate::wire::envelope::Openers;
 use loadgate::wire::{model_key, Frame, MAX_ACKS};
 use loadgate::{LoadReport, WorkerId, WorkerMonitor};
 
-use self::replays::{envelope_tag, Replays, Stream};
+use self::replays::{envelope_tag, Replays, Stream, FRONTEND_STREAMS};
 use super::args::NatsArgs;
 use super::sharing::changes::ChangeFeed;
 use super::sharing::peers::{Added, Heard, Peers};
@@ -237,7 +237,7 @@ impl NatsPlane {
             subjects,
             known: Mutex::default(),
             ended: Mutex::default(),
-            replays: Replays::default(),
+            replays: Replays::new(limits.max_workers.saturating_mul(2).saturating_add(FRONTEND_STREAMS)),
             connected,
             stats,
             peers,

@@ -11,6 +11,12 @@
 //! sealed in the same millisecond is new only if its envelope's tag differs
 //! from every one heard in that millisecond. A newer incarnation starts the
 //! stream over; an older one is dropped.
+//!
+//! Streams are kept for the clock window, however many ids their senders
+//! name: a holder of the secret could make one per frame. So their count
+//! has a limit (twice `--max-workers`, plus [`FRONTEND_STREAMS`]); past it,
+//! a frame of a stream not yet heard is dropped until old streams are
+//! forgotten.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -42,18 +48,41 @@ struct Newest {
 /// second).
 const MAX_SAME_MS: usize = 64;
 
+/// Streams kept beside twice `--max-workers`: the beats and acks of up to
+/// 256 frontends (`--max-frontends`), twice over.
+pub(super) const FRONTEND_STREAMS: usize = 1024;
+
 /// The newest frame of every stream heard within the clock window.
-#[derive(Debug, Default)]
-pub(super) struct Replays(Mutex<HashMap<Stream, Newest>>);
+#[derive(Debug)]
+pub(super) struct Replays {
+    streams: Mutex<HashMap<Stream, Newest>>,
+    /// The most streams kept.
+    limit: usize,
+}
+
+impl Default for Replays {
+    /// No limit (tests).
+    fn default() -> Self {
+        Replays::new(usize::MAX)
+    }
+}
 
 impl Replays {
+    /// At most `limit` streams (see the module docs).
+    pub(super) fn new(limit: usize) -> Self {
+        Replays { streams: Mutex::default(), limit }
+    }
+
     /// Whether the frame of `stream`'s `incarnation` sealed at `sent_ms`
     /// with envelope tag `tag` is new (then it is the newest), not a replay
     /// or an older life's.
     pub(super) fn is_new(&self, stream: Stream, incarnation: u64, sent_ms: u64, tag: u64) -> bool {
-        let mut streams = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
         let newest = Newest { incarnation, sent_ms, tags: vec![tag] };
         let Some(heard) = streams.get_mut(&stream) else {
+            if streams.len() >= self.limit {
+                return false;
+            }
             streams.insert(stream, newest);
             return true;
         };
@@ -82,7 +111,7 @@ impl Replays {
     /// `horizon_ms`: a replay of any of their frames is outside the clock
     /// window by now.
     pub(super) fn forget_before(&self, horizon_ms: u64) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).retain(|_, heard| heard.sent_ms >= horizon_ms);
+        self.streams.lock().unwrap_or_else(|e| e.into_inner()).retain(|_, heard| heard.sent_ms >= horizon_ms);
     }
 }
 
@@ -142,7 +171,7 @@ mod tests {
         assert!(replays.is_new(Stream::Beat(1), 1, 100, 1));
         assert!(replays.is_new(Stream::Beat(2), 1, 300, 1));
         replays.forget_before(200);
-        let streams = replays.0.lock().unwrap();
+        let streams = replays.streams.lock().unwrap();
         assert_eq!(streams.keys().copied().collect::<Vec<_>>(), [Stream::Beat(2)]);
     }
 
@@ -151,5 +180,22 @@ mod tests {
         assert_eq!(envelope_tag(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]), u64::from_le_bytes([2, 3, 4, 5, 6, 7, 8, 9]));
         assert_eq!(envelope_tag(&[1, 2]), u64::from_le_bytes([0, 0, 0, 0, 0, 0, 1, 2]));
         assert_eq!(envelope_tag(&[]), 0);
+    }
+
+    /// A holder of the secret naming a new id in every frame fills the
+    /// streams up to the limit, no further; the streams heard keep working,
+    /// and a new one is heard again once old ones are forgotten.
+    #[test]
+    fn streams_are_kept_up_to_the_limit() {
+        let replays = Replays::new(3);
+        for worker in 0..3 {
+            assert!(replays.is_new(Stream::Register(worker), 1, 100, 1));
+        }
+        assert!(!replays.is_new(Stream::Register(3), 1, 100, 1), "past the limit");
+        assert!(!replays.is_new(Stream::Beat(9), 1, 100, 1), "past the limit");
+        assert!(replays.is_new(Stream::Register(1), 1, 200, 2), "a stream heard still works");
+        assert_eq!(replays.streams.lock().unwrap().len(), 3);
+        replays.forget_before(150);
+        assert!(replays.is_new(Stream::Register(3), 1, 300, 1));
     }
 }
