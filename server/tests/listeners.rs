@@ -379,8 +379,16 @@ async fn busy_threshold_lives_on_the_admin_listener() {
     assert_eq!(status, 200, "POST on the admin port: {one}");
     assert_eq!(one["active_decode_blocks_threshold"], 0.25, "{one}");
     // The inference port serves no other admin path either.
-    let status = client.post(format!("{admin}/v1/completions")).json(&json!({})).send().await.unwrap().status();
-    assert_eq!(status, 404, "the admin port serves only the admin API");
+    let response = client.post(format!("{admin}/v1/completions")).json(&json!({})).send().await.unwrap();
+    assert_eq!(response.status(), 404, "the admin port serves only the admin API");
+    // Its errors all have the admin API's shape, a wrong method's too.
+    let body: Value = response.json().await.unwrap();
+    assert!(body["error"].is_string(), "{body}");
+    let response = client.put(format!("{admin}/busy_threshold")).json(&json!({})).send().await.unwrap();
+    assert_eq!(response.status(), 405);
+    assert_eq!(response.headers()["allow"], "GET, POST");
+    let body: Value = response.json().await.unwrap();
+    assert!(body["error"].is_string(), "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

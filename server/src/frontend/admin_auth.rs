@@ -18,6 +18,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
 
 use crate::secret::{check_len, load_values, SecretSource};
@@ -29,10 +30,12 @@ pub const ADMIN_TOKEN_ENV: &str = "LOADGATE_ADMIN_TOKEN";
 const ADMIN_TOKEN_SOURCE: SecretSource<'static> =
     SecretSource { what: "admin token", file_flag: "--admin-token-file", vars: &[ADMIN_TOKEN_ENV] };
 
-/// The admin listener's bearer token. No `PartialEq`: it is compared only
-/// in constant time ([`AdminToken::accepts`]).
+/// The admin listener's bearer token, kept as its SHA-256: a presented
+/// token is hashed and the two digests compared in constant time, so the
+/// time taken says nothing of the token's length either (slices of unequal
+/// lengths compare at once). No `PartialEq` ([`AdminToken::accepts`]).
 #[derive(Clone)]
-pub struct AdminToken(Vec<u8>);
+pub struct AdminToken([u8; 32]);
 
 impl fmt::Debug for AdminToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -66,7 +69,7 @@ impl AdminToken {
     /// Shorter than [`MIN_SECRET_LEN`](crate::secret::MIN_SECRET_LEN) bytes.
     pub fn new(token: &[u8]) -> anyhow::Result<AdminToken> {
         check_len("admin token", token)?;
-        Ok(AdminToken(token.to_vec()))
+        Ok(AdminToken(Sha256::digest(token).into()))
     }
 
     /// Whether an `Authorization` header value carries this token
@@ -78,6 +81,7 @@ impl AdminToken {
         let Some((scheme, presented)) = split_scheme(value) else {
             return false;
         };
+        let presented: [u8; 32] = Sha256::digest(presented).into();
         scheme.eq_ignore_ascii_case(b"bearer") && bool::from(presented.ct_eq(&self.0))
     }
 }

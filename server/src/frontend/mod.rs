@@ -111,6 +111,8 @@ pub fn app(frontend: Arc<Frontend>, admin: AdminPlace) -> axum::Router {
 pub fn admin_app(frontend: Arc<Frontend>, token: Option<AdminToken>) -> axum::Router {
     let router = axum::Router::new()
         .route("/busy_threshold", get(threshold_api::read_all).post(threshold_api::update))
+        .fallback(reply::admin_no_route)
+        .method_not_allowed_fallback(reply::admin_method_not_allowed)
         .with_state(frontend);
     match token {
         Some(token) => router.layer(axum::middleware::from_fn_with_state(Arc::new(token), admin_auth::require_token)),

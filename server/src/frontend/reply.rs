@@ -103,6 +103,20 @@ pub fn plain_error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, axum::Json(json!({"error": message.into()}))).into_response()
 }
 
+/// Any path the admin listener does not serve: 404 in the admin API's
+/// error shape.
+pub async fn admin_no_route() -> Response {
+    plain_error(StatusCode::NOT_FOUND, "no such route: the admin API serves /busy_threshold")
+}
+
+/// A method `/busy_threshold` does not take: 405 in the admin API's error
+/// shape, with `Allow`.
+pub async fn admin_method_not_allowed() -> Response {
+    let mut response = plain_error(StatusCode::METHOD_NOT_ALLOWED, "/busy_threshold takes GET or POST");
+    response.headers_mut().insert(axum::http::header::ALLOW, axum::http::HeaderValue::from_static("GET, POST"));
+    response
+}
+
 /// Any path the inference listener does not serve: 404 in OpenAI's shape.
 pub async fn no_route() -> Response {
     client_error(StatusCode::NOT_FOUND, "no such route")
