@@ -14,6 +14,7 @@ use super::failure::{warn_failure, Failure, Peer};
 use super::payload::{NoBody, Payload, Prepared, RELEASE_GRACE};
 use super::relay::{relay, UpstreamBody};
 use super::watcher::Watcher;
+use super::REFUSAL_NOT_REACHED;
 use crate::api_error::RETRY_AFTER_MS;
 use crate::engines::error_chain as chain;
 use crate::secret::REFUSAL_PROOF;
@@ -111,6 +112,10 @@ pub(crate) async fn attempt<W: Watcher>(
     match upstream.headers().get(REFUSAL_HEADER).map(HeaderValue::as_bytes) {
         Some(signal) if signal == REFUSAL_AT_CAPACITY.as_bytes() => return Outcome::AtCapacity,
         Some(signal) if signal == REFUSAL_PROOF.as_bytes() => return Outcome::ProofRefused,
+        Some(signal) if signal == REFUSAL_NOT_REACHED.as_bytes() => {
+            warn_failure(peer, Failure::Connect, "the request did not reach an engine", &"the worker's engine failed");
+            return Outcome::Failed(Failure::Connect);
+        }
         _ => {}
     }
     if upstream.status().is_informational() {

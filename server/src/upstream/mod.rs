@@ -20,7 +20,10 @@
 //! - what went wrong ([`Failure`], `failure.rs`): a refusal at capacity
 //!   (the explicit `x-loadgate-refusal` signal alone), a timeout, a broken
 //!   transport — and whether the upstream had taken the request
-//!   ([`Outcome::Cut`]) or not ([`Outcome::Failed`], migratable).
+//!   ([`Outcome::Cut`]) or not ([`Outcome::Failed`], migratable). A
+//!   sidecar whose engine did not take a request says so with the signal
+//!   [`REFUSAL_NOT_REACHED`]: the frontend migrates it as if it had not
+//!   reached the sidecar itself.
 //!
 //! What a request holds while its answer is read (the frontend's tracked
 //! load, a sidecar's engine slot) is a [`Watcher`], dropped when the
@@ -38,6 +41,11 @@ mod relay;
 mod watcher;
 
 pub(crate) use self::attempt::{attempt, Outcome, Timeouts};
+
+/// `x-loadgate-refusal` of a sidecar whose engine did not take the request
+/// (it could not be reached, or broke before taking it): nothing ran,
+/// another worker may take it.
+pub(crate) const REFUSAL_NOT_REACHED: &str = "engine-not-reached";
 pub(crate) use self::client::client;
 pub(crate) use self::failure::{Failure, FailureCounts, Peer};
 pub(crate) use self::payload::Payload;

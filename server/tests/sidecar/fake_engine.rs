@@ -46,6 +46,9 @@ struct EngineState {
     metrics_up: AtomicBool,
     /// The model `/v1/models` lists.
     model: Mutex<String>,
+    /// Completions get no answer: their connection is dropped (as a dead
+    /// engine's would be reset) while `/metrics` still answers.
+    hang_up: AtomicBool,
 }
 
 /// Counts a completion as running until dropped.
@@ -92,6 +95,7 @@ impl FakeEngine {
             waiting: (0..ranks).map(|_| AtomicU32::new(0)).collect(),
             metrics_up: AtomicBool::new(true),
             model: Mutex::new(MODEL.to_owned()),
+            hang_up: AtomicBool::new(false),
         });
         let shared = state.clone();
         tokio::spawn(async move {
@@ -133,6 +137,12 @@ impl FakeEngine {
     pub(crate) fn set_metrics_up(&self, up: bool) {
         // Relaxed: read by the next /metrics answer.
         self.state.metrics_up.store(up, Ordering::Relaxed);
+    }
+
+    /// Completions from now on get their connection dropped, no answer.
+    pub(crate) fn set_hang_up(&self, hang_up: bool) {
+        // Relaxed: read by the next completion.
+        self.state.hang_up.store(hang_up, Ordering::Relaxed);
     }
 
     /// The model `/v1/models` lists from now on.
@@ -205,6 +215,11 @@ async fn completion(
 ) -> Response {
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     state.seen.lock().unwrap().push(Seen { conn, path: uri.path().to_owned(), body, headers });
+    // Relaxed: a flag the test sets.
+    if state.hang_up.load(Ordering::Relaxed) {
+        // Ends the connection's task: the connection closes unanswered.
+        panic!("the fake engine hangs up (a test's doing, not a failure)");
+    }
     if let Some(status) = request["status"].as_u64() {
         let status = StatusCode::from_u16(status as u16).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         return (status, [(header::CONTENT_TYPE, "application/json")], r#"{"error":"fake engine error"}"#)

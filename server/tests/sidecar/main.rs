@@ -386,6 +386,25 @@ async fn an_engine_back_with_another_model_keeps_the_sidecar_out_until_it_lists_
     assert_eq!((status, body.as_str()), (200, whole_answer(1).as_str()));
 }
 
+/// An engine that hangs up on every request (as one being killed does)
+/// while its scrapes still answer: the sidecar tells its frontend the
+/// request never ran (`x-loadgate-refusal: engine-not-reached`), and the
+/// frontend sends it to another worker instead of relaying a 502.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_engine_never_took_goes_to_another_worker() {
+    let (frontend, engine, _sidecar) = routed_sidecar().await;
+    let _other = common::worker(Some(frontend.events), MODEL, None, &["--decode-step-ms", "1"]);
+    frontend.wait_workers(2, Duration::from_secs(10)).await;
+    engine.set_hang_up(true);
+    let client = long_client();
+    let body = json!({"model": MODEL, "prompt": "hello", "max_tokens": 2});
+    for _ in 0..4 {
+        let (status, text) = complete(client.clone(), frontend.http.clone(), body.clone(), None).await;
+        assert_eq!(status, 200, "{text}");
+    }
+    assert!(!engine.seen().is_empty(), "the engine was tried");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_that_is_too_slow_gets_a_504_or_a_cut_and_its_connection_closed() {
     let engine = FakeEngine::start(1).await;

@@ -32,10 +32,11 @@ use axum::body::Bytes;
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::Response;
 use loadgate::engines::CompletionRoute;
+use loadgate::rejection::REFUSAL_HEADER;
 
 use crate::http_server::BodyBudget;
 use crate::openai::SERVER_ERROR;
-use crate::upstream::{self, Failure, Outcome, Payload, Peer, Timeouts, Watcher};
+use crate::upstream::{self, Failure, Outcome, Payload, Peer, Timeouts, Watcher, REFUSAL_NOT_REACHED};
 use crate::worker::gate::{at_capacity, Gate, Held};
 use crate::worker::reply::error_response;
 
@@ -95,7 +96,14 @@ impl EngineProxy {
             Outcome::ProofRefused => {
                 error_response(Failure::Proof.status(), SERVER_ERROR, None, "the engine refused the request proof")
             }
-            Outcome::Failed(failure) | Outcome::Cut(failure) => {
+            // Nothing ran: the frontend may send it to another worker.
+            Outcome::Failed(failure) => {
+                let message = format!("the engine did not take the request ({})", failure.label());
+                let mut response = error_response(failure.status(), SERVER_ERROR, None, &message);
+                response.headers_mut().insert(REFUSAL_HEADER, HeaderValue::from_static(REFUSAL_NOT_REACHED));
+                response
+            }
+            Outcome::Cut(failure) => {
                 let message = format!("the engine gave no usable answer ({})", failure.label());
                 error_response(failure.status(), SERVER_ERROR, None, &message)
             }
