@@ -119,3 +119,41 @@ async fn a_worker_on_both_planes_is_routed_again_while_nats_still_hears_it() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A model name whose NATS subject would pass the envelope's limit (bytes
+/// outside `A-Z a-z 0-9 _ -` take three each): the worker refuses to start,
+/// saying why, where it used to run and log "frame not sealed" at every
+/// send, never registered.
+#[test]
+#[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
+fn a_model_name_too_long_for_a_subject_stops_the_worker_at_start() {
+    let nats = Nats::start(&[]);
+    let model = ".".repeat(400);
+    let mut flags = plane(&nats);
+    flags.extend(["--model".to_owned(), model, "--http-host".to_owned(), "127.0.0.1".to_owned()]);
+    flags.extend(["--http-port".to_owned(), "0".to_owned()]);
+    let mut child = std::process::Command::new(common::bin())
+        .arg("worker")
+        .args(&flags)
+        .env("LOADGATE_EVENT_SECRET", SECRET)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn loadgate");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("the worker kept running with a model its subject cannot carry");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = child.wait_with_output().expect("output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains("makes a NATS subject of"), "{stderr}");
+}

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
-use loadgate::wire::envelope::Sealer;
+use loadgate::wire::envelope::{Sealer, MAX_SUBJECT};
 use loadgate::wire::Frame;
 use loadgate::RankLoad;
 use tokio::sync::Notify;
@@ -266,6 +266,27 @@ async fn next_hello(hellos: &mut Option<async_nats::Subscriber>) -> Option<async
 pub(crate) struct NatsLink {
     pub(crate) client: async_nats::Client,
     pub(crate) subjects: Subjects,
+}
+
+impl NatsLink {
+    /// Whether `registration`'s frames can be sealed: its subject (the
+    /// model name escaped, the id) within the envelope's limit. A model
+    /// name long enough to pass a raised `--max-name-len` may not be.
+    ///
+    /// # Errors
+    ///
+    /// The subject is too long: the worker could never register.
+    pub(crate) fn check(&self, registration: &Registration) -> anyhow::Result<()> {
+        let subject = self.subjects.events(&registration.model, registration.worker);
+        anyhow::ensure!(
+            subject.len() <= MAX_SUBJECT,
+            "the model name {:?} makes a NATS subject of {} bytes (at most {MAX_SUBJECT}; bytes outside \
+             A-Z a-z 0-9 _ - take 3 each): the worker could never register; use a shorter name",
+            registration.model,
+            subject.len()
+        );
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for NatsPublisher {

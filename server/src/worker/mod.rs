@@ -141,6 +141,7 @@ async fn serve(args: Args, admission: Option<Arc<Admission<()>>>) -> anyhow::Res
             };
             let nats = match (&nats, &secrets) {
                 (Some(link), Some(secrets)) => {
+                    link.check(&registration)?;
                     let heartbeat = Duration::from_millis(args.heartbeat_ms);
                     let seq = ReportSeq::default();
                     Some(Arc::new(NatsPublisher::start(link, registration.clone(), heartbeat, secrets.clone(), seq)))

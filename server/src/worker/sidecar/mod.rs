@@ -112,6 +112,9 @@ impl Sidecar {
             dp_size,
             http_addr: identity.http_addr,
         };
+        if let Some(link) = &nats {
+            link.check(&registration)?;
+        }
         let publishing = PublisherConfig {
             frontends: args.frontends.clone(),
             registration,
