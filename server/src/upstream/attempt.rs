@@ -10,11 +10,10 @@ use loadgate::rejection::{REFUSAL_AT_CAPACITY, REFUSAL_HEADER};
 use tokio::time::Instant;
 
 use super::assemble::{is_event_stream, read_whole, whole_response, ReadError};
-use super::failure::{warn_failure, Failure, Peer};
+use super::failure::{warn_failure, Failure, Peer, REFUSAL_NOT_REACHED};
 use super::payload::{NoBody, Payload, Prepared, RELEASE_GRACE};
 use super::relay::{relay, UpstreamBody};
 use super::watcher::Watcher;
-use super::REFUSAL_NOT_REACHED;
 use crate::api_error::RETRY_AFTER_MS;
 use crate::engines::error_chain as chain;
 use crate::secret::REFUSAL_PROOF;

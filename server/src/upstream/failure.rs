@@ -43,6 +43,11 @@ pub(crate) fn warn_failure(peer: Peer, failure: Failure, what: &str, detail: &dy
     }
 }
 
+/// `x-loadgate-refusal` of a sidecar whose engine did not take the request
+/// (it could not be reached, or broke before taking it): nothing ran,
+/// another worker may take it.
+pub(crate) const REFUSAL_NOT_REACHED: &str = "engine-not-reached";
+
 /// Why an upstream gave no usable answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Failure {

@@ -41,12 +41,7 @@ mod relay;
 mod watcher;
 
 pub(crate) use self::attempt::{attempt, Outcome, Timeouts};
-
-/// `x-loadgate-refusal` of a sidecar whose engine did not take the request
-/// (it could not be reached, or broke before taking it): nothing ran,
-/// another worker may take it.
-pub(crate) const REFUSAL_NOT_REACHED: &str = "engine-not-reached";
 pub(crate) use self::client::client;
-pub(crate) use self::failure::{Failure, FailureCounts, Peer};
+pub(crate) use self::failure::{Failure, FailureCounts, Peer, REFUSAL_NOT_REACHED};
 pub(crate) use self::payload::Payload;
 pub(crate) use self::watcher::Watcher;
