@@ -86,7 +86,7 @@ pub enum AdminPlace {
 /// any other path is 404, `/busy_threshold` with where the admin API is.
 pub fn app(frontend: Arc<Frontend>, admin: AdminPlace) -> axum::Router {
     let admin_routes = match admin {
-        AdminPlace::Here(token) => admin_app(frontend.clone(), Some(token)),
+        AdminPlace::Here(token) => admin_routes(frontend.clone(), Some(token)),
         AdminPlace::Elsewhere(addr) => {
             axum::Router::new().route("/busy_threshold", axum::routing::any(move || reply::admin_elsewhere(addr)))
         }
@@ -106,13 +106,20 @@ pub fn app(frontend: Arc<Frontend>, admin: AdminPlace) -> axum::Router {
     observe::layer(routes, frontend)
 }
 
-/// The admin listener's routes: `/busy_threshold`, behind the bearer token
-/// when there is one.
+/// The admin listener's app: [`admin_routes`], and any other path or
+/// method answered in the admin API's error shape.
 pub fn admin_app(frontend: Arc<Frontend>, token: Option<AdminToken>) -> axum::Router {
-    let router = axum::Router::new()
-        .route("/busy_threshold", get(threshold_api::read_all).post(threshold_api::update))
+    admin_routes(frontend, token)
         .fallback(reply::admin_no_route)
         .method_not_allowed_fallback(reply::admin_method_not_allowed)
+}
+
+/// The admin API's routes: `/busy_threshold`, behind the bearer token when
+/// there is one (no fallback: they are merged into the inference app with
+/// `--admin-on-http-port`).
+fn admin_routes(frontend: Arc<Frontend>, token: Option<AdminToken>) -> axum::Router {
+    let router = axum::Router::new()
+        .route("/busy_threshold", get(threshold_api::read_all).post(threshold_api::update))
         .with_state(frontend);
     match token {
         Some(token) => router.layer(axum::middleware::from_fn_with_state(Arc::new(token), admin_auth::require_token)),
