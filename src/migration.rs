@@ -191,7 +191,13 @@ impl Migration {
     fn settle<R>(&mut self, worker: WorkerId, sent: Result<R, Rejection>) -> Option<Result<R, MigrationError>> {
         match sent {
             Ok(r) => Some(Ok(r)),
-            Err(Rejection::WorkerOverloaded) => (!self.refused(worker)).then_some(Err(MigrationError::Exhausted)),
+            Err(Rejection::WorkerOverloaded) => {
+                // A route that hands back a worker that already refused
+                // (one that ignores the exclusions) would never grow the
+                // list: exhausted, not an endless retry of that worker.
+                let again = self.refused.contains(&worker);
+                (!self.refused(worker) || again).then_some(Err(MigrationError::Exhausted))
+            }
             Err(other) => Some(Err(MigrationError::Rejected(other))),
         }
     }
@@ -209,5 +215,23 @@ mod tests {
         assert!(m.refused(5));
         assert!(!m.refused(9));
         assert_eq!(m.refusals(), [5, 3, 9]);
+    }
+
+    /// Found by a review: a route that ignores the exclusions (a sticky
+    /// session) and hands back the worker that refused ended in an endless
+    /// loop; now that worker's second refusal ends the request.
+    #[test]
+    fn a_route_that_repeats_a_refusing_worker_is_exhausted() {
+        let mut attempts = 0u32;
+        let result = Migration::new(3).run(
+            |_refused: &[WorkerId]| Ok(1),
+            |_worker| {
+                attempts += 1;
+                assert!(attempts <= 100, "still retrying after {attempts} attempts");
+                Err::<(), _>(Rejection::WorkerOverloaded)
+            },
+        );
+        assert_eq!(result, Err(MigrationError::Exhausted));
+        assert_eq!(attempts, 2);
     }
 }

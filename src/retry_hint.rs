@@ -196,7 +196,7 @@ impl RetryHint {
         }
         let now = nanos(self.epoch.elapsed());
         // Relaxed: see `set_others`.
-        let frontends = 1 + self.others.load(Ordering::Relaxed);
+        let frontends = self.others.load(Ordering::Relaxed).saturating_add(1);
         // The others hold at least what this one holds (the clients spread
         // over the frontends; their beats lag by up to one).
         let others = self.others_in_flight.load(Ordering::Relaxed).max(in_flight.saturating_mul(frontends - 1));
@@ -276,6 +276,24 @@ mod tests {
         hint.finished(mean);
         assert_eq!(hint.mean(), mean);
         hint
+    }
+
+    /// Found by a review: `set_others(u64::MAX, ..)` overflowed the count
+    /// of frontends (a panic in a debug build). Extreme figures give a hint
+    /// within the bounds.
+    #[test]
+    fn extreme_figures_from_the_others_give_a_hint_within_bounds() {
+        let hint = hint_with_mean(100 * MS);
+        for (others, in_flight, waiting) in [(u64::MAX, 0, 0), (u64::MAX, u64::MAX, u64::MAX), (0, u64::MAX, 0)] {
+            hint.set_others(others, in_flight, waiting);
+            for (mine, line) in [(0, 0), (1, 0), (u64::MAX, u64::MAX)] {
+                let wait = hint.refused(mine, line);
+                assert!(
+                    (MIN_RETRY_AFTER..=MAX_RETRY_AFTER).contains(&wait),
+                    "{others} {in_flight} {waiting}: {wait:?}"
+                );
+            }
+        }
     }
 
     #[test]
