@@ -357,9 +357,12 @@ impl Line {
         }
         let mut queue = lock(&self.queue);
         let view = view.load();
-        queue.published(&view, changed);
-        if queue.any_held() {
+        let forgot = queue.published(&view, changed);
+        let held = queue.any_held();
+        if held {
             queue.release();
+        }
+        if forgot || held {
             self.sync_hint(&queue);
         }
         self.wake_free_in(&mut queue, &view);

@@ -293,9 +293,10 @@ impl Queue {
         self.spent.is_large()
     }
 
-    /// A publication of `view` changed `changed`.
-    pub(super) fn published(&mut self, view: &ModelView, changed: Changed<'_>) {
-        self.spent.published(view, changed);
+    /// A publication of `view` changed `changed`; returns whether spent
+    /// marks went (of workers no longer members).
+    pub(super) fn published(&mut self, view: &ModelView, changed: Changed<'_>) -> bool {
+        self.spent.published(view, changed)
     }
 
     /// Whether `tokens` more fit beside `len` waiters holding `sum`.

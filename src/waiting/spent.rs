@@ -193,8 +193,39 @@ impl Spent {
     }
 
     /// After a publication of `view` that changed `changed`: the free set
-    /// follows it.
-    pub(super) fn published(&mut self, view: &ModelView, changed: Changed<'_>) {
+    /// follows it, and a change of the members drops the marks of workers
+    /// no longer among them (deregistered: no report will clear them, and
+    /// a new life of the id starts unspent). Returns whether marks went.
+    pub(super) fn published(&mut self, view: &ModelView, changed: Changed<'_>) -> bool {
+        let forgot = matches!(changed, Changed::All) && self.forget_gone(view);
+        self.follow(view, changed);
+        forgot
+    }
+
+    /// Drops the marks of workers `view` does not have; whether any went.
+    fn forget_gone(&mut self, view: &ModelView) -> bool {
+        if self.ids.iter().all(|&worker| view.find(worker).is_some()) {
+            return false;
+        }
+        let kept: Vec<(WorkerId, Option<u64>)> = self
+            .ids
+            .iter()
+            .zip(&self.since)
+            .filter(|(worker, _)| view.find(**worker).is_some())
+            .map(|(worker, since)| (*worker, *since))
+            .collect();
+        (self.ids, self.since) = kept.into_iter().unzip();
+        if let Some(large) = &mut self.large {
+            large.index = self.ids.iter().enumerate().map(|(i, w)| (*w, i)).collect();
+            if self.ids.len() <= large_from() / 2 {
+                self.large = None;
+            }
+        }
+        true
+    }
+
+    /// The free set after a publication that changed `changed`.
+    fn follow(&mut self, view: &ModelView, changed: Changed<'_>) {
         let Some(large) = &mut self.large else { return };
         let Some(free) = &mut large.free else { return };
         match changed {

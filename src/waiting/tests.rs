@@ -602,3 +602,36 @@ fn a_models_life_changes_only_when_it_is_forgotten() {
     assert!(back.is_some() && back != life, "back: another life");
     assert_eq!(pool.monitor.model_life("other"), None);
 }
+
+/// Found by a review: a worker the line dispatched to and that then left
+/// kept its mark until the line emptied (no report clears it); a line that
+/// never empties while workers come and go grew its marks, and every
+/// dispatch paid for them. A publication that changes the members drops
+/// the marks of workers no longer among them.
+#[test]
+fn a_worker_that_leaves_takes_its_spent_mark_with_it() {
+    let pool = Pool::new(3, LineLimits::default());
+    for w in 1..=3 {
+        pool.report(w, true);
+    }
+    let (timer, wakes) = (Timer::default(), Arc::new(Count::default()));
+    let mut waiters: Vec<Waiting<'_>> = (0..3).map(|_| wait(&pool, &timer)).collect();
+    for w in &mut waiters {
+        assert_eq!(poll(w, &wakes), Poll::Pending);
+    }
+    pool.report(2, false);
+    assert_eq!(poll(&mut waiters[0], &wakes), Poll::Ready(Ok(2)));
+    let spent = || {
+        let state = pool.monitor.model_state("m").unwrap();
+        let marks = crate::sync::lock(&state.line.queue).spent().to_vec();
+        marks
+    };
+    assert_eq!(spent(), [2], "dispatched to from a line still in use");
+    pool.monitor.deregister(2);
+    assert!(spent().is_empty(), "the mark left with its worker");
+    assert_eq!(pool.waiting(), 2);
+    // A new life of the id is free at once.
+    pool.monitor.register(2, "m", 1, 1).unwrap();
+    pool.report_of(2, 1, 10);
+    assert_eq!(poll(&mut waiters[1], &wakes), Poll::Ready(Ok(2)));
+}
