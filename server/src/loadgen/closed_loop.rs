@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::loadgen::answer::{cut_short, read_body};
 use crate::loadgen::config::{request_body, BenchConfig};
 use crate::loadgen::progress::{Progress, Tally};
 
@@ -29,6 +30,7 @@ pub async fn saturate(
 ) -> anyhow::Result<f64> {
     let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
     let body = bytes::Bytes::from(request_body(config));
+    let stream = config.stream;
     let tally = Arc::new(Tally::default());
     let progress = Progress::start(config.progress, warmup + measure, tally.clone());
     let start = Instant::now();
@@ -44,13 +46,17 @@ pub async fn saturate(
                 let sent = Instant::now();
                 tally.sent();
                 let exchange = async {
-                    let resp =
+                    let mut resp =
                         client.post(&url).header("content-type", "application/json").body(body.clone()).send().await?;
                     let status = resp.status().as_u16();
-                    resp.bytes().await.map(|_| status)
+                    read_body(&mut resp, || {}).await.map(|tail| (status, tail))
                 };
                 match tokio::time::timeout_at(deadline, exchange).await {
-                    Ok(Ok(status)) => {
+                    // A 2xx cut short is no completion (see `answer`).
+                    Ok(Ok((status, tail))) if (200..300).contains(&status) && !tail.is_whole(stream) => {
+                        tally.failed(&cut_short(stream));
+                    }
+                    Ok(Ok((status, _))) => {
                         tally.answered(status);
                         if (200..300).contains(&status) {
                             served.push((sent, Instant::now()));

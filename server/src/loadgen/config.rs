@@ -38,10 +38,13 @@ pub struct Args {
     , value_parser = crate::flag_limits::fractional_secs())]
     pub duration: Option<f64>,
     /// Prompt length in tokens (words).
-    #[arg(help_heading = "Load (open loop)", long, env = "LOADGATE_BENCH_PROMPT_TOKENS", default_value_t = 128)]
+    /// At most 16,000,000 (a request of about 96 MB, under the servers' default body limit).
+    #[arg(help_heading = "Load (open loop)", long, env = "LOADGATE_BENCH_PROMPT_TOKENS", default_value_t = 128,
+          value_parser = clap::value_parser!(u32).range(0..=16_000_000))]
     pub prompt_tokens: u32,
-    /// Tokens to generate per request.
-    #[arg(help_heading = "Load (open loop)", long, env = "LOADGATE_BENCH_OUTPUT_TOKENS", default_value_t = 32)]
+    /// Tokens to generate per request (1 to 2^31 - 1, the `max_tokens` every server takes).
+    #[arg(help_heading = "Load (open loop)", long, env = "LOADGATE_BENCH_OUTPUT_TOKENS", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..=crate::openai::MAX_TOKENS_LIMIT as i64))]
     pub output_tokens: u32,
     /// Stream responses (SSE); TTFT is then the first streamed bytes.
     #[arg(help_heading = "Load (open loop)", long, env = "LOADGATE_BENCH_STREAM", value_parser = clap::builder::BoolishValueParser::new())]
@@ -269,7 +272,8 @@ pub fn completions_url(base: &str) -> String {
 /// The request body: a prompt of `prompt_tokens` words (one user message
 /// when the URL is a chat endpoint).
 pub(crate) fn request_body(config: &BenchConfig) -> String {
-    let prompt = vec!["hello"; config.prompt_tokens as usize].join(" ");
+    let prompt = "hello ".repeat(config.prompt_tokens as usize);
+    let prompt = prompt.trim_end().to_owned();
     let mut body = serde_json::json!({
         "model": config.model,
         "max_tokens": config.output_tokens,

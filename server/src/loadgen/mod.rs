@@ -29,6 +29,7 @@
 //! `open_loop.rs`, `closed_loop.rs` and `retry_storm.rs` the three kinds of
 //! run; `storm_report.rs` the storm's figures; `plot.rs` the SVG charts.
 
+mod answer;
 mod closed_loop;
 mod config;
 mod mix;

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use loadgate::Class;
 
+use crate::loadgen::answer::{cut_short, read_body};
 use crate::loadgen::config::{request_body, BenchConfig};
 use crate::loadgen::mix::PRIORITY_HEADER;
 use crate::loadgen::progress::{Progress, Tally};
@@ -79,7 +80,9 @@ pub async fn run_bench_tallied(config: &BenchConfig, tally: &Arc<Tally>) -> anyh
         elapsed: Duration::ZERO,
         ttft: histogram(3),
         latency: histogram(3),
-        timeline: (0..seconds.max(1)).map(|_| SecondBucket::new()).collect(),
+        // Grown as arrivals come (two histograms a second): a long
+        // --duration costs nothing up front.
+        timeline: Vec::new(),
         rejected_reasons: BTreeMap::new(),
         by_class: config.mix.map(|_| Default::default()),
         by_tenant: config.tenants.as_ref().map(|t| (0..t.len()).map(|_| ClassReport::default()).collect()),
@@ -89,8 +92,13 @@ pub async fn run_bench_tallied(config: &BenchConfig, tally: &Arc<Tally>) -> anyh
     let start = Instant::now();
     let end = start + config.duration;
     let drain_deadline = end + config.drain_timeout;
-    let gap = |rng: &mut fastrand::Rng| Duration::from_secs_f64(-(1.0 - rng.f64()).ln() / config.rate);
-    let mut next = Some(start + gap(&mut rng)).filter(|t| *t < end);
+    // The next arrival after `from`, if any before the end (a gap too long
+    // for a `Duration` or an `Instant`, at a tiny rate, is past it).
+    let after = |from: Instant, rng: &mut fastrand::Rng| {
+        let gap = Duration::try_from_secs_f64(-(1.0 - rng.f64()).ln() / config.rate).ok()?;
+        from.checked_add(gap).filter(|t| *t < end)
+    };
+    let mut next = after(start, &mut rng);
     let mut outstanding = 0u64;
     let mut last_answer = start;
     loop {
@@ -100,7 +108,10 @@ pub async fn run_bench_tallied(config: &BenchConfig, tally: &Arc<Tally>) -> anyh
         tokio::select! {
             () = tokio::time::sleep_until(next.unwrap_or(end)), if next.is_some() => {
                 let scheduled = next.expect("guarded");
-                let second = ((scheduled - start).as_secs_f64() as usize).min(report.timeline.len() - 1);
+                let second = ((scheduled - start).as_secs_f64() as usize).min(seconds.max(1) - 1);
+                if report.timeline.len() <= second {
+                    report.timeline.resize_with(second + 1, SecondBucket::new);
+                }
                 report.sent += 1;
                 report.timeline[second].sent += 1;
                 outstanding += 1;
@@ -122,7 +133,7 @@ pub async fn run_bench_tallied(config: &BenchConfig, tally: &Arc<Tally>) -> anyh
                 };
                 tally.sent();
                 tasks.spawn(one_request(client.clone(), request, scheduled, second, tx.clone(), tally.clone()));
-                next = Some(scheduled + gap(&mut rng)).filter(|t| *t < end);
+                next = after(scheduled, &mut rng);
             }
             Some(outcome) = rx.recv() => {
                 outstanding -= 1;
@@ -225,51 +236,26 @@ async fn one_request(
             outcome.reason =
                 resp.headers().get(REJECTED_REASON).and_then(|v| v.to_str().ok()).map(|v| v.chars().take(64).collect());
         }
-        let mut text = Vec::new();
-        let mut broken = false;
-        loop {
-            match resp.chunk().await {
-                Ok(Some(chunk)) => {
-                    if outcome.ttft.is_none() && stream {
-                        outcome.ttft = Some(scheduled.elapsed());
-                    }
-                    text.extend_from_slice(&chunk);
-                }
-                Ok(None) => break,
-                Err(error) => {
-                    tally.failed(&error);
-                    broken = true;
-                    break;
-                }
+        let read = read_body(&mut resp, || {
+            if stream {
+                outcome.ttft = Some(scheduled.elapsed());
             }
-        }
+        })
+        .await;
         outcome.latency = scheduled.elapsed();
-        if !broken {
-            tally.answered(status);
-            outcome.answer = Answer::Status(status);
-            if !stream {
-                outcome.ttft = Some(outcome.latency);
+        match read {
+            Err(error) => tally.failed(&error),
+            // A 2xx cut short is no completion (see `answer`).
+            Ok(tail) if resp.status().is_success() && !tail.is_whole(stream) => tally.failed(&cut_short(stream)),
+            Ok(tail) => {
+                tally.answered(status);
+                outcome.answer = Answer::Status(status);
+                if !stream {
+                    outcome.ttft = Some(outcome.latency);
+                }
+                outcome.tokens = tail.completion_tokens();
             }
-            outcome.tokens = completion_tokens(&text);
         }
     }
     let _ = done.send(outcome);
-}
-
-/// The last `"completion_tokens":N` in a response (JSON or SSE).
-fn completion_tokens(text: &[u8]) -> u64 {
-    const KEY: &[u8] = b"\"completion_tokens\":";
-    let Some(at) = text.windows(KEY.len()).rposition(|w| w == KEY) else { return 0 };
-    text[at + KEY.len()..].iter().take_while(|b| b.is_ascii_digit()).fold(0, |n, b| n * 10 + u64::from(b - b'0'))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn completion_tokens_of_json_and_sse() {
-        assert_eq!(completion_tokens(br#"{"usage":{"prompt_tokens":3,"completion_tokens":17,"total_tokens":20}}"#), 17);
-        assert_eq!(completion_tokens(b"data: [DONE]"), 0);
-    }
 }

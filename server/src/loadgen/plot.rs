@@ -27,7 +27,7 @@ pub fn timeline(path: &Path, report: &BenchReport) -> anyhow::Result<()> {
     let root = SVGBackend::new(path, (900, 640)).into_drawing_area();
     root.fill(&WHITE)?;
     let (top, bottom) = root.split_vertically(400);
-    let seconds = report.timeline.len() as f64;
+    let seconds = report.timeline.len().max(1) as f64;
     let per_second: Vec<(f64, Percentiles, Percentiles)> = report
         .timeline
         .iter()

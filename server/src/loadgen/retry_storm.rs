@@ -28,6 +28,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::loadgen::answer::{cut_short, read_body};
 use crate::loadgen::config::{request_body, StormConfig};
 use crate::loadgen::progress::{Progress, Tally};
 use crate::loadgen::storm_report::{ClientRun, Ending, StormReport};
@@ -142,7 +143,7 @@ async fn one_client(
             run.retries.push(due - start);
         }
         tally.sent();
-        let wait = match attempt_once(client, config.url(index, attempt), body.clone()).await {
+        let wait = match attempt_once(client, config.url(index, attempt), body.clone(), config.request.stream).await {
             Ok((status, hint)) => {
                 tally.answered(status);
                 run.statuses.push(status);
@@ -176,6 +177,11 @@ async fn one_client(
                 run.transport_errors += 1;
                 config.fallback
             }
+            Err(Failure::Cut(error)) => {
+                tally.failed(&error);
+                run.transport_errors += 1;
+                config.fallback
+            }
         };
         if attempt == config.max_attempts {
             run.ending = Ending::OutOfAttempts;
@@ -197,6 +203,8 @@ enum Failure {
     Timeout(reqwest::Error),
     /// The connection failed or broke.
     Transport(reqwest::Error),
+    /// A 2xx whose body ended before its end (see `answer`).
+    Cut(std::io::Error),
 }
 
 /// One attempt: its status (the body fully read) and the retry hint it carries.
@@ -204,13 +212,18 @@ async fn attempt_once(
     client: &reqwest::Client,
     url: &str,
     body: bytes::Bytes,
+    stream: bool,
 ) -> Result<(u16, Option<Duration>), Failure> {
     let classify = |e: reqwest::Error| if e.is_timeout() { Failure::Timeout(e) } else { Failure::Transport(e) };
-    let response =
+    let mut response =
         client.post(url).header("content-type", "application/json").body(body).send().await.map_err(classify)?;
     let status = response.status().as_u16();
     let hint = retry_hint(response.headers());
-    response.bytes().await.map_err(classify)?;
+    let tail = read_body(&mut response, || {}).await.map_err(classify)?;
+    // A 2xx cut short is no completion (see `answer`).
+    if (200..300).contains(&status) && !tail.is_whole(stream) {
+        return Err(Failure::Cut(cut_short(stream)));
+    }
     Ok((status, hint))
 }
 

@@ -117,7 +117,8 @@ pub struct Args {
     #[arg(help_heading = "Simulated engine", long, env = "LOADGATE_WORKER_DECODE_STEP_MS", default_value_t = 10, value_parser = crate::flag_limits::ms(1))]
     pub decode_step_ms: u64,
     /// Bound on prefill speed, tokens per second per rank.
-    #[arg(help_heading = "Simulated engine", long, env = "LOADGATE_WORKER_PREFILL_TOKENS_PER_S")]
+    #[arg(help_heading = "Simulated engine", long, env = "LOADGATE_WORKER_PREFILL_TOKENS_PER_S",
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub prefill_tokens_per_s: Option<u32>,
     /// Re-send every rank's load at least this often (ms), even when unchanged.
     #[arg(help_heading = "Event plane", long, env = "LOADGATE_WORKER_HEARTBEAT_MS", default_value_t = 200, value_parser = crate::flag_limits::ms(1))]

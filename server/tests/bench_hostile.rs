@@ -1,0 +1,230 @@
+//! `loadgate bench` (and one flag of the simulated worker) against hostile
+//! or broken servers and nonsense flags, as processes over real sockets.
+//! Each test is a defect a review found (it failed before its fix): the
+//! bench's memory stays bounded whatever a server sends and however long
+//! the run, a 2xx cut short is no completion, and flags no server could
+//! serve are refused at start rather than crash or run for nothing.
+//!
+//! Margins: RSS bounds are 4-8x what the bench holds when working (about
+//! 20-30 MiB); every wait is bounded.
+
+use std::io::Read as _;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+const MIB: u64 = 1024 * 1024;
+
+fn loadgate(args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_loadgate"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn loadgate")
+}
+
+/// `loadgate bench` of model `m` against `url`, seeded, quiet, with `extra`.
+fn bench(url: &str, extra: &[&str]) -> Child {
+    let mut args = vec!["bench", "--url", url, "--model", "m", "--seed", "1", "--quiet"];
+    args.extend_from_slice(extra);
+    loadgate(&args)
+}
+
+/// VmRSS of `pid`, KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits for `child` at most `within`; kills it past that. Its status
+/// (None: killed), stdout and stderr.
+fn finish(mut child: Child, within: Duration) -> (Option<std::process::ExitStatus>, String, String) {
+    let deadline = Instant::now() + within;
+    let status = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (mut out, mut err) = (String::new(), String::new());
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    (status, out, err)
+}
+
+/// A raw HTTP/1.1 server on 127.0.0.1: reads each request head, then runs
+/// `answer` on the connection.
+async fn raw_server<F, Fut>(answer: F) -> SocketAddr
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let answer = Arc::new(answer);
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut tcp, _)) = listener.accept().await else { return };
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                // The head and the (small) body: read what comes in the first moments.
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut seen = Vec::new();
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tcp.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => seen.extend_from_slice(&buf[..n]),
+                    }
+                }
+                answer(tcp).await;
+            });
+        }
+    });
+    addr
+}
+
+/// The open loop keeps every response body whole in memory: a frontend
+/// answering with a large (or endless) 200 stream grows the load generator
+/// without bound, until the drain deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_memory_is_bounded_against_a_huge_stream() {
+    let written = Arc::new(AtomicU64::new(0));
+    let cap = 256 * MIB;
+    let w = written.clone();
+    let addr = raw_server(move |mut tcp| {
+        let w = w.clone();
+        async move {
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+            if tcp.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            let event = format!("data: {}\n\n", "x".repeat(MIB as usize - 8));
+            let chunk = format!("{:x}\r\n{event}\r\n", event.len());
+            while w.load(Ordering::Relaxed) < cap {
+                if tcp.write_all(chunk.as_bytes()).await.is_err() {
+                    return;
+                }
+                w.fetch_add(event.len() as u64, Ordering::Relaxed);
+            }
+            // Never ends: a stream that does not finish.
+            tokio::time::sleep(Duration::from_secs(600)).await;
+        }
+    })
+    .await;
+    let url = format!("http://{addr}");
+    let bench = bench(&url, &["--rate", "20", "--duration", "0.5", "--stream", "--drain-timeout", "120", "--json"]);
+    let pid = bench.id();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while written.load(Ordering::Relaxed) < cap && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let sent = written.load(Ordering::Relaxed);
+    let rss = rss_kib(pid) / 1024;
+    let _ = finish(bench, Duration::ZERO);
+    eprintln!("the server sent {} MiB; bench RSS {rss} MiB", sent / MIB);
+    assert!(sent >= cap, "the bench did not take the bytes: {} MiB", sent / MIB);
+    assert!(rss < 128, "bench holds {rss} MiB after reading {} MiB of responses", sent / MIB);
+}
+
+/// A 200 stream cut short (a close-delimited body, no `data: [DONE]`, no
+/// usage) is no completion: it was counted "ok", its latency in the
+/// percentiles and in the demo's goodput.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_does_not_count_a_cut_stream_as_ok() {
+    let addr = raw_server(|mut tcp| async move {
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+        let first = "data: {\"id\":\"x\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":\" the\",\"finish_reason\":null}]}\n\n";
+        let _ = tcp.write_all(format!("{head}{first}").as_bytes()).await;
+        // The frontend goes away mid-stream.
+        let _ = tcp.shutdown().await;
+    })
+    .await;
+    let url = format!("http://{addr}");
+    let bench = bench(&url, &["--rate", "20", "--duration", "0.5", "--stream", "--drain-timeout", "5", "--json"]);
+    let (status, out, err) = tokio::task::spawn_blocking(move || finish(bench, Duration::from_secs(30))).await.unwrap();
+    assert!(status.is_some(), "bench did not end: {err}");
+    let summary: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
+    eprintln!("{summary}");
+    assert!(summary["sent"].as_u64().unwrap() > 0);
+    assert_eq!(summary["ok"], 0, "cut streams counted as completed: {summary}");
+}
+
+/// `--rate` takes any positive number: a tiny one panicked (a gap too long
+/// for a `Duration`); now it makes no arrival.
+#[test]
+fn bench_tiny_rate_does_not_panic() {
+    let bench = bench("http://127.0.0.1:9", &["--rate", "1e-300", "--duration", "1"]);
+    let (status, _, err) = finish(bench, Duration::from_secs(20));
+    assert!(!err.contains("panicked"), "exit {status:?}: {}", err.lines().take(3).collect::<Vec<_>>().join("\n"));
+}
+
+/// `--prompt-tokens` takes any u32: a huge one aborts the process
+/// (the prompt is built as a Vec of 4e9 words), though no frontend could
+/// take a body of that size (192 MiB by default).
+#[test]
+fn bench_huge_prompt_tokens_is_refused_cleanly() {
+    let bench = bench("http://127.0.0.1:9", &["--rate", "1", "--duration", "1", "--prompt-tokens", "4294967295"]);
+    let (status, _, err) = finish(bench, Duration::from_secs(20));
+    let status = status.expect("ended");
+    assert!(status.code().is_some(), "killed by a signal ({status:?}): {}", err.trim());
+}
+
+/// Memory grows with `--duration` before any request: the timeline
+/// allocates two histograms per second of it up front (about 53 KiB per
+/// second: 1 GiB at --duration 20000, 4.5 GiB at the accepted maximum of a day).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_memory_does_not_grow_with_duration() {
+    // A server that never answers, so that the run stays up.
+    let addr = raw_server(|_tcp| async move { tokio::time::sleep(Duration::from_secs(600)).await }).await;
+    let url = format!("http://{addr}");
+    let bench = bench(&url, &["--rate", "1", "--duration", "20000"]);
+    let pid = bench.id();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let rss = rss_kib(pid) / 1024;
+    let _ = finish(bench, Duration::ZERO);
+    assert!(rss < 128, "bench RSS {rss} MiB three seconds into a --duration 20000 run");
+}
+
+/// `--prefill-tokens-per-s 0` is accepted; the worker then never
+/// prefills anything: every request hangs forever, holding its place in the cap.
+#[test]
+fn a_worker_with_a_zero_prefill_rate_refuses_to_start() {
+    let worker = loadgate(&["worker", "--model", "m", "--http-port", "0", "--prefill-tokens-per-s", "0"]);
+    let (status, out, err) = finish(worker, Duration::from_secs(20));
+    let status = status.expect("the worker refuses to start");
+    assert!(!status.success(), "started: {out}");
+    assert!(err.contains("--prefill-tokens-per-s"), "{err}");
+}
+
+/// `--output-tokens 0` (or above 2^31 - 1) is accepted, and every
+/// request it sends is one no worker takes (400): the run reports 100 %
+/// "rejected" and exits 0 instead of refusing the flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_refuses_output_tokens_no_server_accepts() {
+    let mut worker = loadgate(&["worker", "--model", "m", "--http-port", "0"]);
+    let mut line = String::new();
+    {
+        use std::io::BufRead as _;
+        std::io::BufReader::new(worker.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    }
+    let url = format!("http://{}", line.trim().strip_prefix("listening http=").unwrap());
+    let bench = bench(&url, &["--rate", "20", "--duration", "0.5", "--output-tokens", "0", "--json"]);
+    let (status, out, _) = tokio::task::spawn_blocking(move || finish(bench, Duration::from_secs(30))).await.unwrap();
+    let _ = worker.kill();
+    let _ = worker.wait();
+    assert_ne!(status.and_then(|s| s.code()), Some(0), "accepted and ran: {out}");
+}
