@@ -285,8 +285,9 @@ pub struct Args {
     /// least 5x the workers' --heartbeat-ms.
     #[arg(help_heading = "Limits", long, env = "LOADGATE_FRONTEND_EVENT_IDLE_TIMEOUT_MS", value_name = "MS", default_value_t = 2000, value_parser = crate::flag_limits::ms(1))]
     pub event_idle_timeout_ms: u64,
-    /// Largest request body, in MiB (larger: 413).
-    #[arg(help_heading = "Limits", long, env = "DYN_HTTP_BODY_LIMIT_MB", value_name = "MB", default_value_t = 192)]
+    /// Largest request body, in MiB (larger: 413); at least 1.
+    #[arg(help_heading = "Limits", long, env = "DYN_HTTP_BODY_LIMIT_MB", value_name = "MB", default_value_t = 192,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub http_body_limit_mb: usize,
     /// Bytes of request bodies buffered at once over all requests, in MiB (past it: 503).
     #[arg(
@@ -449,6 +450,13 @@ mod tests {
         assert_eq!(config.failures_to_leave, 3);
         assert!(parse(&["--engine", "tgi=h:1"]).is_err());
         assert!(parse(&["--engine-scrape-failures", "0"]).is_err());
+    }
+
+    /// A body limit of 0 refused every POST with 413: refused at start.
+    #[test]
+    fn the_body_limit_is_at_least_one_mib() {
+        assert!(parse(&["--http-body-limit-mb", "0"]).is_err());
+        assert_eq!(parse(&["--http-body-limit-mb", "1"]).unwrap().http_body_limit_mb, 1);
     }
 
     #[test]

@@ -90,8 +90,9 @@ pub struct Args {
     /// forgotten: that would allow a replay). About 40 bytes each. Default 1000000.
     #[arg(help_heading = "Limits", long, env = "LOADGATE_WORKER_MAX_PROOF_NONCES", value_name = "N", default_value_t = 1_000_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_proof_nonces: usize,
-    /// Largest request body, in MiB (larger: 413).
-    #[arg(help_heading = "Limits", long, env = "DYN_HTTP_BODY_LIMIT_MB", value_name = "MB", default_value_t = 192)]
+    /// Largest request body, in MiB (larger: 413); at least 1.
+    #[arg(help_heading = "Limits", long, env = "DYN_HTTP_BODY_LIMIT_MB", value_name = "MB", default_value_t = 192,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub http_body_limit_mb: usize,
     /// Data-parallel ranks of the simulator (with --engine: as many as the engine reports).
     #[arg(help_heading = "Simulated engine", long, env = "LOADGATE_WORKER_DP_SIZE", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
