@@ -30,6 +30,10 @@ pin_project! {
     /// free; resolves to the worker, or to why none was given. Dropping it
     /// leaves the line at once.
     ///
+    /// # Panics
+    ///
+    /// Polled again after it resolved (as most futures, it must not be).
+    ///
     /// Made by [`ModelRouter::wait`](crate::ModelRouter::wait) and
     /// [`WorkerRouter::wait`](crate::WorkerRouter::wait).
     #[must_use = "a Wait does nothing unless polled"]
