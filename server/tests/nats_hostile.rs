@@ -130,30 +130,8 @@ fn a_model_name_too_long_for_a_subject_stops_the_worker_at_start() {
     let nats = Nats::start(&[]);
     let model = ".".repeat(400);
     let mut flags = plane(&nats);
-    flags.extend(["--model".to_owned(), model, "--http-host".to_owned(), "127.0.0.1".to_owned()]);
-    flags.extend(["--http-port".to_owned(), "0".to_owned()]);
-    let mut child = std::process::Command::new(common::bin())
-        .arg("worker")
-        .args(&flags)
-        .env("LOADGATE_EVENT_SECRET", SECRET)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn loadgate");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            panic!("the worker kept running with a model its subject cannot carry");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let out = child.wait_with_output().expect("output");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!status.success(), "{stderr}");
+    flags.extend(["--model".to_owned(), model]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let stderr = common::worker_refuses(&flags, &[("LOADGATE_EVENT_SECRET", SECRET)]);
     assert!(stderr.contains("makes a NATS subject of"), "{stderr}");
 }

@@ -200,9 +200,23 @@ pub fn worker_with_env(events: Option<SocketAddr>, model: &str, env: &[(&str, &s
 /// Runs `loadgate frontend <args>` on free ports with no secret but `env`,
 /// which must exit (bounded: 20 s) without listening; returns its stderr.
 pub fn frontend_refuses(args: &[&str], env: &[(&str, &str)]) -> String {
+    let ports = ["--http-host", "127.0.0.1", "--http-port", "0", "--event-port", "0", "--admin-port", "0"];
+    refuses("frontend", &ports, args, env)
+}
+
+/// Runs `loadgate worker <args>` on a free port with no secret but `env`,
+/// which must exit (bounded: 20 s) without listening; returns its stderr.
+#[allow(dead_code, reason = "not every test binary starts a worker that must refuse")]
+pub fn worker_refuses(args: &[&str], env: &[(&str, &str)]) -> String {
+    refuses("worker", &["--http-host", "127.0.0.1", "--http-port", "0"], args, env)
+}
+
+/// Runs `loadgate <command> <ports> <args>` with no secret but `env`, which
+/// must exit (bounded: 20 s) without listening; returns its stderr.
+fn refuses(command: &str, ports: &[&str], args: &[&str], env: &[(&str, &str)]) -> String {
     let mut child = std::process::Command::new(super::bin())
-        .arg("frontend")
-        .args(["--http-host", "127.0.0.1", "--http-port", "0", "--event-port", "0", "--admin-port", "0"])
+        .arg(command)
+        .args(ports)
         .args(args)
         .env_remove("LOADGATE_EVENT_SECRET")
         .env_remove("LOADGATE_EVENT_SECRET_PREVIOUS")
@@ -217,14 +231,14 @@ pub fn frontend_refuses(args: &[&str], env: &[(&str, &str)]) -> String {
         if let Some(status) = child.try_wait().expect("try_wait") {
             let out = child.wait_with_output().expect("output");
             let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-            assert!(!status.success(), "the frontend started with {args:?}; stderr: {stderr}");
+            assert!(!status.success(), "the {command} started with {args:?}; stderr: {stderr}");
             assert!(!String::from_utf8_lossy(&out.stdout).contains("listening"), "{args:?} listened");
             return stderr;
         }
         if Instant::now() >= deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("the frontend with {args:?} neither started nor exited within 20 s");
+            panic!("the {command} with {args:?} neither started nor exited within 20 s");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
