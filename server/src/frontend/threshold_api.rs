@@ -126,8 +126,6 @@ pub async fn update(State(frontend): State<Arc<Frontend>>, headers: HeaderMap, b
     }
 }
 
-/// The body if it is at most [`MAX_BODY`]; `None` if larger (read on to
-/// [`DRAIN_LIMIT`] and discarded, so the 413 reaches the client).
 /// Why a body was not read.
 enum Unread {
     /// The connection failed.
@@ -138,6 +136,9 @@ enum Unread {
     Late,
 }
 
+/// The body if it is at most [`MAX_BODY`]; `None` if larger (read on to
+/// [`DRAIN_LIMIT`] and discarded, so the 413 reaches the client); within
+/// the body timeouts `(idle, deadline)`.
 async fn read_limited(body: Body, (idle, deadline): (Duration, Duration)) -> Result<Option<Vec<u8>>, Unread> {
     let deadline = tokio::time::Instant::now() + deadline;
     let mut stream = body.into_data_stream();

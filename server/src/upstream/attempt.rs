@@ -101,7 +101,7 @@ pub(crate) async fn attempt<W: Watcher>(
         Ok(Err(error)) => {
             let failure = Failure::of_send(&error);
             warn_failure(peer, failure, "the request failed", &chain(&error));
-            return if payload.body().is_some() { Outcome::Failed(failure) } else { Outcome::Cut(failure) };
+            return broken(payload, failure);
         }
         Err(_) => return no_first_byte(peer, timeouts.first_byte),
     };
@@ -147,12 +147,7 @@ pub(crate) async fn attempt<W: Watcher>(
         Ok(None) => None,
         Ok(Some(Err(error))) => {
             warn_failure(peer, Failure::Broken, "the response broke before its first byte", &chain(&error));
-            // Taken once the upstream had it for the grace, as when sending.
-            return if payload.body().is_some() {
-                Outcome::Failed(Failure::Broken)
-            } else {
-                Outcome::Cut(Failure::Broken)
-            };
+            return broken(payload, Failure::Broken);
         }
         Err(_) => return no_first_byte(peer, timeouts.first_byte),
     };
@@ -185,6 +180,16 @@ pub(crate) async fn attempt<W: Watcher>(
             .filter_map(|(name, value)| value.map(|v| (name, v))),
     );
     Outcome::Answer(response)
+}
+
+/// An attempt that failed with `failure` before any answer: `Failed` (another
+/// upstream may take the request) while the payload still holds the body,
+/// `Cut` once it let go (the upstream had it for the release grace: taken).
+fn broken(payload: &Payload, failure: Failure) -> Outcome {
+    match payload.body() {
+        Some(_) => Outcome::Failed(failure),
+        None => Outcome::Cut(failure),
+    }
 }
 
 /// The upstream's own error (a 4xx, a 5xx): its body read within bounds,
