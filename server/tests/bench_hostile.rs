@@ -228,3 +228,39 @@ async fn bench_refuses_output_tokens_no_server_accepts() {
     let _ = worker.wait();
     assert_ne!(status.and_then(|s| s.code()), Some(0), "accepted and ran: {out}");
 }
+
+/// A frontend answering 307 sent the bench's load (and its tenant keys) on
+/// to wherever its `Location` pointed, and the bench counted the other
+/// server's 200 as a completion of this one. Now the 3xx is the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_does_not_follow_redirects() {
+    let followed = Arc::new(AtomicU64::new(0));
+    let f = followed.clone();
+    let elsewhere = raw_server(move |mut tcp| {
+        f.fetch_add(1, Ordering::Relaxed);
+        async move {
+            let body =
+                r#"{"id":"x","object":"text_completion","choices":[{"index":0,"text":"a","finish_reason":"length"}]}"#;
+            let head =
+                format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len());
+            let _ = tcp.write_all(format!("{head}{body}").as_bytes()).await;
+        }
+    })
+    .await;
+    let addr = raw_server(move |mut tcp| async move {
+        let head = format!(
+            "HTTP/1.1 307 Temporary Redirect\r\nlocation: http://{elsewhere}/v1/completions\r\ncontent-length: 0\r\n\r\n"
+        );
+        let _ = tcp.write_all(head.as_bytes()).await;
+    })
+    .await;
+    let url = format!("http://{addr}");
+    let bench = bench(&url, &["--rate", "20", "--duration", "0.5", "--drain-timeout", "5", "--json"]);
+    let (status, out, err) = tokio::task::spawn_blocking(move || finish(bench, Duration::from_secs(30))).await.unwrap();
+    assert!(status.is_some(), "bench did not end: {err}");
+    let summary: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
+    eprintln!("{summary}");
+    assert_eq!(followed.load(Ordering::Relaxed), 0, "the redirect was followed: {summary}");
+    assert_eq!(summary["ok"], 0, "{summary}");
+    assert!(summary["by_status"]["307"].as_u64().is_some_and(|n| n > 0), "{summary}");
+}

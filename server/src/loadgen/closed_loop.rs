@@ -8,6 +8,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::loadgen::answer::{cut_short, read_body};
+use crate::loadgen::client;
 use crate::loadgen::config::{request_body, BenchConfig};
 use crate::loadgen::progress::{Progress, Tally};
 
@@ -28,7 +29,7 @@ pub async fn saturate(
     warmup: Duration,
     measure: Duration,
 ) -> anyhow::Result<f64> {
-    let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
+    let client = client::builder().build()?;
     let body = bytes::Bytes::from(request_body(config));
     let stream = config.stream;
     let tally = Arc::new(Tally::default());

@@ -30,6 +30,7 @@
 //! run; `storm_report.rs` the storm's figures; `plot.rs` the SVG charts.
 
 mod answer;
+mod client;
 mod closed_loop;
 mod config;
 mod mix;

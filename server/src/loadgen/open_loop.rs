@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use loadgate::Class;
 
 use crate::loadgen::answer::{cut_short, read_body};
+use crate::loadgen::client;
 use crate::loadgen::config::{request_body, BenchConfig};
 use crate::loadgen::mix::PRIORITY_HEADER;
 use crate::loadgen::progress::{Progress, Tally};
@@ -62,7 +63,7 @@ pub async fn run_bench(config: &BenchConfig) -> anyhow::Result<BenchReport> {
 ///
 /// The HTTP client cannot be built.
 pub async fn run_bench_tallied(config: &BenchConfig, tally: &Arc<Tally>) -> anyhow::Result<BenchReport> {
-    let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
+    let client = client::builder().build()?;
     let body = bytes::Bytes::from(request_body(config));
     let mut rng = fastrand::Rng::with_seed(config.seed);
     let progress = Progress::start(config.progress, config.duration, tally.clone());

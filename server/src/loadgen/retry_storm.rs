@@ -29,6 +29,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::loadgen::answer::{cut_short, read_body};
+use crate::loadgen::client;
 use crate::loadgen::config::{request_body, StormConfig};
 use crate::loadgen::progress::{Progress, Tally};
 use crate::loadgen::storm_report::{ClientRun, Ending, StormReport};
@@ -54,11 +55,8 @@ pub async fn run_storm(config: &StormConfig, tally: &Arc<Tally>) -> anyhow::Resu
     let mut tasks = JoinSet::new();
     for index in 0..config.clients as usize {
         // One client each, as separate processes would be: its own connection.
-        let client = reqwest::Client::builder()
-            .tcp_nodelay(true)
-            .connect_timeout(config.request_timeout)
-            .timeout(config.request_timeout)
-            .build()?;
+        let client =
+            client::builder().connect_timeout(config.request_timeout).timeout(config.request_timeout).build()?;
         let (body, mut ready, connected, config) = (body.clone(), ready.clone(), connected.clone(), config.clone());
         let tally = tally.clone();
         tasks.spawn(async move {
