@@ -27,6 +27,9 @@ impl Run {
     }
 }
 
+/// The status of an overload refusal.
+const OVERLOADED: u16 = 529;
+
 fn p99_ttft(r: &BenchReport) -> f64 {
     Percentiles::of(&r.ttft).p99
 }
@@ -69,8 +72,8 @@ pub(crate) fn table(results: &Results, shedding: &str) -> String {
     );
     let _ = writeln!(
         out,
-        "SLO/s: SLO goodput, requests completed with TTFT <= {objective} ms per second of arrivals; rej %: refused; \
-         p50/p99: TTFT of accepted requests, ms"
+        "SLO/s: SLO goodput, requests completed with TTFT <= {objective} ms per second of arrivals; rej %: answered \
+         other than 2xx (refused, or failed: listed below); p50/p99: TTFT of accepted requests, ms"
     );
     let modes = results.modes();
     let _ = write!(out, "{:<6}{:>8}", "load", "req/s");
@@ -109,16 +112,28 @@ pub(crate) fn table(results: &Results, shedding: &str) -> String {
     out
 }
 
-/// Requests left out at the drain deadline, and why each mode refused.
+/// Requests left out at the drain deadline, those that failed, and why
+/// each mode refused.
 fn notes(modes: &[(Mode, &[Run]); 3]) -> String {
     let mut out = String::new();
     let mut unfinished = Vec::new();
+    let mut failed = Vec::new();
     let mut reasons = Vec::new();
     for (mode, runs) in modes {
         let mut by_level = Vec::new();
         for (multiple, Run { report: r }) in LEVELS.iter().zip(*runs) {
             if r.unfinished > 0 {
                 unfinished.push(format!("{} {multiple}x {}", mode.label(), r.unfinished));
+            }
+            let errors: Vec<String> = r
+                .by_status
+                .iter()
+                .filter(|(status, _)| !(200..300).contains(*status) && **status != OVERLOADED)
+                .map(|(status, n)| format!("{status} {n}"))
+                .chain((r.transport_errors > 0).then(|| format!("no answer {}", r.transport_errors)))
+                .collect();
+            if !errors.is_empty() {
+                failed.push(format!("{} {multiple}x {}", mode.label(), errors.join(", ")));
             }
             if !r.rejected_reasons.is_empty() {
                 let why: Vec<String> = r.rejected_reasons.iter().map(|(k, n)| format!("{k} {n}")).collect();
@@ -134,6 +149,13 @@ fn notes(modes: &[(Mode, &[Run]); 3]) -> String {
             out,
             "unanswered at the drain deadline (left out: those p99s are lower bounds): {}",
             unfinished.join(", ")
+        );
+    }
+    if !failed.is_empty() {
+        let _ = writeln!(
+            out,
+            "answered other than 2xx or 529 (in rej %), or not answered (in neither): {}",
+            failed.join("; ")
         );
     }
     if !reasons.is_empty() {
@@ -205,13 +227,17 @@ pub(crate) fn summary(results: &Results, targets: &Targets) -> String {
     }
     for multiple in [2.0, 3.0] {
         let Some(r) = at(&results.line, multiple) else { continue };
-        let p99 = p99_ttft(r);
         let objective_ms = objective.as_secs_f64() * 1000.0;
         let within = targets.p99_within_objective.contains(&multiple);
+        // A run that accepted nothing has no p99 to meet the target with.
+        let (p99, met) = match r.ttft.is_empty() {
+            true => ("none accepted".to_owned(), false),
+            false => (format!("{:.0} ms", p99_ttft(r)), p99_ttft(r) <= objective_ms),
+        };
         let _ = writeln!(
             out,
-            "  {multiple}x: p99 TTFT of accepted with the line {p99:.0} ms, objective {objective_ms:.0} ms {}",
-            target(within.then(|| "<= objective".to_owned()), p99 <= objective_ms)
+            "  {multiple}x: p99 TTFT of accepted with the line {p99}, objective {objective_ms:.0} ms {}",
+            target(within.then(|| "<= objective".to_owned()), met)
         );
         let ratio = slo(r) / results.capacity;
         let _ = writeln!(
@@ -261,6 +287,36 @@ mod tests {
         let row = t.lines().find(|l| l.starts_with("2x")).unwrap();
         assert_eq!(row.split('|').count(), 4, "{row}");
         assert!(t.contains("thresholds + line (480 ms): 1x deadline 5"), "{t}");
+    }
+
+    /// A line run that accepted nothing has no p99 TTFT: it met the p99
+    /// target (an empty histogram's percentiles read 0).
+    #[test]
+    fn a_run_that_accepted_nothing_does_not_meet_the_p99_target() {
+        let mut r = results();
+        r.line[2] = run(0, 0, 700);
+        let s = summary(&r, &Targets::SIMULATED);
+        let line = s.lines().find(|l| l.trim_start().starts_with("2x: p99")).unwrap();
+        assert!(line.ends_with("none accepted, objective 500 ms (target <= objective: MISSED)"), "{line}");
+    }
+
+    /// Answers other than 2xx and 529 (a worker's 504, say) count in
+    /// `rej %`, which said "refused": they are listed apart, with the
+    /// requests no answer came for.
+    #[test]
+    fn failed_requests_are_listed_apart_from_refusals() {
+        let mut r = results();
+        r.fixed[1].report.by_status.insert(504, 10);
+        r.fixed[1].report.sent += 10;
+        r.line[3].report.transport_errors = 3;
+        let t = table(&r, "--active-decode-blocks-threshold 0.85");
+        assert!(t.contains("rej %: answered other than 2xx (refused, or failed: listed below)"), "{t}");
+        assert!(
+            t.contains("(in neither): static thresholds 1x 504 10; thresholds + line (480 ms) 3x no answer 3"),
+            "{t}"
+        );
+        let clean = table(&results(), "--active-decode-blocks-threshold 0.85");
+        assert!(!clean.contains("answered other than 2xx or 529"), "{clean}");
     }
 
     #[test]

@@ -16,7 +16,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use loadgate::metrics::StripedHistogram;
+use loadgate::metrics::{LabelText, StripedHistogram};
 use loadgate::{Class, PerClass, Ticket, WaitError, WorkerId, WorkerMonitor, WorkerRouter};
 
 /// Bounds of the waiting-time histogram, seconds.
@@ -106,13 +106,13 @@ impl QueueTimeouts {
             "Time requests spent in a waiting line (served or refused)",
             self.waited.clone(),
         );
-        let waiting = Family::<[(&'static str, String); 1], Gauge>::default();
-        let tokens = Family::<[(&'static str, String); 1], Gauge>::default();
-        let dispatched = Family::<[(&'static str, String); 1], Counter<u64>>::default();
-        let overrun = Family::<[(&'static str, String); 1], Gauge>::default();
+        let waiting = Family::<[(&'static str, LabelText<String>); 1], Gauge>::default();
+        let tokens = Family::<[(&'static str, LabelText<String>); 1], Gauge>::default();
+        let dispatched = Family::<[(&'static str, LabelText<String>); 1], Counter<u64>>::default();
+        let overrun = Family::<[(&'static str, LabelText<String>); 1], Gauge>::default();
         for model in monitor.models() {
             let Some(stats) = monitor.line_stats(&model) else { continue };
-            let labels = [("model", model)];
+            let labels = [("model", LabelText(model))];
             waiting.get_or_create(&labels).set(i64::try_from(stats.waiting).unwrap_or(i64::MAX));
             tokens.get_or_create(&labels).set(i64::try_from(stats.tokens).unwrap_or(i64::MAX));
             dispatched.get_or_create(&labels).inc_by(stats.dispatched);

@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -22,7 +22,7 @@ use crate::directory::WorkerAddress;
 use crate::frontend::caller::Caller;
 use crate::frontend::inflight::Held;
 use crate::frontend::line::wait_in_line;
-use crate::frontend::observe::{ClassLabel, ModelLabel, RequestId, TenantLabel, Waited, REQUEST_ID_HEADER};
+use crate::frontend::observe::{Labels, RequestId, REQUEST_ID_HEADER};
 use crate::frontend::reply::{self, RejectedReasons};
 use crate::frontend::state::Frontend;
 use crate::openai::request::{read_head, Reading};
@@ -35,32 +35,41 @@ use crate::upstream::{self, Failure, Outcome, Payload, Peer, Watcher};
 pub async fn completions(
     State(frontend): State<Arc<Frontend>>,
     id: Option<Extension<RequestId>>,
+    labels: Option<Extension<Labels>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    receive(frontend, Endpoint::Completions, id.map(|Extension(id)| id), headers, body).await
+    let (id, labels) = (id.map(|Extension(id)| id), labels.map(|Extension(l)| l).unwrap_or_default());
+    receive(frontend, Endpoint::Completions, id, labels, headers, body).await
 }
 
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(
     State(frontend): State<Arc<Frontend>>,
     id: Option<Extension<RequestId>>,
+    labels: Option<Extension<Labels>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    receive(frontend, Endpoint::ChatCompletions, id.map(|Extension(id)| id), headers, body).await
+    let (id, labels) = (id.map(|Extension(id)| id), labels.map(|Extension(l)| l).unwrap_or_default());
+    receive(frontend, Endpoint::ChatCompletions, id, labels, headers, body).await
 }
 
 /// Reads the body within `--http-body-limit-mb` and `--http-body-budget-mb`
 /// (the body's reservation lasts as long as the body), then proxies it.
-/// The request id (set by the observe layer) goes on to the worker.
+/// The request id (set by the observe layer) goes on to the worker;
+/// `labels` (the layer's too) learn the request's tenant at once, so that
+/// every answer, refusals of the body included, counts for it.
 async fn receive(
     frontend: Arc<Frontend>,
     endpoint: Endpoint,
     id: Option<RequestId>,
+    labels: Labels,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    let caller = frontend.callers.of(&headers);
+    labels.set_tenant(caller.label.clone());
     // Shutting down: no new work (a kept-alive connection may still carry
     // one request during the drain); the client retries elsewhere.
     if frontend.draining() {
@@ -70,9 +79,8 @@ async fn receive(
         Ok(class) => class,
         Err(message) => return reply::bad_request(&message),
     };
-    let caller = frontend.callers.of(&headers);
     match frontend.bodies.read(&headers, body).await {
-        Ok(body) => proxy(frontend, endpoint, id, Asked { class, caller }, body).await,
+        Ok(body) => proxy(frontend, endpoint, id, Asked { class, caller, labels }, body).await,
         Err(refusal) => refusal,
     }
 }
@@ -125,10 +133,11 @@ static PROOF_REFUSALS: LogThrottle = LogThrottle::per_second(1);
 const INLINE_READ_LIMIT: usize = 1024 * 1024;
 
 /// What a request's headers claim: its class (`None`: not given or not
-/// honoured) and its caller.
+/// honoured) and its caller; and the labels the observe layer reads.
 struct Asked {
     class: Option<Class>,
     caller: Caller,
+    labels: Labels,
 }
 
 async fn proxy(
@@ -138,7 +147,7 @@ async fn proxy(
     asked: Asked,
     body: Bytes,
 ) -> Response {
-    let Asked { class: header_class, caller } = asked;
+    let Asked { class: header_class, caller, labels } = asked;
     // The body's priority counts only without the header.
     let reading = Reading {
         prompt: frontend.inflight.tracking() || frontend.line_counts_tokens,
@@ -157,21 +166,14 @@ async fn proxy(
         Err(message) => return reply::bad_request(&message),
     };
     let class = caller.cap(header_class.unwrap_or_else(|| frontend.priority.nvext_class(priority)));
+    labels.set_request(&model, class);
     let route = match endpoint {
         Endpoint::Completions => CompletionRoute::Completions,
         Endpoint::ChatCompletions => CompletionRoute::ChatCompletions,
     };
     let payload = Payload::new(route, body, frontend.bodies.clone());
     let request = Outgoing { endpoint, prompt, payload, id: id.as_ref(), class, tenant: caller.tenant };
-    let mut waited = None;
-    let mut response = route_and_send(&frontend, &model, &request, &mut waited).await;
-    response.extensions_mut().insert(ModelLabel(Arc::from(model.as_str())));
-    response.extensions_mut().insert(ClassLabel(class));
-    response.extensions_mut().insert(TenantLabel(caller.label));
-    if let Some(waited) = waited {
-        response.extensions_mut().insert(Waited(waited));
-    }
-    response
+    route_and_send(&frontend, &model, &request, &labels).await
 }
 
 /// What is sent to a worker, the same for every attempt.
@@ -189,14 +191,8 @@ struct Outgoing<'a> {
 
 /// Routes the request and sends it, migrating on refusals and failures,
 /// until a worker answers or none is left.
-/// `waited` adds up the time spent in the model's waiting line (stays
-/// `None` when the model has no line).
-async fn route_and_send(
-    frontend: &Arc<Frontend>,
-    model: &str,
-    request: &Outgoing<'_>,
-    waited: &mut Option<Duration>,
-) -> Response {
+/// `labels` add up the time spent in the model's waiting line.
+async fn route_and_send(frontend: &Arc<Frontend>, model: &str, request: &Outgoing<'_>, labels: &Labels) -> Response {
     let endpoint = request.endpoint;
     // The request proof vouches for the body: hashed at the first dispatch
     // (a shed request is never hashed), once for every attempt.
@@ -217,9 +213,10 @@ async fn route_and_send(
                     Ticket::new(request.prompt, deadline).with_class(request.class).with_tenant(request.tenant);
                 let turn = frontend.routing_turn.as_ref();
                 let take = |worker| take(frontend, worker, request.prompt);
+                labels.wait_begins();
                 let (routed, took) =
                     wait_in_line(&frontend.router, &frontend.queue, model, &exclude, ticket, turn, take).await;
-                *waited = Some(waited.unwrap_or_default() + took);
+                labels.wait_ends(took);
                 match routed {
                     Ok(taken) => taken,
                     Err(WaitError::UnknownModel) => {

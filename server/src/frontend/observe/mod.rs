@@ -12,14 +12,17 @@
 //!   away), counts the request in [`RequestMetrics`] (`metrics.rs`: the
 //!   families and their labels) and writes one `info` event with target
 //!   `loadgate::access` (`tracked.rs`): `request_id`, `method`, `path`,
-//!   `status`, `model` (the proxy's [`ModelLabel`], quoted; `none` without
-//!   one), `duration_ms`, `ttft_ms` (to the first body frame), `bytes`,
-//!   `client_gone`, `body_error`, `waited_ms` (in the model's waiting line;
-//!   `none` when the model has no line), `reason` (an overload
-//!   refusal's `x-loadgate-rejected-reason`, else `none`), `class` (the
-//!   proxy's [`ClassLabel`]: `critical`, `standard`, `sheddable`; `none`
-//!   for a request that was not proxied) and `tenant` (the proxy's
-//!   [`TenantLabel`]: a tenants file's name or `other`; `none` likewise).
+//!   `status`, `model` (as the request named it, quoted; `none` before its
+//!   body was read), `duration_ms`, `ttft_ms` (to the first body frame),
+//!   `bytes`, `client_gone`, `body_error`, `waited_ms` (in the model's
+//!   waiting line, up to the end of the request or of its client; `none`
+//!   when the model has no line), `reason` (an overload refusal's
+//!   `x-loadgate-rejected-reason`, else `none`), `class` (`critical`,
+//!   `standard`, `sheddable`; `none` before the body was read) and `tenant`
+//!   (a tenants file's name or `other`; `none` for a request that is not an
+//!   inference request). The proxy sets these as it learns them
+//!   ([`Labels`], in the request's extensions), so a request whose client
+//!   goes away before its response is counted and logged with them too.
 //!
 //! The access log is off by default (`logging.rs`); `RUST_LOG=info` turns it
 //! on with everything else, `RUST_LOG=warn,loadgate::access=info` alone.
@@ -48,8 +51,8 @@ use axum::middleware::Next;
 use axum::response::Response;
 
 pub(crate) use self::metrics::RequestMetrics;
+pub(crate) use self::observer::Labels;
 use self::observer::Observer;
-pub(crate) use self::observer::{ClassLabel, ModelLabel, TenantLabel, Waited};
 pub(crate) use self::request_id::{RequestId, REQUEST_ID_HEADER};
 use self::route::Route;
 use self::tracked::{Head, Pending};
@@ -74,7 +77,9 @@ async fn observe(State(observer): State<Arc<Observer>>, mut request: Request, ne
     if head.route == Route::Metrics {
         request.extensions_mut().insert(observer.metrics.clone());
     }
-    let pending = Pending::new(observer, head);
+    let labels = Labels::default();
+    request.extensions_mut().insert(labels.clone());
+    let pending = Pending::new(observer, head, labels);
     let mut response = next.run(request).await;
     response.headers_mut().insert(REQUEST_ID_HEADER, id.header_value().clone());
     pending.respond(response)

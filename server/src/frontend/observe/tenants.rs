@@ -2,7 +2,8 @@
 //! `loadgate_frontend_tenant_requests_total{tenant, outcome}`.
 //!
 //! The `tenant` label is bounded: the names of the tenants file (the
-//! proxy's [`TenantLabel`](super::TenantLabel)), or `other` without one.
+//! caller's label the proxy sets, [`Labels`](super::Labels)), or `other`
+//! without one.
 //! `outcome` is `ok` (2xx), `rejected` (529: overloaded), `error` (any
 //! other status) or `cancelled` (the client went away first).
 

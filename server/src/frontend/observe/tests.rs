@@ -32,9 +32,15 @@ fn frontend(flags: &[&str]) -> Arc<Frontend> {
 /// A stand-in for the proxy: answers `POST /v1/completions` with 200 (an
 /// SSE stream when the body says `stream`), labelled with the request's
 /// model, echoing the request id it saw.
-async fn fake_completion(Extension(id): Extension<RequestId>, headers: HeaderMap, body: String) -> Response {
+async fn fake_completion(
+    Extension(id): Extension<RequestId>,
+    Extension(labels): Extension<Labels>,
+    headers: HeaderMap,
+    body: String,
+) -> Response {
     assert_eq!(headers.get(REQUEST_ID_HEADER), Some(id.header_value()), "the header is the id");
     let model = if body.contains("other") { "other-model" } else { "m" };
+    labels.set_request(model, loadgate::Class::Standard);
     let mut response = if body.contains("stream") {
         let chunks = ["data: {\"a\":1}\n\n", "data: {\"a\":2}\n\n", "data: [DONE]\n\n"];
         let stream = futures_util::stream::iter(chunks.map(Ok::<_, std::io::Error>));
@@ -43,7 +49,6 @@ async fn fake_completion(Extension(id): Extension<RequestId>, headers: HeaderMap
         r#"{"choices":[]}"#.into_response()
     };
     response.headers_mut().insert("x-seen-id", HeaderValue::from_str(id.as_str()).unwrap());
-    response.extensions_mut().insert(ModelLabel(Arc::from(model)));
     response
 }
 

@@ -13,12 +13,12 @@ use axum::response::Response;
 use http_body::{Body as _, Frame, SizeHint};
 
 use super::metrics::{ModelKey, ModelRow, Series, Timing};
-use super::observer::{ClassLabel, ModelLabel, Observer, TenantLabel, Waited, ACCESS_TARGET};
+use super::observer::{Known, Labels, Observer, ACCESS_TARGET};
 use super::request_id::RequestId;
 use super::route::{code_of, End, Route};
 use crate::frontend::reply::REJECTED_REASON;
 
-/// Longest path or model name written into an access-log line.
+/// Longest method, path or model name written into an access-log line.
 const LOGGED_LEN: usize = 256;
 
 /// What the layer knows of a request before its response.
@@ -51,14 +51,16 @@ impl Head {
 pub(super) struct Pending {
     observer: Arc<Observer>,
     head: Option<Head>,
+    /// What the handler learns of the request (a clone of the request's).
+    labels: Labels,
 }
 
 impl Pending {
-    pub(super) fn new(observer: Arc<Observer>, head: Head) -> Self {
+    pub(super) fn new(observer: Arc<Observer>, head: Head, labels: Labels) -> Self {
         if head.route.is_inference() {
             observer.metrics.awaiting.inc();
         }
-        Pending { observer, head: Some(head) }
+        Pending { observer, head: Some(head), labels }
     }
 
     /// The request no longer awaits its response.
@@ -72,7 +74,7 @@ impl Pending {
     pub(super) fn respond(mut self, response: Response) -> Response {
         let Some(head) = self.head.take() else { return response };
         self.answered(&head);
-        let tracker = Tracker::start(&self.observer, head, &response);
+        let tracker = Tracker::start(&self.observer, head, self.labels.now(), Some(&response));
         response.map(|body| Body::new(Tracked { inner: body, tracker: Some(tracker) }))
     }
 }
@@ -81,23 +83,7 @@ impl Drop for Pending {
     fn drop(&mut self) {
         if let Some(head) = self.head.take() {
             self.answered(&head);
-            let row = self.observer.metrics.row(ModelKey::None, |m| self.observer.frontend.monitor.has_model(m));
-            let tracker = Tracker {
-                head,
-                status: None,
-                model: None,
-                row,
-                stream: false,
-                first: None,
-                last_event: None,
-                bytes: 0,
-                inflight: false,
-                waited: None,
-                reason: None,
-                class: None,
-                tenant: None,
-            };
-            tracker.finish(End::ClientGone);
+            Tracker::start(&self.observer, head, self.labels.now(), None).finish(End::ClientGone);
         }
     }
 }
@@ -107,7 +93,7 @@ impl Drop for Pending {
 struct Tracker {
     head: Head,
     status: Option<StatusCode>,
-    /// The proxy's [`ModelLabel`], as the client named it.
+    /// The model, as the client named it ([`Labels`]).
     model: Option<Arc<str>>,
     row: Arc<ModelRow>,
     /// An SSE response (`request_type="stream"`).
@@ -119,23 +105,21 @@ struct Tracker {
     bytes: u64,
     /// Counted in its row's `inflight` gauge (an LLM request).
     inflight: bool,
-    /// Time in the model's waiting line (the proxy's [`Waited`]).
+    /// Time in the model's waiting line ([`Labels`]).
     waited: Option<Duration>,
     /// An overload refusal's reasons (its `x-loadgate-rejected-reason`).
     reason: Option<HeaderValue>,
-    /// The proxy's [`ClassLabel`].
+    /// Its priority class ([`Labels`]).
     class: Option<loadgate::Class>,
-    /// The proxy's [`TenantLabel`].
+    /// Its tenant ([`Labels`]).
     tenant: Option<Arc<str>>,
 }
 
 impl Tracker {
-    fn start(observer: &Observer, head: Head, response: &Response) -> Self {
-        let model = response.extensions().get::<ModelLabel>().map(|label| label.0.clone());
-        let waited = response.extensions().get::<Waited>().map(|w| w.0);
-        let reason = response.headers().get(REJECTED_REASON).cloned();
-        let class = response.extensions().get::<ClassLabel>().map(|c| c.0);
-        let tenant = response.extensions().get::<TenantLabel>().map(|t| t.0.clone());
+    /// Tracks `response` (`None`: the client went away before it) of the
+    /// request `head`, with what the handler learnt of it.
+    fn start(observer: &Observer, head: Head, known: Known, response: Option<&Response>) -> Self {
+        let Known { model, class, tenant, waited, .. } = known;
         let monitor = &observer.frontend.monitor;
         let key = match &model {
             Some(model) if monitor.has_model(model) => ModelKey::Known(model.clone()),
@@ -143,18 +127,16 @@ impl Tracker {
             None => ModelKey::None,
         };
         let row = observer.metrics.row(key, |m| monitor.has_model(m));
-        let stream = response
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-        let inflight = head.route.is_inference();
+        let stream = response.is_some_and(|r| {
+            r.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
+        });
+        let inflight = response.is_some() && head.route.is_inference();
         if inflight {
             row.inflight.inc();
         }
-        let status = Some(response.status());
         Tracker {
             head,
-            status,
+            status: response.map(Response::status),
             model,
             row,
             stream,
@@ -163,7 +145,7 @@ impl Tracker {
             bytes: 0,
             inflight,
             waited,
-            reason,
+            reason: response.and_then(|r| r.headers().get(REJECTED_REASON).cloned()),
             class,
             tenant,
         }
@@ -215,7 +197,7 @@ impl Tracker {
         tracing::info!(
             target: ACCESS_TARGET,
             request_id = %self.head.id,
-            method = %self.head.method,
+            method = %cut(self.head.method.as_str()),
             path = %self.head.path,
             status = %Shown(self.status.map(|s| s.as_u16())),
             model = %Shown(self.model.as_deref().map(|m| Quoted(cut(m)))),
