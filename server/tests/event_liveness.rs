@@ -414,3 +414,13 @@ async fn a_worker_without_the_secret_says_the_frontend_expects_one() {
     assert!(!w.proc.stderr().contains("Broken pipe"), "{}", w.proc.stderr());
     assert_eq!(fe.workers().await, Some(0));
 }
+
+/// `--load-staleness-ms 0` took every event-plane worker out of routing for
+/// good (the connection's silence window is the smallest of the liveness
+/// flags, and nothing arrives within 0 ms); it is refused at start, naming
+/// the flag. Found by a review.
+#[test]
+fn a_load_staleness_of_zero_is_refused() {
+    let stderr = frontend_refuses(&["--load-staleness-ms", "0"]);
+    assert!(stderr.contains("--load-staleness-ms takes"), "{stderr}");
+}

@@ -250,3 +250,23 @@ async fn a_model_name_cannot_inject_samples() {
     let forged: Vec<&str> = text.lines().filter(|l| l.starts_with("loadgate_forged_total")).collect();
     assert!(forged.is_empty(), "forged samples in /metrics:\n{}", forged.join("\n"));
 }
+
+/// A registered worker's model name reached the frontend's log verbatim: a
+/// newline in it forged a whole log line (tracing's formatter escapes ESC
+/// and the like, not `\n`). Any local process could do it without a secret;
+/// with one, any worker. Names a peer sends are logged quoted now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_name_cannot_forge_a_log_line() {
+    let _shared = common::shared().await;
+    // The default filter (info), as a deployment runs it.
+    let fe = Frontend::start_with_env(&[("RUST_LOG", "info")], &[]);
+    let mut conn = common::EventConn::connect(fe.events).expect("connect");
+    let forged = "2099-01-01T00:00:00.000000Z ERROR loadgate::admin: FORGED admin token leaked";
+    let model = format!("m\n{forged}");
+    conn.send(&common::register(4242, 1, 1, &model, "127.0.0.1:1\nFORGED too")).expect("send Register");
+    assert!(fe.proc.wait_log("worker registered", Duration::from_secs(5)), "{}", fe.proc.stderr());
+    let log = fe.proc.stderr();
+    let forged_lines: Vec<&str> =
+        log.lines().filter(|l| l.starts_with("2099-01-01") || l.starts_with("FORGED")).collect();
+    assert!(forged_lines.is_empty(), "a peer forged frontend log lines: {forged_lines:?}");
+}

@@ -249,8 +249,9 @@ pub struct Args {
     /// How many workers may refuse one request (hard cap) before the client gets the overload status.
     #[arg(help_heading = "Shedding (every threshold: unset = off)", long, env = "DYN_MIGRATION_LIMIT", default_value_t = DEFAULT_MIGRATION_LIMIT)]
     pub migration_limit: usize,
-    /// A worker rank whose last report is older than this counts as not reported.
-    #[arg(help_heading = "Event plane and liveness", long, env = "LOADGATE_FRONTEND_LOAD_STALENESS_MS", value_name = "MS", value_parser = crate::flag_limits::ms(0))]
+    /// A worker rank whose last report is older than this counts as not reported; at least 1
+    /// (unset: reports do not age).
+    #[arg(help_heading = "Event plane and liveness", long, env = "LOADGATE_FRONTEND_LOAD_STALENESS_MS", value_name = "MS", value_parser = crate::flag_limits::ms(1))]
     pub load_staleness_ms: Option<u64>,
     /// Largest data-parallel size a worker may register with.
     #[arg(help_heading = "Limits", long, env = "LOADGATE_FRONTEND_MAX_DP_SIZE", default_value_t = 256)]

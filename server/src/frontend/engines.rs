@@ -141,7 +141,7 @@ pub(crate) async fn register_engines(
                 anyhow::bail!("--engine {spec} refused: {e}");
             }
             frontend.directory.sync(worker);
-            tracing::info!(worker, %model, dp_size, kind = %spec.kind, url = %spec.base_url, "engine registered");
+            tracing::info!(worker, ?model, dp_size, kind = %spec.kind, url = %spec.base_url, "engine registered");
             engine.workers.push((worker, model));
         }
         engine.apply(frontend, &snapshot);

@@ -286,7 +286,7 @@ async fn route_and_send(frontend: &Arc<Frontend>, model: &str, request: &Outgoin
                 }
             }
             Outcome::AtCapacity => {
-                tracing::debug!(worker, %model, "worker at capacity; migrating");
+                tracing::debug!(worker, ?model, "worker at capacity; migrating");
                 excluded.at_capacity = true;
                 if !migration.refused(worker) {
                     return frontend.reject_overloaded(model, endpoint, request.class, [Reason::WorkerCapacity]);

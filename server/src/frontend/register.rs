@@ -74,7 +74,7 @@ pub(crate) async fn register_http_worker(frontend: &Frontend, url: &str, limits:
     }
     // A health check may have flagged it before the monitor had it.
     frontend.directory.sync(worker);
-    tracing::info!(worker, model, dp_size, %base, "worker registered from --worker");
+    tracing::info!(worker, ?model, dp_size, %base, "worker registered from --worker");
     Ok(())
 }
 

@@ -102,7 +102,7 @@ pub async fn update(State(frontend): State<Arc<Frontend>>, headers: HeaderMap, b
     match result {
         Ok(thresholds) => {
             if !thresholds_only.is_read() {
-                tracing::info!(model = %patch.model, ?thresholds, "busy thresholds changed");
+                tracing::info!(model = ?patch.model, ?thresholds, "busy thresholds changed");
             }
             match patch.queue_timeout_ms {
                 Change::Unchanged => {}
@@ -111,7 +111,7 @@ pub async fn update(State(frontend): State<Arc<Frontend>>, headers: HeaderMap, b
             }
             if patch.queue_timeout_ms != Change::Unchanged {
                 let ms = frontend.queue.millis(&patch.model);
-                tracing::info!(model = %patch.model, router_queue_timeout_ms = %ms, "waiting line timeout changed");
+                tracing::info!(model = ?patch.model, router_queue_timeout_ms = %ms, "waiting line timeout changed");
             }
             Json(thresholds_json(&patch.model, &thresholds, frontend.queue.millis(&patch.model))).into_response()
         }

@@ -99,7 +99,7 @@ impl PlaneServer {
                     tracing::warn!(
                         worker,
                         peer = %conn.peer,
-                        "nothing received for {silence:?} (--event-silence-ms): worker out of routing until it reports"
+                        "nothing received for {silence:?} (--event-silence-ms, or a smaller --load-staleness-ms): worker out of routing until it reports"
                     );
                 }
             }

@@ -146,9 +146,9 @@ impl PlaneServer {
         let _ = self.ownership.claim(worker, incarnation, token);
         conn.worker = Some((worker, incarnation));
         match outcome {
-            Registered::New => tracing::info!(worker, incarnation, %model, dp_size, %http_addr, "worker registered"),
+            Registered::New => tracing::info!(worker, incarnation, ?model, dp_size, ?http_addr, "worker registered"),
             Registered::Restarted => {
-                tracing::info!(worker, incarnation, %model, dp_size, %http_addr, "worker restarted; load reset")
+                tracing::info!(worker, incarnation, ?model, dp_size, ?http_addr, "worker restarted; load reset")
             }
             Registered::Same => tracing::debug!(worker, incarnation, "worker registered again"),
         }

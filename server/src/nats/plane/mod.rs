@@ -515,7 +515,7 @@ impl Applier {
         let known =
             Known { incarnation, subject: subject.to_owned(), since_ms: sent_ms, heard: Instant::now(), silent: false };
         self.known.lock().unwrap_or_else(|e| e.into_inner()).insert(worker, known);
-        tracing::info!(worker, incarnation, model, dp_size, http_addr, "worker registered (NATS)");
+        tracing::info!(worker, incarnation, ?model, dp_size, ?http_addr, "worker registered (NATS)");
     }
 
     fn forget(&self, worker: WorkerId, incarnation: u64) {
