@@ -68,7 +68,14 @@ impl Callers {
     pub(crate) fn of(&self, headers: &HeaderMap) -> Caller {
         let Some(shared) = &self.tenants else { return self.anyone.clone() };
         let tenants = shared.load();
-        let named = || headers.get(TENANT_HEADER).and_then(|v| v.to_str().ok()).and_then(|n| tenants.by_name(n));
+        // Given twice, it names no tenant (as two `Authorization` headers
+        // name none): a gateway that appends its value after the client's
+        // would otherwise let the client's first one win.
+        let named = || {
+            let mut values = headers.get_all(TENANT_HEADER).iter();
+            let (Some(value), None) = (values.next(), values.next()) else { return None };
+            value.to_str().ok().and_then(|n| tenants.by_name(n))
+        };
         let (index, tenant) = bearer(headers)
             .and_then(|key| tenants.by_key(key))
             .or_else(|| if self.trusted { named() } else { None })
@@ -141,5 +148,19 @@ mod tests {
             (&*caller.label, caller.tenant, caller.cap(Class::Critical)),
             ("other", Tenant::default(), Class::Critical)
         );
+    }
+
+    /// Two `x-loadgate-tenant` headers took the first: a gateway that
+    /// appends its own value (Envoy's default) after the client's let the
+    /// client pick its tenant (its weight, caps and `max_class`). Found by
+    /// a review.
+    #[test]
+    fn a_repeated_tenant_header_names_no_tenant() {
+        let mut map = HeaderMap::new();
+        map.append(TENANT_HEADER, "acme".parse().unwrap());
+        map.append(TENANT_HEADER, "batch".parse().unwrap());
+        let caller = callers(true).of(&map);
+        assert_eq!(&*caller.label, "default", "the client-sent first value decided the tenant");
+        assert_eq!(&*callers(true).of(&headers(&[("x-loadgate-tenant", "acme")])).label, "acme");
     }
 }

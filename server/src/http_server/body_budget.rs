@@ -25,8 +25,8 @@
 //! most [`FIRST_STEP`] that the budget cannot take is held in a lane of its
 //! own, [`SMALL_LANE`] on top of the budget, so that huge bodies filling the
 //! budget do not turn ordinary requests away. A refusal is 503 (the
-//! budget, `Unavailable`, with a retry hint around [`BUDGET_RETRY_AFTER`],
-//! jittered) or 413 (the limit), in OpenAI's error shape, without
+//! budget, `Unavailable`, with a retry hint of at least
+//! [`BUDGET_RETRY_AFTER`], jittered) or 413 (the limit), in OpenAI's error shape, without
 //! buffering the rest, with `Connection: close` (the rest is discarded in
 //! the background, within bounds, so that a client still sending reads the
 //! answer, not a reset). The reservation is owned by
@@ -62,10 +62,11 @@ pub const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// (`--http-body-timeout-secs`).
 pub const BODY_READ_DEADLINE: Duration = Duration::from_secs(120);
 
-/// The mean retry hint (`Retry-After`, `retry-after-ms`) of a 503 for the
-/// budget: bodies give their bytes back as soon as they are forwarded. Each
-/// hint is this times a uniform factor in 0.5..1.5, so the clients refused
-/// together do not come back together.
+/// The shortest retry hint (`Retry-After`, `retry-after-ms`) of a 503 for
+/// the budget: bodies give their bytes back as soon as they are forwarded.
+/// Each hint is this times a uniform factor in 1..1.5, so the clients
+/// refused together do not come back together, and none is told less than
+/// the 1 s every refusal's hint keeps (a client retrying twice waits 2 s).
 pub const BUDGET_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// How long the rest of a refused body is discarded, so that the client,
@@ -431,7 +432,7 @@ impl BodyBudget {
                     Rejection::Unavailable.error_type(),
                     "too many request bodies are buffered at once; retry later",
                 );
-                reply::set_retry_after(&mut response, BUDGET_RETRY_AFTER.mul_f64(0.5 + fastrand::f64()));
+                reply::set_retry_after(&mut response, BUDGET_RETRY_AFTER.mul_f64(1.0 + fastrand::f64() / 2.0));
                 response
             }
             Refusal::Timeout => reply::client_error(StatusCode::REQUEST_TIMEOUT, "request body arrived too slowly"),

@@ -19,8 +19,9 @@ pub(super) enum Scalar<'a> {
     Unsigned(u64),
     /// A negative integer.
     Negative(i64),
-    /// A number with a fraction or exponent (or past 64 bits).
-    OtherNumber,
+    /// A number with a fraction or exponent, or an integer past 64 bits
+    /// (or `-0`), as serde_json reads it.
+    OtherNumber(f64),
     Str(&'a str),
 }
 
@@ -90,8 +91,8 @@ impl<'de, C: Check<'de>> Visitor<'de> for Checked<C> {
         Ok(self.0.scalar(u64::try_from(v).map_or(Scalar::Negative(v), Scalar::Unsigned)))
     }
 
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<C::Out, E> {
-        Ok(self.0.scalar(Scalar::OtherNumber))
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<C::Out, E> {
+        Ok(self.0.scalar(Scalar::OtherNumber(v)))
     }
 
     fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<C::Out, E> {

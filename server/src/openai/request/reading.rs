@@ -81,7 +81,17 @@ impl<'de> Check<'de> for Priority {
             Scalar::Null => Ok(None),
             Scalar::Unsigned(n) => Ok(Some(i64::try_from(n).unwrap_or(i64::MAX))),
             Scalar::Negative(n) => Ok(Some(n)),
+            // An integer past 64 bits (serde_json reads it as a float; one
+            // within 64 bits has come as an integer, so any other float
+            // here had a fraction or an exponent), or `-0`.
+            Scalar::OtherNumber(f) if f >= TWO_TO_63 => Ok(Some(i64::MAX)),
+            Scalar::OtherNumber(f) if f <= -TWO_TO_63 => Ok(Some(i64::MIN)),
+            Scalar::OtherNumber(0.0) => Ok(Some(0)),
             _ => self.wrong(),
         }
     }
 }
+
+/// 2^63: an integer at least this, or at most its negation, that came as a
+/// float is past 64 bits (one below -2^63 rounds to it).
+const TWO_TO_63: f64 = 9_223_372_036_854_775_808.0;

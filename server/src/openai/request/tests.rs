@@ -189,3 +189,22 @@ fn the_workers_reading_answers_as_the_parsed_value() {
         assert_eq!(read_generation(api, body.as_bytes()), crate::openai::parse_request(api, body.as_bytes()), "{body}");
     }
 }
+
+/// An `nvext.agent_hints.priority` integer past 64 bits is the extreme of
+/// its sign, as the docs say (and as in `x-loadgate-priority`); serde_json
+/// reads it (and `-0`) as a float, which was refused with a 400. A
+/// fraction or an exponent within 64 bits is still refused. Found by a
+/// review.
+#[test]
+fn an_nvext_priority_past_64_bits_is_the_extreme_of_its_sign() {
+    let priority = |value: &str| {
+        let body = format!(r#"{{"model":"m","prompt":"a","nvext":{{"agent_hints":{{"priority":{value}}}}}}}"#);
+        read_request(Endpoint::Completions, body.as_bytes(), Reading { prompt: false, nvext_priority: true })
+            .map(|head| head.priority)
+    };
+    assert_eq!(priority("18446744073709551616"), Ok(Some(i64::MAX)), "one past u64::MAX");
+    assert_eq!(priority("-9223372036854775809"), Ok(Some(i64::MIN)), "one below i64::MIN");
+    assert_eq!(priority("-0"), Ok(Some(0)));
+    assert_eq!(priority("-9223372036854775808"), Ok(Some(i64::MIN)));
+    assert!(priority("1.5").is_err() && priority("2e3").is_err());
+}
