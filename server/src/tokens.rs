@@ -20,8 +20,7 @@ pub fn blocks_for(tokens: u64) -> u64 {
 }
 
 /// Prompt tokens of a request: the length of a token-id array prompt,
-/// otherwise the number of whitespace-separated words (for chat, of every
-/// message's content). The reference that the one-pass reading
+/// otherwise its [`words`] (for chat, of every message's content). The reference that the one-pass reading
 /// (`openai/request.rs`) is tested against.
 #[cfg(test)]
 pub fn prompt_tokens(endpoint: Endpoint, request: &Value) -> u64 {
@@ -34,9 +33,17 @@ pub fn prompt_tokens(endpoint: Endpoint, request: &Value) -> u64 {
     }
 }
 
-#[cfg(test)]
-fn words(s: &str) -> u64 {
-    s.split_whitespace().count() as u64
+/// Bytes of a word that count as one prompt token: a longer word counts
+/// one token per this many bytes. So text without spaces (base64, a URL,
+/// minified JSON, Chinese) is not one token however long: a client cannot
+/// pass a long prompt off as short to the line's token limits. Words of
+/// ordinary prose count one each, as before.
+pub const WORD_BYTES: usize = 8;
+
+/// Prompt tokens of a string: each whitespace-separated word one per
+/// [`WORD_BYTES`] bytes, at least one.
+pub fn words(s: &str) -> u64 {
+    s.split_whitespace().map(|word| word.len().div_ceil(WORD_BYTES) as u64).sum()
 }
 
 /// A completions `prompt`: a string, token ids, or a batch of either.
@@ -137,6 +144,17 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    /// A word counts one token per 8 bytes: prose as before, text without
+    /// spaces by its length (it counted one however long).
+    #[test]
+    fn a_long_word_counts_by_its_length() {
+        assert_eq!(words("the quick brown fox"), 4);
+        assert_eq!(words("internationalization"), 3);
+        assert_eq!(words(&"x".repeat(20_000)), 2_500);
+        assert_eq!(words(&"负".repeat(8)), 3, "24 bytes");
+        assert_eq!(words(" \n\t "), 0);
+    }
 
     #[test]
     fn prompt_tokens_by_shape() {

@@ -193,6 +193,35 @@ async fn the_token_limit_counts_prompts_in_every_router_mode() {
     }
 }
 
+/// A prompt without whitespace counted as one token however long it was
+/// (base64, a URL, Chinese), so it passed the line's token limit (and a
+/// tenant's `max_tokens`) and waited. Now a word counts one token per 8
+/// bytes: both are refused at once. Found by a review.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_without_spaces_is_not_one_token() {
+    let _box = common::shared().await;
+    let fe = frontend(&["--router-queue-timeout-ms", "20000", "--router-queue-token-limit", "5"]);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let blob = "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3".repeat(500);
+    let cjk = "负载均衡器应当拒绝过多的请求".repeat(430);
+    for prompt in [blob, cjk] {
+        let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 4});
+        let started = Instant::now();
+        let response = fe.client.post(format!("{}/v1/completions", fe.http)).json(&body).send().await.unwrap();
+        let reason = response.headers().get("x-loadgate-rejected-reason").map(|v| v.to_str().unwrap().to_owned());
+        assert_eq!(
+            (response.status().as_u16(), reason.as_deref()),
+            (529, Some("queue_full")),
+            "{} bytes",
+            prompt.len()
+        );
+        assert!(started.elapsed() < Duration::from_secs(10), "refused at once, not at the 20 s deadline");
+    }
+    drop(worker);
+}
+
 /// `POST /busy_threshold` with `body` on the admin listener: the status and
 /// the JSON answer.
 async fn admin_post(fe: &common::Frontend, body: serde_json::Value) -> (u16, serde_json::Value) {

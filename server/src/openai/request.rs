@@ -17,6 +17,7 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
 use loadgate::metrics::Endpoint;
 
 use crate::openai::{checked_token_limit, Api, Field, GenerationRequest, InvalidRequest, DEFAULT_MAX_TOKENS};
+use crate::tokens::words;
 
 mod check;
 mod reading;
@@ -230,10 +231,6 @@ impl<'de> Visitor<'de> for Fields {
         }
         Ok(found)
     }
-}
-
-fn words(s: &str) -> u64 {
-    s.split_whitespace().count() as u64
 }
 
 /// `model`: a non-empty string, borrowed when it has no escapes (`None`:
