@@ -545,6 +545,31 @@ mod reports {
         assert_eq!(monitor.rank_snapshots()[0].tracked, Some(blocks(60, 100)));
     }
 
+    /// Tracked load belongs to one registration: a worker deregistered and
+    /// registered again in the same incarnation (fresh slots) takes no
+    /// give-back of a request dispatched before; a reconnect (the same
+    /// registration) does (found by review).
+    #[test]
+    fn tracked_load_belongs_to_one_registration() {
+        let monitor = monitor_with(&[1], 1, decode(0.5));
+        monitor.set_tracked_capacity(1, 0, 0, 100, 0).unwrap();
+        let first = monitor.worker_life(1).expect("registered");
+        assert_eq!(monitor.track_life(1, first, 0, 60, 0), Ok(Applied::Flipped));
+        assert_eq!(monitor.register(1, "m", 1, 0), Ok(Registered::Same));
+        assert_eq!(monitor.worker_life(1), Some(first), "a reconnect keeps the registration");
+        assert!(monitor.deregister_incarnation(1, 0));
+        assert_eq!(monitor.worker_life(1), None);
+        assert_eq!(monitor.register(1, "m", 1, 0), Ok(Registered::New));
+        let second = monitor.worker_life(1).expect("registered again");
+        assert_ne!(second, first);
+        monitor.set_tracked_capacity(1, 0, 0, 100, 0).unwrap();
+        assert_eq!(monitor.track_life(1, second, 0, 60, 0), Ok(Applied::Flipped), "the new registration's request");
+        assert_eq!(monitor.track_life(1, first, 0, -60, 0), Ok(Applied::OtherIncarnation), "the old one's ends");
+        assert!(monitor.is_busy(1));
+        assert_eq!(monitor.track_life(1, second, 0, -60, 0), Ok(Applied::Flipped));
+        assert_eq!(monitor.track_life(2, second, 0, 1, 0), Err(ApplyError::UnknownWorker(2)));
+    }
+
     #[test]
     fn deregistering_an_old_incarnation_keeps_the_new_one() {
         let monitor = monitor_with(&[1], 1, decode(0.5));

@@ -10,11 +10,18 @@ use crate::monitor::query::{RankSnapshot, WorkerLoad};
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use crate::thresholds::{BusySignals, Thresholds};
 
+/// Numbers the entries of this process ([`WorkerEntry::life`]), from 1.
+static LIVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// One registered worker (one incarnation of it): its slots and its
-/// published state. A restart with a new incarnation gets a new entry.
+/// published state. A restart with a new incarnation gets a new entry; so
+/// does a registration after a deregistration, even of the same
+/// incarnation.
 pub(crate) struct WorkerEntry {
     pub(crate) id: WorkerId,
     pub(crate) incarnation: u64,
+    /// This entry's number, unique in the process (never 0).
+    pub(crate) life: u64,
     pub(crate) dp_size: u32,
     /// Other frontends kept per rank (their slots follow the own ones).
     frontends: u16,
@@ -47,6 +54,8 @@ impl WorkerEntry {
         WorkerEntry {
             id,
             incarnation,
+            // Relaxed (a std atomic, not modelled by loom): only unique numbers.
+            life: LIVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             dp_size,
             frontends,
             per_rank,

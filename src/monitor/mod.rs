@@ -149,6 +149,10 @@ const MAX_DP_SIZE: u32 = 65_536;
 struct Update {
     worker: WorkerId,
     incarnation: u64,
+    /// The registration it is for ([`WorkerMonitor::worker_life`]), if
+    /// named (then `incarnation` is not looked at): another one's update
+    /// is dropped as another incarnation's.
+    life: Option<u64>,
     rank: u32,
     seq: u64,
     measured: Option<Measuring>,
@@ -157,7 +161,7 @@ struct Update {
 impl Update {
     /// The router's own tracking of a rank: no seq, no measurement.
     fn tracking(worker: WorkerId, incarnation: u64, rank: u32) -> Update {
-        Update { worker, incarnation, rank, seq: 0, measured: None }
+        Update { worker, incarnation, life: None, rank, seq: 0, measured: None }
     }
 }
 
@@ -421,7 +425,7 @@ impl WorkerMonitor {
     #[inline]
     fn apply_update(&self, report: &LoadReport, measured: Option<Measuring>) -> Result<Applied, ApplyError> {
         let (worker, incarnation, rank, seq) = (report.worker, report.incarnation, report.rank, report.seq);
-        let at = Update { worker, incarnation, rank, seq, measured };
+        let at = Update { worker, incarnation, life: None, rank, seq, measured };
         self.update_slot(at, report.publisher, |slot, now| slot.store(report.seq, &report.load, now))
     }
 
@@ -450,6 +454,40 @@ impl WorkerMonitor {
         prefill_tokens: i64,
     ) -> Result<Applied, ApplyError> {
         self.update_slot(Update::tracking(worker, incarnation, rank), Publisher::Router, |slot, now| {
+            slot.add(blocks, prefill_tokens, now);
+            SlotUpdate::Stored
+        })
+    }
+
+    /// A number for `worker`'s current registration, unique in the process
+    /// (never 0): the same from its registration until it is deregistered
+    /// or restarts, another once it registers again, even with the same
+    /// incarnation (a worker taken out for silence that comes back). `None`
+    /// if not registered. For [`track_life`](Self::track_life).
+    pub fn worker_life(&self, worker: WorkerId) -> Option<u64> {
+        self.registry.with_worker(worker, |rec| rec.entry.life)
+    }
+
+    /// As [`track`](Self::track), for the registration `life`
+    /// ([`worker_life`](Self::worker_life)) rather than an incarnation: a
+    /// request dispatched before the worker was deregistered, ending after
+    /// it registered again in the same incarnation (fresh slots), gives
+    /// back nothing ([`Applied::OtherIncarnation`]) instead of taking its
+    /// load off the new registration's.
+    ///
+    /// # Errors
+    ///
+    /// [`ApplyError`] for an unregistered worker or a rank out of range.
+    pub fn track_life(
+        &self,
+        worker: WorkerId,
+        life: u64,
+        rank: u32,
+        blocks: i64,
+        prefill_tokens: i64,
+    ) -> Result<Applied, ApplyError> {
+        let at = Update { life: Some(life), ..Update::tracking(worker, 0, rank) };
+        self.update_slot(at, Publisher::Router, |slot, now| {
             slot.add(blocks, prefill_tokens, now);
             SlotUpdate::Stored
         })
@@ -486,10 +524,11 @@ impl WorkerMonitor {
         publisher: Publisher,
         update: impl FnOnce(&RankSlot, u64) -> SlotUpdate,
     ) -> Result<Applied, ApplyError> {
-        let Update { worker, incarnation, rank, seq, measured } = at;
+        let Update { worker, incarnation, life, rank, seq, measured } = at;
         self.has_slot(publisher)?;
         self.registry.with_rank(worker, rank, |rec| {
-            if incarnation != rec.entry.incarnation {
+            // A registration named is the whole check (it has one incarnation).
+            if life.map_or(incarnation != rec.entry.incarnation, |life| life != rec.entry.life) {
                 return Applied::OtherIncarnation;
             }
             let now = self.clock.now();

@@ -127,10 +127,12 @@ impl InFlight {
             ledger: self.clone(),
             worker,
             engine: address.engine,
-            // The tracked load belongs to this life of the worker: after a
-            // restart, what this request gives back must not come off the
-            // new one's load. (A worker not registered tracks nothing.)
-            incarnation: if track_prefill { self.monitor.incarnation(worker).unwrap_or(0) } else { 0 },
+            // The tracked load belongs to this registration of the worker:
+            // after a restart, or a deregistration and a new registration
+            // of the same incarnation, what this request gives back must
+            // not come off the new one's load. (A worker not registered
+            // tracks nothing: no registration is numbered 0.)
+            life: if track_prefill { self.monitor.worker_life(worker).unwrap_or(0) } else { 0 },
             rank: 0,
             prompt_tokens,
             blocks: 0,
@@ -168,7 +170,8 @@ pub struct Held {
     worker: WorkerId,
     /// Sent to an engine (`--engine`).
     engine: bool,
-    incarnation: u64,
+    /// The worker's registration ([`WorkerMonitor::worker_life`]).
+    life: u64,
     rank: u32,
     prompt_tokens: u64,
     blocks: u64,
@@ -229,7 +232,7 @@ impl Held {
         self.ledger.tracked_blocks.fetch_add(blocks, Ordering::Relaxed);
         self.ledger.tracked_prefill_tokens.fetch_add(prefill_tokens, Ordering::Relaxed);
         let _ =
-            self.ledger.monitor.track(self.worker, self.incarnation, self.rank, signed(blocks), signed(prefill_tokens));
+            self.ledger.monitor.track_life(self.worker, self.life, self.rank, signed(blocks), signed(prefill_tokens));
         self.ledger.changed(self.worker, self.rank);
     }
 
@@ -244,13 +247,8 @@ impl Held {
         self.ledger.tracked_prefill_tokens.fetch_sub(prefill_tokens, Ordering::Relaxed);
         // The worker may be gone (deregistered) or restarted: nothing left to
         // release then.
-        let _ = self.ledger.monitor.track(
-            self.worker,
-            self.incarnation,
-            self.rank,
-            -signed(blocks),
-            -signed(prefill_tokens),
-        );
+        let _ =
+            self.ledger.monitor.track_life(self.worker, self.life, self.rank, -signed(blocks), -signed(prefill_tokens));
         self.ledger.changed(self.worker, self.rank);
     }
 }
@@ -327,6 +325,39 @@ mod tests {
         assert!(monitor.rank_snapshots()[0].tracked.is_none());
         drop(held);
         assert_eq!(ledger.totals().requests, 0);
+    }
+
+    /// A worker whose connection stayed closed past the deregistration
+    /// grace (a frozen process, a link down for more than 500 ms) is
+    /// deregistered, then registers again in the same incarnation: fresh
+    /// slots. A request dispatched before it left, ending after, gave its
+    /// load back to the new registration (the guard told lives apart by
+    /// incarnation only), taking off a later request's. Found by a review.
+    #[test]
+    fn a_request_from_before_a_deregistration_gives_nothing_back_to_the_next_registration() {
+        let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
+        monitor.register(1, "m", 1, 5).unwrap();
+        let ledger = Arc::new(InFlight::new(
+            monitor.clone(),
+            Some(Tracking { output_blocks: false }),
+            false,
+            Arc::new(RetryHint::computed()),
+        ));
+        let before = ledger.hold(1, &address(1, false), 20);
+        assert!(monitor.deregister_incarnation(1, 5));
+        monitor.register(1, "m", 1, 5).unwrap();
+        let after = ledger.hold(1, &address(1, false), 20);
+        assert_eq!(tracked(&monitor, 1).active_decode_blocks, 2, "the request dispatched after");
+        drop(before);
+        assert_eq!(tracked(&monitor, 1).active_decode_blocks, 2, "the earlier request took the later one's blocks");
+        drop(after);
+        assert_eq!(tracked(&monitor, 1).active_decode_blocks, 0);
+        // A reconnect (the same registration kept) gives back as before.
+        let held = ledger.hold(1, &address(1, false), 20);
+        monitor.register(1, "m", 1, 5).unwrap();
+        assert_eq!(tracked(&monitor, 1).active_decode_blocks, 2, "a reconnect keeps the slots");
+        drop(held);
+        assert_eq!(tracked(&monitor, 1).active_decode_blocks, 0);
     }
 
     /// With engines configured and no `kv` mode: a request to an engine has
