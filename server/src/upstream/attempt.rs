@@ -200,7 +200,7 @@ async fn error_answer<W: Watcher>(
     content_type: Option<HeaderValue>,
     timeouts: Timeouts,
     peer: Peer,
-    mut watcher: W,
+    watcher: W,
 ) -> Outcome {
     let hints: Vec<_> = [header::RETRY_AFTER, HeaderName::from_static(RETRY_AFTER_MS)]
         .into_iter()
@@ -214,7 +214,8 @@ async fn error_answer<W: Watcher>(
         }
         Err(_) => return Outcome::Failed(Failure::BetweenChunks),
     };
-    watcher.answered();
+    // Not `answered`: an error took the worker no generation, and its
+    // duration would teach the retry hint that requests are short.
     drop(watcher);
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;

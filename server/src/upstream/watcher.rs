@@ -6,7 +6,8 @@ use super::failure::Failure;
 /// upstream's answer has ended, failed, or been abandoned by the client
 /// (never later: see `relay.rs`). Each hook has a no-op default.
 pub(crate) trait Watcher: Send + 'static {
-    /// The upstream answered (not a refusal, not a failure).
+    /// The upstream answered with a 2xx (not a refusal, a failure or an
+    /// error answer).
     fn answered(&mut self) {}
     /// A chunk of its body arrived (the first included).
     fn chunk(&mut self, _chunk: &[u8]) {}

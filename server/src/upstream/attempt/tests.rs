@@ -69,6 +69,40 @@ async fn budgeted(budget: &Arc<BodyBudget>, body: &'static [u8]) -> Bytes {
 struct NoHold;
 impl Watcher for NoHold {}
 
+/// Counts the answers it is told of.
+struct Answers(Arc<std::sync::atomic::AtomicUsize>);
+impl Watcher for Answers {
+    fn answered(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Only a 2xx answer is an answered request (its duration teaches the retry
+/// hint): a worker's error answer took a millisecond, and a client sending
+/// requests that every worker refuses at once (a `max_tokens` no KV cache
+/// fits) pulled every refusal's hint down to the 1 s floor. Found by a
+/// review.
+#[tokio::test]
+async fn an_error_answer_is_not_an_answered_request() {
+    let error =
+        raw_upstream(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+            .await;
+    let ok = raw_upstream(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}").await;
+    let client = crate::upstream::client(TIMEOUTS.connect).unwrap();
+    let budget = BodyBudget::new(1, 1);
+    let payload = Payload::new(CompletionRoute::Completions, Bytes::from_static(b"{}"), budget);
+    let mut seen = Vec::new();
+    for base in [error, ok] {
+        let answers = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let request = client.post(format!("{base}/v1/completions"));
+        let outcome = attempt(request, &payload, false, TIMEOUTS, Peer::Engine, Answers(answers.clone())).await;
+        let Outcome::Answer(response) = outcome else { panic!("{outcome:?}") };
+        let _ = axum::body::to_bytes(response.into_body(), 1024).await.unwrap();
+        seen.push(answers.load(std::sync::atomic::Ordering::SeqCst));
+    }
+    assert_eq!(seen, [0, 1], "the 400, then the 200");
+}
+
 /// A 101 (or any 1xx) as the final answer to a completion is no answer:
 /// the client gets a 502 (`Cut`), never the 101.
 #[tokio::test]
