@@ -102,6 +102,9 @@ struct Tracker {
     first: Option<Duration>,
     /// When the last SSE event was sent (inter-token latency).
     last_event: Option<Instant>,
+    /// The body so far ends a line (an event's blank line may be split
+    /// across two frames).
+    newline: bool,
     bytes: u64,
     /// Counted in its row's `inflight` gauge (an LLM request).
     inflight: bool,
@@ -142,6 +145,7 @@ impl Tracker {
             stream,
             first: None,
             last_event: None,
+            newline: false,
             bytes: 0,
             inflight,
             waited,
@@ -166,12 +170,15 @@ impl Tracker {
                 self.row.observe(Timing::Ttft, ttft, 1);
                 if self.stream {
                     self.last_event = Some(Instant::now());
+                    // Its events are the first token's; where its last line
+                    // ended matters to the next frame's count.
+                    sse_events(data, &mut self.newline);
                 }
             }
             return;
         }
         if let Some(last) = self.last_event {
-            let events = sse_events(data);
+            let events = sse_events(data, &mut self.newline);
             if events > 0 {
                 let now = Instant::now();
                 let gap = now.saturating_duration_since(last);
@@ -215,10 +222,22 @@ impl Tracker {
     }
 }
 
-/// Token events in an SSE frame: its `\n\n` terminators, the final
-/// `[DONE]` not counted.
-fn sse_events(data: &[u8]) -> u32 {
-    let ends = data.windows(2).filter(|w| w == b"\n\n").count();
+/// Token events in an SSE frame: the blank lines that end them (`\n\n`,
+/// `\r\n\r\n`, one split across two frames too: `newline` says whether
+/// the last frame ended a line), the final `[DONE]` not counted.
+fn sse_events(data: &[u8], newline: &mut bool) -> u32 {
+    let mut ends = 0usize;
+    for &byte in data {
+        match byte {
+            b'\r' => {}
+            b'\n' if *newline => {
+                ends += 1;
+                *newline = false;
+            }
+            b'\n' => *newline = true,
+            _ => *newline = false,
+        }
+    }
     let done = data.windows(6).any(|w| w == b"[DONE]");
     u32::try_from(ends.saturating_sub(usize::from(done))).unwrap_or(u32::MAX)
 }
@@ -321,10 +340,23 @@ mod tests {
 
     #[test]
     fn sse_events_are_counted_without_done() {
-        assert_eq!(sse_events(b"data: {}\n\n"), 1);
-        assert_eq!(sse_events(b"data: {}\n\ndata: {}\n\n"), 2);
-        assert_eq!(sse_events(b"data: {}\n\ndata: [DONE]\n\n"), 1);
-        assert_eq!(sse_events(b"data: {"), 0);
+        let events = |data: &[u8]| sse_events(data, &mut false);
+        assert_eq!(events(b"data: {}\n\n"), 1);
+        assert_eq!(events(b"data: {}\n\ndata: {}\n\n"), 2);
+        assert_eq!(events(b"data: {}\n\ndata: [DONE]\n\n"), 1);
+        assert_eq!(events(b"data: {"), 0);
+        assert_eq!(events(b"data: {}\r\n\r\ndata: {}\r\n\r\n"), 2, "CRLF lines");
+    }
+
+    /// An event whose blank line is split across two frames gave no
+    /// inter-token observation (each frame was searched alone). Found by a
+    /// review.
+    #[test]
+    fn an_event_end_split_across_frames_is_counted() {
+        let mut newline = false;
+        assert_eq!(sse_events(b"data: {}\n", &mut newline), 0);
+        assert_eq!(sse_events(b"\ndata: {}\r\n", &mut newline), 1);
+        assert_eq!(sse_events(b"\r\n", &mut newline), 1);
     }
 
     #[test]
