@@ -20,16 +20,31 @@ pub fn blocks_for(tokens: u64) -> u64 {
 }
 
 /// Prompt tokens of a request: the length of a token-id array prompt,
-/// otherwise its [`words`] (for chat, of every message's content). The reference that the one-pass reading
+/// otherwise its [`words`] (for chat, of every message's content and tool
+/// calls, and of the tools). The reference that the one-pass reading
 /// (`openai/request.rs`) is tested against.
 #[cfg(test)]
 pub fn prompt_tokens(endpoint: Endpoint, request: &Value) -> u64 {
     match endpoint {
         Endpoint::Completions => request.get("prompt").map_or(0, prompt_value),
-        Endpoint::ChatCompletions => request
-            .get("messages")
-            .and_then(Value::as_array)
-            .map_or(0, |messages| messages.iter().filter_map(|m| m.get("content")).map(content_value).sum()),
+        Endpoint::ChatCompletions => {
+            let message =
+                |m: &Value| m.get("content").map_or(0, content_value) + m.get("tool_calls").map_or(0, all_text);
+            let messages = request.get("messages").and_then(Value::as_array).map_or(0, |m| m.iter().map(message).sum());
+            messages + request.get("tools").map_or(0, all_text)
+        }
+    }
+}
+
+/// A value rendered into the prompt whole (`tools`, `tool_calls`): the
+/// words of its strings, keys included; a number or a literal one each.
+#[cfg(test)]
+fn all_text(value: &Value) -> u64 {
+    match value {
+        Value::String(s) => words(s),
+        Value::Array(items) => items.iter().map(all_text).sum(),
+        Value::Object(map) => map.iter().map(|(k, v)| words(k) + all_text(v)).sum(),
+        _ => 1,
     }
 }
 

@@ -21,9 +21,11 @@ use crate::tokens::words;
 
 mod check;
 mod reading;
+mod text;
 use self::check::{Check, Checked, Scalar, Wrong};
 pub(crate) use self::reading::Reading;
 use self::reading::{Within, NVEXT, PRIORITY_PARAM};
+use self::text::AllText;
 
 /// The fields of a request the proxy uses.
 #[derive(Debug, PartialEq, Eq)]
@@ -118,6 +120,8 @@ struct Found<'de> {
     model: Option<Option<Cow<'de, str>>>,
     /// `prompt` (completions) or `messages` (chat): its tokens.
     prompt: Option<Result<u64, Wrong>>,
+    /// A chat's `tools` (rendered into the prompt): their tokens.
+    tools: u64,
     /// `max_tokens` (`Ok(None)`: null), or out of bounds.
     max_tokens: Option<Result<Option<u32>, Wrong>>,
     /// `max_completion_tokens`, the same.
@@ -141,6 +145,7 @@ impl<'de> Found<'de> {
             Endpoint::ChatCompletions => Field::Messages,
         };
         let Some(Ok(prompt_tokens)) = self.prompt else { return Err(prompt_field.invalid()) };
+        let prompt_tokens = prompt_tokens.saturating_add(self.tools);
         let Ok(max_tokens) = self.max_tokens.unwrap_or(Ok(None)) else { return Err(Field::MaxTokens.invalid()) };
         let Ok(max_completion_tokens) = self.max_completion_tokens.unwrap_or(Ok(None)) else {
             return Err(Field::MaxCompletionTokens.invalid());
@@ -201,6 +206,7 @@ impl<'de> Visitor<'de> for Fields {
         let mut found = Found {
             model: None,
             prompt: None,
+            tools: 0,
             max_tokens: None,
             max_completion_tokens: None,
             stream: None,
@@ -217,6 +223,7 @@ impl<'de> Visitor<'de> for Fields {
                 ("messages", Endpoint::ChatCompletions) => {
                     found.prompt = Some(map.next_value_seed(Checked(Messages { count }))?);
                 }
+                ("tools", Endpoint::ChatCompletions) if count => found.tools = map.next_value_seed(Checked(AllText))?,
                 ("max_tokens", _) => found.max_tokens = Some(map.next_value_seed(Checked(TokenLimit))?),
                 ("max_completion_tokens", _) => {
                     found.max_completion_tokens = Some(map.next_value_seed(Checked(TokenLimit))?);
@@ -444,7 +451,8 @@ impl<'de> Check<'de> for Messages {
     }
 }
 
-/// One message: an object (`None`: anything else); its `content`'s words.
+/// One message: an object (`None`: anything else); the words of its
+/// `content` and of its `tool_calls` (rendered into the prompt).
 struct Message {
     count: bool,
 }
@@ -457,15 +465,17 @@ impl<'de> Check<'de> for Message {
     }
 
     fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<u64>, A::Error> {
-        let mut tokens = 0;
+        let (mut tokens, mut calls) = (0, 0);
         while let Some(key) = map.next_key::<Cow<'de, str>>()? {
             if self.count && key == "content" {
                 tokens = map.next_value_seed(Checked(Content))?;
+            } else if self.count && key == "tool_calls" {
+                calls = map.next_value_seed(Checked(AllText))?;
             } else {
                 map.next_value::<IgnoredAny>()?;
             }
         }
-        Ok(Some(tokens))
+        Ok(Some(tokens.saturating_add(calls)))
     }
 }
 

@@ -90,6 +90,15 @@ fn counts_as_the_parsed_value_does() {
             ]}),
         ),
         (Endpoint::ChatCompletions, json!({"model": "m", "messages": [{}], "prompt": "ignored"})),
+        (
+            Endpoint::ChatCompletions,
+            json!({"model": "m", "tools": [{"type": "function", "function": {"name": "f", "description": "a b c",
+                "parameters": {"type": "object", "required": ["x"], "n": 3, "ok": true}}}],
+                "messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
+                    "function": {"name": "f", "arguments": "{\"x\": \"lorem ipsum dolor\"}"}}]},
+                    {"role": "tool", "content": "done"}]}),
+        ),
+        (Endpoint::Completions, json!({"model": "m", "prompt": "a", "tools": "not a chat: not counted"})),
     ];
     for (endpoint, value) in cases {
         let body = value.to_string();
@@ -189,6 +198,20 @@ fn the_workers_reading_answers_as_the_parsed_value() {
     for (api, body) in cases {
         assert_eq!(read_generation(api, body.as_bytes()), crate::openai::parse_request(api, body.as_bytes()), "{body}");
     }
+}
+
+/// A chat's `tools` and its messages' `tool_calls` are rendered into the
+/// prompt by engines: they count (they counted 0, so a client could queue
+/// a long prompt as an empty one). Found by a review.
+#[test]
+fn tools_and_tool_calls_count() {
+    let args = format!("{{\"text\": \"{}\"}}", "lorem ipsum dolor sit amet ".repeat(400));
+    let body = json!({"model": "m", "tools": [{"type": "function", "function": {"name": "f",
+        "description": "lorem ipsum dolor sit amet ".repeat(400)}}],
+        "messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "f", "arguments": args}}]}]});
+    let tokens = head(Endpoint::ChatCompletions, &body.to_string()).unwrap().prompt_tokens;
+    assert!(tokens >= 4_000, "about 4,000 words of tools and arguments: {tokens}");
 }
 
 /// An `nvext.agent_hints.priority` integer past 64 bits is the extreme of
