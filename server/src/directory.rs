@@ -43,20 +43,11 @@ use std::time::{Duration, Instant};
 use loadgate::{WorkerId, WorkerMonitor};
 use tokio::sync::Notify;
 
-/// A worker's HTTP endpoint as the proxy needs it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WorkerAddress {
-    /// Base URL without a trailing slash, e.g. `http://127.0.0.1:8001`.
-    pub base_url: Arc<str>,
-    /// The worker's data-parallel size (ranks the router tracks load on).
-    pub dp_size: u32,
-    /// A real inference engine (`--engine`), not a loadgate worker: it gets
-    /// no request proof and reports no KV in the router's block unit.
-    pub engine: bool,
-    /// An engine whose non-streamed requests are sent streamed and answered
-    /// whole (llama.cpp: `upstream/assemble.rs`).
-    pub assembles: bool,
-}
+mod address;
+
+use self::address::address;
+pub(crate) use self::address::check_address;
+pub use self::address::WorkerAddress;
 
 /// How long a worker a connection failed to stays out of routing.
 pub const UNREACHABLE_QUARANTINE: Duration = Duration::from_secs(1);
@@ -428,13 +419,6 @@ impl WorkerDirectory {
         all.sort_by_key(|(k, _)| *k);
         all
     }
-}
-
-/// `http_addr` (`HOST:PORT` or a URL) as a base URL without a trailing slash.
-fn address(http_addr: &str, dp_size: u32, engine: bool) -> WorkerAddress {
-    let base = http_addr.trim_end_matches('/');
-    let base_url = if base.contains("://") { base.to_owned() } else { format!("http://{base}") };
-    WorkerAddress { base_url: Arc::from(base_url), dp_size, engine, assembles: false }
 }
 
 #[cfg(test)]

@@ -485,7 +485,7 @@ fn worker_needs_advertise_addr_on_an_unspecified_address() {
         let stderr = refused(&base, &[("LOADGATE_WORKER_HTTP_HOST", host)]);
         assert!(stderr.contains("--advertise-addr"), "LOADGATE_WORKER_HTTP_HOST={host}: {stderr}");
     }
-    for bad in ["nohost", ":8000", "host:", "host:99999", "host:0"] {
+    for bad in ["nohost", ":8000", "host:", "host:99999", "host:0", "a b:80", "h/x?:80"] {
         let stderr = refused(&args(&base, &["--http-host", "127.0.0.1", "--advertise-addr", bad]), &[]);
         assert!(stderr.contains("invalid --advertise-addr"), "--advertise-addr {bad}: {stderr}");
     }

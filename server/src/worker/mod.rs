@@ -288,9 +288,11 @@ async fn deregister(publisher: Option<Arc<EventPublisher>>) -> bool {
 fn advertise_addr(flag: Option<&str>, bound: SocketAddr) -> anyhow::Result<String> {
     match flag {
         Some(value) => {
+            // As frontends check it: a path or query after the port is refused.
             let valid = value
                 .rsplit_once(':')
-                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0));
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0))
+                && crate::directory::check_address(value).is_ok();
             anyhow::ensure!(valid, "invalid --advertise-addr {value:?}: expected HOST:PORT");
             Ok(value.to_owned())
         }

@@ -112,6 +112,9 @@ impl PlaneServer {
         if self.ownership.may_claim(worker, token).is_err() {
             return Err(self.held(conn, worker));
         }
+        if let Err(why) = crate::directory::check_address(http_addr) {
+            return Err(Close::Refused(format!("Register of worker {worker}: {why}")));
+        }
         let limits = self.config.limits;
         if let Err(refusal) =
             limits.check_register(&self.monitor, &self.directory, worker, model, Some(http_addr), dp_size)

@@ -41,6 +41,18 @@ fn names_and_addresses_are_bounded() {
     assert_eq!(plane.monitor.model_count(), 1);
 }
 
+/// An address the proxy would send somewhere else than the worker's
+/// completions (a query after a path, credentials) is refused with the
+/// Register; a plain one is taken. Found by a review.
+#[test]
+fn addresses_with_a_query_are_refused() {
+    let plane = Plane::start(None, PlaneLimits::default());
+    expect(&plane, register(&plane, 1, "m", 1, "127.0.0.1:1/busy_threshold?"), 1, false);
+    expect(&plane, register(&plane, 2, "m", 1, "http://u:p@127.0.0.1:1"), 2, false);
+    let _ok = expect(&plane, register(&plane, 3, "m", 1, "http://127.0.0.1:1/prefix/"), 3, true);
+    assert_eq!(plane.directory.get(3).unwrap().base_url.as_ref(), "http://127.0.0.1:1/prefix");
+}
+
 #[test]
 fn workers_are_bounded_counting_static_ones() {
     let plane = Plane::start(None, PlaneLimits { max_workers: 3, ..Default::default() });

@@ -55,7 +55,7 @@ use super::sharing::changes::ChangeFeed;
 use super::sharing::peers::{Added, Heard, Peers};
 use super::sharing::publish::{Holding, Holds, Identity, Outbox, SharePublisher};
 use super::subjects::Subjects;
-use crate::directory::WorkerDirectory;
+use crate::directory::{check_address, WorkerDirectory};
 use crate::events::{PlaneConfig, PlaneLimits, PlaneStats};
 use crate::frontend::retry_hint::RetryHint;
 use crate::secret::{unix_ms, Secrets};
@@ -476,10 +476,10 @@ impl Applier {
         if routed && self.heard(subject, worker, incarnation) {
             return; // the same life announcing itself again (a heartbeat)
         }
-        if let Err(refusal) =
-            self.limits.check_register(&self.monitor, &self.directory, worker, model, Some(http_addr), dp_size)
-        {
-            tracing::warn!(worker, %refusal.message, "NATS registration refused");
+        let limits =
+            || self.limits.check_register(&self.monitor, &self.directory, worker, model, Some(http_addr), dp_size);
+        if let Some(why) = check_address(http_addr).err().or_else(|| limits().err().map(|refusal| refusal.message)) {
+            tracing::warn!(worker, "NATS registration refused: {why}");
             return;
         }
         // As the TCP plane: a new worker's address goes in first.
