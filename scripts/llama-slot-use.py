@@ -258,5 +258,15 @@ def main():
                   f"{1e3 * quantile(gaps, 0.5):.1f}, mean {1e3 * statistics.fmean(gaps) if gaps else float('nan'):.1f} ms")
 
 
+def exit_on_signal(signum, _frame):
+    """SIGTERM or SIGHUP end the script as an exception does: the `finally`
+    of `run` stops the servers and the frontend (by default Python dies at
+    once, and its children outlive it)."""
+    sys.exit(128 + signum)
+
+
 if __name__ == "__main__":
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, exit_on_signal)
     main()

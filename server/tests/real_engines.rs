@@ -34,7 +34,8 @@ const ENGINE_START: Duration = Duration::from_secs(60);
 
 /// Where `scripts/prepare-llama-server` put the server and the small model.
 fn prepared() -> (PathBuf, PathBuf) {
-    let root = std::env::var_os("LOADGATE_ENGINES").map(PathBuf::from).unwrap_or_else(|| {
+    // Empty is unset, as for the script and the demo.
+    let root = std::env::var_os("LOADGATE_ENGINES").filter(|v| !v.is_empty()).map(PathBuf::from).unwrap_or_else(|| {
         let cache = std::env::var_os("XDG_CACHE_HOME")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache"));

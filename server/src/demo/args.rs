@@ -34,7 +34,8 @@ pub struct Args {
         long,
         env = "LOADGATE_DEMO_WORKERS",
         default_value_t = 4,
-        conflicts_with = "engines"
+        conflicts_with = "engines",
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_WORKERS as u64)
     )]
     pub workers: usize,
     /// Frontends in front of the workers, counting their load together over NATS (needs
@@ -106,8 +107,8 @@ pub struct Args {
     /// The waiting line's --router-queue-token-limit in the third mode [default: the frontend's].
     #[arg(help_heading = "Shedding", long, env = "LOADGATE_DEMO_ROUTER_QUEUE_TOKEN_LIMIT")]
     pub router_queue_token_limit: Option<u64>,
-    /// Skip the saturation run and use this capacity (req/s).
-    #[arg(help_heading = "The load and the report", long, env = "LOADGATE_DEMO_CAPACITY")]
+    /// Skip the saturation run and use this capacity (req/s, at most 10,000).
+    #[arg(help_heading = "The load and the report", long, env = "LOADGATE_DEMO_CAPACITY", value_parser = capacity)]
     pub capacity: Option<f64>,
     /// KV-cache blocks per simulated worker.
     #[arg(
@@ -115,7 +116,8 @@ pub struct Args {
         long,
         env = "LOADGATE_DEMO_KV_TOTAL_BLOCKS",
         default_value_t = 64,
-        conflicts_with = "engines"
+        conflicts_with = "engines",
+        value_parser = clap::value_parser!(u32).range(1..=1_000_000)
     )]
     pub kv_total_blocks: u32,
     /// Engine step time of the simulated workers, ms.
@@ -127,7 +129,8 @@ pub struct Args {
         long,
         env = "LOADGATE_DEMO_MAX_NUM_BATCHED_TOKENS",
         default_value_t = 512,
-        conflicts_with = "engines"
+        conflicts_with = "engines",
+        value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub max_num_batched_tokens: u32,
     /// Prompt tokens (words) per request [default: 112; 32 with --engines].
@@ -174,7 +177,8 @@ pub struct Args {
         env = "LOADGATE_DEMO_SHEDDABLE_HEADROOM",
         value_name = "F",
         default_value_t = 0.0,
-        requires = "mix"
+        requires = "mix",
+        value_parser = headroom
     )]
     pub sheddable_headroom: f64,
     /// Tenants instead of the three modes (simulated workers): each tenant's share of the
@@ -189,6 +193,30 @@ pub struct Args {
     #[arg(help_heading = "The load and the report", long, env = "LOADGATE_DEMO_TENANTS_LEVEL", value_name = "X", default_value_t = 2.0, requires = "tenants",
           value_parser = positive_multiple)]
     pub tenants_level: f64,
+}
+
+/// The most simulated workers (each a process).
+pub(crate) const MAX_WORKERS: usize = 64;
+
+/// The most requests per second the demo offers (its load generator and
+/// pool share two cores).
+const MAX_CAPACITY: f64 = 10_000.0;
+
+/// `--capacity`: a positive number of requests per second, at most
+/// [`MAX_CAPACITY`].
+fn capacity(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 && x <= MAX_CAPACITY => Ok(x),
+        _ => Err(format!("`{s}`: a number of requests per second above 0 and at most {MAX_CAPACITY}")),
+    }
+}
+
+/// `--sheddable-headroom`: a share in [0, 1).
+fn headroom(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if (0.0..1.0).contains(&x) => Ok(x),
+        _ => Err(format!("`{s}`: a share of each threshold, at least 0 and below 1")),
+    }
 }
 
 /// A positive, finite multiple of the capacity.

@@ -5,10 +5,11 @@
 //! in `LOADGATE_EVENT_SECRET`, never on a command line), so the demo runs
 //! with an authenticated event plane.
 
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStderr, ChildStdout, Command, ExitStatus, Stdio};
-use std::sync::{mpsc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use rustix::process::{kill_process, Pid, Signal};
@@ -32,6 +33,12 @@ static LIVE: Mutex<Live> = Mutex::new(Live { pids: Vec::new(), stopping: false }
 fn live() -> MutexGuard<'static, Live> {
     // A panic elsewhere while holding it leaves the list as it was.
     LIVE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A pool of child processes that must all run while it is measured.
+pub(crate) trait Pooled {
+    /// An error naming a child of the pool that has exited.
+    fn check_alive(&mut self) -> anyhow::Result<()>;
 }
 
 /// A child process, killed (and reaped) when dropped.
@@ -68,6 +75,29 @@ impl Process {
         self.child.stderr.take()
     }
 
+    /// Waits up to `within` for the child to exit; its status if it did.
+    fn wait_exit(&mut self, within: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.exited() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// An error if the child has exited (`what` names it): a pool whose
+    /// child died during a run measured something else than its mode.
+    pub(crate) fn check_alive(&mut self, what: &str) -> anyhow::Result<()> {
+        match self.exited() {
+            Some(status) => anyhow::bail!("{what} exited during the run ({status})"),
+            None => Ok(()),
+        }
+    }
+
     /// `Some(status)` once the child has exited.
     pub(crate) fn exited(&mut self) -> Option<ExitStatus> {
         // Reaped and forgotten under the lock: the signal thread never
@@ -90,8 +120,8 @@ impl Drop for Process {
     }
 }
 
-/// From now on, SIGINT, SIGTERM or SIGHUP kill every child, and then the
-/// demo itself by that signal (as without a handler, so a shell sees it):
+/// From now on, SIGINT, SIGTERM or SIGHUP kill every child (and remove the
+/// demo's tenants file), and then the demo itself by that signal (as without a handler, so a shell sees it):
 /// a demo stopped from outside (`kill`, `timeout`, a closed terminal, a
 /// cancelled CI job) leaves no llama-server, nats-server or `loadgate`
 /// child running. A signal ignored when the demo started (`nohup`, a
@@ -111,6 +141,9 @@ pub(crate) fn stop_children_on_signals() -> anyhow::Result<()> {
         // Held to the end: a thread that would start, reap or drop a child
         // waits, and cannot end the process first with another status.
         let _live = kill_children();
+        // The process ends here without unwinding: what a drop would have
+        // removed is removed now (the tenants file, if this demo wrote one).
+        let _ = std::fs::remove_file(crate::demo::tenants_file::path());
         eprintln!("loadgate demo: stopped by signal {signal}; its child processes were killed");
         // Resets the signal to its default action and raises it again.
         let _ = emulate_default_handler(signal);
@@ -161,17 +194,18 @@ pub(crate) fn frontend_args(router_mode: &str) -> Vec<String> {
 }
 
 /// Starts `loadgate <args>` with the event secret `secret` and returns it
-/// with its `listening ...` line. Frontend and worker variables of the
-/// demo's own environment (`DYN_*`, `LOADGATE_FRONTEND_*`,
-/// `LOADGATE_WORKER_*`) are not passed on.
+/// with its `listening ...` line. No `DYN_*` or `LOADGATE_*` variable of
+/// the demo's own environment is passed on. A child that does not start is
+/// reported with the last lines it wrote to its standard error.
 pub(crate) fn spawn_loadgate(args: &[String], secret: &str) -> anyhow::Result<(Process, String)> {
     let exe = std::env::current_exe().context("cannot find the loadgate binary")?;
     let mut command = Command::new(exe);
-    // Each mode is the flags the demo gives and nothing else: a frontend or worker variable
-    // in the demo's environment (a threshold, a waiting line) would change every mode alike.
+    // Each mode is the flags the demo gives and nothing else: a variable of the demo's
+    // environment that a frontend or worker reads (a threshold, a waiting line, the deprecated
+    // shared names such as LOADGATE_HTTP_MAX_CONNECTIONS) would change every mode alike.
     for (name, _) in std::env::vars_os() {
         let name_str = name.to_string_lossy();
-        if ["DYN_", "LOADGATE_FRONTEND_", "LOADGATE_WORKER_"].iter().any(|p| name_str.starts_with(p)) {
+        if ["DYN_", "LOADGATE_"].iter().any(|p| name_str.starts_with(p)) {
             command.env_remove(&name);
         }
     }
@@ -179,12 +213,12 @@ pub(crate) fn spawn_loadgate(args: &[String], secret: &str) -> anyhow::Result<(P
         .args(args)
         .env("RUST_LOG", "warn")
         .env("LOADGATE_EVENT_SECRET", secret)
-        .env_remove("LOADGATE_EVENT_SECRET_PREVIOUS")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null());
+        .stderr(Stdio::piped());
     let mut process =
         Process::spawn(&mut command).with_context(|| format!("cannot start loadgate {}", args.join(" ")))?;
+    let said = keep_tail(process.stderr().expect("piped stderr"));
     let stdout = BufReader::new(process.stdout().expect("piped stdout"));
     // Read on a thread, so a child that prints nothing cannot hang the demo;
     // it keeps draining the pipe so the child's writes never fail or block.
@@ -194,11 +228,46 @@ pub(crate) fn spawn_loadgate(args: &[String], secret: &str) -> anyhow::Result<(P
         let _ = tx.send(lines.next().and_then(Result::ok).unwrap_or_default());
         for _ in lines {}
     });
-    let line = rx
-        .recv_timeout(STARTUP)
-        .map_err(|_| anyhow::anyhow!("loadgate {} printed no listening line within {STARTUP:?}", args.join(" ")))?;
-    anyhow::ensure!(line.starts_with("listening "), "loadgate {} did not start: {line:?}", args.join(" "));
-    Ok((process, line.trim().to_owned()))
+    let line = rx.recv_timeout(STARTUP);
+    let started = line.as_deref().is_ok_and(|line| line.starts_with("listening "));
+    if !started {
+        // What it said before it exited (or while it hung), for the error.
+        let _ = process.wait_exit(Duration::from_secs(2));
+        let said: Vec<String> = said.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect();
+        let said = said.join("\n");
+        let why = match line {
+            Ok(_) => "did not start",
+            Err(_) => "printed no listening line within 30 s",
+        };
+        anyhow::bail!("loadgate {} {why}; it said:\n{said}", args.join(" "));
+    }
+    Ok((process, line.expect("started").trim().to_owned()))
+}
+
+/// Lines of a child's standard error kept for an error message.
+const KEPT_LINES: usize = 20;
+
+/// Reads `stderr` on a thread to its end (so the child's writes never
+/// block), keeping its last [`KEPT_LINES`] lines, each cut to 500 bytes.
+fn keep_tail(stderr: ChildStderr) -> Arc<Mutex<VecDeque<String>>> {
+    let kept = Arc::new(Mutex::new(VecDeque::new()));
+    let tail = kept.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(mut line) = line else { break };
+            let mut end = line.len().min(500);
+            while !line.is_char_boundary(end) {
+                end -= 1;
+            }
+            line.truncate(end);
+            let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
+            if tail.len() == KEPT_LINES {
+                tail.pop_front();
+            }
+            tail.push_back(line);
+        }
+    });
+    kept
 }
 
 /// The value of `key=` in a `listening ...` line.

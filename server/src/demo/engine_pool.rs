@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use crate::demo::args::{Args, LLAMA_MODEL};
-use crate::demo::child::{field, frontend_args, random_secret, spawn_loadgate, Process};
+use crate::demo::child::{field, frontend_args, random_secret, spawn_loadgate, Pooled, Process};
 use crate::demo::install::LlamaInstall;
 use crate::demo::llama_server::LlamaServer;
 use crate::demo::modes::Mode;
@@ -36,8 +36,18 @@ pub(crate) fn shedding_flags(args: &Args) -> [String; 6] {
 pub(crate) struct EnginePool {
     /// The frontend's inference address, `127.0.0.1:PORT`.
     pub(crate) http: String,
-    _frontend: Process,
-    _servers: Vec<LlamaServer>,
+    frontend: Process,
+    servers: Vec<LlamaServer>,
+}
+
+impl Pooled for EnginePool {
+    fn check_alive(&mut self) -> anyhow::Result<()> {
+        self.frontend.check_alive("the frontend")?;
+        for (i, server) in self.servers.iter_mut().enumerate() {
+            server.process.check_alive(&format!("llama-server {}", i + 1))?;
+        }
+        Ok(())
+    }
 }
 
 impl EnginePool {
@@ -69,7 +79,7 @@ impl EnginePool {
         }
         frontend_args.extend(mode.line_flags(args));
         let (frontend, line) = spawn_loadgate(&frontend_args, &random_secret()?)?;
-        let pool = EnginePool { http: field(&line, "http")?, _frontend: frontend, _servers: servers };
+        let pool = EnginePool { http: field(&line, "http")?, frontend, servers };
         pool.wait_for_engines()?;
         Ok(pool)
     }

@@ -42,7 +42,7 @@ const LOG_LINE_BYTES: usize = 300;
 pub(crate) struct LlamaServer {
     /// Its base URL, `http://127.0.0.1:PORT`.
     pub(crate) url: String,
-    _process: Process,
+    pub(crate) process: Process,
 }
 
 impl LlamaServer {
@@ -102,7 +102,7 @@ impl LlamaServer {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         })?;
-        let Some(why) = why else { return Ok(LlamaServer { url, _process: process }) };
+        let Some(why) = why else { return Ok(LlamaServer { url, process }) };
         let tail = log.lock().map(|l| Vec::from(l.clone()).join("\n")).unwrap_or_default();
         anyhow::bail!("llama-server on port {port} {why}; the end of its log:\n{tail}")
     }

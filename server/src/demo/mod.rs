@@ -62,6 +62,7 @@ use anyhow::Context as _;
 
 pub use self::args::{Args, Engines};
 use self::args::{LEVELS, LLAMA_MODEL, MODEL};
+use self::child::Pooled;
 use self::classes::class_table;
 use self::engine_pool::{shedding_flags, EnginePool, SERVERS};
 use self::install::LlamaInstall;
@@ -108,7 +109,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let setup = Setup {
                 model: MODEL,
                 saturation: Saturation {
-                    clients: (2 * args.workers * est_slots.max(1)).max(8),
+                    // Twice the slots the pool has, within bounds a 2-core
+                    // machine runs (a huge --kv-total-blocks asked for billions).
+                    clients: (2 * args.workers * est_slots.max(1)).clamp(8, MAX_SATURATION_CLIENTS),
                     warmup: Duration::from_secs(1),
                     measure: Duration::from_secs(3),
                 },
@@ -187,7 +190,7 @@ struct Saturation {
 /// and the value that keeps it alive): static thresholds first (their 0.5x
 /// p50 TTFT sets the line's timeout), then the line, then no shedding.
 /// Prints the table and returns the runs.
-fn compare<P>(
+fn compare<P: Pooled>(
     args: &Args,
     runtime: &tokio::runtime::Runtime,
     setup: &Setup,
@@ -209,7 +212,7 @@ fn compare<P>(
 /// unless given; `--class-timeouts-ms` gives one per class), then
 /// thresholds + line with the class mix at every level; prints the
 /// per-class table.
-fn with_classes<P>(
+fn with_classes<P: Pooled>(
     args: &Args,
     runtime: &tokio::runtime::Runtime,
     setup: &Setup,
@@ -245,7 +248,7 @@ fn with_classes<P>(
 /// the rate and all of them together, with the tenants file, then all
 /// together without it (one shared line); prints the per-tenant table. The
 /// file is removed at the end, also on an error.
-fn with_tenants<P>(
+fn with_tenants<P: Pooled>(
     args: &Args,
     runtime: &tokio::runtime::Runtime,
     setup: &Setup,
@@ -327,14 +330,15 @@ impl<'a> Runner<'a> {
     }
 
     /// `--capacity`, or the closed-loop saturation run's (printed).
-    fn capacity<P>(&self, start: &impl Fn(Mode) -> anyhow::Result<(String, P)>) -> anyhow::Result<f64> {
+    fn capacity<P: Pooled>(&self, start: &impl Fn(Mode) -> anyhow::Result<(String, P)>) -> anyhow::Result<f64> {
         let capacity = match self.args.capacity {
             Some(c) => c,
             None => {
-                let (http, pool) = start(Mode::Off)?;
+                let (http, mut pool) = start(Mode::Off)?;
                 let Saturation { clients, warmup, measure } = self.setup.saturation;
                 let bench = self.bench(&http, 1.0, self.args.seed);
                 let c = self.runtime.block_on(saturate(&bench, clients, warmup, measure))?;
+                pool.check_alive().context("the capacity run")?;
                 drop(pool);
                 println!(
                     "capacity: {c:.1} req/s (closed loop, {clients} clients, {} s after {} s warm-up)",
@@ -351,7 +355,7 @@ impl<'a> Runner<'a> {
 
     /// One run per level of `levels` (multiples of `capacity`) in `mode`,
     /// each on a fresh pool, with the class mix when `mode` has classes.
-    fn levels<P>(
+    fn levels<P: Pooled>(
         &self,
         start: &impl Fn(Mode) -> anyhow::Result<(String, P)>,
         mode: Mode,
@@ -369,7 +373,7 @@ impl<'a> Runner<'a> {
     /// One run of `load` in `mode` on a fresh pool, arrivals from `seed`,
     /// with the class mix when `mode` has classes; its progress line says
     /// `what` ran (`2x`).
-    fn run<P>(
+    fn run<P: Pooled>(
         &self,
         start: &impl Fn(Mode) -> anyhow::Result<(String, P)>,
         mode: Mode,
@@ -378,7 +382,7 @@ impl<'a> Runner<'a> {
         what: &str,
     ) -> anyhow::Result<Run> {
         let objective = self.args.slo_ttft();
-        let (http, pool) = start(mode)?;
+        let (http, mut pool) = start(mode)?;
         let mut bench = self.bench(&http, load.rate, seed);
         if mode.has_classes() {
             bench.mix = self.args.mix;
@@ -387,6 +391,7 @@ impl<'a> Runner<'a> {
             bench.tenants = Some(tenants.parse().map_err(|e: String| anyhow::anyhow!("tenants {tenants}: {e}"))?);
         }
         let report = self.runtime.block_on(run_bench(&bench))?;
+        pool.check_alive().with_context(|| format!("{} {}", mode.label(), what.trim()))?;
         drop(pool);
         eprintln!(
             "  {:<26} {what}: SLO goodput {:>5.1} req/s, rejected {:>5.1} %, p50/p99 TTFT {:>6.0} / {:>6.0} ms, \
@@ -420,6 +425,9 @@ impl<'a> Runner<'a> {
         t
     }
 }
+
+/// The most clients of the closed-loop saturation run.
+const MAX_SATURATION_CLIENTS: usize = 2048;
 
 /// Writes the plot of the three modes and prints where.
 fn plot(args: &Args, setup: &Setup, results: &Results) -> anyhow::Result<()> {

@@ -15,7 +15,7 @@ const STARTUP: Duration = Duration::from_secs(10);
 /// A running nats-server and its URL.
 pub(crate) struct NatsServer {
     pub(crate) url: String,
-    _process: Process,
+    pub(crate) process: Process,
 }
 
 impl NatsServer {
@@ -33,6 +33,6 @@ impl NatsServer {
             anyhow::ensure!(Instant::now() < deadline, "nats-server did not listen on {port} within {STARTUP:?}");
             std::thread::sleep(Duration::from_millis(20));
         }
-        Ok(NatsServer { url: format!("nats://127.0.0.1:{port}"), _process: process })
+        Ok(NatsServer { url: format!("nats://127.0.0.1:{port}"), process })
     }
 }

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use crate::demo::args::{Args, MODEL};
-use crate::demo::child::{field, frontend_args, random_secret, spawn_loadgate, Process};
+use crate::demo::child::{field, frontend_args, random_secret, spawn_loadgate, Pooled, Process};
 use crate::demo::modes::Mode;
 use crate::demo::nats_server::NatsServer;
 use crate::nats::EventPlaneKind;
@@ -16,9 +16,21 @@ use crate::nats::EventPlaneKind;
 pub(crate) struct Pool {
     /// The frontends' inference addresses, `127.0.0.1:PORT`, comma-separated.
     pub(crate) http: String,
-    _frontends: Vec<Process>,
-    _workers: Vec<Process>,
-    _nats: Option<NatsServer>,
+    frontends: Vec<Process>,
+    workers: Vec<Process>,
+    nats: Option<NatsServer>,
+}
+
+impl Pooled for Pool {
+    fn check_alive(&mut self) -> anyhow::Result<()> {
+        for (i, frontend) in self.frontends.iter_mut().enumerate() {
+            frontend.check_alive(&format!("frontend {}", i + 1))?;
+        }
+        for (i, worker) in self.workers.iter_mut().enumerate() {
+            worker.check_alive(&format!("worker {}", i + 1))?;
+        }
+        self.nats.as_mut().map_or(Ok(()), |nats| nats.process.check_alive("nats-server"))
+    }
 }
 
 impl Pool {
@@ -82,7 +94,7 @@ impl Pool {
                 spawn_loadgate(&worker_args, &secret).map(|(p, _)| p)
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let pool = Pool { http: https.join(","), _frontends: frontends, _workers: workers, _nats: nats };
+        let pool = Pool { http: https.join(","), frontends, workers, nats };
         for http in &https {
             pool.wait_for_workers(http, args.workers)?;
         }

@@ -201,11 +201,18 @@ pub(crate) fn summary(results: &Results, targets: &Targets) -> String {
     let mut out = String::from("\nthe line against the issue's targets (measured, not asserted):\n");
     if let Some(line1) = at(&results.line, 1.0) {
         let rejected = line1.rejected_pct();
+        // A request that got no answer (the connection failed, or none came
+        // by the drain deadline) is no better than a refused one.
+        let unanswered = 100.0 * (line1.transport_errors + line1.unfinished) as f64 / line1.sent.max(1) as f64;
         let bound = targets.rejected_1x_pct;
+        let shown = match unanswered > 0.0 {
+            true => format!("{rejected:.1} % (and {unanswered:.1} % unanswered)"),
+            false => format!("{rejected:.1} %"),
+        };
         let _ = writeln!(
             out,
-            "  1x: rejected with the line {rejected:.1} % {}",
-            target(Some(format!("<= {bound} %")), rejected <= bound)
+            "  1x: rejected with the line {shown} {}",
+            target(Some(format!("<= {bound} %")), rejected + unanswered <= bound)
         );
         let best = [(Mode::Off, &results.off), (Mode::Static, &results.fixed)]
             .into_iter()
@@ -317,6 +324,23 @@ mod tests {
         );
         let clean = table(&results(), "--active-decode-blocks-threshold 0.85");
         assert!(!clean.contains("answered other than 2xx or 529"), "{clean}");
+    }
+
+    /// A line run at 1x in which no request got an answer (its frontend
+    /// died, or every request was cut off or unanswered at the drain
+    /// deadline) refused 0.0 % and met the refusal target. Found by a
+    /// review.
+    #[test]
+    fn a_line_run_that_answered_nothing_does_not_meet_the_refusal_target() {
+        let mut r = results();
+        let mut dead = run(0, 0, 0);
+        dead.report.sent = 360;
+        dead.report.transport_errors = 300;
+        dead.report.unfinished = 60;
+        r.line[1] = dead;
+        let s = summary(&r, &Targets::SIMULATED);
+        let line = s.lines().find(|l| l.trim_start().starts_with("1x: rejected")).unwrap();
+        assert!(line.ends_with("0.0 % (and 100.0 % unanswered) (target <= 2 %: MISSED)"), "{line}");
     }
 
     #[test]

@@ -1,0 +1,269 @@
+//! `loadgate demo` run to its end, and against bad flags, a hostile
+//! environment and a child that dies: absurd flags are refused at once
+//! (not after a pool ran, not by eating the machine's memory), a child's
+//! own refusal is explained, the environment does not change what the demo
+//! measures, a run whose pool lost a child fails the demo, and a demo stopped
+//! by a signal leaves no file behind. Each test but the end-to-end run is a
+//! defect a review found (it failed before its fix).
+//!
+//! Real processes; every wait is bounded (the end-to-end run: 240 s, about
+//! 60 s on an idle 2-core machine), and a test that fails kills the demo
+//! and its children.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io::Read as _;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use rustix::process::{kill_process, Pid, Signal};
+
+fn signal(pid: u32, signal: Signal) {
+    let _ = kill_process(Pid::from_raw(i32::try_from(pid).unwrap()).unwrap(), signal);
+}
+
+/// The pids whose parent is `parent`.
+fn children(parent: u32) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| s.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(1)?.parse().ok()))
+                == Some(parent)
+        })
+        .collect()
+}
+
+/// Running (not gone, not a zombie).
+fn running(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().next().map(str::to_owned)))
+        .is_some_and(|state| state != "Z" && state != "X")
+}
+
+/// Resident memory of `pid`, KiB.
+fn rss_kib(pid: u32) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("VmRSS:")).map(|v| v.trim().trim_end_matches(" kB").to_owned())
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A demo, killed (with its children) on drop if still running.
+struct Demo {
+    child: Child,
+    plot: std::path::PathBuf,
+    /// Every child seen while it ran.
+    seen: BTreeSet<u32>,
+}
+
+impl Demo {
+    fn start(name: &str, args: &[&str], env: &[(&str, &str)]) -> Demo {
+        let plot = std::env::temp_dir().join(format!("loadgate-demo-hostile-{}-{name}.svg", std::process::id()));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_loadgate"));
+        cmd.arg("demo").arg("--plot").arg(&plot).args(args).env("RUST_BACKTRACE", "0");
+        cmd.envs(env.iter().copied());
+        let child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        Demo { child, plot, seen: BTreeSet::new() }
+    }
+
+    /// Waits up to `within`; `None` if it still runs; the peak RSS seen (KiB).
+    fn wait(&mut self, within: Duration) -> (Option<ExitStatus>, u64) {
+        let deadline = Instant::now() + within;
+        let mut peak = 0;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return (Some(status), peak);
+            }
+            peak = peak.max(rss_kib(self.child.id()));
+            self.seen.extend(children(self.child.id()));
+            if Instant::now() >= deadline {
+                return (None, peak);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Its whole output, once it has exited.
+    fn output(&mut self) -> String {
+        let mut out = String::new();
+        if let Some(mut s) = self.child.stdout.take() {
+            let _ = s.read_to_string(&mut out);
+        }
+        if let Some(mut s) = self.child.stderr.take() {
+            let _ = s.read_to_string(&mut out);
+        }
+        out
+    }
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            signal(self.child.id(), Signal::STOP);
+            for pid in children(self.child.id()) {
+                signal(pid, Signal::KILL);
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let _ = fs::remove_file(&self.plot);
+    }
+}
+
+/// The README's first command, shortened (1 s runs on 4 workers): the three
+/// modes' table, the targets, the plot, exit 0, and no child left behind.
+/// With `LOADGATE_HTTP_MAX_CONNECTIONS=1` in its environment, which its
+/// frontends read (a deprecated shared name) and which capped every demo
+/// frontend at one connection: most requests got no answer.
+#[test]
+fn the_demo_runs_to_its_end_whatever_its_environment() {
+    let args = ["--duration", "1", "--drain-timeout", "2"];
+    let mut demo = Demo::start("end", &args, &[("LOADGATE_HTTP_MAX_CONNECTIONS", "1")]);
+    let (status, _) = demo.wait(Duration::from_secs(240));
+    let out = demo.output();
+    assert!(status.is_some_and(|s| s.success()), "{status:?}:\n{out}");
+    for expected in ["capacity:", "no shedding", "static thresholds", "thresholds + line", "1x: rejected with the line"]
+    {
+        assert!(out.contains(expected), "no {expected:?} in:\n{out}");
+    }
+    assert!(!out.contains("no answer"), "the demo's frontends were capped by the environment:\n{out}");
+    let svg = fs::read_to_string(&demo.plot).unwrap_or_default();
+    assert!(svg.starts_with("<svg") || svg.contains("<svg"), "no plot at {}", demo.plot.display());
+    assert!(demo.seen.len() >= 5, "a frontend and 4 workers at least: {:?}", demo.seen);
+    let left: Vec<_> = demo.seen.iter().copied().filter(|&pid| running(pid)).collect();
+    assert!(left.is_empty(), "children still running after the demo: {left:?}");
+}
+
+/// `--capacity 1e12` was taken: each run's open loop spawned requests
+/// without bound (arrivals 2 ps apart), gigabytes within seconds.
+#[test]
+fn a_huge_capacity_is_refused_at_once() {
+    let mut demo = Demo::start("capacity", &["--capacity", "1e12", "--duration", "1", "--drain-timeout", "0"], &[]);
+    let (status, peak) = demo.wait(Duration::from_secs(8));
+    assert!(status.is_some(), "still running after 8 s, {} MiB resident", peak / 1024);
+    let out = demo.output();
+    assert!(!status.unwrap().success() && out.contains("--capacity"), "{out}");
+}
+
+/// `--kv-total-blocks 4000000000` was taken: the capacity run started
+/// `2 x workers x (blocks x 16 / tokens)` clients, billions of tasks.
+#[test]
+fn a_huge_kv_total_blocks_is_refused_at_once() {
+    let mut demo = Demo::start("blocks", &["--kv-total-blocks", "4000000000", "--duration", "1"], &[]);
+    let (status, peak) = demo.wait(Duration::from_secs(8));
+    assert!(status.is_some(), "still running after 8 s, {} MiB resident", peak / 1024);
+    assert!(!status.unwrap().success());
+}
+
+/// `--workers 100000` started workers one after another (about 1,400 in
+/// 6 s) before anything refused it; `--workers 0` ran a capacity run on no
+/// pool first.
+#[test]
+fn worker_counts_out_of_range_are_refused_at_once() {
+    for workers in ["100000", "0"] {
+        let mut demo = Demo::start("workers", &["--workers", workers], &[]);
+        let (status, _) = demo.wait(Duration::from_secs(5));
+        let started = demo.seen.len();
+        assert!(status.is_some(), "--workers {workers}: still running after 5 s with {started} children");
+        let out = demo.output();
+        assert!(!out.contains("capacity:") && out.contains("--workers"), "--workers {workers}:\n{out}");
+    }
+}
+
+/// A flag the demo passes on and its child refuses: the child's standard
+/// error was thrown away, so the demo said only `did not start: ""`.
+#[test]
+fn a_childs_refusal_is_explained() {
+    for bad in [["--threshold", "5"], ["--router-mode", "bogus"]] {
+        let mut args = vec!["--capacity", "10", "--duration", "1", "--drain-timeout", "0"];
+        args.extend(bad);
+        let mut demo = Demo::start("child", &args, &[]);
+        let (status, _) = demo.wait(Duration::from_secs(60));
+        assert!(status.is_some(), "{bad:?}: still running");
+        let out = demo.output();
+        let said = out.split_once("it said:").map(|(_, said)| said).unwrap_or_default();
+        assert!(said.contains("error:") && said.contains(bad[1]), "{bad:?}: no reason given:\n{out}");
+    }
+}
+
+/// A frontend that dies mid-run (the OOM killer, a crash): the demo never
+/// looked at its children after they started, so it finished with status 0
+/// and printed that run's figures as if measured.
+#[test]
+fn a_frontend_that_dies_mid_run_fails_the_demo() {
+    let args = ["--capacity", "20", "--duration", "3", "--drain-timeout", "1", "--router-queue-timeout-ms", "300"];
+    let mut demo = Demo::start("dies", &args, &[]);
+    let pid = demo.child.id();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let frontend = loop {
+        let found = children(pid).into_iter().find(|c| {
+            fs::read_to_string(format!("/proc/{c}/cmdline")).is_ok_and(|s| s.split('\0').nth(1) == Some("frontend"))
+        });
+        if let Some(f) = found {
+            break f;
+        }
+        assert!(Instant::now() < deadline, "no frontend within 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Into the first run's arrivals.
+    std::thread::sleep(Duration::from_millis(1500));
+    signal(frontend, Signal::KILL);
+    let (status, _) = demo.wait(Duration::from_secs(60));
+    let out = demo.output();
+    assert!(status.is_some(), "still running 60 s after its frontend died");
+    assert!(!status.unwrap().success(), "the demo reported a run whose frontend died:\n{out}");
+    assert!(out.contains("frontend 1 exited during the run"), "{out}");
+}
+
+/// `--capacity=-1` is a given capacity, not a measured one: the error said
+/// the pool "served nothing".
+#[test]
+fn a_negative_capacity_names_the_flag() {
+    let mut demo = Demo::start("negative", &["--capacity=-1"], &[]);
+    let (status, _) = demo.wait(Duration::from_secs(30));
+    assert!(status.is_some_and(|s| !s.success()));
+    let out = demo.output();
+    assert!(out.contains("--capacity") && !out.contains("measured"), "{out}");
+}
+
+/// `--sheddable-headroom` takes a share in [0, 1): -0.5 (or NaN) was
+/// dropped silently and the run went on without headroom.
+#[test]
+fn a_sheddable_headroom_out_of_range_is_refused() {
+    for bad in ["-0.5", "NaN", "1"] {
+        let args = ["--mix", "critical=1", "--capacity", "20", "--duration", "1"];
+        let mut demo = Demo::start("headroom", &args, &[("LOADGATE_DEMO_SHEDDABLE_HEADROOM", bad)]);
+        let (status, _) = demo.wait(Duration::from_secs(30));
+        let out = demo.output();
+        assert!(status.is_some_and(|s| !s.success()), "{bad} accepted:\n{out}");
+        assert!(!out.contains("capacity"), "{bad}: refused only after running:\n{out}");
+    }
+}
+
+/// `--tenants` writes a tenants file, removed at the end; a SIGTERM (the
+/// children killed, the process ended without unwinding) left it behind.
+#[test]
+fn a_signal_leaves_no_tenants_file() {
+    let args = ["--tenants", "a=1,b=1", "--capacity", "10", "--duration", "20", "--router-queue-timeout-ms", "100"];
+    let mut demo = Demo::start("tenants", &args, &[]);
+    let file = std::env::temp_dir().join(format!("loadgate-demo-tenants-{}.toml", demo.child.id()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !file.exists() {
+        assert!(Instant::now() < deadline, "no tenants file {} within 30 s", file.display());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    signal(demo.child.id(), Signal::TERM);
+    let (status, _) = demo.wait(Duration::from_secs(10));
+    assert!(status.is_some(), "the demo did not stop on SIGTERM");
+    let left = file.exists();
+    let _ = fs::remove_file(&file);
+    assert!(!left, "{} left behind after SIGTERM", file.display());
+}
