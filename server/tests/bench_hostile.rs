@@ -264,3 +264,13 @@ async fn bench_does_not_follow_redirects() {
     assert_eq!(summary["ok"], 0, "{summary}");
     assert!(summary["by_status"]["307"].as_u64().is_some_and(|n| n > 0), "{summary}");
 }
+
+/// `--rate 1e12` was taken: the open loop spawned arrivals 1 ps apart
+/// without bound, its memory growing by gigabytes. It is refused at start.
+#[test]
+fn bench_huge_rate_is_refused() {
+    let bench = bench("http://127.0.0.1:9", &["--rate", "1e12", "--duration", "1"]);
+    let (status, _, err) = finish(bench, Duration::from_secs(10));
+    assert!(status.is_some_and(|s| !s.success()), "still running or accepted: {err}");
+    assert!(err.contains("--rate must be a positive number of requests per second, at most 100000"), "{err}");
+}

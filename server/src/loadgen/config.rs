@@ -180,15 +180,24 @@ impl BenchConfig {
     }
 }
 
+/// The highest `--rate`: past it one process spawns arrivals faster than it
+/// can send them, and its memory grows with every arrival (a demo at 3x its
+/// largest capacity offers 30,000).
+pub const MAX_RATE: f64 = 100_000.0;
+
 impl BenchConfig {
     /// The configuration `args` describe.
     ///
     /// # Errors
     ///
-    /// A rate or duration that is not a positive number.
+    /// A rate or duration that is not a positive number, or a rate past
+    /// [`MAX_RATE`].
     pub fn from_args(args: &Args) -> anyhow::Result<Self> {
         let rate = args.rate.unwrap_or(0.0);
-        anyhow::ensure!(rate.is_finite() && rate > 0.0, "--rate must be a positive number");
+        anyhow::ensure!(
+            rate.is_finite() && rate > 0.0 && rate <= MAX_RATE,
+            "--rate must be a positive number of requests per second, at most {MAX_RATE}"
+        );
         Ok(BenchConfig {
             url: completions_url(&args.url),
             model: args.model.clone(),
