@@ -263,8 +263,12 @@ async fn a_model_name_cannot_forge_a_log_line() {
     let mut conn = common::EventConn::connect(fe.events).expect("connect");
     let forged = "2099-01-01T00:00:00.000000Z ERROR loadgate::admin: FORGED admin token leaked";
     let model = format!("m\n{forged}");
-    conn.send(&common::register(4242, 1, 1, &model, "127.0.0.1:1\nFORGED too")).expect("send Register");
+    conn.send(&common::register(4242, 1, 1, &model, "127.0.0.1:1")).expect("send Register");
     assert!(fe.proc.wait_log("worker registered", Duration::from_secs(5)), "{}", fe.proc.stderr());
+    // An address with a newline is refused (not HOST:PORT), and said so quoted.
+    let mut conn = common::EventConn::connect(fe.events).expect("connect");
+    conn.send(&common::register(4243, 1, 1, "m", "127.0.0.1:1\nFORGED too")).expect("send Register");
+    assert!(fe.proc.wait_log("Register of worker 4243", Duration::from_secs(5)), "{}", fe.proc.stderr());
     let log = fe.proc.stderr();
     let forged_lines: Vec<&str> =
         log.lines().filter(|l| l.starts_with("2099-01-01") || l.starts_with("FORGED")).collect();
