@@ -218,7 +218,7 @@ pub(crate) fn spawn_loadgate(args: &[String], secret: &str) -> anyhow::Result<(P
         .stderr(Stdio::piped());
     let mut process =
         Process::spawn(&mut command).with_context(|| format!("cannot start loadgate {}", args.join(" ")))?;
-    let said = keep_tail(process.stderr().expect("piped stderr"));
+    let (said, said_all) = keep_tail(process.stderr().expect("piped stderr"));
     let stdout = BufReader::new(process.stdout().expect("piped stdout"));
     // Read on a thread, so a child that prints nothing cannot hang the demo;
     // it keeps draining the pipe so the child's writes never fail or block.
@@ -231,8 +231,10 @@ pub(crate) fn spawn_loadgate(args: &[String], secret: &str) -> anyhow::Result<(P
     let line = rx.recv_timeout(STARTUP);
     let started = line.as_deref().is_ok_and(|line| line.starts_with("listening "));
     if !started {
-        // What it said before it exited (or while it hung), for the error.
+        // What it said before it exited (or while it hung), for the error:
+        // all of it once it exited and its reader reached the end.
         let _ = process.wait_exit(Duration::from_secs(2));
+        let _ = said_all.recv_timeout(Duration::from_secs(2));
         let said: Vec<String> = said.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect();
         let said = said.join("\n");
         let why = match line {
@@ -248,10 +250,12 @@ pub(crate) fn spawn_loadgate(args: &[String], secret: &str) -> anyhow::Result<(P
 const KEPT_LINES: usize = 20;
 
 /// Reads `stderr` on a thread to its end (so the child's writes never
-/// block), keeping its last [`KEPT_LINES`] lines, each cut to 500 bytes.
-fn keep_tail(stderr: ChildStderr) -> Arc<Mutex<VecDeque<String>>> {
+/// block), keeping its last [`KEPT_LINES`] lines, each cut to 500 bytes;
+/// the receiver hears when the end was reached.
+fn keep_tail(stderr: ChildStderr) -> (Arc<Mutex<VecDeque<String>>>, mpsc::Receiver<()>) {
     let kept = Arc::new(Mutex::new(VecDeque::new()));
     let tail = kept.clone();
+    let (ended, end) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines() {
             let Ok(mut line) = line else { break };
@@ -266,8 +270,9 @@ fn keep_tail(stderr: ChildStderr) -> Arc<Mutex<VecDeque<String>>> {
             }
             tail.push_back(line);
         }
+        let _ = ended.send(());
     });
-    kept
+    (kept, end)
 }
 
 /// The value of `key=` in a `listening ...` line.
