@@ -217,6 +217,25 @@ mod tests {
         assert_eq!(m.refusals(), [5, 3, 9]);
     }
 
+    /// Found by mutation testing: nothing read the error's message or its
+    /// source, so an empty `Display` or a `source()` of `None` (a log line
+    /// saying nothing, an error chain cut short) passed every test.
+    #[test]
+    fn errors_say_why_and_chain_to_their_cause() {
+        use std::error::Error;
+        let route = MigrationError::Route(RouteError::UnknownModel);
+        assert_eq!(route.to_string(), RouteError::UnknownModel.to_string());
+        assert!(!route.to_string().is_empty());
+        assert_eq!(route.source().map(ToString::to_string), Some(RouteError::UnknownModel.to_string()));
+        let exhausted = MigrationError::Exhausted;
+        assert_eq!(exhausted.to_string(), "every worker that could take the request refused at capacity");
+        assert!(exhausted.source().is_none());
+        let rejected = MigrationError::Rejected(Rejection::WorkerOverloaded);
+        assert_eq!(rejected.to_string(), Rejection::WorkerOverloaded.to_string());
+        assert!(!rejected.to_string().is_empty());
+        assert_eq!(rejected.source().map(ToString::to_string), Some(Rejection::WorkerOverloaded.to_string()));
+    }
+
     /// Found by a review: a route that ignores the exclusions (a sticky
     /// session) and hands back the worker that refused ended in an endless
     /// loop; now that worker's second refusal ends the request.

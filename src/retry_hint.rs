@@ -423,6 +423,30 @@ mod tests {
         }
     }
 
+    /// Found by mutation testing: every mean-moving test fed one sample or a
+    /// run of equal ones, so the update `mean ± |sample − mean| / n` could be
+    /// `* n`, `% n`, or add `sample + mean`, unnoticed. The weights: 1/n
+    /// over the first answers, then 1/16 for good, both ways.
+    #[test]
+    fn the_mean_moves_by_one_nth_then_one_sixteenth_of_the_difference() {
+        let hint = hint_with_mean(100 * MS); // n = 1: the sample itself
+        hint.finished(200 * MS); // n = 2: halfway up
+        assert_eq!(hint.mean(), 150 * MS);
+        hint.finished(30 * MS); // n = 3: a third of the way down
+        assert_eq!(hint.mean(), 110 * MS);
+        hint.finished(110 * MS); // n = 4: an equal sample moves nothing
+        assert_eq!(hint.mean(), 110 * MS);
+        for _ in 5..=16 {
+            hint.finished(110 * MS);
+        }
+        assert_eq!(hint.mean(), 110 * MS);
+        // From the 17th answer on, α stays 1/16.
+        hint.finished(270 * MS);
+        assert_eq!(hint.mean(), 120 * MS);
+        hint.finished(Duration::ZERO);
+        assert_eq!(hint.mean(), Duration::from_micros(112_500));
+    }
+
     #[test]
     fn a_burst_is_spread_over_the_time_the_frontend_needs() {
         let hint = RetryHint::computed();

@@ -324,6 +324,27 @@ mod tests {
         assert_eq!(t.to_config(), only_waiting);
     }
 
+    /// Found by mutation testing: `union` (a multi-rank worker's reasons:
+    /// every signal that fired on its ranks) could `and` its prefill_frac
+    /// field unnoticed: a worker busy on one rank's fractional prefill and
+    /// another rank's decode was not reported busy on prefill_frac. Every
+    /// pair of signal sets, against the field-wise or.
+    #[test]
+    fn union_ors_every_signal_of_every_pair() {
+        let signals = |bits: u8| BusySignals {
+            decode: bits & 1 != 0,
+            prefill: bits & 2 != 0,
+            prefill_frac: bits & 4 != 0,
+            waiting: bits & 8 != 0,
+        };
+        for a in 0..16u8 {
+            for b in 0..16u8 {
+                assert_eq!(signals(a).union(signals(b)), signals(a | b), "{a:04b} | {b:04b}");
+                assert_eq!(signals(a).union(signals(b)).any(), a | b != 0, "{a:04b} | {b:04b}");
+            }
+        }
+    }
+
     #[test]
     fn waiting_requests_compare_strictly() {
         let t = BusyThresholds { active_waiting_requests_threshold: Some(2), ..Default::default() }.validate().unwrap();

@@ -635,3 +635,41 @@ fn a_worker_that_leaves_takes_its_spent_mark_with_it() {
     pool.report_of(2, 1, 10);
     assert_eq!(poll(&mut waiters[1], &wakes), Poll::Ready(Ok(2)));
 }
+
+/// Found by mutation testing: nothing asked a line's marks directly, so
+/// `Spent::contains` answering `false` (a declined report then overwrote
+/// a dispatch's mark with `None`, which any later report clears, even one
+/// measured before that dispatch: a second waiter for the same worker), or
+/// `Spent::bits` xor-ing the bits (two spent workers 64 apart cancel out:
+/// reporters skip the lock for both, and their marks are never cleared)
+/// passed every test. Both forms: the plain list and the large index.
+#[test]
+fn a_lines_marks_answer_contains_and_bits_in_both_forms() {
+    use super::spent::{spent_bit, Spent, LARGE_FROM};
+    let before = LARGE_FROM.with(std::cell::Cell::get);
+    for large_from in [usize::MAX, 3] {
+        LARGE_FROM.with(|l| l.set(large_from));
+        let mut spent = Spent::default();
+        assert!(!spent.contains(1));
+        assert_eq!(spent.bits(), 0);
+        spent.mark(1, Some(0));
+        spent.mark(65, None); // 1 and 65 share a bit
+        assert!(spent.contains(1) && spent.contains(65) && !spent.contains(2));
+        if !spent.is_large() {
+            assert_eq!(spent.bits(), spent_bit(1), "65 sets 1's bit again, never clears it");
+        }
+        spent.mark(7, Some(1));
+        spent.mark(9, Some(2));
+        assert!(spent.contains(7) && spent.contains(9) && !spent.contains(8));
+        assert_eq!(
+            spent.bits() & (spent_bit(1) | spent_bit(7) | spent_bit(9)),
+            spent_bit(1) | spent_bit(7) | spent_bit(9)
+        );
+        // A report measured before the dispatch to 7 (number 1) leaves it.
+        assert!(!spent.clear(7, 1));
+        assert!(spent.contains(7));
+        assert!(spent.clear(7, 2));
+        assert!(!spent.contains(7) && spent.contains(1) && spent.contains(65));
+    }
+    LARGE_FROM.with(|l| l.set(before));
+}
