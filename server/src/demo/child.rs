@@ -121,7 +121,8 @@ impl Drop for Process {
 }
 
 /// From now on, SIGINT, SIGTERM or SIGHUP kill every child (and remove the
-/// demo's tenants file), and then the demo itself by that signal (as without a handler, so a shell sees it):
+/// demo's tenants file), and then the demo itself by that signal (as
+/// without a handler, so a shell sees it):
 /// a demo stopped from outside (`kill`, `timeout`, a closed terminal, a
 /// cancelled CI job) leaves no llama-server, nats-server or `loadgate`
 /// child running. A signal ignored when the demo started (`nohup`, a
@@ -238,8 +239,8 @@ pub(crate) fn spawn_loadgate(args: &[String], secret: &str) -> anyhow::Result<(P
         let said: Vec<String> = said.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect();
         let said = said.join("\n");
         let why = match line {
-            Ok(_) => "did not start",
-            Err(_) => "printed no listening line within 30 s",
+            Ok(_) => "did not start".to_owned(),
+            Err(_) => format!("printed no listening line within {STARTUP:?}"),
         };
         anyhow::bail!("loadgate {} {why}; it said:\n{said}", args.join(" "));
     }
