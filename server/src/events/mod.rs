@@ -1,8 +1,9 @@
 //! The load event plane: workers push their registration and per-rank load
 //! to every frontend over TCP, in `loadgate::wire` frames.
 //!
-//! - Worker side (`publisher.rs`): [`EventPublisher`], a std thread with one
-//!   blocking connection per frontend; reconnects with backoff, coalesces
+//! - Worker side (`publisher.rs`): [`EventPublisher`], one std thread and
+//!   one blocking connection per frontend (a frontend that stops reading
+//!   holds up only its own); reconnects with backoff, coalesces
 //!   reports (at most one per rank per millisecond), numbers them, and
 //!   re-sends every rank's latest state as a heartbeat. One [`ReportSeq`]
 //!   per incarnation numbers the reports of every publisher of it.

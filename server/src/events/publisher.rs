@@ -1,16 +1,15 @@
-//! Worker side of the event plane: [`EventPublisher`], a std thread with one
-//! blocking connection per frontend. It reconnects with backoff, coalesces
-//! reports (at most one per rank per millisecond), numbers them, and re-sends
-//! every rank's latest state as a heartbeat.
+//! Worker side of the event plane: [`EventPublisher`], one std thread per
+//! frontend, each with its own blocking connection. Each thread connects
+//! (and, with the event secret, authenticates: see `handshake.rs`),
+//! reconnects with backoff, coalesces reports (at most one per rank per
+//! millisecond), numbers them, and re-sends every rank's latest state as a
+//! heartbeat.
 //!
-//! Each connection is made (and, with the event secret, authenticated: see
-//! `handshake.rs`) on a short-lived thread of its own, so a frontend that is
-//! slow to accept or to answer the handshake never delays the reports to
-//! the others. Sending is not: the one publisher thread writes to each
-//! connection in turn with a blocking write (timeout 1 s, then the
-//! connection is dropped and made again), so a frontend that stops reading
-//! delays the others' reports by up to 1 s per batch until its send buffer
-//! is drained or its connection dropped.
+//! A frontend that is slow to accept, to answer the handshake or to read
+//! delays only its own thread: a write blocks at most 1 s, then the
+//! connection is dropped and made again. Reports are state, not a stream
+//! of events: a thread that was held up sends each changed rank's latest
+//! load once, never a backlog.
 //!
 //! A heartbeat goes out even before any rank has reported: the
 //! Registration again (a no-op for the frontend), so the frontend's idle
@@ -91,36 +90,46 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Worker side: pushes registration + per-rank load to every frontend event
-/// port from a background thread.
+/// port, each from a background thread of its own.
 #[derive(Debug)]
 pub struct EventPublisher {
     shared: Arc<Shared>,
     dp_size: u32,
-    thread: Option<JoinHandle<()>>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 #[derive(Debug)]
 struct Shared {
     state: Mutex<PublishState>,
+    /// Notified (all) at every change and at stop.
     wake: Condvar,
 }
 
 #[derive(Debug)]
 struct PublishState {
     latest: Vec<Option<RankLoad>>,
-    dirty: Vec<bool>,
+    /// For each frontend (by index), the ranks changed since its thread
+    /// last took them.
+    dirty: Vec<Vec<bool>>,
     stop: bool,
-    /// Connection attempts that finished, by link index.
-    arrived: Vec<(usize, io::Result<TcpStream>)>,
+    /// Threads that have finished (after their Deregister).
+    finished: usize,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PublishState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl EventPublisher {
-    /// Starts a background std thread that connects (and keeps reconnecting,
-    /// with backoff) to every `frontends` address (`HOST:PORT`), sends the
-    /// Registration on each (re)connect, then load reports: the latest
-    /// [`RankLoad`] per rank, coalesced to at most one report per rank per
-    /// millisecond, with increasing seq numbers, and re-sends every rank's
-    /// latest state at least every `heartbeat` even when nothing changed.
+    /// Starts one background std thread per `frontends` address
+    /// (`HOST:PORT`) that connects (and keeps reconnecting, with backoff),
+    /// sends the Registration on each (re)connect, then load reports: the
+    /// latest [`RankLoad`] per rank, coalesced to at most one report per
+    /// rank per millisecond, with increasing seq numbers, and re-sends
+    /// every rank's latest state at least every `heartbeat` even when
+    /// nothing changed.
     ///
     /// With `secrets`, each connection first answers the frontend's
     /// Challenge and checks its Welcome; a frontend that sends no Challenge
@@ -134,7 +143,7 @@ impl EventPublisher {
     /// # Errors
     ///
     /// `InvalidInput` when the registration does not fit in a frame or its
-    /// dp size is 0; the thread's spawn error otherwise.
+    /// dp size is 0; a thread's spawn error otherwise.
     pub fn start(
         frontends: Vec<String>,
         registration: Registration,
@@ -174,28 +183,34 @@ impl EventPublisher {
         let shared = Arc::new(Shared {
             state: Mutex::new(PublishState {
                 latest: vec![None; ranks],
-                dirty: vec![false; ranks],
+                dirty: vec![vec![false; ranks]; frontends.len()],
                 stop: false,
-                arrived: Vec::new(),
+                finished: 0,
             }),
             wake: Condvar::new(),
         });
-        let links = frontends.into_iter().map(Link::new).collect();
-        let mut pump = Pump {
-            shared: shared.clone(),
-            links,
-            register,
-            worker: registration.worker,
-            incarnation: registration.incarnation,
-            // Per incarnation: a restart registers a new one, which resets
-            // the frontend's slots; a publisher started again in the same
-            // incarnation shares the count (see `ReportSeq`).
-            seq,
-            heartbeat: heartbeat.max(COALESCE),
-            secrets,
-        };
-        let thread = std::thread::Builder::new().name("event-publisher".into()).spawn(move || pump.run())?;
-        Ok(EventPublisher { shared, dp_size: registration.dp_size, thread: Some(thread) })
+        let mut publisher =
+            EventPublisher { shared: shared.clone(), dp_size: registration.dp_size, threads: Vec::new() };
+        for (index, addr) in frontends.into_iter().enumerate() {
+            let pump = Pump {
+                shared: shared.clone(),
+                index,
+                link: Link::new(addr),
+                register: register.clone(),
+                worker: registration.worker,
+                incarnation: registration.incarnation,
+                // Per incarnation: a restart registers a new one, which
+                // resets the frontend's slots; a publisher started again in
+                // the same incarnation shares the count (see `ReportSeq`).
+                seq: seq.clone(),
+                heartbeat: heartbeat.max(COALESCE),
+                secrets: secrets.clone(),
+            };
+            // A failed spawn drops `publisher`: the threads started stop.
+            let thread = std::thread::Builder::new().name("event-publisher".into()).spawn(move || pump.run())?;
+            publisher.threads.push(thread);
+        }
+        Ok(publisher)
     }
 
     /// Records rank `rank`'s latest load; never blocks on the network (cheap,
@@ -204,31 +219,46 @@ impl EventPublisher {
         if rank >= self.dp_size {
             return;
         }
-        let mut state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.shared.lock();
         if state.latest[rank as usize] != Some(load) {
             state.latest[rank as usize] = Some(load);
-            state.dirty[rank as usize] = true;
-            self.shared.wake.notify_one();
+            state.dirty.iter_mut().for_each(|dirty| dirty[rank as usize] = true);
+            self.shared.wake.notify_all();
         }
     }
-}
 
-impl EventPublisher {
     /// Forgets every rank's latest load: heartbeats carry none until the
     /// next report (the Registration alone keeps the worker alive), so the
     /// frontends let the last one age out (`--load-staleness-ms`).
     pub fn forget_loads(&self) {
-        let mut state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.shared.lock();
         state.latest.iter_mut().for_each(|load| *load = None);
-        state.dirty.iter_mut().for_each(|dirty| *dirty = false);
+        state.dirty.iter_mut().flatten().for_each(|dirty| *dirty = false);
     }
 }
 
+/// The longest [`EventPublisher`]'s drop waits for its threads.
+const STOP_WAIT: Duration = WRITE_TIMEOUT;
+
 impl Drop for EventPublisher {
+    /// Stops every thread; each connected one sends a Deregister first.
+    /// Waits for them up to [`STOP_WAIT`]: a thread still in a connection
+    /// attempt or a blocked write then finishes on its own (and sends
+    /// nothing more).
     fn drop(&mut self) {
-        self.shared.state.lock().unwrap_or_else(|e| e.into_inner()).stop = true;
-        self.shared.wake.notify_one();
-        if let Some(thread) = self.thread.take() {
+        let deadline = Instant::now() + STOP_WAIT;
+        let mut state = self.shared.lock();
+        state.stop = true;
+        self.shared.wake.notify_all();
+        while state.finished < self.threads.len() {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            if wait.is_zero() {
+                break;
+            }
+            state = self.shared.wake.wait_timeout(state, wait).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        drop(state);
+        for thread in self.threads.drain(..).filter(JoinHandle::is_finished) {
             let _ = thread.join();
         }
     }
@@ -238,8 +268,6 @@ impl Drop for EventPublisher {
 struct Link {
     addr: String,
     stream: Option<TcpStream>,
-    /// A connection attempt is under way on its own thread.
-    connecting: bool,
     /// When the current stream was established.
     since: Instant,
     retry_at: Instant,
@@ -255,7 +283,7 @@ const STABLE: Duration = MAX_BACKOFF;
 impl Link {
     fn new(addr: String) -> Self {
         let now = Instant::now();
-        Link { addr, stream: None, connecting: false, since: now, retry_at: now, backoff: MIN_BACKOFF }
+        Link { addr, stream: None, since: now, retry_at: now, backoff: MIN_BACKOFF }
     }
 
     fn connected(&mut self, stream: TcpStream, now: Instant) {
@@ -298,8 +326,7 @@ impl Link {
     }
 }
 
-/// Connects to `addr` and, with `secrets`, does the handshake. Blocking: runs
-/// on a connection thread.
+/// Connects to `addr` and, with `secrets`, does the handshake. Blocking.
 fn connect(addr: &str, secrets: Option<&Secrets>) -> io::Result<TcpStream> {
     let mut last = io::Error::new(io::ErrorKind::NotFound, "address resolved to nothing");
     for addr in addr.to_socket_addrs()? {
@@ -318,20 +345,20 @@ fn connect(addr: &str, secrets: Option<&Secrets>) -> io::Result<TcpStream> {
     Err(last)
 }
 
-/// What the publisher thread woke up for.
+/// What a frontend's thread woke up for.
 struct Wake {
-    /// Which ranks changed since the last wake.
+    /// Which ranks changed since it last took them.
     changed: Vec<bool>,
     /// Every rank's latest state.
     latest: Vec<Option<RankLoad>>,
-    /// Finished connection attempts, by link index.
-    arrived: Vec<(usize, io::Result<TcpStream>)>,
 }
 
-/// The publisher thread.
+/// The thread of one frontend.
 struct Pump {
     shared: Arc<Shared>,
-    links: Vec<Link>,
+    /// The frontend's index in the publisher's state.
+    index: usize,
+    link: Link,
     register: Frame,
     worker: WorkerId,
     incarnation: u64,
@@ -341,112 +368,107 @@ struct Pump {
 }
 
 impl Pump {
-    fn run(&mut self) {
-        let mut last_send = Instant::now() - COALESCE;
-        let mut last_full = Instant::now();
-        loop {
-            let Some(Wake { changed, latest, arrived }) = self.wait(last_send, last_full) else {
+    fn run(mut self) {
+        while self.sleep_until(self.link.retry_at) {
+            match connect(&self.link.addr, self.secrets.as_deref()) {
+                Ok(stream) => self.link.connected(stream, Instant::now()),
+                Err(e) => {
+                    self.link.failed(Instant::now(), &e);
+                    continue;
+                }
+            }
+            if !self.serve() {
                 break;
+            }
+        }
+        if let Some(stream) = self.link.stream.as_mut() {
+            let mut bye = BytesMut::new();
+            let _ = wire::encode(&Frame::Deregister { worker: self.worker, incarnation: self.incarnation }, &mut bye);
+            let _ = stream.write_all(&bye);
+        }
+        self.shared.lock().finished += 1;
+        self.shared.wake.notify_all();
+    }
+
+    /// Waits until `at` (true), or until the publisher stops (false).
+    fn sleep_until(&self, at: Instant) -> bool {
+        let mut state = self.shared.lock();
+        loop {
+            if state.stop {
+                return false;
+            }
+            let wait = at.saturating_duration_since(Instant::now());
+            if wait.is_zero() {
+                return true;
+            }
+            state = self.shared.wake.wait_timeout(state, wait).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// On a new connection: the Registration and every rank's state, then
+    /// the changes and heartbeats until the connection fails (true) or the
+    /// publisher stops (false, the connection kept for the Deregister).
+    fn serve(&mut self) -> bool {
+        let mut last_full = Instant::now();
+        let mut last_send = last_full;
+        let mut full = true;
+        loop {
+            let Some(Wake { changed, latest }) = self.wait(last_send, last_full, full) else {
+                return false;
             };
             let now = Instant::now();
-            // Links whose connection attempt finished; a new connection gets
-            // the full state.
-            for (i, result) in arrived {
-                self.links[i].connecting = false;
-                match result {
-                    Ok(stream) => {
-                        self.links[i].connected(stream, now);
-                        let mut buf = BytesMut::new();
-                        // Checked at start: the registration fits.
-                        let _ = wire::encode(&self.register, &mut buf);
-                        self.encode_loads(&latest, |_| true, &mut buf);
-                        self.send(i, &buf, now);
-                    }
-                    Err(e) => self.links[i].failed(now, &e),
-                }
-            }
-            // Start the due connection attempts.
-            for i in 0..self.links.len() {
-                let link = &self.links[i];
-                if link.stream.is_none() && !link.connecting && now >= link.retry_at {
-                    self.spawn_connect(i, now);
-                }
-            }
-            let heartbeat_due = now.duration_since(last_full) >= self.heartbeat;
+            let heartbeat_due = full || now.duration_since(last_full) >= self.heartbeat;
             if heartbeat_due {
                 last_full = now;
             }
             let mut buf = BytesMut::new();
+            if full {
+                // Checked at start: the registration fits.
+                let _ = wire::encode(&self.register, &mut buf);
+            }
             self.encode_loads(&latest, |rank| heartbeat_due || changed[rank], &mut buf);
             if heartbeat_due && buf.is_empty() {
                 // No rank has reported yet: the Registration is the heartbeat.
                 // Checked at start: it fits.
                 let _ = wire::encode(&self.register, &mut buf);
             }
+            full = false;
             if !buf.is_empty() {
-                for i in 0..self.links.len() {
-                    self.send(i, &buf, now);
+                if !self.send(&buf, now) {
+                    return true;
                 }
                 last_send = now;
             }
         }
-        let mut bye = BytesMut::new();
-        let _ = wire::encode(&Frame::Deregister { worker: self.worker, incarnation: self.incarnation }, &mut bye);
-        for link in &mut self.links {
-            if let Some(stream) = link.stream.as_mut() {
-                let _ = stream.write_all(&bye);
-            }
-        }
     }
 
-    /// Starts a connection attempt for link `i` on its own thread; its
-    /// result arrives through the shared state.
-    fn spawn_connect(&mut self, i: usize, now: Instant) {
-        let addr = self.links[i].addr.clone();
-        let secrets = self.secrets.clone();
-        let shared = self.shared.clone();
-        let spawned = std::thread::Builder::new().name("event-connect".into()).spawn(move || {
-            let result = connect(&addr, secrets.as_deref());
-            shared.state.lock().unwrap_or_else(|e| e.into_inner()).arrived.push((i, result));
-            shared.wake.notify_one();
-        });
-        match spawned {
-            Ok(_) => self.links[i].connecting = true,
-            Err(e) => self.links[i].failed(now, &e),
-        }
-    }
-
-    /// Waits until a rank changed (and the coalescing window has passed), a
-    /// heartbeat or reconnect is due, a connection attempt finished, or
-    /// stop (`None`).
-    fn wait(&self, last_send: Instant, last_full: Instant) -> Option<Wake> {
-        let mut state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+    /// Waits until a rank changed (and the coalescing window has passed),
+    /// a heartbeat is due, or at once with `now`; takes the changes.
+    /// `None`: the publisher stops.
+    fn wait(&self, last_send: Instant, last_full: Instant, now: bool) -> Option<Wake> {
+        let mut state = self.shared.lock();
         loop {
             if state.stop {
                 return None;
             }
-            let now = Instant::now();
-            let coalesced = now.duration_since(last_send) >= COALESCE;
+            let at = Instant::now();
+            let coalesced = at.duration_since(last_send) >= COALESCE;
             let mut deadline = last_full + self.heartbeat;
-            for link in self.links.iter().filter(|l| l.stream.is_none() && !l.connecting) {
-                deadline = deadline.min(link.retry_at);
-            }
-            let dirty = state.dirty.iter().any(|d| *d);
-            if (dirty && coalesced) || now >= deadline || !state.arrived.is_empty() {
+            let dirty = state.dirty[self.index].iter().any(|d| *d);
+            if now || (dirty && coalesced) || at >= deadline {
                 let ranks = state.latest.len();
-                let changed = std::mem::replace(&mut state.dirty, vec![false; ranks]);
-                let arrived = std::mem::take(&mut state.arrived);
-                return Some(Wake { changed, latest: state.latest.clone(), arrived });
+                let changed = std::mem::replace(&mut state.dirty[self.index], vec![false; ranks]);
+                return Some(Wake { changed, latest: state.latest.clone() });
             }
             if dirty {
                 deadline = deadline.min(last_send + COALESCE);
             }
-            let wait = deadline.saturating_duration_since(now);
+            let wait = deadline.saturating_duration_since(at);
             state = self.shared.wake.wait_timeout(state, wait).unwrap_or_else(|e| e.into_inner()).0;
         }
     }
 
-    fn encode_loads(&mut self, latest: &[Option<RankLoad>], pick: impl Fn(usize) -> bool, buf: &mut BytesMut) {
+    fn encode_loads(&self, latest: &[Option<RankLoad>], pick: impl Fn(usize) -> bool, buf: &mut BytesMut) {
         for (rank, load) in latest.iter().enumerate() {
             if let Some(load) = load.filter(|_| pick(rank)) {
                 let frame = Frame::Load {
@@ -462,19 +484,18 @@ impl Pump {
         }
     }
 
-    fn send(&mut self, i: usize, buf: &[u8], now: Instant) {
-        let link = &mut self.links[i];
-        if let Some(stream) = link.stream.as_mut() {
-            if let Err(e) = stream.write_all(buf) {
-                match last_word(stream, self.worker) {
-                    LastWord::Holder(holder) => link.held(now, &holder),
-                    LastWord::Challenge => {
-                        link.failed(now, &io::Error::new(io::ErrorKind::PermissionDenied, NO_SECRET))
-                    }
-                    LastWord::Nothing => link.failed(now, &e),
-                }
-            }
+    /// Writes `buf`; false (the connection dropped, its retry set) if it
+    /// failed.
+    fn send(&mut self, buf: &[u8], now: Instant) -> bool {
+        let link = &mut self.link;
+        let Some(stream) = link.stream.as_mut() else { return false };
+        let Err(e) = stream.write_all(buf) else { return true };
+        match last_word(stream, self.worker) {
+            LastWord::Holder(holder) => link.held(now, &holder),
+            LastWord::Challenge => link.failed(now, &io::Error::new(io::ErrorKind::PermissionDenied, NO_SECRET)),
+            LastWord::Nothing => link.failed(now, &e),
         }
+        false
     }
 }
 

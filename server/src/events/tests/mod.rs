@@ -8,6 +8,7 @@ mod handshake;
 mod limits;
 mod liveness;
 mod ownership;
+mod stall;
 
 use std::io::{self, Read as _, Write as _};
 use std::net::TcpStream;
