@@ -270,6 +270,8 @@ struct Link {
     stream: Option<TcpStream>,
     /// When the current stream was established.
     since: Instant,
+    /// The Registration went out on the current stream.
+    registered: bool,
     retry_at: Instant,
     backoff: Duration,
 }
@@ -283,12 +285,13 @@ const STABLE: Duration = MAX_BACKOFF;
 impl Link {
     fn new(addr: String) -> Self {
         let now = Instant::now();
-        Link { addr, stream: None, since: now, retry_at: now, backoff: MIN_BACKOFF }
+        Link { addr, stream: None, since: now, registered: false, retry_at: now, backoff: MIN_BACKOFF }
     }
 
     fn connected(&mut self, stream: TcpStream, now: Instant) {
         self.stream = Some(stream);
         self.since = now;
+        self.registered = false;
     }
 
     fn failed(&mut self, now: Instant, error: &io::Error) {
@@ -381,7 +384,9 @@ impl Pump {
                 break;
             }
         }
-        if let Some(stream) = self.link.stream.as_mut() {
+        // A connection made while the publisher stopped never registered:
+        // nothing to take back on it.
+        if let Some(stream) = self.link.stream.as_mut().filter(|_| self.link.registered) {
             let mut bye = BytesMut::new();
             let _ = wire::encode(&Frame::Deregister { worker: self.worker, incarnation: self.incarnation }, &mut bye);
             let _ = stream.write_all(&bye);
@@ -437,6 +442,7 @@ impl Pump {
                 if !self.send(&buf, now) {
                     return true;
                 }
+                self.link.registered = true;
                 last_send = now;
             }
         }
