@@ -151,13 +151,37 @@ impl WorkerDirectory {
     /// event plane. `http_addr` may be `HOST:PORT` or a URL. Returns false
     /// (and changes nothing) when `worker` is static.
     pub fn insert(&self, worker: WorkerId, http_addr: &str, dp_size: u32) -> bool {
+        self.insert_event(worker, http_addr, dp_size, false)
+    }
+
+    /// As [`WorkerDirectory::insert`], for a Register of the incarnation
+    /// already registered (its event connection made again): at the same
+    /// address, the worker keeps its quarantine and its proof refusals in a
+    /// row. (A new incarnation starts afresh: a restarted worker may answer
+    /// now.)
+    pub fn insert_again(&self, worker: WorkerId, http_addr: &str, dp_size: u32) -> bool {
+        self.insert_event(worker, http_addr, dp_size, true)
+    }
+
+    fn insert_event(&self, worker: WorkerId, http_addr: &str, dp_size: u32, again: bool) -> bool {
         let mut workers = self.workers.write().unwrap_or_else(|e| e.into_inner());
-        if workers.get(&worker).is_some_and(|e| e.is_static) {
-            return false;
-        }
-        let old = workers.insert(worker, Entry::new(address(http_addr, dp_size, false), false));
+        let entry = Entry::new(address(http_addr, dp_size, false), false);
+        let kept = match workers.get(&worker) {
+            Some(old) if old.is_static => return false,
+            Some(old) if again && old.address == entry.address => {
+                // Relaxed: advisory, as `Entry::excluded`; under the write
+                // lock nobody changes them meanwhile.
+                let until = old.quarantined_until_ms.load(Ordering::Relaxed);
+                entry.quarantined_until_ms.store(until, Ordering::Relaxed);
+                let refusals = old.proof_refusals.load(Ordering::Relaxed);
+                entry.proof_refusals.store(refusals, Ordering::Relaxed);
+                true
+            }
+            _ => false,
+        };
+        let old = workers.insert(worker, entry);
         drop(workers);
-        self.forget_flags(worker, old);
+        self.forget_flags(worker, old, kept);
         true
     }
 
@@ -166,7 +190,7 @@ impl WorkerDirectory {
     pub fn insert_static(&self, worker: WorkerId, http_addr: &str, dp_size: u32) {
         let entry = Entry::new(address(http_addr, dp_size, false), true);
         let old = self.workers.write().unwrap_or_else(|e| e.into_inner()).insert(worker, entry);
-        self.forget_flags(worker, old);
+        self.forget_flags(worker, old, false);
     }
 
     /// Records (or replaces) the endpoint of an engine named by `--engine`:
@@ -176,21 +200,22 @@ impl WorkerDirectory {
     pub fn insert_engine(&self, worker: WorkerId, base_url: &str, dp_size: u32, assembles: bool) {
         let entry = Entry::new(WorkerAddress { assembles, ..address(base_url, dp_size, true) }, true);
         let old = self.workers.write().unwrap_or_else(|e| e.into_inner()).insert(worker, entry);
-        self.forget_flags(worker, old);
+        self.forget_flags(worker, old, false);
     }
 
     /// Forgets `worker`; returns whether it was known.
     pub fn remove(&self, worker: WorkerId) -> bool {
         let old = self.workers.write().unwrap_or_else(|e| e.into_inner()).remove(&worker);
         let known = old.is_some();
-        self.forget_flags(worker, old);
+        self.forget_flags(worker, old, false);
         known
     }
 
-    /// A replaced or removed entry no longer counts as silent or refusing,
-    /// and no longer keeps its worker out of routing (the worker is synced
-    /// with what replaced it, if anything).
-    fn forget_flags(&self, worker: WorkerId, old: Option<Entry>) {
+    /// A replaced or removed entry no longer counts as silent or refusing
+    /// (unless its successor `kept` its refusals), and no longer keeps its
+    /// worker out of routing (the worker is synced with what replaced it,
+    /// if anything).
+    fn forget_flags(&self, worker: WorkerId, old: Option<Entry>, kept: bool) {
         let Some(old) = old else { return };
         self.sync(worker);
         // Relaxed: the counts only gate `out_of_routing`'s scan and
@@ -198,7 +223,7 @@ impl WorkerDirectory {
         if old.silent.load(Ordering::Relaxed) {
             self.silent.fetch_sub(1, Ordering::Relaxed);
         }
-        if old.proof_refusals.load(Ordering::Relaxed) > 0 {
+        if old.proof_refusals.load(Ordering::Relaxed) > 0 && !kept {
             self.refusing_proofs.fetch_sub(1, Ordering::Relaxed);
         }
     }
@@ -513,6 +538,34 @@ mod tests {
         // Forgetting the worker forgets its refusals.
         directory.remove(1);
         assert_eq!(directory.refusing_proofs.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn the_same_incarnation_registered_again_keeps_its_quarantine_and_refusals() {
+        let (d, monitor) = directory();
+        d.insert(1, "127.0.0.1:80", 1);
+        d.insert(2, "127.0.0.1:81", 1);
+        d.quarantine(1);
+        assert_eq!(d.proof_refused(2), Some(PROOF_REFUSAL_QUARANTINE));
+        // Its event connection made again: the same address, still out.
+        assert!(d.insert_again(1, "127.0.0.1:80", 1));
+        assert!(d.insert_again(2, "127.0.0.1:81", 1));
+        let mut out = d.out_of_routing();
+        out.sort_unstable();
+        assert_eq!(out, [1, 2]);
+        assert!(monitor.is_out_of_routing(1) && monitor.is_out_of_routing(2));
+        assert_eq!(d.proof_refused(2), Some(2 * PROOF_REFUSAL_QUARANTINE), "the refusals in a row go on");
+        assert_eq!(d.refusing_proofs.load(Ordering::Relaxed), 1, "counted once");
+        // A new address (or a new incarnation: `insert`) starts afresh.
+        assert!(d.insert_again(1, "127.0.0.1:90", 1));
+        assert!(d.insert(2, "127.0.0.1:81", 1));
+        assert!(d.out_of_routing().is_empty());
+        assert!(!monitor.is_out_of_routing(1) && !monitor.is_out_of_routing(2));
+        assert_eq!(d.refusing_proofs.load(Ordering::Relaxed), 0);
+        assert_eq!(d.proof_refused(2), Some(PROOF_REFUSAL_QUARANTINE));
+        // A static worker's id is still refused.
+        d.insert_static(3, "127.0.0.1:82", 1);
+        assert!(!d.insert_again(3, "127.0.0.1:82", 1));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use bytes::BytesMut;
 use loadgate::wire::{self, Frame};
 use loadgate::{MonitorConfig, RankLoad, WorkerId, WorkerMonitor};
 
-use crate::directory::WorkerDirectory;
+use crate::directory::{WorkerDirectory, PROOF_REFUSAL_QUARANTINE};
 use crate::events::listener::{EventPlane, PlaneConfig};
 use crate::events::publisher::{EventPublisher, Registration};
 use crate::events::{event_bind_host, PlaneLimits};
@@ -254,6 +254,41 @@ fn closed_connection_deregisters_after_grace_unless_reconnected() {
     // Gone for good: deregistered.
     drop(second);
     eventually("deregistration after the grace period", || !plane.registered(9));
+}
+
+/// A worker's event connection made again (the same incarnation) keeps
+/// the directory's count of its proof refusals in a row (and its
+/// quarantine): reconnecting does not start its backoff over. A restart
+/// (a new incarnation) does.
+#[test]
+fn a_reconnect_keeps_the_workers_refusals_and_a_restart_clears_them() {
+    let plane = Plane::start(None, PlaneLimits::default());
+    // Registered, and a load applied: every frame before it was handled.
+    // (The Register is refused while the plane has not yet seen the last
+    // connection close: then again, on a new connection.)
+    let registered = |incarnation: u64, seq: u64| {
+        for _ in 0..50 {
+            let mut peer = plane.peer();
+            peer.send(&register_frame(19, incarnation)).unwrap();
+            peer.send(&load_frame(19, incarnation, seq, seq as u32)).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline && !peer.closed_within(Duration::from_millis(5)) {
+                if reported(&plane.monitor, 19, 0) == Some(load(seq as u32)) {
+                    return peer;
+                }
+            }
+        }
+        panic!("never registered");
+    };
+    let first = registered(1, 1);
+    let refused = |n: u32| plane.directory.proof_refused(19) == Some(PROOF_REFUSAL_QUARANTINE * n);
+    assert!(refused(1) && refused(2));
+    drop(first);
+    let again = registered(1, 2);
+    assert!(refused(4), "a reconnect started the refusals over");
+    drop(again);
+    let _restarted = registered(2, 3);
+    assert!(refused(1), "a restart keeps the old life's refusals");
 }
 
 #[test]

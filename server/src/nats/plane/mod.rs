@@ -488,7 +488,8 @@ impl Applier {
             tracing::warn!(worker, "NATS registration of an id registered by --worker or --engine refused");
             return;
         }
-        match self.monitor.register(worker, model, dp_size, incarnation) {
+        let outcome = self.monitor.register(worker, model, dp_size, incarnation);
+        match outcome {
             Err(error) => {
                 if new {
                     self.directory.remove(worker);
@@ -508,7 +509,13 @@ impl Applier {
             }
             Ok(Registered::Same) => {}
         }
-        if !new && !self.directory.insert(worker, http_addr, dp_size) {
+        // As the TCP plane: the same incarnation again keeps its quarantine.
+        let inserted = new
+            || match outcome {
+                Ok(Registered::Same) => self.directory.insert_again(worker, http_addr, dp_size),
+                _ => self.directory.insert(worker, http_addr, dp_size),
+            };
+        if !inserted {
             return;
         }
         self.directory.sync(worker);
