@@ -125,7 +125,8 @@ pub struct Args {
     #[arg(help_heading = "Listeners", long, env = "LOADGATE_FRONTEND_ADMIN_PORT", default_value_t = 8002)]
     pub admin_port: u16,
     /// File holding the admin bearer token (first line, at least 16 bytes).
-    /// Without it: LOADGATE_ADMIN_TOKEN. No token: the admin API is open to whoever reaches it.
+    /// Without it: LOADGATE_ADMIN_TOKEN. No token: the admin API is open to whoever reaches it
+    /// by address (a request whose Host is a name other than localhost gets 403: DNS rebinding).
     #[arg(help_heading = "Listeners", long, env = "LOADGATE_FRONTEND_ADMIN_TOKEN_FILE", value_name = "PATH")]
     pub admin_token_file: Option<PathBuf>,
     /// No admin listener at all.

@@ -29,6 +29,7 @@
 
 mod admin;
 mod admin_auth;
+mod admin_host;
 mod args;
 mod caller;
 mod engines;
@@ -123,7 +124,7 @@ fn admin_routes(frontend: Arc<Frontend>, token: Option<AdminToken>) -> axum::Rou
         .with_state(frontend);
     match token {
         Some(token) => router.layer(axum::middleware::from_fn_with_state(Arc::new(token), admin_auth::require_token)),
-        None => router,
+        None => router.layer(axum::middleware::from_fn(admin_host::require_address_host)),
     }
 }
 
