@@ -358,8 +358,22 @@ pub(crate) fn check_len(what: &str, secret: &[u8]) -> anyhow::Result<()> {
     if secret.len() < MIN_SECRET_LEN {
         bail!("the {what} has {} bytes; at least {MIN_SECRET_LEN} bytes are required", secret.len());
     }
+    // HMAC pads a key of up to a block with NUL bytes: trailing NULs add
+    // nothing to it (16 NULs are the empty key).
+    let key = secret.len() - secret.iter().rev().take_while(|&&b| b == 0).count();
+    if secret.len() <= HMAC_BLOCK && key < MIN_SECRET_LEN {
+        bail!(
+            "the {what} has {} bytes, but only {key} before its trailing NUL bytes, which a MAC key ignores; \
+             at least {MIN_SECRET_LEN} bytes are required",
+            secret.len()
+        );
+    }
     Ok(())
 }
+
+/// HMAC-SHA-256's block: a longer key is hashed, a shorter one padded
+/// with NUL bytes.
+const HMAC_BLOCK: usize = 64;
 
 /// What a request MAC covers besides the method and path, as written.
 struct ProofFields {

@@ -197,3 +197,41 @@ fn event_handshake_macs_follow_rotation() {
     assert_eq!(stranger.accept_event_proof(&fnonce, &wnonce, &proof), None);
     assert!(!stranger.verify_event_welcome(&fnonce, &wnonce, &welcome));
 }
+
+/// Found by a review: the 16-byte minimum counted bytes, but HMAC pads a
+/// key of up to 64 bytes with NUL bytes, so trailing NULs add nothing: a
+/// secret of 16 NUL bytes (a zeroed buffer written out) was accepted and
+/// was the empty key, with which anyone forges every proof. A secret is now
+/// measured without its trailing NULs (up to 64 bytes; a longer key is
+/// hashed, so they count there).
+#[test]
+fn nul_padded_secrets_are_no_longer_than_their_hmac_key() {
+    let zeros = [0u8; MIN_SECRET_LEN];
+    let accepted = Secrets::from_values(&zeros, None);
+    if let Ok(secrets) = &accepted {
+        // A forger who knows no secret: the empty key.
+        let (f, w) = ([1u8; wire::NONCE_LEN], [2u8; wire::NONCE_LEN]);
+        let forged = wire::proof_mac(b"", &f, &w);
+        assert!(
+            secrets.accept_event_proof(&f, &w, &forged).is_none(),
+            "a Proof under the empty key passes the handshake of a frontend whose secret is 16 NUL bytes"
+        );
+    }
+    // The file the operator wrote: 10 printable bytes and 6 NULs (the same
+    // HMAC key as the 10-byte secret that is refused as too short).
+    let mut padded = b"0123456789".to_vec();
+    padded.resize(MIN_SECRET_LEN, 0);
+    let path = std::env::temp_dir().join(format!("loadgate-secret-{}-nul-padded", std::process::id()));
+    std::fs::write(&path, &padded).unwrap();
+    let loaded = Secrets::load_with(Some(&path), env(&[]));
+    let _ = std::fs::remove_file(&path);
+    assert!(Secrets::from_values(b"0123456789", None).is_err(), "10 bytes are too short");
+    assert!(loaded.is_err(), "10 bytes padded with NULs to 16 are the same HMAC key, yet accepted: {loaded:?}");
+    let message = Secrets::from_values(&zeros, None).unwrap_err().to_string();
+    assert!(message.contains("only 0 before its trailing NUL bytes"), "{message}");
+    // NULs inside, or past the block, count.
+    let mut inside = [0u8; MIN_SECRET_LEN];
+    inside[MIN_SECRET_LEN - 1] = 1;
+    assert!(Secrets::from_values(&inside, None).is_ok());
+    assert!(Secrets::from_values(&[0u8; 65], None).is_ok(), "hashed: not the empty key");
+}
