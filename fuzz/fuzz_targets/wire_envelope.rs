@@ -2,7 +2,8 @@
 //! built from the hmac and siphasher crates directly: arbitrary bytes on an
 //! arbitrary subject never panic and open only when the reference check and
 //! tag over them match under one of the secrets (then to the frame the reference
-//! decodes); an envelope sealed for a frame opens to it on its subject, and
+//! decodes); sealing is refused exactly when the subject is too long or the
+//! frame does not encode; an envelope sealed for a frame opens to it on its subject, and
 //! any one changed byte, another subject or another secret refuses it.
 #![no_main]
 
@@ -13,7 +14,7 @@ use libfuzzer_sys::fuzz_target;
 use loadgate::wire::envelope::{
     open, seal, EnvelopeError, Sealed, CHECK_LEN, ENVELOPE_MAGIC, MAX_ENVELOPE, MAX_SUBJECT,
 };
-use loadgate::wire::{decode, Frame, TAG_LEN};
+use loadgate::wire::{decode, Frame, WireError, TAG_LEN};
 use loadgate::RankLoad;
 use sha2::Sha256;
 use siphasher::sip::SipHasher24;
@@ -115,7 +116,17 @@ fuzz_target!(|input: Input| match input {
     Input::Sealed { subject, secret, sent_ms, frame, flip, other } => {
         let frame = frame.frame();
         let mut buf = BytesMut::new();
-        if seal(&secret, &subject, sent_ms, &frame, &mut buf).is_err() {
+        // Refused only for a reason the reference sees: a subject past the
+        // limit, else a frame that does not encode.
+        let encodes = loadgate::wire::encode(&frame, &mut BytesMut::new());
+        let expected = match encodes {
+            _ if subject.len() > MAX_SUBJECT => Err(WireError::SubjectTooLong(subject.len())),
+            Err(e) => Err(e),
+            Ok(()) => Ok(()),
+        };
+        let sealed = seal(&secret, &subject, sent_ms, &frame, &mut buf);
+        assert_eq!(sealed, expected, "sealing a {}-byte subject", subject.len());
+        if sealed.is_err() {
             assert!(buf.is_empty(), "nothing written on an error");
             return;
         }

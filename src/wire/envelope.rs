@@ -193,7 +193,7 @@ impl Sealer {
     /// See [`seal`].
     pub fn seal(&self, subject: &str, sent_ms: u64, frame: &Frame, dst: &mut BytesMut) -> Result<(), WireError> {
         if subject.len() > MAX_SUBJECT {
-            return Err(WireError::Oversized(subject.len()));
+            return Err(WireError::SubjectTooLong(subject.len()));
         }
         let mut body = BytesMut::with_capacity(9 + 64 + CHECK_LEN);
         body.put_u8(ENVELOPE_MAGIC);
@@ -215,7 +215,8 @@ impl Sealer {
 /// # Errors
 ///
 /// The frame does not encode ([`WireError::Oversized`]), or the subject is
-/// longer than [`MAX_SUBJECT`] (also `Oversized`); nothing is written then.
+/// longer than [`MAX_SUBJECT`] ([`WireError::SubjectTooLong`]); nothing is
+/// written then.
 pub fn seal(secret: &[u8], subject: &str, sent_ms: u64, frame: &Frame, dst: &mut BytesMut) -> Result<(), WireError> {
     Sealer::new(secret).seal(subject, sent_ms, frame, dst)
 }
@@ -322,6 +323,21 @@ mod tests {
         assert_eq!(openers.open("lg.ev.m.7", &bytes), open(&[SECRET], "lg.ev.m.7", &bytes));
         assert_eq!(openers.open("lg.ev.m.8", &bytes), Err(EnvelopeError::Tag));
         assert_eq!(Openers::new(&[b"old secret"]).open("lg.ev.m.7", &bytes), Err(EnvelopeError::Tag));
+    }
+
+    /// Found by a review: a subject over [`MAX_SUBJECT`] was refused as
+    /// `Oversized`, "frame of 1025 bytes exceeds the 4096-byte limit", false
+    /// twice over (the frame is small, and 1025 is under 4096).
+    #[test]
+    fn a_subject_too_long_is_not_reported_as_an_oversized_frame() {
+        let subject = "s".repeat(MAX_SUBJECT + 1);
+        let mut buf = BytesMut::new();
+        let err = seal(SECRET, &subject, 1, &load(), &mut buf).unwrap_err();
+        assert!(buf.is_empty());
+        assert_eq!(err, WireError::SubjectTooLong(MAX_SUBJECT + 1));
+        assert_eq!(err.to_string(), "NATS subject of 1025 bytes exceeds the 1024-byte limit");
+        let fits = "s".repeat(MAX_SUBJECT);
+        assert!(seal(SECRET, &fits, 1, &load(), &mut buf).is_ok());
     }
 
     #[test]

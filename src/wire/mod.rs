@@ -331,6 +331,9 @@ pub enum WireError {
     },
     /// A string field is not UTF-8.
     InvalidUtf8,
+    /// An envelope's subject is longer than
+    /// [`MAX_SUBJECT`](envelope::MAX_SUBJECT) bytes (its length is given).
+    SubjectTooLong(usize),
 }
 
 impl fmt::Display for WireError {
@@ -342,6 +345,9 @@ impl fmt::Display for WireError {
             }
             Self::UnknownKind(k) => write!(f, "unknown frame kind {k}"),
             Self::Oversized(n) => write!(f, "frame of {n} bytes exceeds the {MAX_FRAME}-byte limit"),
+            Self::SubjectTooLong(n) => {
+                write!(f, "NATS subject of {n} bytes exceeds the {}-byte limit", envelope::MAX_SUBJECT)
+            }
             Self::BadLength { kind, len } => write!(f, "payload length {len} is invalid for frame kind {kind}"),
             Self::InvalidUtf8 => f.write_str("string field is not valid UTF-8"),
         }
@@ -807,6 +813,52 @@ mod tests {
             assert_eq!(decode(&mut buf), Ok(Some(frame)));
             assert!(buf.is_empty());
         }
+    }
+
+    /// The documented layout of the two frames that carry load, byte by
+    /// byte. The round-trip tests and the `wire_frames` fuzz target check
+    /// decode against encode only, so a layout change made on both sides
+    /// (two fields swapped, another byte order) passes them, yet builds on
+    /// either side of it misread each other (a review showed it: with
+    /// `active_decode_blocks` and `kv_total_blocks` swapped in both, only
+    /// this test fails).
+    #[test]
+    fn load_frames_have_the_documented_bytes() {
+        let load = RankLoad {
+            active_decode_blocks: 0x0A0A_0A0A,
+            kv_total_blocks: 0x0B0B_0B0B,
+            active_prefill_tokens: 0x0C0C_0C0C,
+            max_num_batched_tokens: 0x0D0D_0D0D,
+            waiting_requests: 0x0E0E_0E0E,
+        };
+        let fields: [&[u8]; 5] = [&[0x0A; 4], &[0x0B; 4], &[0x0C; 4], &[0x0D; 4], &[0x0E; 4]];
+        let mut expected = vec![MAGIC, KIND_LOAD, 0, 48];
+        expected.extend_from_slice(&1u64.to_be_bytes()); // worker
+        expected.extend_from_slice(&2u64.to_be_bytes()); // incarnation
+        expected.extend_from_slice(&3u32.to_be_bytes()); // rank
+        expected.extend_from_slice(&4u64.to_be_bytes()); // seq
+        fields.iter().for_each(|f| expected.extend_from_slice(f));
+        let mut buf = BytesMut::new();
+        encode(&Frame::Load { worker: 1, incarnation: 2, rank: 3, seq: 4, load }, &mut buf).unwrap();
+        assert_eq!(&buf[..], &expected[..], "Load");
+        let mut expected = vec![MAGIC, KIND_FRONTEND_LOAD, 0, 64];
+        for n in [1u64, 2, 3, 4, 5] {
+            expected.extend_from_slice(&n.to_be_bytes()); // frontend, incarnation, seq, worker, worker_incarnation
+        }
+        expected.extend_from_slice(&6u32.to_be_bytes()); // rank
+        fields.iter().for_each(|f| expected.extend_from_slice(f));
+        let frame = Frame::FrontendLoad {
+            frontend: 1,
+            incarnation: 2,
+            seq: 3,
+            worker: 4,
+            worker_incarnation: 5,
+            rank: 6,
+            load,
+        };
+        let mut buf = BytesMut::new();
+        encode(&frame, &mut buf).unwrap();
+        assert_eq!(&buf[..], &expected[..], "FrontendLoad");
     }
 
     #[test]
