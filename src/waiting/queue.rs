@@ -70,6 +70,9 @@ struct TenantLine {
     largest: u64,
     /// In key order (arrivals almost always go to the back).
     waiters: VecDeque<Waiter>,
+    /// The sum of its waiters' tokens (its share of the line, checked
+    /// against its caps at each arrival without a walk over them).
+    tokens: u64,
     /// Tokens it may still be woken for this round (deficit round robin);
     /// charged at a wake-up, refunded when a woken waiter leaves or waits
     /// again without a worker.
@@ -308,10 +311,8 @@ impl Queue {
     fn held_by(&self, tenant: u32) -> (usize, u64) {
         self.classes
             .iter()
-            .filter_map(|c| c.tenant(tenant).map(|t| &c.tenants[t].waiters))
-            .fold((0, 0), |(len, sum), waiters| {
-                (len + waiters.len(), sum + waiters.iter().map(|w| w.tokens).sum::<u64>())
-            })
+            .filter_map(|c| c.tenant(tenant).map(|t| &c.tenants[t]))
+            .fold((0, 0), |(len, sum), line| (len + line.waiters.len(), sum + line.tokens))
     }
 
     /// Adds a waiter of `class` and `tenant`, or refuses it when the
@@ -363,6 +364,7 @@ impl Queue {
                     quantum: 0,
                     largest: 0,
                     waiters: VecDeque::new(),
+                    tokens: 0,
                     deficit: 0,
                 });
                 line.tenants.len() - 1
@@ -371,6 +373,8 @@ impl Queue {
         let own = &mut line.tenants[t];
         own.quantum = tenant.quantum();
         own.largest = own.largest.max(waiter.cost());
+        // At most the line's sum, which fits (checked above).
+        own.tokens += tokens;
         if own.waiters.back().is_none_or(|last| last.key < key) {
             own.waiters.push_back(waiter);
         } else {
@@ -511,6 +515,7 @@ impl Queue {
         }
         let class = &mut self.classes[at.class];
         let waiter = class.tenants[at.tenant].waiters.remove(at.index).expect("a waiter at this place");
+        class.tenants[at.tenant].tokens -= waiter.tokens;
         if class.tenants[at.tenant].waiters.is_empty() {
             class.tenants.remove(at.tenant);
             if at.tenant < class.turn {
