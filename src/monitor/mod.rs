@@ -763,6 +763,34 @@ impl WorkerMonitor {
         self.registry.models.load().contains_key(model)
     }
 
+    /// Whether registering `worker` for `model` now would add to
+    /// [`model_count`](Self::model_count): `model` is not known, and
+    /// `worker` is not the last instance of a model the monitor would
+    /// forget as it moves (one not kept by [`add_model`](Self::add_model)).
+    /// For a limit on models, checked before [`register`](Self::register)
+    /// (a worker restarting into another model takes its old model's place).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use loadgate::WorkerMonitor;
+    ///
+    /// let monitor = WorkerMonitor::new(Default::default()).unwrap();
+    /// monitor.register(1, "a", 1, 0).unwrap();
+    /// assert!(!monitor.adds_model(1, "b"), "worker 1 leaves a, which goes");
+    /// assert!(monitor.adds_model(2, "b"));
+    /// monitor.register(2, "a", 1, 0).unwrap();
+    /// assert!(monitor.adds_model(1, "b"), "a stays with worker 2");
+    /// assert!(!monitor.adds_model(3, "a"));
+    /// ```
+    pub fn adds_model(&self, worker: WorkerId, model: &str) -> bool {
+        if self.has_model(model) {
+            return false;
+        }
+        let leaves = self.registry.with_worker(worker, |rec| rec.model.clone());
+        !leaves.is_some_and(|old| !old.is_kept() && old.view().load().len() == 1)
+    }
+
     /// A number for `model`'s current life, unique in the process: the same
     /// from its first worker (or [`add_model`](Self::add_model)) until the
     /// monitor forgets it, another once it is back. `None` if not known.

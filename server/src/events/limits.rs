@@ -98,7 +98,7 @@ impl PlaneLimits {
                 format!("worker {worker}: already {} workers (--max-workers {})", directory.len(), self.max_workers),
             );
         }
-        if !monitor.has_model(model) && monitor.model_count() >= self.max_models {
+        if monitor.adds_model(worker, model) && monitor.model_count() >= self.max_models {
             return refuse(
                 Limit::Models,
                 format!("worker {worker}: a new model past --max-models {}", self.max_models),

@@ -80,6 +80,41 @@ fn models_are_bounded() {
     assert_eq!(plane.monitor.model_count(), 2);
 }
 
+/// A worker restarting into another model takes its old model's place at
+/// the limit when it was that model's last instance (it was refused: the
+/// old model still counted); a model kept by others still counts.
+#[test]
+fn a_restart_into_another_model_takes_its_old_models_place() {
+    let plane = Plane::start(None, PlaneLimits { max_models: 1, ..Default::default() });
+    let restart = |worker: WorkerId, incarnation: u64, model: &str| {
+        let frame =
+            Frame::Register { worker, incarnation, dp_size: 1, model: model.into(), http_addr: "127.0.0.1:1".into() };
+        // Refused while the plane has not yet seen the old connection close:
+        // again, on a new connection (bounded).
+        for _ in 0..100 {
+            let mut peer = plane.peer();
+            peer.send(&frame).unwrap();
+            if !peer.closed_within(Duration::from_millis(50)) {
+                return Some(peer);
+            }
+            if plane.monitor.incarnation(worker) != Some(incarnation - 1) {
+                return None;
+            }
+        }
+        None
+    };
+    let first = expect(&plane, register(&plane, 1, "a", 1, "127.0.0.1:1"), 1, true);
+    drop(first);
+    let moved = restart(1, 2, "b").expect("the restart into b is refused");
+    eventually("the restart", || plane.monitor.incarnation(1) == Some(2));
+    assert_eq!(plane.monitor.models(), ["b"]);
+    // Another worker in b: b stays when worker 1 moves on, so c is one more.
+    let _other = expect(&plane, register(&plane, 2, "b", 1, "127.0.0.1:1"), 2, true);
+    drop(moved);
+    assert!(restart(1, 3, "c").is_none(), "c would be a second model");
+    assert_eq!(plane.monitor.models(), ["b"]);
+}
+
 #[test]
 fn connections_are_bounded_and_a_pending_one_past_its_share_is_evicted_first() {
     let plane = Plane::start(None, PlaneLimits { max_event_connections: 2, ..Default::default() });
