@@ -328,7 +328,8 @@ pub(crate) fn load_values(
         }
         let text = std::fs::read(path).with_context(|| format!("cannot read {file_flag} {}", path.display()))?;
         let lines: Vec<Vec<u8>> =
-            text.split(|&b| b == b'\n').map(<[u8]>::trim_ascii).filter(|l| !l.is_empty()).map(<[u8]>::to_vec).collect();
+            // Lines end with LF, CRLF or a lone CR (an old Mac editor's).
+            text.split(|&b| b == b'\n' || b == b'\r').map(<[u8]>::trim_ascii).filter(|l| !l.is_empty()).map(<[u8]>::to_vec).collect();
         if lines.is_empty() {
             bail!("{file_flag} {} holds no {what}", path.display());
         }

@@ -164,6 +164,9 @@ fn loads_from_a_file() {
     assert_eq!(Secrets::load_with(Some(&one), env(&[])).unwrap(), Some(Secrets::from_values(A, None).unwrap()));
     let two = temp_file("two", &format!("{current}\r\n{previous}\r\n"));
     assert_eq!(Secrets::load_with(Some(&two), env(&[])).unwrap(), Some(Secrets::from_values(A, Some(B)).unwrap()));
+    // A lone CR ends a line too (an old Mac editor's rotation file).
+    let mac = temp_file("mac", &format!("{current}\r{previous}\r"));
+    assert_eq!(Secrets::load_with(Some(&mac), env(&[])).unwrap(), Some(Secrets::from_values(A, Some(B)).unwrap()));
     let three = temp_file("three", &format!("{current}\n{previous}\n{current}\n"));
     assert!(Secrets::load_with(Some(&three), env(&[])).is_err());
     let empty = temp_file("empty", "\n \n");
@@ -178,7 +181,7 @@ fn loads_from_a_file() {
     // Errors never echo the secret.
     let err = Secrets::load_with(Some(&short), env(&[])).unwrap_err();
     assert!(!format!("{err:#}").contains("abc"), "{err:#}");
-    for path in [one, two, three, empty, short] {
+    for path in [one, two, mac, three, empty, short] {
         let _ = std::fs::remove_file(path);
     }
 }
