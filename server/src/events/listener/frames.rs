@@ -140,14 +140,8 @@ impl PlaneServer {
                 return Err(Close::Refused(format!("Register of worker {worker}: {e}")));
             }
         };
-        // The same incarnation again keeps its quarantine (its event
-        // connection was made again; its HTTP server is what it was).
-        let inserted = new
-            || match outcome {
-                Registered::Same => self.directory.insert_again(worker, http_addr, dp_size),
-                _ => self.directory.insert(worker, http_addr, dp_size),
-            };
-        if !inserted {
+        let same = outcome == Registered::Same;
+        if !new && !self.directory.insert_again(worker, http_addr, dp_size, same) {
             return Err(Close::Refused(format!("worker id {worker} is registered by --worker")));
         }
         // Its entry's flags, in the monitor's view of this incarnation.

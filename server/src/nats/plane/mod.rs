@@ -488,8 +488,8 @@ impl Applier {
             tracing::warn!(worker, "NATS registration of an id registered by --worker or --engine refused");
             return;
         }
-        let outcome = self.monitor.register(worker, model, dp_size, incarnation);
-        match outcome {
+        let registered = self.monitor.register(worker, model, dp_size, incarnation);
+        match registered {
             Err(error) => {
                 if new {
                     self.directory.remove(worker);
@@ -509,13 +509,7 @@ impl Applier {
             }
             Ok(Registered::Same) => {}
         }
-        // As the TCP plane: the same incarnation again keeps its quarantine.
-        let inserted = new
-            || match outcome {
-                Ok(Registered::Same) => self.directory.insert_again(worker, http_addr, dp_size),
-                _ => self.directory.insert(worker, http_addr, dp_size),
-            };
-        if !inserted {
+        if !new && !self.directory.insert_again(worker, http_addr, dp_size, registered == Ok(Registered::Same)) {
             return;
         }
         self.directory.sync(worker);
