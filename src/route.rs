@@ -829,3 +829,30 @@ impl<'a> Eligible<'a> {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A route among given workers (the waiting line's, in a large fleet)
+    /// hands its vector of positions back to its thread, emptied, for the
+    /// next such route: once warm, those routes allocate nothing.
+    #[test]
+    fn a_route_among_given_workers_keeps_its_positions_for_the_next() {
+        let monitor = Arc::new(WorkerMonitor::new(Default::default()).unwrap());
+        for w in 1..=3 {
+            monitor.register(w, "m", 1, 0).unwrap();
+        }
+        let router = WorkerRouter::new(monitor, Policy::RoundRobin);
+        let routed = router.routed("m").unwrap();
+        let view = routed.state.view().load();
+        assert_eq!(router.route_among_routed(&routed, &view, &[1, 3], &[1]), Ok(3));
+        let kept = POSITIONS.with(|kept| {
+            let positions = kept.take();
+            let kept_back = (positions.is_empty(), positions.capacity());
+            kept.set(positions);
+            kept_back
+        });
+        assert!(kept.0 && kept.1 >= 1, "the vector comes back empty, with its capacity: {kept:?}");
+    }
+}

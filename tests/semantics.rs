@@ -1211,6 +1211,42 @@ mod routing {
         assert_fair(&count_picks(&router, &[], 300), &[1, 2, 3]);
     }
 
+    /// A tie goes to the first tied instance from the rotating start, not
+    /// the last: equal costs take the instances in round-robin order, from
+    /// the first, for `Policy::Cost` and `route_by_cost` alike.
+    #[test]
+    fn cost_ties_go_to_the_first_from_the_rotating_start() {
+        let monitor = monitor_with(&[1, 2, 3], 1, decode(0.5));
+        let router = WorkerRouter::new(monitor.clone(), Policy::Cost(Arc::new(|_, _| 7)));
+        let picks: Vec<WorkerId> = (0..6).map(|_| router.route("m", &[]).unwrap()).collect();
+        assert_eq!(picks, [1, 2, 3, 1, 2, 3]);
+        let rr = WorkerRouter::new(monitor, Policy::RoundRobin);
+        let picks: Vec<WorkerId> = (0..4).map(|_| rr.route_by_cost("m", &[2], &|_, _| 7).unwrap()).collect();
+        assert_eq!(picks, [1, 3, 3, 1], "starts at positions 0, 1, 2, 0; 2 excluded");
+    }
+
+    /// What a log of a router shows: its policy (a cost function as
+    /// `Cost(..)`), and a handle's model.
+    #[test]
+    fn debug_output_names_the_policy_and_the_model() {
+        let monitor = monitor_with(&[1], 1, decode(0.5));
+        let names = [
+            (Policy::RoundRobin, "RoundRobin"),
+            (Policy::Random, "Random"),
+            (Policy::PowerOfTwoChoices, "PowerOfTwoChoices"),
+            (Policy::LeastLoaded, "LeastLoaded"),
+            (Policy::Cost(Arc::new(|_, _| 0)), "Cost(..)"),
+        ];
+        for (policy, name) in names {
+            assert_eq!(format!("{policy:?}"), name);
+        }
+        let router = WorkerRouter::new(monitor, Policy::LeastLoaded);
+        assert_eq!(format!("{router:?}"), "WorkerRouter { policy: LeastLoaded, .. }");
+        let handle = router.model("m").unwrap();
+        assert_eq!(format!("{handle:?}"), r#"ModelRouter { model: "m" }"#);
+        assert_eq!(format!("{:?}", handle.local()), r#"LocalRouter { model: "m" }"#);
+    }
+
     #[test]
     fn model_router_handle_sees_later_changes() {
         let monitor = monitor_with(&[1, 2], 1, decode(0.5));

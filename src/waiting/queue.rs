@@ -701,6 +701,51 @@ mod tests {
         assert_eq!((q.len(), q.tokens(), q.dispatched()), (0, 0, 2));
     }
 
+    /// Waiters of one tenant with the same deadline are woken first come,
+    /// first served, and one that joins with a deadline between two others
+    /// takes its place between them.
+    #[test]
+    fn equal_deadlines_are_first_come_and_an_arrival_takes_its_deadlines_place() {
+        let mut q = Queue::default();
+        let now = Instant::now();
+        let limits = LineLimits::default();
+        let secs = |s| now + Duration::from_secs(s);
+        let first = join(&mut q, secs(5), 1, limits);
+        let second = join(&mut q, secs(5), 1, limits);
+        assert_ne!(first, second);
+        q.wake(1);
+        assert!(q.is_woken(at(&q, first)) && !q.is_woken(at(&q, second)), "first come");
+        q.leave(at(&q, first));
+        q.leave(at(&q, second));
+        let [one, three, two] = [secs(1), secs(3), secs(2)].map(|deadline| join(&mut q, deadline, 1, limits));
+        let woken = |q: &Queue| [one, two, three].map(|k| q.is_woken(at(q, k)));
+        q.wake(1);
+        assert_eq!(woken(&q), [true, false, false]);
+        q.wake(2);
+        assert_eq!(woken(&q), [true, true, false], "the deadline between goes between");
+    }
+
+    /// A report declined for another frontend's line marks its worker
+    /// only while anyone waits here, and never replaces the mark of a
+    /// dispatch: a report begun before that dispatch leaves it spent.
+    #[test]
+    fn a_decline_marks_only_while_anyone_waits_and_keeps_a_dispatchs_mark() {
+        let mut q = Queue::default();
+        let now = Instant::now();
+        let limits = LineLimits::default();
+        q.decline(3);
+        assert!(q.spent().is_empty(), "nobody waits");
+        let first = join(&mut q, now, 1, limits);
+        join(&mut q, now, 1, limits);
+        q.decline(3);
+        assert_eq!(q.spent(), [3]);
+        q.wake(1);
+        q.dispatched_to(at(&q, first), 7);
+        q.decline(7);
+        assert!(!q.reported(7, 0), "a report begun before the dispatch keeps its mark");
+        assert!(q.reported(7, q.dispatched()));
+    }
+
     #[test]
     fn higher_classes_are_woken_first_whatever_their_deadlines() {
         let mut q = Queue::default();
@@ -785,6 +830,29 @@ mod tests {
         assert!(!q.is_overrun(STANDARD), "the last one to expire empties the line");
     }
 
+    /// While overrun, the latest deadline first among the waiters that
+    /// sleep: a woken waiter not yet dispatched, or a held one, is passed
+    /// over, and the next latest is woken.
+    #[test]
+    fn an_overrun_class_passes_over_woken_and_held_waiters() {
+        let mut q = Queue::default();
+        let now = Instant::now();
+        let limits = LineLimits::default();
+        let secs = |s| now + Duration::from_secs(s);
+        let keys: Vec<Key> = (1..=4).map(|s| join(&mut q, secs(s), 1, limits)).collect();
+        assert!(!q.expired(at(&q, keys[0])));
+        assert!(q.is_overrun(STANDARD));
+        q.wake(1);
+        assert!(q.is_woken(at(&q, keys[3])));
+        q.wake(2);
+        assert!(q.is_woken(at(&q, keys[2])), "the woken latest is passed over");
+        q.hold(at(&q, keys[3]));
+        q.hold(at(&q, keys[2]));
+        q.wake(1);
+        assert!(q.is_woken(at(&q, keys[1])), "held waiters are passed over");
+        assert!(!q.is_woken(at(&q, keys[2])) && !q.is_woken(at(&q, keys[3])));
+    }
+
     #[test]
     fn an_expiry_overruns_the_line_only_when_arrivals_outpace_dispatches() {
         let now = Instant::now();
@@ -844,6 +912,48 @@ mod tests {
         join_of(&mut q, Tenant::new(1, 1), 0, 10, 100);
         join_of(&mut q, Tenant::new(2, 1), 100, 3, 100);
         assert_eq!(serve(&mut q, 8), [1, 2, 1, 2, 1, 2, 1, 1], "the small one every other turn until it empties");
+    }
+
+    /// A tenant that leaves the round takes its place in the turn order
+    /// with it: the turn's holder leaving passes the turn to the next
+    /// tenant, which is served before the others; a tenant before the
+    /// holder leaving leaves the turn where it was.
+    #[test]
+    fn a_tenant_leaving_the_round_keeps_the_turn_order() {
+        let mut q = Queue::default();
+        join_of(&mut q, Tenant::new(1, 1), 0, 1, 1);
+        join_of(&mut q, Tenant::new(2, 1), 0, 2, 1);
+        join_of(&mut q, Tenant::new(3, 1), 0, 2, 1);
+        assert_eq!(serve(&mut q, 5), [1, 2, 3, 2, 3], "1 leaves with its only waiter: the turn passes to 2");
+        let mut q = Queue::default();
+        join_of(&mut q, Tenant::new(1, 1), 0, 2, 1);
+        let two = join_of(&mut q, Tenant::new(2, 1), 0, 2, 1);
+        join_of(&mut q, Tenant::new(3, 1), 0, 2, 1);
+        join_of(&mut q, Tenant::new(4, 1), 0, 2, 1);
+        assert_eq!(serve(&mut q, 3), [1, 2, 3]);
+        assert!(!q.leave(at(&q, two[1])), "2 leaves the round");
+        assert_eq!(serve(&mut q, 3), [4, 1, 3], "after 3, as before");
+    }
+
+    /// A waiter polled again with another waker is woken through that one.
+    #[test]
+    fn a_waiter_is_woken_through_its_latest_waker() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        #[derive(Default)]
+        struct Woken(AtomicBool);
+        impl std::task::Wake for Woken {
+            fn wake(self: Arc<Self>) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let (first, latest) = (Arc::new(Woken::default()), Arc::new(Woken::default()));
+        let mut q = Queue::default();
+        let waker = Waker::from(first.clone());
+        let key = q.join(STANDARD, Tenant::default(), Instant::now(), 1, LineLimits::default(), &waker).unwrap().key;
+        q.set_waker(at(&q, key), &Waker::from(latest.clone()));
+        q.wake(1);
+        assert!(latest.0.load(Ordering::SeqCst) && !first.0.load(Ordering::SeqCst));
     }
 
     #[test]
@@ -972,6 +1082,24 @@ mod tests {
         assert_eq!(join(capped, Class::Sheddable, 0), Err(WaitError::TenantCap), "3 waiters");
         join(Tenant::new(2, 1), STANDARD, 1000).unwrap();
         assert_eq!((q.len(), q.tokens()), (3, 1025));
+    }
+
+    /// A tenant capped by count alone, or by tokens alone, is held to
+    /// that one cap.
+    #[test]
+    fn a_tenant_with_one_cap_is_held_to_it() {
+        let mut q = Queue::default();
+        let now = Instant::now();
+        let limits = LineLimits::default();
+        let by_count = Tenant { max_waiting: 1, ..Tenant::new(1, 1) };
+        let by_tokens = Tenant { max_tokens: 10, ..Tenant::new(2, 1) };
+        let mut join = |tenant, tokens| q.join(STANDARD, tenant, now, tokens, limits, &noop()).map(|j| j.key);
+        join(by_count, 1000).unwrap();
+        assert_eq!(join(by_count, 0), Err(WaitError::TenantCap), "2 waiters");
+        join(by_tokens, 6).unwrap();
+        assert_eq!(join(by_tokens, 5), Err(WaitError::TenantCap), "11 tokens");
+        join(by_tokens, 4).unwrap();
+        assert_eq!((q.len(), q.tokens()), (3, 1010));
     }
 
     #[test]
