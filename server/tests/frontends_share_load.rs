@@ -285,3 +285,102 @@ async fn a_retry_storm_over_three_frontends_with_the_pool_hint_and_each_frontend
         );
     }
 }
+
+/// Found by a review: a frontend that forgets a worker the others keep
+/// (its idle timeout shorter than theirs; a deregistration another missed)
+/// never took back what it had added there, and its beats kept that
+/// figure fresh at the others: they shed an idle worker for as long as it
+/// lived. Here frontend B's request (100 prefill tokens, threshold 50) runs
+/// while the worker goes silent for 2 s: B (idle timeout 800 ms) forgets
+/// the worker, A (30 s) keeps it. The worker comes back and B's request
+/// ends; A must admit again. (B now publishes a zero for what it forgets.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nats-server (scripts/prepare-nats-server)"]
+async fn a_frontend_that_forgets_a_worker_takes_back_what_it_added_there() {
+    const WORKER: u64 = 61;
+    const FORGOTTEN: &str = "forgotten-model";
+    let _box = common::exclusive().await;
+    let nats = Nats::start(&[]);
+    let endpoint = FakeWorker::holding(Duration::from_millis(3000));
+    let paused = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Sealed Register and Load every 100 ms (no prefill reported), none
+    // while `paused`.
+    let frames = {
+        let (url, addr, paused) = (nats.url.clone(), endpoint.addr.to_string(), paused.clone());
+        tokio::spawn(async move {
+            let client = async_nats::connect(url.as_str()).await.expect("the worker connects to NATS");
+            let incarnation = unix_ms() * 1000;
+            let subject = format!("loadgate.ev.{FORGOTTEN}.{WORKER}");
+            for seq in 1u64.. {
+                // Relaxed: a test switch.
+                if !paused.load(std::sync::atomic::Ordering::Relaxed) {
+                    let register = Frame::Register {
+                        worker: WORKER,
+                        incarnation,
+                        dp_size: 1,
+                        model: FORGOTTEN.to_owned(),
+                        http_addr: addr.clone(),
+                    };
+                    let load = RankLoad { kv_total_blocks: 1000, ..Default::default() };
+                    for frame in [register, Frame::Load { worker: WORKER, incarnation, rank: 0, seq, load }] {
+                        let mut buf = BytesMut::new();
+                        seal(SECRET.as_bytes(), &subject, unix_ms(), &frame, &mut buf).unwrap();
+                        let _ = client.publish(subject.clone(), buf.freeze()).await;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let flags = |idle: &'static str| {
+        let mut flags = vec!["--router-mode", "kv", "--active-prefill-tokens-threshold", "50"];
+        flags.extend(["--event-silence-ms", "400", "--event-idle-timeout-ms", idle]);
+        flags
+    };
+    let a = frontend(&nats, &flags("30000"));
+    let b = frontend(&nats, &flags("800"));
+    for fe in [&a, &b] {
+        fe.wait_workers(1, Duration::from_secs(10)).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while metric(&metrics_text(&fe.client, &fe.http).await, "loadgate_frontend_shared_frontends") != Some(2.0) {
+            assert!(Instant::now() < deadline, "the frontends did not hear each other within 10 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let body = json!({"model": FORGOTTEN, "prompt": "word ".repeat(100), "max_tokens": 1});
+    // 0: no answer within the probe's timeout (admitted, held).
+    let probe = common::client_within(Duration::from_millis(800));
+    let send = |fe: &Frontend| {
+        let request = probe.post(format!("{}/v1/completions", fe.http)).json(&body).send();
+        async move { request.await.map_or(0, |r| r.status().as_u16()) }
+    };
+    // B's request holds 100 prefill tokens for 3 s; A counts it.
+    let held = {
+        let long = common::client_within(Duration::from_secs(30));
+        let request = long.post(format!("{}/v1/completions", b.http)).json(&body).send();
+        tokio::spawn(async move { request.await.map_or(0, |r| r.status().as_u16()) })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(send(&a).await, 529, "A counts B's request");
+    // Silent for 2 s: B forgets the worker, A does not.
+    paused.store(true, std::sync::atomic::Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    paused.store(false, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(held.await.unwrap(), 200, "B's request was answered");
+    b.wait_workers(1, Duration::from_secs(5)).await;
+    // Nothing runs on the worker now: A admits within 5 s (B's zero goes
+    // out with its rotation, within a beat or two).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut statuses = Vec::new();
+    loop {
+        let status = send(&a).await;
+        statuses.push(status);
+        if status != 529 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "A refused an idle worker for 5 s: {statuses:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!("A after B's request ended: {statuses:?}");
+    frames.abort();
+}

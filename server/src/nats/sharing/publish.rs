@@ -246,8 +246,16 @@ impl Own {
     /// any case.
     async fn publish(&mut self, worker: WorkerId, rank: u32, again: bool) {
         let Some((worker_incarnation, load)) = self.monitor.tracked(worker, rank) else {
-            self.rotation.forget((worker, rank));
-            self.reference.forget((worker, rank));
+            // This frontend forgot the worker; the others may keep it (they
+            // forget on their own clocks: another idle timeout, a
+            // deregistration lost): what this frontend last added there is
+            // taken back, once (their beats renew what it published).
+            let counted = self.rotation.forget((worker, rank));
+            let incarnation = self.reference.forget((worker, rank));
+            if let (true, Some(worker_incarnation)) = (counted, incarnation) {
+                self.seq += 1;
+                self.send_load(worker, worker_incarnation, rank, RankLoad::default()).await;
+            }
             return;
         };
         if !self.rotation.publish((worker, rank), is_zero(&load)) && !again {
@@ -256,6 +264,12 @@ impl Own {
         self.seq += 1;
         // Before it is sent: no peer can acknowledge it first.
         self.reference.published((worker, rank), worker_incarnation, self.seq, load);
+        self.send_load(worker, worker_incarnation, rank, load).await;
+    }
+
+    /// Sends `load` as this frontend's addition to `worker`'s `rank`
+    /// (numbered `self.seq`).
+    async fn send_load(&self, worker: WorkerId, worker_incarnation: u64, rank: u32, load: RankLoad) {
         let frame = Frame::FrontendLoad {
             frontend: self.identity.frontend,
             incarnation: self.identity.incarnation,

@@ -147,14 +147,15 @@ impl Reference {
         state.refresh(&self.monitor, key);
     }
 
-    /// `key` is published no more (its worker left).
-    pub(crate) fn forget(&self, key: Key) {
+    /// `key` is published no more (its worker left); returns the worker
+    /// incarnation it was last published for, if it was.
+    pub(crate) fn forget(&self, key: Key) -> Option<u64> {
         let mut state = self.lock();
-        if let Some(history) = state.keys.remove(&key) {
-            for (seq, _) in history.published {
-                state.by_seq.remove(&seq);
-            }
+        let history = state.keys.remove(&key)?;
+        for (seq, _) in history.published {
+            state.by_seq.remove(&seq);
         }
+        Some(history.worker_incarnation)
     }
 
     /// Live peer `peer` (of `incarnation`) applied this frontend's frames

@@ -3,7 +3,9 @@
 //! within a bounded number of beats without sending every load every beat.
 //! Every (worker, rank) ever published stays in it, zero or not, until the
 //! worker leaves: a lost fall to zero is mended like any other loss (the
-//! others renew what they last heard while this frontend lives).
+//! others renew what they last heard while this frontend lives). When this
+//! frontend forgets the worker, a last zero goes out if its last
+//! publication was not one: the others may keep the worker longer.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -41,9 +43,11 @@ impl Rotation {
         }
     }
 
-    /// `key` is gone (its worker left): nothing to send again.
-    pub(crate) fn forget(&mut self, key: Key) {
-        self.published.remove(&key);
+    /// `key` is gone (its worker left): nothing to send again. Returns
+    /// whether its last publication was not zero (the others may still
+    /// count it).
+    pub(crate) fn forget(&mut self, key: Key) -> bool {
+        self.published.remove(&key) == Some(false)
     }
 
     /// Every key held.
@@ -103,7 +107,10 @@ mod tests {
         assert!(rotation.publish((1, 0), true), "and down again: sent");
         assert_eq!(rotation.next(8), [(1, 0)], "still sent by the rotation (a lost zero is mended)");
         assert_eq!(rotation.next(8), [(1, 0)]);
-        rotation.forget((1, 0));
+        assert!(!rotation.forget((1, 0)), "its last publication was zero");
         assert!(rotation.all().is_empty() && rotation.next(8).is_empty(), "its worker left");
+        rotation.publish((2, 0), false);
+        assert!(rotation.forget((2, 0)), "its last publication still counts at the others");
+        assert!(!rotation.forget((2, 0)), "forgotten");
     }
 }
