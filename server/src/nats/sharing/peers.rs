@@ -360,13 +360,17 @@ impl Peers {
         let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         if let Some(peer) = table.by_id.get_mut(&frontend) {
-            if incarnation < peer.incarnation {
+            // An older life is dropped while the newer one speaks; once that
+            // one is silent past the window, the older one speaking takes the
+            // id back (a frontend's id is random per start, so the newer life
+            // was a forgery: it silenced the live frontend only while sent).
+            if incarnation < peer.incarnation && now.duration_since(peer.heard) <= self.staleness {
                 return None;
             }
             if incarnation == peer.incarnation && seq.is_some_and(|seq| seq <= peer.high) {
                 return None;
             }
-            if incarnation > peer.incarnation {
+            if incarnation != peer.incarnation {
                 // A restart: its numbering starts over, and it knows
                 // nothing of the others' load yet.
                 peer.incarnation = incarnation;

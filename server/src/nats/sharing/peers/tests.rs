@@ -188,3 +188,35 @@ fn a_slot_goes_to_a_new_frontend_only_once_its_holder_is_silent() {
     assert!(!monitor.is_busy(1), "frontend 1's load went with its slot");
     assert_eq!(peers.pool().frontends, 2);
 }
+
+/// Found by a review: one frame naming a live frontend's id with a newer
+/// incarnation (a holder of the secret can seal it) made every genuine
+/// frame of that frontend "an older life", dropped for as long as it ran:
+/// its load stopped counting everywhere. Frontend ids are random per
+/// start, so no genuine frontend comes back under the same id with a newer
+/// incarnation: once the newer life is silent past the window, the older
+/// one speaking takes the id back.
+#[test]
+fn a_single_forged_newer_incarnation_does_not_silence_a_live_frontend_for_good() {
+    // Frontend 1 (incarnation 1) holds 60 of the 100 tokens on worker 1.
+    // One frame names frontend 1 with incarnation u64::MAX; then the
+    // forger goes quiet.
+    let monitor = monitor(2);
+    let peers = Peers::new(OWN, monitor.clone(), 2, Duration::from_millis(60));
+    assert_eq!(peers.load(added(1, 1, 1, 60)), Heard::Taken);
+    assert_eq!(peers.load(added(2, 1, 1, 41)), Heard::Taken);
+    assert!(monitor.is_busy(1), "60 + 41 > 100");
+    assert_eq!(peers.beat(1, u64::MAX, Holding::default()), Heard::Taken, "the forged frame");
+    // Well past the staleness of the forged life (60 ms): only the
+    // genuine frontend 1 speaks, as it always did.
+    std::thread::sleep(Duration::from_millis(150));
+    for seq in 2..5 {
+        peers.beat(1, 1, Holding::default());
+        peers.beat(2, 1, Holding::default());
+        peers.load(added(1, 1, seq, 60));
+        peers.load(added(2, 1, seq, 41));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(monitor.is_busy(1), "frontend 1's 60 tokens count again (60 + 41 > 100)");
+    assert_eq!(peers.pool().frontends, 3, "frontend 1 beats every 10 ms: it is live");
+}
