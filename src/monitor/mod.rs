@@ -429,6 +429,15 @@ impl WorkerMonitor {
         self.update_slot(at, report.publisher, |slot, now| slot.store(report.seq, &report.load, now))
     }
 
+    /// [`apply`](Self::apply), for the registration `life` only
+    /// ([`WorkerMonitor::worker_life`]): another one's is
+    /// [`Applied::OtherIncarnation`].
+    pub(crate) fn apply_to_life(&self, report: &LoadReport, life: u64) -> Result<Applied, ApplyError> {
+        let (worker, incarnation, rank, seq) = (report.worker, report.incarnation, report.rank, report.seq);
+        let at = Update { worker, incarnation, life: Some(life), rank, seq, measured: None };
+        self.update_slot(at, report.publisher, |slot, now| slot.store(report.seq, &report.load, now))
+    }
+
     /// The current incarnation of `worker`, if it is registered.
     pub fn incarnation(&self, worker: WorkerId) -> Option<u64> {
         self.registry.with_worker(worker, |rec| rec.entry.incarnation)

@@ -81,24 +81,19 @@ impl Reporter {
     /// As [`WorkerMonitor::apply`]: the worker is no longer registered, or
     /// `rank` is not below its dp size.
     pub fn report_rank(&self, rank: u32, load: RankLoad) -> Result<Applied, ApplyError> {
-        // The same id and incarnation registered again (after a
-        // deregistration) is a new entry with its own numbering: this
-        // reporter's would run ahead of it.
-        let current =
-            self.monitor.registry.with_worker(self.entry.id, |rec: &WorkerRecord| Arc::ptr_eq(&rec.entry, &self.entry));
-        match current {
-            None => return Err(ApplyError::UnknownWorker(self.entry.id)),
-            Some(false) => return Ok(Applied::OtherIncarnation),
-            Some(true) => {}
-        }
-        self.monitor.apply(&LoadReport {
+        // For this registration only, named in the update itself: the same
+        // id and incarnation registered again (after a deregistration) is
+        // a new entry with its own numbering, which this reporter's would
+        // run ahead of, however late the report lands.
+        let report = LoadReport {
             worker: self.entry.id,
             incarnation: self.entry.incarnation,
             rank,
             publisher: Publisher::Worker,
             seq: self.entry.next_report_seq(),
             load,
-        })
+        };
+        self.monitor.apply_to_life(&report, self.entry.life)
     }
 
     /// The worker reported for.
