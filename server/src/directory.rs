@@ -163,12 +163,12 @@ impl WorkerDirectory {
         self.insert_event(worker, http_addr, dp_size, same_incarnation)
     }
 
-    fn insert_event(&self, worker: WorkerId, http_addr: &str, dp_size: u32, again: bool) -> bool {
+    fn insert_event(&self, worker: WorkerId, http_addr: &str, dp_size: u32, same_incarnation: bool) -> bool {
         let mut workers = self.workers.write().unwrap_or_else(|e| e.into_inner());
         let entry = Entry::new(address(http_addr, dp_size, false), false);
         let kept = match workers.get(&worker) {
             Some(old) if old.is_static => return false,
-            Some(old) if again && old.address == entry.address => {
+            Some(old) if same_incarnation && old.address == entry.address => {
                 // Relaxed: advisory, as `Entry::excluded`; under the write
                 // lock nobody changes them meanwhile.
                 let until = old.quarantined_until_ms.load(Ordering::Relaxed);
