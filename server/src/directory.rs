@@ -151,7 +151,7 @@ impl WorkerDirectory {
     /// event plane. `http_addr` may be `HOST:PORT` or a URL. Returns false
     /// (and changes nothing) when `worker` is static.
     pub fn insert(&self, worker: WorkerId, http_addr: &str, dp_size: u32) -> bool {
-        self.insert_event(worker, http_addr, dp_size, false)
+        self.insert_again(worker, http_addr, dp_size, false)
     }
 
     /// As [`WorkerDirectory::insert`], after the monitor took a Register
@@ -160,10 +160,6 @@ impl WorkerDirectory {
     /// quarantine and its proof refusals in a row. (A new incarnation
     /// starts afresh: a restarted worker may answer now.)
     pub fn insert_again(&self, worker: WorkerId, http_addr: &str, dp_size: u32, same_incarnation: bool) -> bool {
-        self.insert_event(worker, http_addr, dp_size, same_incarnation)
-    }
-
-    fn insert_event(&self, worker: WorkerId, http_addr: &str, dp_size: u32, same_incarnation: bool) -> bool {
         let mut workers = self.workers.write().unwrap_or_else(|e| e.into_inner());
         let entry = Entry::new(address(http_addr, dp_size, false), false);
         let kept = match workers.get(&worker) {

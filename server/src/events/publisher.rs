@@ -243,8 +243,9 @@ const STOP_WAIT: Duration = WRITE_TIMEOUT;
 impl Drop for EventPublisher {
     /// Stops every thread; each connected one sends a Deregister first.
     /// Waits for them up to [`STOP_WAIT`]: a thread still in a connection
-    /// attempt or a blocked write then finishes on its own (and sends
-    /// nothing more).
+    /// attempt or a blocked write then finishes on its own, and sends its
+    /// Deregister when that write goes through (a successor publisher of
+    /// the same worker may then see it deregistered once more, briefly).
     fn drop(&mut self) {
         let deadline = Instant::now() + STOP_WAIT;
         let mut state = self.shared.lock();
