@@ -164,15 +164,7 @@ fn unescape(raw: &str) -> Option<String> {
 fn one_line(message: &dyn std::fmt::Display) -> String {
     let text = message.to_string();
     let words: Vec<&str> = text.split_whitespace().collect();
-    let joined = words.join(" ");
-    if joined.len() <= 240 {
-        return joined;
-    }
-    let mut end = 240;
-    while !joined.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &joined[..end])
+    super::cut(&words.join(" "), 240)
 }
 
 #[cfg(test)]

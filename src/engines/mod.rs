@@ -150,11 +150,15 @@ fn check_size(document: &str) -> Result<(), EngineError> {
 /// At most `MAX` bytes of `text` (cut at a char boundary), for error
 /// messages that quote what a peer sent.
 fn excerpt(text: &str) -> String {
-    const MAX: usize = 64;
-    if text.len() <= MAX {
+    cut(text, 64)
+}
+
+/// At most `max` bytes of `text` (cut at a char boundary), `…` after a cut.
+fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
         return text.to_owned();
     }
-    let mut end = MAX;
+    let mut end = max;
     while !text.is_char_boundary(end) {
         end -= 1;
     }

@@ -260,11 +260,7 @@ fn keep_tail(stderr: ChildStderr) -> (Arc<Mutex<VecDeque<String>>>, mpsc::Receiv
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines() {
             let Ok(mut line) = line else { break };
-            let mut end = line.len().min(500);
-            while !line.is_char_boundary(end) {
-                end -= 1;
-            }
-            line.truncate(end);
+            line.truncate(crate::text::cut(&line, 500).len());
             let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
             if tail.len() == KEPT_LINES {
                 tail.pop_front();

@@ -249,11 +249,7 @@ fn millis(elapsed: Duration) -> f64 {
 
 /// `s` cut to at most [`LOGGED_LEN`] bytes, at a character boundary.
 fn cut(s: &str) -> &str {
-    if s.len() <= LOGGED_LEN {
-        return s;
-    }
-    let end = (0..=LOGGED_LEN).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0);
-    &s[..end]
+    crate::text::cut(s, LOGGED_LEN)
 }
 
 /// A value, or `none`.
