@@ -294,6 +294,9 @@ async fn a_retry_storm_over_three_frontends_with_the_pool_hint_and_each_frontend
 /// while the worker goes silent for 2 s: B (idle timeout 800 ms) forgets
 /// the worker, A (30 s) keeps it. The worker comes back and B's request
 /// ends; A must admit again. (B now publishes a zero for what it forgets.)
+/// NATS may lose that zero, so B sends it again at its rotation's next
+/// visits: during the silence, at least two zeros for the worker (only B
+/// publishes it a load), and never more than the bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs nats-server (scripts/prepare-nats-server)"]
 async fn a_frontend_that_forgets_a_worker_takes_back_what_it_added_there() {
@@ -347,6 +350,28 @@ async fn a_frontend_that_forgets_a_worker_takes_back_what_it_added_there() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+    // Every FrontendLoad for the worker, as (when, zero).
+    let published = {
+        let listener = async_nats::connect(nats.url.as_str()).await.expect("the listener connects to NATS");
+        let mut frames = listener.subscribe("loadgate.fe.>").await.expect("subscribes");
+        let published = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let into = published.clone();
+        let task = tokio::spawn(async move {
+            use futures_util::StreamExt;
+            while let Some(message) = frames.next().await {
+                let opened = loadgate::wire::envelope::open(&[SECRET.as_bytes()], &message.subject, &message.payload);
+                if let Ok(loadgate::wire::envelope::Sealed {
+                    frame: Frame::FrontendLoad { worker: WORKER, load, .. },
+                    ..
+                }) = opened
+                {
+                    let zero = load.active_prefill_tokens == 0 && load.active_decode_blocks == 0;
+                    into.lock().unwrap().push((Instant::now(), zero));
+                }
+            }
+        });
+        (published, task)
+    };
     let body = json!({"model": FORGOTTEN, "prompt": "word ".repeat(100), "max_tokens": 1});
     // 0: no answer within the probe's timeout (admitted, held).
     let probe = common::client_within(Duration::from_millis(800));
@@ -363,9 +388,14 @@ async fn a_frontend_that_forgets_a_worker_takes_back_what_it_added_there() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(send(&a).await, 529, "A counts B's request");
     // Silent for 2 s: B forgets the worker, A does not.
+    let silent = Instant::now();
     paused.store(true, std::sync::atomic::Ordering::Relaxed);
     tokio::time::sleep(Duration::from_millis(2000)).await;
     paused.store(false, std::sync::atomic::Ordering::Relaxed);
+    // B forgets the worker after 800 ms of silence (and its checks), so
+    // the zeros have more than a second, five beats, in the silence.
+    let zeros = published.0.lock().unwrap().iter().filter(|(at, zero)| *at > silent && *zero).count();
+    assert!((2..=12).contains(&zeros), "B took its load back {zeros} times during the silence, not 2 to 12");
     assert_eq!(held.await.unwrap(), 200, "B's request was answered");
     b.wait_workers(1, Duration::from_secs(5)).await;
     // Nothing runs on the worker now: A admits within 5 s (B's zero goes
@@ -381,6 +411,7 @@ async fn a_frontend_that_forgets_a_worker_takes_back_what_it_added_there() {
         assert!(Instant::now() < deadline, "A refused an idle worker for 5 s: {statuses:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    eprintln!("A after B's request ended: {statuses:?}");
+    eprintln!("A after B's request ended: {statuses:?}; B's zeros in the silence: {zeros}");
     frames.abort();
+    published.1.abort();
 }

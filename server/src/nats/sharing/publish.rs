@@ -6,7 +6,8 @@
 //! beat: a dead one stops counting by itself), so an unchanged load is not
 //! published again. What NATS may lose (at most once: a slow consumer, a
 //! reconnection) is mended by a slow rotation: every beat republishes the
-//! next [`REFRESH_PER_BEAT`] loads (zeros too, until the worker leaves), so
+//! next [`REFRESH_PER_BEAT`] loads (zeros too, until the worker leaves, and
+//! a zero for a while after this frontend forgets it), so
 //! each is sent again within `ceil(loads / REFRESH_PER_BEAT)` beats. A
 //! frontend that joins, restarts or comes back after a silence knows
 //! nothing (or stale figures), and this one's own reconnection may have
@@ -249,10 +250,10 @@ impl Own {
             // This frontend forgot the worker; the others may keep it (they
             // forget on their own clocks: another idle timeout, a
             // deregistration lost): what this frontend last added there is
-            // taken back, once (their beats renew what it published).
-            let counted = self.rotation.forget((worker, rank));
+            // taken back by a zero (their beats renew what it published),
+            // sent again at the rotation's next visits in case NATS loses it.
             let incarnation = self.reference.forget((worker, rank));
-            if let (true, Some(worker_incarnation)) = (counted, incarnation) {
+            if let Some(worker_incarnation) = self.rotation.forget((worker, rank), incarnation) {
                 self.seq += 1;
                 self.send_load(worker, worker_incarnation, rank, RankLoad::default()).await;
             }
