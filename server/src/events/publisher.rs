@@ -128,8 +128,9 @@ impl EventPublisher {
     /// sends the Registration on each (re)connect, then load reports: the
     /// latest [`RankLoad`] per rank, coalesced to at most one report per
     /// rank per millisecond, with increasing seq numbers, and re-sends
-    /// every rank's latest state at least every `heartbeat` even when
-    /// nothing changed.
+    /// every rank's latest state at least every `heartbeat` (held between
+    /// a millisecond and [`MAX_SECS`](crate::flag_limits::MAX_SECS)) even
+    /// when nothing changed.
     ///
     /// With `secrets`, each connection first answers the frontend's
     /// Challenge and checks its Welcome; a frontend that sends no Challenge
@@ -203,7 +204,8 @@ impl EventPublisher {
                 // resets the frontend's slots; a publisher started again in
                 // the same incarnation shares the count (see `ReportSeq`).
                 seq: seq.clone(),
-                heartbeat: heartbeat.max(COALESCE),
+                // At most a day: a deadline past the clock's range panics.
+                heartbeat: heartbeat.clamp(COALESCE, Duration::from_secs(crate::flag_limits::MAX_SECS)),
                 secrets: secrets.clone(),
             };
             // A failed spawn drops `publisher`: the threads started stop.

@@ -188,3 +188,16 @@ fn unauthenticated_connections_cannot_keep_a_worker_out() {
     assert!(took < Duration::from_secs(5), "the worker took {took:?} to register");
     drop(publisher);
 }
+
+/// A library caller's heartbeat past the clock's range (no flag takes
+/// one: they stop at a day) is held at a day: the publisher's thread
+/// computed its next deadline as `last + heartbeat` and panicked, so the
+/// worker never registered.
+#[test]
+fn a_heartbeat_past_the_clock_s_range_is_held_at_a_day() {
+    let plane = Plane::start(None, PlaneLimits::default());
+    let publisher = EventPublisher::start(vec![plane.addr()], registration(12), Duration::MAX, None).unwrap();
+    eventually("the registration", || plane.registered(12));
+    publisher.report(0, load(3));
+    eventually("a report", || reported(&plane.monitor, 12, 0) == Some(load(3)));
+}
