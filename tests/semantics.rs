@@ -1370,6 +1370,38 @@ mod admission {
         drop(now(admission.try_admit(4)));
     }
 
+    /// Found by a review: the slots a panicking dispatch's unwinding passes
+    /// on ran the next dispatches inside a destructor, so a second panic
+    /// aborted the process ("panic in a destructor during cleanup"). Items 1
+    /// and 2 panic: the first panic reaches the releasing thread, the
+    /// second is caught, and item 3 gets the slot.
+    #[test]
+    fn dispatches_that_panic_one_after_another_leave_the_gate_working() {
+        let (tx, rx) = mpsc::channel();
+        let tx = std::sync::Mutex::new(tx);
+        let admission = Admission::with_dispatch(
+            1,
+            4,
+            Box::new(move |item: u32, permit| {
+                assert!(item != 1 && item != 2, "item {item}'s dispatch panics");
+                tx.lock().unwrap().send((item, permit)).map_err(|e| e.0 .1)
+            }),
+        )
+        .unwrap();
+        let first = now(admission.try_admit(0));
+        for item in 1..=3 {
+            queued(admission.try_admit(item));
+        }
+        let unwound = catch_unwind(AssertUnwindSafe(move || drop(first)));
+        assert!(unwound.is_err(), "the first panic reaches the releasing thread");
+        let (item, permit) = rx.try_recv().expect("item 3 got the slot");
+        assert_eq!((item, admission.running(), admission.queued()), (3, 1, 0));
+        drop(permit);
+        assert_eq!((admission.running(), admission.queued()), (0, 0));
+        // And it admits again, directly.
+        drop(now(admission.try_admit(4)));
+    }
+
     /// A dispatcher that drops several permits it holds, from inside a
     /// dispatch, has every one of them passed on, in order.
     #[test]

@@ -72,7 +72,10 @@ use waiter::{Cancelled, Waiter};
 /// permit's drop), and may be handed several slots in a row: it must not
 /// block or take a lock that a permit's holder may hold while dropping it
 /// (sending on a channel is the intended use). If it panics, the slot it was
-/// given is released and the other waiting items still get theirs.
+/// given is released and the other waiting items still get theirs; the
+/// panic reaches the thread that freed the slot. Dispatches that panic
+/// while that panic unwinds are caught (the process would abort), and
+/// their slots released too.
 pub type Dispatch<T> = Box<dyn Fn(T, Permit<T>) -> Result<(), Permit<T>> + Send + Sync>;
 
 /// A worker's admission control: at most `N` running, at most `Q` waiting.
@@ -360,6 +363,14 @@ impl<T> Admission<T> {
         match entry {
             Entry::Waiter(waiter) => waiter.grant(permit),
             Entry::Item(item) => match &self.dispatch {
+                // Unwinding from another dispatch's panic (slots are passed
+                // on from the permit's drop): a second panic escaping here
+                // would abort the process. Caught, its permit was dropped as
+                // it unwound (its slot released); the first panic goes on.
+                Some(dispatch) if std::thread::panicking() => {
+                    let call = std::panic::AssertUnwindSafe(|| dispatch(item, permit));
+                    std::panic::catch_unwind(call).unwrap_or(Ok(()))
+                }
                 Some(dispatch) => dispatch(item, permit),
                 None => unreachable!("items are only queued on a gate with a dispatch callback"),
             },
