@@ -61,9 +61,19 @@ pub fn parse_queue_limit(value: Option<&str>) -> Result<usize, AdmissionError> {
 ///
 /// # Errors
 ///
-/// As [`parse_queue_limit`].
+/// As [`parse_queue_limit`]; a value that is not Unicode is
+/// [`AdmissionError::InvalidQueueLimit`] too, not unset.
 pub fn queue_limit_from_env() -> Result<usize, AdmissionError> {
-    parse_queue_limit(std::env::var(QUEUE_LIMIT_ENV).ok().as_deref())
+    parse_queue_limit_os(std::env::var_os(QUEUE_LIMIT_ENV).as_deref())
+}
+
+/// [`parse_queue_limit`] of an environment value as the OS gives it.
+fn parse_queue_limit_os(value: Option<&std::ffi::OsStr>) -> Result<usize, AdmissionError> {
+    match value.map(|v| v.to_str().ok_or(v)) {
+        None => parse_queue_limit(None),
+        Some(Ok(text)) => parse_queue_limit(Some(text)),
+        Some(Err(raw)) => Err(AdmissionError::InvalidQueueLimit(raw.to_string_lossy().into_owned())),
+    }
 }
 
 fn validate_queue_limit(q: usize) -> Result<usize, AdmissionError> {
@@ -85,4 +95,21 @@ pub(super) fn validate(limit: usize, queue_limit: usize) -> Result<(u32, u32), A
     let limit = u32::try_from(limit).map_err(|_| AdmissionError::TooLarge(limit))?;
     // MAX_QUEUE_LIMIT fits in a u32.
     Ok((limit, queue_limit as u32))
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+
+    use super::*;
+
+    /// Found by a review: a value that is not Unicode was read as unset (16).
+    #[test]
+    fn an_environment_value_that_is_not_unicode_is_an_error_not_the_default() {
+        let raw = OsStr::from_bytes(b"1\xff6");
+        assert_eq!(parse_queue_limit_os(Some(raw)), Err(AdmissionError::InvalidQueueLimit("1\u{fffd}6".to_owned())));
+        assert_eq!(parse_queue_limit_os(None), Ok(DEFAULT_QUEUE_LIMIT));
+        assert_eq!(parse_queue_limit_os(Some(OsStr::new(" 32 "))), Ok(32));
+    }
 }
