@@ -315,8 +315,10 @@ impl RankSlot {
         w.at.store(now, Ordering::Release);
     }
 
-    /// Empties the slot (never reported, no seq), unless a store holds it at
-    /// that moment ([`SlotUpdate::Contended`]; nothing changed then).
+    /// Empties the slot (never reported, no seq, its numerators zero: the
+    /// router's next `add` counts from nothing), unless a store holds it at
+    /// that moment ([`SlotUpdate::Contended`]; nothing changed then). The
+    /// denominators stay (a tracked capacity is configuration, not load).
     pub(crate) fn clear(&self) -> SlotUpdate {
         let w = &*self.inner;
         // Acquire: as in `store`, the previous holder's writes are seen.
@@ -324,6 +326,13 @@ impl RankSlot {
         if claim & WRITING != 0 {
             return SlotUpdate::Contended;
         }
+        // AcqRel RMWs, as in `set_denominators`: an `add` racing the clear
+        // lands before it (cleared) or after it (counted from zero).
+        let _ = w.blocks.fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| Some(pack(0, unpack(word).1)));
+        let _ = w.tokens.fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| Some(pack(0, unpack(word).1)));
+        // Relaxed: published by the Release store of `at` (a reader of
+        // NEVER reads no word at all).
+        w.waiting.store(0, Ordering::Relaxed);
         // Release: a reader that acquires NEVER reads nothing of the words.
         w.at.store(NEVER, Ordering::Release);
         // Release: hands the claim back without HAS_SEQ (a swap: as in `store`).

@@ -110,6 +110,71 @@ fn a_renewal_keeps_a_live_frontends_load_counting_without_republication() {
     }
 }
 
+/// Found by a review: a frontend never renewed before was never "silent"
+/// at its first renewal, so that renewal revived a publication long past
+/// the window. Silence is measured from the frontend's last renewal or
+/// publication.
+#[test]
+fn a_first_renewal_after_a_long_silence_does_not_revive_an_old_publication() {
+    let (monitor, mock) = monitor(1);
+    monitor.apply(&report(Publisher::Frontend(0), 1, 5000)).unwrap();
+    assert!(monitor.is_busy(W), "the publication counts while fresh");
+    mock.increment(Duration::from_secs(10));
+    monitor.expire_stale();
+    assert!(!monitor.is_busy(W), "10 s later it no longer counts");
+    monitor.renew_publisher(Publisher::Frontend(0)).unwrap();
+    monitor.expire_stale();
+    assert!(!monitor.is_busy(W), "a renewal after the silence revived a 10 s old publication");
+    assert_eq!(monitor.rank_snapshots()[0].shared, None);
+}
+
+#[test]
+fn a_first_renewal_within_the_window_of_a_publication_keeps_it() {
+    let (monitor, mock) = monitor(1);
+    monitor.apply(&report(Publisher::Frontend(0), 1, 5000)).unwrap();
+    mock.increment(Duration::from_millis(500));
+    assert_eq!(monitor.renew_publisher(Publisher::Frontend(0)), Ok(0));
+    mock.increment(Duration::from_millis(500));
+    assert_eq!(monitor.expire_stale(), 0, "renewed 500 ms ago: counts");
+    assert!(monitor.is_busy(W));
+}
+
+/// A frontend that publishes again after a silence past the window (no
+/// renewal in between) drops what it published before: a renewal after the
+/// new publication would otherwise revive figures from before the silence.
+#[test]
+fn a_publication_after_a_long_silence_drops_the_frontends_older_ones() {
+    let (monitor, mock) = monitor(1);
+    monitor.register(8, MODEL, 1, 1).unwrap();
+    monitor.apply(&report(Publisher::Frontend(0), 1, 5000)).unwrap();
+    assert!(monitor.is_busy(W));
+    mock.increment(Duration::from_secs(10));
+    let other = LoadReport { worker: 8, ..report(Publisher::Frontend(0), 2, 10) };
+    assert_eq!(monitor.apply(&other), Ok(Applied::Stored));
+    assert_eq!(monitor.renew_publisher(Publisher::Frontend(0)), Ok(0), "heard 0 ms ago: not silent");
+    assert!(!monitor.is_busy(W), "the publication from before the silence was revived");
+    // Publications within the window of each other keep the older ones.
+    mock.increment(Duration::from_millis(300));
+    assert_eq!(monitor.apply(&report(Publisher::Frontend(0), 3, 5000)), Ok(Applied::Flipped));
+    mock.increment(Duration::from_millis(500));
+    assert_eq!(monitor.apply(&LoadReport { seq: 4, ..other }), Ok(Applied::Stored));
+    assert!(monitor.is_busy(W), "500 ms apart: the earlier one still counts");
+}
+
+/// Found by a review: clearing the router's own tracking left its numbers
+/// in the slot, so the next tracked request counted from them (501 of a
+/// 500 cleared, then 1 added).
+#[test]
+fn clearing_the_routers_slot_forgets_its_tracked_load() {
+    let (monitor, _) = monitor(0);
+    monitor.track(W, 1, 0, 0, 500).unwrap();
+    assert_eq!(monitor.tracked(W, 0).unwrap().1.active_prefill_tokens, 500);
+    monitor.clear_publisher(Publisher::Router).unwrap();
+    assert_eq!(monitor.tracked(W, 0).unwrap().1.active_prefill_tokens, 0, "forgotten");
+    monitor.track(W, 1, 0, 0, 1).unwrap();
+    assert_eq!(monitor.tracked(W, 0).unwrap().1.active_prefill_tokens, 1, "only what was tracked since the clear");
+}
+
 #[test]
 fn a_frontend_index_not_kept_is_refused() {
     let (kept_two, _) = monitor(2);

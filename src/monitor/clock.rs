@@ -19,6 +19,10 @@ pub(crate) struct MonitorClock {
     /// either they or this are within `shared_ns`, so a live frontend need
     /// not repeat its unchanged load.
     renewed: Box<[AtomicU64]>,
+    /// When each other frontend (by slot) was last heard at all: a renewal
+    /// or a publication, one past `now()`'s nanoseconds; 0: never. A
+    /// silence past `shared_ns` is measured from it ([`MonitorClock::heard`]).
+    heard: Box<[AtomicU64]>,
     /// The fleet's lease (with other frontends).
     pub(crate) lease: Lease,
 }
@@ -36,8 +40,8 @@ impl MonitorClock {
         let base = clock.now();
         let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let staleness_ns = staleness.map_or(u64::MAX, nanos);
-        let renewed = (0..frontends).map(|_| AtomicU64::new(0)).collect();
-        MonitorClock { clock, base, staleness_ns, shared_ns: nanos(shared), renewed, lease }
+        let never = || (0..frontends).map(|_| AtomicU64::new(0)).collect();
+        MonitorClock { clock, base, staleness_ns, shared_ns: nanos(shared), renewed: never(), heard: never(), lease }
     }
 
     /// Nanoseconds since the monitor started (never the "never reported"
@@ -70,8 +74,22 @@ impl MonitorClock {
     pub(crate) fn renew(&self, slot: u16, now: u64) -> bool {
         let Some(renewed) = self.renewed.get(usize::from(slot)) else { return false };
         // Relaxed: as in `is_shared_fresh`; the max keeps it monotonic.
-        let before = renewed.fetch_max(now, Ordering::Relaxed);
-        before != 0 && now.saturating_sub(before) > self.shared_ns
+        renewed.fetch_max(now, Ordering::Relaxed);
+        self.heard(slot, now)
+    }
+
+    /// Frontend `slot` was heard at `now` (a renewal, or a publication
+    /// about to be applied); returns whether it had been heard before and
+    /// silent since past the window: what it published before then is
+    /// to be dropped, not revived by a renewal or left beside the new.
+    pub(crate) fn heard(&self, slot: u16, now: u64) -> bool {
+        let Some(heard) = self.heard.get(usize::from(slot)) else { return false };
+        // Relaxed: a timestamp compared with the clock, guarding no other
+        // data; the max keeps it monotonic.
+        // Stamped one past `now`: 0 stays "never" at the clock's start.
+        let stamp = now.saturating_add(1);
+        let before = heard.fetch_max(stamp, Ordering::Relaxed);
+        before != 0 && stamp.saturating_sub(before) > self.shared_ns
     }
 
     /// The staleness window in nanoseconds (`u64::MAX`: none).

@@ -535,6 +535,14 @@ impl WorkerMonitor {
     ) -> Result<Applied, ApplyError> {
         let Update { worker, incarnation, life, rank, seq, measured } = at;
         self.has_slot(publisher)?;
+        if let Publisher::Frontend(n) = publisher {
+            // A frontend heard again after a silence past the window: what
+            // it published before is dropped first (as at a renewal), not
+            // left counting beside what it publishes now.
+            if self.clock.heard(n, self.clock.now()) {
+                self.clear_publisher(publisher)?;
+            }
+        }
         self.registry.with_rank(worker, rank, |rec| {
             // A registration named is the whole check (it has one incarnation).
             if life.map_or(incarnation != rec.entry.incarnation, |life| life != rec.entry.life) {
@@ -664,7 +672,8 @@ impl WorkerMonitor {
     /// Frontend `publisher` is alive (a frame of its own): everything it
     /// published counts on for another [`SharedLoad::staleness`] without
     /// being published again (O(1)). A renewal after a silence past that
-    /// window drops what it published instead of reviving it (figures from
+    /// window (since its last renewal or publication applied) drops what it
+    /// published instead of reviving it (figures from
     /// before a partition may be stale; the frontend, told by the others'
     /// silence, publishes everything again), as
     /// [`clear_publisher`](Self::clear_publisher) does; returns how many busy
