@@ -230,6 +230,40 @@ async fn a_key_decides_the_tenant_and_caps_its_class() {
     assert_eq!(shed, Some(1.0), "{text}");
 }
 
+/// With the engine's order known (`--priority-from-nvext`), a tenant's
+/// `max_class` holds the priorities its body gives the engine too: the
+/// capped tenant's top-level `priority` and `nvext.agent_hints.priority`
+/// reach the worker lowered to standard's edge (0 in vLLM's order); gold
+/// (critical) keeps its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_s_cap_holds_the_priority_its_body_gives_the_engine() {
+    let _box = common::shared().await;
+    let file = File::new("engine.toml", &(tenant("gold", "max_class = \"critical\"") + &tenant("capped", "")));
+    let flags = ["--tenants-file", file.arg(), "--trust-priority-header", "--priority-from-nvext", "vllm"];
+    let fe = frontend(&flags);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(false);
+    let client = common::client_within(Duration::from_secs(10));
+    let body = json!({
+        "model": MODEL, "prompt": "hello", "max_tokens": 1, "priority": -5,
+        "nvext": {"agent_hints": {"priority": -9, "latency_sensitivity": 1.0}, "other": [1, 2]}
+    });
+    let send = |key: &str| {
+        let request = client.post(format!("{}/v1/completions", fe.http)).bearer_auth(format!("key-{key}")).json(&body);
+        async move { request.send().await.expect("an answer").status().as_u16() }
+    };
+    assert_eq!(send("capped").await, 200);
+    let got = worker.http.last_body();
+    assert_eq!((&got["priority"], &got["nvext"]["agent_hints"]["priority"]), (&json!(0), &json!(0)), "{got}");
+    assert_eq!(
+        (&got["nvext"]["agent_hints"]["latency_sensitivity"], &got["nvext"]["other"]),
+        (&json!(1.0), &json!([1, 2]))
+    );
+    assert_eq!((&got["model"], &got["prompt"]), (&json!(MODEL), &json!("hello")));
+    assert_eq!(send("gold").await, 200);
+    assert_eq!(worker.http.last_body(), body, "a critical tenant's body goes as it came");
+}
+
 #[test]
 fn a_bad_tenants_file_stops_the_start_and_names_its_line() {
     let file = File::new("bad.toml", &(tenant("a", "") + "\n" + &tenant("b", "weight = 0")));

@@ -32,6 +32,7 @@ mod admin_auth;
 mod admin_host;
 mod args;
 mod caller;
+mod engine_priority;
 mod engines;
 mod health_check;
 mod inflight;

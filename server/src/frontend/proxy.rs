@@ -20,6 +20,7 @@ use loadgate::{
 
 use crate::directory::WorkerAddress;
 use crate::frontend::caller::Caller;
+use crate::frontend::engine_priority::{Ceiling, NotAnObject};
 use crate::frontend::inflight::Held;
 use crate::frontend::line::wait_in_line;
 use crate::frontend::observe::{Labels, RequestId, REQUEST_ID_HEADER};
@@ -161,12 +162,20 @@ async fn proxy(
             .await
             .unwrap_or_else(|e| Err(InvalidRequest::body(format!("could not read the request: {e}"))))
     };
-    let (model, prompt, priority) = match head {
-        Ok(head) => (head.model, head.prompt_tokens, head.priority),
+    let (model, prompt, priority, engine_priority) = match head {
+        Ok(head) => (head.model, head.prompt_tokens, head.priority, head.engine_priority),
         Err(message) => return reply::bad_request(&message),
     };
     let class = caller.cap(header_class.unwrap_or_else(|| frontend.priority.nvext_class(priority)));
     labels.set_request(&model, class);
+    // No priority the engine reads above the request's class.
+    let body = match Ceiling::for_request(&frontend.priority, class).filter(|_| engine_priority) {
+        Some(ceiling) => match hold_priorities(&frontend, ceiling, body).await {
+            Ok(body) => body,
+            Err(refusal) => return refusal,
+        },
+        None => body,
+    };
     let route = match endpoint {
         Endpoint::Completions => CompletionRoute::Completions,
         Endpoint::ChatCompletions => CompletionRoute::ChatCompletions,
@@ -174,6 +183,22 @@ async fn proxy(
     let payload = Payload::new(route, body, frontend.bodies.clone());
     let request = Outgoing { endpoint, prompt, payload, id: id.as_ref(), class, tenant: caller.tenant };
     route_and_send(&frontend, &model, &request, &labels).await
+}
+
+/// `body` with the priorities its engine reads held to `ceiling` (a copy,
+/// counted in the body budget, when one was above it).
+async fn hold_priorities(frontend: &Frontend, ceiling: Ceiling, body: Bytes) -> Result<Bytes, Response> {
+    let held = if body.len() <= INLINE_READ_LIMIT {
+        ceiling.hold(&body)
+    } else {
+        let shared = body.clone();
+        tokio::task::spawn_blocking(move || ceiling.hold(&shared)).await.unwrap_or(Err(NotAnObject))
+    };
+    match held {
+        Ok(None) => Ok(body),
+        Ok(Some(held)) => frontend.bodies.adopt(held).ok_or_else(|| frontend.bodies.over_budget()),
+        Err(NotAnObject) => Err(reply::bad_request("request body must be a JSON object")),
+    }
 }
 
 /// What is sent to a worker, the same for every attempt.

@@ -289,6 +289,12 @@ impl BodyBudget {
         Some(Bytes::from_owner(ReservedBody { bytes, _reservation: reservation }))
     }
 
+    /// The refusal of a body the budget cannot take now (503, a
+    /// `Retry-After`), for a copy [`adopt`](Self::adopt) refused.
+    pub fn over_budget(&self) -> Response {
+        self.refuse(Refusal::OverBudget)
+    }
+
     /// Takes `bytes` of the budget if it has them.
     fn take(&self, bytes: usize) -> bool {
         take_within(&self.used, bytes, self.budget)

@@ -36,6 +36,9 @@ pub(crate) struct RequestHead {
     pub(crate) prompt_tokens: u64,
     /// `nvext.agent_hints.priority`, when asked for and given.
     pub(crate) priority: Option<i64>,
+    /// Whether it has a field an engine may read a priority from (a
+    /// top-level `priority`, or `nvext`): see `frontend::engine_priority`.
+    pub(crate) engine_priority: bool,
 }
 
 /// Reads the model (and, if `count_prompt`, the prompt tokens) of `body`,
@@ -134,6 +137,8 @@ struct Found<'de> {
     /// `nvext.agent_hints.priority` (read only when asked; `Err`: not an
     /// integer, or `nvext` or `agent_hints` not an object).
     priority: Result<Option<i64>, Wrong>,
+    /// A top-level `priority` or an `nvext` was seen.
+    engine_priority: bool,
 }
 
 impl<'de> Found<'de> {
@@ -170,7 +175,12 @@ impl<'de> Found<'de> {
             });
         };
         Ok(Read {
-            head: RequestHead { model: model.into_owned(), prompt_tokens, priority },
+            head: RequestHead {
+                model: model.into_owned(),
+                prompt_tokens,
+                priority,
+                engine_priority: self.engine_priority,
+            },
             max_tokens: max_tokens.or(max_completion_tokens),
             stream,
             include_usage,
@@ -212,6 +222,7 @@ impl<'de> Visitor<'de> for Fields {
             stream: None,
             stream_options: None,
             priority: Ok(None),
+            engine_priority: false,
         };
         let count = self.count;
         while let Some(key) = map.next_key::<Cow<'de, str>>()? {
@@ -230,7 +241,14 @@ impl<'de> Visitor<'de> for Fields {
                 }
                 ("stream", _) => found.stream = Some(map.next_value_seed(Checked(Flag))?),
                 ("stream_options", _) => found.stream_options = Some(map.next_value_seed(Checked(StreamOptions))?),
-                ("nvext", _) if self.nvext => found.priority = map.next_value_seed(Checked(NVEXT))?,
+                ("nvext", _) if self.nvext => {
+                    found.engine_priority = true;
+                    found.priority = map.next_value_seed(Checked(NVEXT))?;
+                }
+                ("nvext" | "priority", _) => {
+                    found.engine_priority = true;
+                    map.next_value::<IgnoredAny>()?;
+                }
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }

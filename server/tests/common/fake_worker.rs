@@ -5,7 +5,7 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -20,6 +20,8 @@ pub struct FakeWorker {
     bytes: Arc<AtomicU64>,
     /// Requests held now, and the most held at once.
     held: Arc<(AtomicUsize, AtomicUsize)>,
+    /// The body of the last request received (its first 64 KiB).
+    last_body: Arc<Mutex<Vec<u8>>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -38,20 +40,26 @@ impl FakeWorker {
         let bytes = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let held = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
-        let (r, b, s, h) = (requests.clone(), bytes.clone(), stop.clone(), held.clone());
+        let last_body = Arc::new(Mutex::new(Vec::new()));
+        let (r, b, s, h, l) = (requests.clone(), bytes.clone(), stop.clone(), held.clone(), last_body.clone());
         let thread = std::thread::spawn(move || {
             // Acquire: pairs with the Release store in drop.
             while !s.load(Ordering::Acquire) {
                 match listener.accept() {
                     Ok((stream, _)) => {
-                        let (r, b, h) = (r.clone(), b.clone(), h.clone());
-                        std::thread::spawn(move || serve_fake(stream, &r, &b, &h, hold));
+                        let (r, b, h, l) = (r.clone(), b.clone(), h.clone(), l.clone());
+                        std::thread::spawn(move || serve_fake(stream, &r, &b, (&h, &l), hold));
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(5)),
                 }
             }
         });
-        FakeWorker { addr, requests, bytes, held, stop, thread: Some(thread) }
+        FakeWorker { addr, requests, bytes, held, last_body, stop, thread: Some(thread) }
+    }
+
+    /// The body of the last request received (its first 64 KiB), as JSON.
+    pub fn last_body(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.last_body.lock().unwrap()).expect("the last body is JSON")
     }
 
     /// Requests received so far.
@@ -89,7 +97,7 @@ fn serve_fake(
     mut stream: TcpStream,
     requests: &AtomicUsize,
     bytes: &AtomicU64,
-    held: &(AtomicUsize, AtomicUsize),
+    (held, last_body): (&(AtomicUsize, AtomicUsize), &Mutex<Vec<u8>>),
     hold: Duration,
 ) {
     let _ = stream.set_nonblocking(false);
@@ -117,6 +125,7 @@ fn serve_fake(
     let text = String::from_utf8_lossy(&head[..head_len]).to_ascii_lowercase();
     let length: usize =
         text.lines().find_map(|l| l.strip_prefix("content-length:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+    let mut body = head[head_len..].to_vec();
     while body_seen < length {
         match stream.read(&mut buf) {
             Ok(0) | Err(_) => break,
@@ -124,9 +133,14 @@ fn serve_fake(
                 // Relaxed: a counter.
                 bytes.fetch_add(n as u64, Ordering::Relaxed);
                 body_seen += n;
+                if body.len() < 64 * 1024 {
+                    body.extend_from_slice(&buf[..n]);
+                }
             }
         }
     }
+    body.truncate(64 * 1024);
+    *last_body.lock().unwrap() = body;
     if !hold.is_zero() {
         // Relaxed: counters; the peak is a max over every update.
         let now = held.0.fetch_add(1, Ordering::Relaxed) + 1;

@@ -165,7 +165,10 @@ fn a_large_prompt_is_read_without_a_tree() {
     let body = format!(r#"{{"model":"m","prompt":"{}"}}"#, "x".repeat(8 << 20));
     let read = read_request(Endpoint::Completions, body.as_bytes(), COUNT).unwrap();
     // One word of 8 MiB: a token per 8 bytes.
-    assert_eq!(read, RequestHead { model: "m".to_owned(), prompt_tokens: 1 << 20, priority: None });
+    assert_eq!(
+        read,
+        RequestHead { model: "m".to_owned(), prompt_tokens: 1 << 20, priority: None, engine_priority: false }
+    );
     let ids = format!(r#"{{"model":"m","prompt":[{}0]}}"#, "1,".repeat(1 << 20));
     assert_eq!(read_request(Endpoint::Completions, ids.as_bytes(), COUNT).unwrap().prompt_tokens, (1 << 20) + 1);
 }
