@@ -25,6 +25,7 @@
 mod args;
 mod plane;
 mod publisher;
+mod seal_clock;
 pub(crate) mod sharing;
 mod subjects;
 

@@ -13,9 +13,10 @@ use loadgate::wire::Frame;
 use loadgate::RankLoad;
 use tokio::sync::Notify;
 
+use super::seal_clock::SEAL_CLOCK;
 use super::subjects::Subjects;
 use crate::events::{Registration, ReportSeq};
-use crate::secret::{unix_ms, Secrets};
+use crate::secret::Secrets;
 
 /// What the task publishes next.
 #[derive(Default)]
@@ -132,7 +133,7 @@ struct Sender {
 impl Sender {
     async fn send(&self, frame: &Frame) {
         let mut buf = bytes::BytesMut::new();
-        match self.sealer.seal(&self.subject, unix_ms(), frame, &mut buf) {
+        match self.sealer.seal(&self.subject, SEAL_CLOCK.now_ms(), frame, &mut buf) {
             Ok(()) => {
                 let payload = buf.freeze();
                 if let Err(error) = self.client.publish(self.subject.clone(), payload).await {

@@ -60,8 +60,7 @@ use crate::events::{PlaneConfig, PlaneLimits, PlaneStats};
 use crate::frontend::retry_hint::RetryHint;
 use crate::secret::{unix_ms, Secrets};
 
-/// How far a frame's clock may be from the frontend's (either way).
-pub(crate) const CLOCK_WINDOW: Duration = Duration::from_secs(30);
+pub(crate) use super::seal_clock::CLOCK_WINDOW;
 
 /// How often the sweep looks for silent workers.
 const SWEEP_EVERY: Duration = Duration::from_millis(50);

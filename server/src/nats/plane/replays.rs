@@ -198,4 +198,27 @@ mod tests {
         replays.forget_before(150);
         assert!(replays.is_new(Stream::Register(3), 1, 300, 1));
     }
+
+    /// What the seal clock is for: a beat every 200 ms through a 5 s step
+    /// back of the sender's wall clock is new every time (with the wall
+    /// clock's own stamps, 25 beats in a row were dropped as replays).
+    #[test]
+    fn beats_through_a_step_back_of_the_senders_clock_are_not_replays() {
+        use std::time::{Duration, Instant};
+
+        use crate::nats::seal_clock::SealClock;
+
+        let clock = SealClock::new();
+        let replays = Replays::default();
+        let start = Instant::now();
+        let dropped = (0..100u64)
+            .filter(|beat| {
+                let elapsed = beat * 200;
+                let wall = 1_000_000 + elapsed - if *beat >= 10 { 5_000 } else { 0 };
+                let stamp = clock.at(wall, start + Duration::from_millis(elapsed), Duration::from_secs(30));
+                !replays.is_new(Stream::Beat(7), 1, stamp, *beat)
+            })
+            .count();
+        assert_eq!(dropped, 0);
+    }
 }

@@ -33,7 +33,7 @@ use loadgate::{RankLoad, WorkerId, WorkerMonitor};
 use super::changes::ChangeFeed;
 use super::reference::Reference;
 use super::rotation::Rotation;
-use crate::secret::unix_ms;
+use crate::nats::seal_clock::SEAL_CLOCK;
 
 /// The most changes coalesced into one round of publications.
 const BURST: usize = 1024;
@@ -116,7 +116,7 @@ impl Outbox {
     /// reconnects, and what was lost is mended, see the module docs).
     pub(crate) async fn send(&self, frame: &Frame) {
         let mut buf = BytesMut::new();
-        match self.sealer.seal(&self.subject, unix_ms(), frame, &mut buf) {
+        match self.sealer.seal(&self.subject, SEAL_CLOCK.now_ms(), frame, &mut buf) {
             Ok(()) => {
                 if let Err(error) = self.client.publish(self.subject.clone(), buf.freeze()).await {
                     tracing::debug!(%error, "NATS publish of the shared load failed (the client reconnects)");
