@@ -98,6 +98,8 @@ pub struct WorkerMonitor {
     frontends: u16,
     /// Times a worker's slots were dropped ([`slots_dropped`](Self::slots_dropped)).
     dropped: AtomicU64,
+    /// Times an id not registered was ([`registrations`](Self::registrations)).
+    registrations: AtomicU64,
 }
 
 impl fmt::Debug for WorkerMonitor {
@@ -187,6 +189,7 @@ impl WorkerMonitor {
             registry: Registry::default(),
             registry_write: Mutex::new(()),
             dropped: AtomicU64::new(0),
+            registrations: AtomicU64::new(0),
             clock: MonitorClock::new(
                 clock,
                 config.staleness,
@@ -287,6 +290,10 @@ impl WorkerMonitor {
         if let Some(model) = forgotten {
             self.forget(&model);
         }
+        if outcome == Registered::New {
+            // Release: after the registry's insert (see `registrations`).
+            self.registrations.fetch_add(1, Ordering::Release);
+        }
         Ok(outcome)
     }
 
@@ -300,6 +307,15 @@ impl WorkerMonitor {
         // SeqCst, as the RMW in `drops_slots`: a load after the reader's
         // own slot stores sees any drop counted before them (a cold path).
         self.dropped.load(Ordering::SeqCst)
+    }
+
+    /// How many times a worker id that was not registered was (a
+    /// [`Registered::New`] outcome, by any caller): a caller that sees the
+    /// count change knows to look again at the ids it found unknown.
+    pub fn registrations(&self) -> u64 {
+        // Acquire: pairs with the Release in `register`; the registration
+        // counted is seen by the caller's next look-up.
+        self.registrations.load(Ordering::Acquire)
     }
 
     /// Counts a drop of a worker's slots, before it happens.

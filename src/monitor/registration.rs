@@ -85,4 +85,18 @@ mod tests {
         assert_eq!(monitor.register_worker(Registration::new(1, "n").incarnation(9)), Ok(Registered::Restarted));
         assert_eq!((monitor.incarnation(1), monitor.models()), (Some(9), vec!["n".to_owned()]));
     }
+
+    #[test]
+    fn only_an_id_not_registered_counts_as_a_registration() {
+        let monitor = WorkerMonitor::new(MonitorConfig::default()).unwrap();
+        assert_eq!(monitor.registrations(), 0);
+        monitor.register(1, "m", 1, 1).unwrap();
+        monitor.register(1, "m", 1, 1).unwrap(); // a reconnect
+        monitor.register(1, "m", 1, 2).unwrap(); // a restart
+        let _ = monitor.register(2, "", 1, 1); // refused
+        assert_eq!(monitor.registrations(), 1);
+        monitor.deregister(1);
+        monitor.register(1, "m", 1, 2).unwrap();
+        assert_eq!(monitor.registrations(), 2, "registered again after it left");
+    }
 }

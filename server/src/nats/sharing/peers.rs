@@ -69,9 +69,11 @@ struct Peer {
 enum Held {
     /// Applied (or a later one of the same peer is).
     Yes,
-    /// For a worker this frontend does not route as the frame's (see
+    /// For a worker this frontend does not know (see
     /// [`Peers::registered`]).
     Elsewhere(WorkerId),
+    /// For another incarnation of a worker this frontend knows.
+    OtherLife,
     /// Not held: the run ends.
     Not,
 }
@@ -104,6 +106,10 @@ struct Table {
     /// The monitor's count of dropped worker slots when the runs were last
     /// checked against it.
     dropped: u64,
+    /// The monitor's count of registrations when `unheld` was last checked
+    /// against it (a registration by any plane, `--worker` or `--engine`
+    /// too, not only the NATS plane's `registered`).
+    registrations: u64,
     /// Workers this frontend did not know when a peer's frame for them
     /// came (the runs went on: it routes nothing there); registering one
     /// ends every run. `None`: more than [`MAX_UNHELD`], any registration
@@ -144,7 +150,9 @@ impl Peers {
     pub(crate) fn new(own: Identity, monitor: Arc<WorkerMonitor>, slots: u16, staleness: Duration) -> Self {
         let free = (0..slots).rev().collect();
         let dropped = monitor.slots_dropped();
-        let table = Mutex::new(Table { by_id: HashMap::new(), free, dropped, unheld: Some(HashSet::new()) });
+        let registrations = monitor.registrations();
+        let table =
+            Mutex::new(Table { by_id: HashMap::new(), free, dropped, registrations, unheld: Some(HashSet::new()) });
         let reference = Arc::new(Reference::new(monitor.clone(), staleness));
         Peers { own, monitor, staleness, table, newcomer: Arc::new(AtomicBool::new(false)), reference }
     }
@@ -190,12 +198,16 @@ impl Peers {
             Ok(Applied::Stored | Applied::Flipped) => Held::Yes,
             // The rank already holds a later frame of this peer.
             Ok(Applied::Stale) => Held::Yes,
-            // A worker this frontend does not know, or knows in another
-            // incarnation (a restart one of them has not heard yet, or an
-            // `--engine` of this frontend's own): it holds nothing of it,
-            // and counts nothing of it; a registration ends the runs
-            // (`registered`; a restart drops the slots).
-            Err(_) | Ok(Applied::OtherIncarnation) => Held::Elsewhere(added.worker),
+            // A worker this frontend does not know: it holds nothing of it,
+            // and counts nothing of it; its registration ends the runs
+            // (`registered`, or the count `acks` checks).
+            Err(_) => Held::Elsewhere(added.worker),
+            // Known in another incarnation (a restart one of them has not
+            // heard yet, or an `--engine` of this frontend's own): the same,
+            // but what would make this frontend route that incarnation (a
+            // restart here, or a deregistration first) drops the worker's
+            // slots, which ends the runs by itself.
+            Ok(Applied::OtherIncarnation) => Held::OtherLife,
             Ok(_) => Held::Not,
         };
         self.applied(added.frontend, added.incarnation, added.seq, held, dropped);
@@ -264,6 +276,24 @@ impl Peers {
     /// last call (`0..=0`: this frontend holds nothing of it).
     pub(crate) fn acks(&self) -> Vec<Ack> {
         let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        // Read before the look-ups: a registration after it is seen at the
+        // next call.
+        let registrations = self.monitor.registrations();
+        if registrations != table.registrations {
+            table.registrations = registrations;
+            let now_routed = match &mut table.unheld {
+                Some(unheld) => {
+                    let before = unheld.len();
+                    unheld.retain(|worker| self.monitor.incarnation(*worker).is_none());
+                    unheld.len() != before
+                }
+                None => true,
+            };
+            if now_routed {
+                table.unheld = Some(table.unheld.take().unwrap_or_default());
+                table.end_runs();
+            }
+        }
         let dropped = self.monitor.slots_dropped();
         if dropped != table.dropped {
             // A worker was forgotten or restarted here (by any plane):

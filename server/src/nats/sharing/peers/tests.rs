@@ -105,6 +105,31 @@ fn a_frame_for_a_worker_not_routed_here_ends_the_run_only_once_it_is() {
     assert!(peers.acks().is_empty(), "a replay starts no run");
 }
 
+/// Found in a review: only the NATS plane's registrations told the peers'
+/// runs; a worker registered here by another way (`--worker`, `--engine`,
+/// the TCP event plane) after a peer's frame for it went unapplied left the
+/// run claiming that frame. The monitor's count of registrations is checked
+/// at each round of acks.
+#[test]
+fn a_worker_registered_here_by_any_plane_ends_the_runs_over_its_unapplied_frames() {
+    let monitor = monitor(2);
+    let peers = Peers::new(OWN, monitor.clone(), 2, Duration::from_secs(60));
+    let run = |first, seq| vec![Ack { peer: 1, peer_incarnation: 1, first, seq }];
+    let unknown = Added { worker: 77, ..added(1, 1, 1, 10) };
+    assert_eq!(peers.load(unknown), Heard::Dropped);
+    let other_life = Added { worker_incarnation: 8, ..added(1, 1, 2, 10) };
+    assert_eq!(peers.load(other_life), Heard::Dropped);
+    assert_eq!(peers.acks(), run(1, 2));
+    monitor.register(78, "m", 1, 1).unwrap();
+    peers.load(added(1, 1, 3, 10));
+    assert_eq!(peers.acks(), run(1, 3), "a worker no frame went unapplied for (nor the other life's)");
+    monitor.register(77, "m", 1, 1).unwrap();
+    assert_eq!(peers.acks(), run(0, 0), "it routes there now without peer 1's frame 1");
+    peers.load(added(1, 1, 4, 10));
+    monitor.register(79, "m", 1, 1).unwrap();
+    assert_eq!(peers.acks(), run(4, 4), "77 was taken off the list");
+}
+
 #[test]
 fn a_peer_starting_a_new_run_of_this_frontend_s_frames_has_everything_sent_again() {
     let peers = Peers::new(OWN, monitor(2), 2, Duration::from_secs(60));
