@@ -87,7 +87,7 @@ pub struct Args {
     pub proof_window_secs: u64,
     /// Request-proof nonces remembered within the window (each proof is accepted once). When
     /// that many unexpired ones are held, new requests are refused (never an earlier nonce
-    /// forgotten: that would allow a replay). About 40 bytes each. Default 1000000.
+    /// forgotten: that would allow a replay). About 60 bytes each. Default 1000000.
     #[arg(help_heading = "Limits", long, env = "LOADGATE_WORKER_MAX_PROOF_NONCES", value_name = "N", default_value_t = 1_000_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_proof_nonces: usize,
     /// Largest request body, in MiB (larger: 413); at least 1.

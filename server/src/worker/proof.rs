@@ -67,7 +67,9 @@ impl ProofCheck {
             },
         )?;
         let forget_at = vouched.unix_ms.saturating_add(self.window_ms);
-        let accepted = self.nonces.lock().unwrap_or_else(|e| e.into_inner()).accept(vouched.nonce, forget_at, now);
+        let monotonic = std::time::Instant::now();
+        let accepted =
+            self.nonces.lock().unwrap_or_else(|e| e.into_inner()).accept(vouched.nonce, forget_at, now, monotonic);
         match accepted {
             Ok(()) => Ok(vouched.body),
             Err(NonceRefusal::Replayed) => Err("replayed"),
