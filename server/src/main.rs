@@ -94,4 +94,24 @@ mod tests {
         }
         assert!(missing.is_empty(), "flags without a heading: {missing:?}");
     }
+
+    /// Every boolean flag's variable takes `1/yes/on` and `0/no/off` too, in
+    /// any case (docs/deployment.md), as clap's `BoolishValueParser` reads
+    /// them: four took only `true` and `false` (clap's plain boolean parser,
+    /// whose possible values are those two), and a frontend with `…=1` did
+    /// not start.
+    #[test]
+    fn every_boolean_variable_takes_the_documented_words() {
+        let cli = super::Cli::command();
+        let mut strict = Vec::new();
+        for sub in cli.get_subcommands() {
+            for arg in sub.get_arguments().filter(|a| a.get_env().is_some()) {
+                let values: Vec<String> = arg.get_possible_values().iter().map(|v| v.get_name().to_owned()).collect();
+                if values == ["true", "false"] {
+                    strict.push(format!("{} --{}", sub.get_name(), arg.get_long().unwrap_or_default()));
+                }
+            }
+        }
+        assert!(strict.is_empty(), "boolean flags taking only true and false: {strict:?}");
+    }
 }

@@ -163,7 +163,7 @@ pub struct Args {
     /// Scrape an `--engine` engine again as soon as a request this frontend sent it ends (one
     /// scrape at a time, at most one per 10 ms; the next periodic one comes an interval
     /// later): a slot it freed is usually seen within one scrape, not up to an interval later.
-    #[arg(help_heading = "Workers and engines", long, env = "LOADGATE_FRONTEND_ENGINE_SCRAPE_ON_END")]
+    #[arg(help_heading = "Workers and engines", long, env = "LOADGATE_FRONTEND_ENGINE_SCRAPE_ON_END", value_parser = BoolishValueParser::new())]
     pub engine_scrape_on_end: bool,
     /// A model to keep (repeatable): known before any worker serves it, never forgotten.
     #[arg(
@@ -202,7 +202,7 @@ pub struct Args {
     /// Honour `x-loadgate-priority` (`critical` or a positive integer, `standard` or 0,
     /// `sheddable` or a negative integer): only behind a gateway that sets or strips it, since
     /// any client can send it. Without, every request is `standard`.
-    #[arg(help_heading = "Classes and tenants", long, env = "LOADGATE_FRONTEND_TRUST_PRIORITY_HEADER")]
+    #[arg(help_heading = "Classes and tenants", long, env = "LOADGATE_FRONTEND_TRUST_PRIORITY_HEADER", value_parser = BoolishValueParser::new())]
     pub trust_priority_header: bool,
     /// The fraction F of each busy threshold kept from sheddable requests, in [0, 1): they see a
     /// worker as busy at each threshold × (1 − F), so they are refused first while the others

@@ -35,7 +35,8 @@ pub(crate) struct SharingArgs {
     /// With --event-plane nats: publish the load this frontend adds to each worker and count the
     /// other frontends' (the busy decision uses the larger of a worker's own report and the sum of
     /// every frontend's). `false`: each frontend counts only its own (for comparison).
-    #[arg(long, env = "LOADGATE_FRONTEND_SHARE_LOAD", value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = "LOADGATE_FRONTEND_SHARE_LOAD", value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set,
+          value_parser = clap::builder::BoolishValueParser::new())]
     pub(crate) share_load: bool,
     /// The most other frontends whose load is counted (each costs every worker rank a slot);
     /// frames of more are dropped (counted).
@@ -49,7 +50,8 @@ pub(crate) struct SharingArgs {
     /// (they acknowledge what they applied) stays within its 1/k share of the headroom everyone has
     /// seen (k live frontends), so k frontends admitting at once overshoot a threshold by at most k
     /// requests. `false`: the sum alone (k frontends admitting at once can overshoot up to k times).
-    #[arg(long, alias = "frontend-lease", env = "LOADGATE_FRONTEND_SHARE_LEASE", value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, alias = "frontend-lease", env = "LOADGATE_FRONTEND_SHARE_LEASE", value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set,
+          value_parser = clap::builder::BoolishValueParser::new())]
     pub(crate) share_lease: bool,
     /// Whose figures the computed retry hint works from, sharing load: `pool` (every live
     /// frontend's requests in flight and waiting, from their beats) or `frontend` (this one's
