@@ -133,4 +133,22 @@ mod tests {
                 && new.contains(&"LOADGATE_WORKER_HTTP_MAX_CONNECTIONS")
         );
     }
+
+    /// Every flag's variable is in docs/deployment.md, the page that
+    /// promises every one (a review found fifteen that were not).
+    #[test]
+    fn every_flag_s_variable_is_documented() {
+        const DEPLOYMENT: &str = include_str!("../../docs/deployment.md");
+        let cli = apply(crate::Cli::command());
+        let mut missing = Vec::new();
+        for sub in cli.get_subcommands() {
+            for arg in sub.get_arguments().filter(|a| a.get_long().is_some()) {
+                let env = arg.get_env().map(|e| e.to_string_lossy().into_owned()).unwrap_or_default();
+                if !DEPLOYMENT.contains(&format!("`{env}`")) {
+                    missing.push(format!("{} --{} ({env})", sub.get_name(), arg.get_long().unwrap_or_default()));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "not in docs/deployment.md: {missing:?}");
+    }
 }
