@@ -8,22 +8,22 @@
 //! goes to a worker. Without it a capped tenant would be lowered at the
 //! frontend and still jump the engine's queue.
 //!
-//! Read as raw values, not a JSON tree: only the object levels on the way to
-//! a priority are split into their entries; every other value is copied as
-//! it came. A body is rewritten only when one of its priorities is out of
-//! bounds (the head read tells whether it has any).
+//! Read in one pass over the bytes, as the head read is: every value off a
+//! priority's path is skipped unread, and a priority is taken as the raw
+//! text it came as, with its place in the body. Nothing is copied unless a
+//! priority is above the class ([`Edits`]); then the body is written once,
+//! with those values replaced, into a copy the body budget counts first.
+//! What cannot be read on a priority's path (an `nvext` whose keys are not
+//! text) is refused rather than sent unchecked.
 
 use std::borrow::Cow;
 use std::fmt;
 
 use loadgate::Class;
-use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
 use crate::frontend::priority::{NvextOrder, Priority};
-
-/// The paths of the priorities an engine reads.
-const PRIORITIES: [&[&str]; 2] = [&["priority"], &["nvext", "agent_hints", "priority"]];
 
 /// The highest engine priority a request of a class below `critical` may
 /// carry, in its engine's order.
@@ -90,77 +90,180 @@ impl Ceiling {
         }
     }
 
-    /// `body` with every engine priority above the class replaced by the
-    /// class's edge: `Ok(None)` when none is, `Err` when `body` is not a
-    /// JSON object (the head read refused those already: nothing is sent
-    /// unheld).
-    pub(crate) fn hold(self, body: &[u8]) -> Result<Option<Vec<u8>>, NotAnObject> {
-        let mut text = Cow::Borrowed(std::str::from_utf8(body).map_err(|_| NotAnObject)?);
-        let mut changed = false;
-        for path in PRIORITIES {
-            if let Some(next) = replace_at(&text, path, &|value| self.replacement(value))? {
-                text = Cow::Owned(next);
-                changed = true;
-            }
-        }
-        Ok(changed.then(|| text.into_owned().into_bytes()))
+    /// The edits that hold `body`'s engine priorities to the class (none:
+    /// it goes as it came).
+    ///
+    /// # Errors
+    ///
+    /// [`Unreadable`]: not a JSON object, an object on a priority's path
+    /// that does not parse, or more than [`MAX_EDITS`] priorities above the
+    /// class (keys repeated).
+    pub(crate) fn edits(self, body: &[u8]) -> Result<Edits, Unreadable> {
+        let mut edits = Vec::new();
+        let find = Find { level: Level::Top, base: body.as_ptr() as usize, ceiling: self, edits: &mut edits };
+        serde_json::Deserializer::from_slice(body).deserialize_map(find).map_err(Unreadable::from)?;
+        Ok(Edits(edits))
     }
 }
 
-/// A body that is not a JSON object.
+/// The most priorities one body may need lowered (one per key on a path;
+/// more are keys repeated, which a client has no use for).
+pub(crate) const MAX_EDITS: usize = 16;
+
+/// Why a body's priorities could not be held (the 400 to send).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Unreadable(pub(crate) String);
+
+impl From<serde_json::Error> for Unreadable {
+    fn from(error: serde_json::Error) -> Self {
+        Unreadable(format!("could not read the request's priorities (priority, nvext.agent_hints.priority): {error}"))
+    }
+}
+
+/// One priority to replace: its bytes `at..at + len` in the body, and the
+/// priority put there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct NotAnObject;
-
-/// What replaces a priority (`None`: it stays).
-type Fix<'a> = &'a dyn Fn(&RawValue) -> Option<i64>;
-
-/// `object` (JSON text) with the value at `path` replaced where `fix` says,
-/// at every key of that name (a repeated key too): `Ok(None)` when nothing
-/// changed, `Err` when `object` is not an object.
-fn replace_at(object: &str, path: &[&str], fix: Fix<'_>) -> Result<Option<String>, NotAnObject> {
-    let mut out = String::new();
-    let rewrite = Rewrite { path, fix, out: &mut out };
-    let changed = serde_json::Deserializer::from_str(object).deserialize_map(rewrite).map_err(|_| NotAnObject)?;
-    Ok(changed.then_some(out))
+struct Edit {
+    at: usize,
+    len: usize,
+    priority: i64,
 }
 
-/// Writes an object's entries to `out` as they come (values copied as they
-/// came, but the one at `path`), and says whether any changed.
-struct Rewrite<'a> {
-    path: &'a [&'a str],
-    fix: Fix<'a>,
-    out: &'a mut String,
+/// The priorities of a body to replace, in the body's order.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Edits(Vec<Edit>);
+
+impl Edits {
+    /// Whether the body goes as it came.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The length of `body` once edited.
+    pub(crate) fn len_of(&self, body: &[u8]) -> usize {
+        self.0.iter().fold(body.len(), |len, edit| len - edit.len + digits(edit.priority))
+    }
+
+    /// Writes `body`, edited, to `out`.
+    pub(crate) fn apply(&self, body: &[u8], out: &mut Vec<u8>) {
+        let mut from = 0;
+        for edit in &self.0 {
+            out.extend_from_slice(&body[from..edit.at]);
+            out.extend_from_slice(edit.priority.to_string().as_bytes());
+            from = edit.at + edit.len;
+        }
+        out.extend_from_slice(&body[from..]);
+    }
 }
 
-impl<'de> Visitor<'de> for Rewrite<'_> {
-    type Value = bool;
+/// The length of `n` written in decimal.
+fn digits(n: i64) -> usize {
+    n.to_string().len()
+}
+
+/// The object levels on a priority's path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Level {
+    /// The body: `priority`, and `nvext` on the way to the other.
+    Top,
+    /// `nvext`: `agent_hints` on the way.
+    Nvext,
+    /// `nvext.agent_hints`: `priority`.
+    Hints,
+}
+
+impl Level {
+    /// What `key` holds at this level: a priority (`None`), the next
+    /// level on the way to one, or nothing of interest.
+    fn step(self, key: &str) -> Option<Option<Level>> {
+        match (self, key) {
+            (Level::Top | Level::Hints, "priority") => Some(None),
+            (Level::Top, "nvext") => Some(Some(Level::Nvext)),
+            (Level::Nvext, "agent_hints") => Some(Some(Level::Hints)),
+            _ => None,
+        }
+    }
+}
+
+/// Finds the priorities above the ceiling in one object level (anything
+/// else there: nothing inside), adding their edits.
+struct Find<'e> {
+    level: Level,
+    /// The address of the body's first byte: raw values are slices of it.
+    base: usize,
+    ceiling: Ceiling,
+    edits: &'e mut Vec<Edit>,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Find<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Find<'_> {
+    type Value = ();
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
-        let Rewrite { path, fix, out } = self;
-        let (first, rest) = path.split_first().expect("a path names a key");
-        let mut changed = false;
-        out.push('{');
-        while let Some((key, value)) = map.next_entry::<Cow<'de, str>, &'de RawValue>()? {
-            if out.len() > 1 {
-                out.push(',');
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let Find { level, base, ceiling, edits } = self;
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            match level.step(&key) {
+                Some(None) => {
+                    let value = map.next_value::<&'de RawValue>()?;
+                    if let Some(priority) = ceiling.replacement(value) {
+                        if edits.len() == MAX_EDITS {
+                            return Err(serde::de::Error::custom(format!("more than {MAX_EDITS} priorities")));
+                        }
+                        let text = value.get();
+                        edits.push(Edit { at: text.as_ptr() as usize - base, len: text.len(), priority });
+                    }
+                }
+                Some(Some(next)) => {
+                    map.next_value_seed(Find { level: next, base, ceiling, edits: &mut *edits })?;
+                }
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                }
             }
-            out.push_str(&serde_json::to_string(&key).map_err(serde::de::Error::custom)?);
-            out.push(':');
-            let fixed = match (key == *first, rest.is_empty()) {
-                (false, _) => None,
-                (true, true) => fix(value).map(|n| n.to_string()),
-                // Not an object there (a string `nvext`): nothing inside.
-                (true, false) => replace_at(value.get(), rest, fix).ok().flatten(),
-            };
-            changed |= fixed.is_some();
-            out.push_str(fixed.as_deref().unwrap_or(value.get()));
         }
-        out.push('}');
-        Ok(changed)
+        Ok(())
+    }
+
+    // Not an object where one was on the way (`"nvext": "x"`): nothing
+    // inside.
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
     }
 }
 
@@ -170,6 +273,20 @@ mod tests {
     use serde_json::{json, Value};
 
     use super::*;
+
+    impl Ceiling {
+        /// `body` edited (`None`: as it came), the length as `len_of` says.
+        fn hold(self, body: &[u8]) -> Result<Option<Vec<u8>>, Unreadable> {
+            let edits = self.edits(body)?;
+            if edits.is_empty() {
+                return Ok(None);
+            }
+            let mut out = Vec::new();
+            edits.apply(body, &mut out);
+            assert_eq!(out.len(), edits.len_of(body));
+            Ok(Some(out))
+        }
+    }
 
     /// The reference: the same rule on a parsed tree.
     fn reference(ceiling: Ceiling, mut body: Value) -> Value {
@@ -307,7 +424,7 @@ mod tests {
         // Not a JSON object at all: refused (the head read refused it first).
         let ceiling = Ceiling::of(NvextOrder::Vllm, Class::Standard).unwrap();
         for body in [&b"[1]"[..], b"{\"priority\": -1", b"\xff", b"{\"\\ud800\": 1}"] {
-            assert_eq!(ceiling.hold(body), Err(NotAnObject), "{body:?}");
+            assert!(ceiling.hold(body).is_err(), "{body:?}");
         }
     }
 
@@ -316,7 +433,7 @@ mod tests {
         let ceiling = Ceiling::of(NvextOrder::Vllm, Class::Standard).unwrap();
         for value in ["\"-5\"", "\" -5 \"", "-5.0", "-1e3", "-9223372036854775809", "true", "{\"a\": 1}", "\"NaN\""] {
             let held = ceiling.hold(format!("{{\"priority\": {value}}}").as_bytes()).unwrap().map(String::from_utf8);
-            assert_eq!(held, Some(Ok(r#"{"priority":0}"#.to_owned())), "{value}");
+            assert_eq!(held, Some(Ok(r#"{"priority": 0}"#.to_owned())), "{value}");
         }
         for value in ["\"5\"", "5.5", "1e30", "9223372036854775808", "-0", "-0.0", "\"x\"".replace('x', "0").as_str()] {
             assert_eq!(
@@ -332,6 +449,40 @@ mod tests {
         let body = br#"{"priority": -1, "pr\u0069ority": -2, "a\"b": "c", "priority": -3}"#;
         let ceiling = Ceiling::of(NvextOrder::Vllm, Class::Standard).unwrap();
         let held = String::from_utf8(ceiling.hold(body).unwrap().unwrap()).unwrap();
-        assert_eq!(held, r#"{"priority":0,"priority":0,"a\"b":"c","priority":0}"#);
+        assert_eq!(held, r#"{"priority": 0, "pr\u0069ority": 0, "a\"b": "c", "priority": 0}"#);
+    }
+
+    /// Found by a review: an `nvext` whose key could not be read (a lone
+    /// surrogate escape, which the head read skips unread) was taken as
+    /// nothing to hold, and its priority went to the engine as it came.
+    #[test]
+    fn an_nvext_that_cannot_be_read_is_refused_not_sent_unchecked() {
+        let ceiling = Ceiling::of(NvextOrder::Vllm, Class::Standard).unwrap();
+        let body = br#"{"model":"m","prompt":"hi","nvext":{"\ud800":0,"agent_hints":{"priority":-100}}}"#;
+        let refused = ceiling.edits(body).unwrap_err();
+        assert!(refused.0.contains("priorities"), "{refused:?}");
+        let body = b"{\"nvext\":{\"agent_hints\":{\"x\xff\":1,\"priority\":-100}}}";
+        assert!(ceiling.edits(body).is_err(), "a key that is not UTF-8 on the way");
+    }
+
+    /// Found by a review: a body with bytes that are not UTF-8 in a string
+    /// off the priorities' paths (which the head read skips unread) was
+    /// refused as not an object.
+    #[test]
+    fn what_is_off_the_paths_is_not_read() {
+        let ceiling = Ceiling::of(NvextOrder::Vllm, Class::Standard).unwrap();
+        let body = b"{\"model\":\"m\",\"user\":\"\xff\",\"priority\":0,\"nvext\":{\"x\":\"\xfe\"}}";
+        assert_eq!(ceiling.edits(body), Ok(Edits(Vec::new())));
+        let lowered = b"{\"user\":\"\xff\",\"priority\":-3}";
+        assert_eq!(ceiling.hold(lowered).unwrap().unwrap(), b"{\"user\":\"\xff\",\"priority\":0}");
+    }
+
+    #[test]
+    fn keys_repeated_past_the_bound_are_refused() {
+        let ceiling = Ceiling::of(NvextOrder::Vllm, Class::Standard).unwrap();
+        let body = |n: usize| format!("{{{}}}", [r#""priority":-1"#].repeat(n).join(","));
+        assert_eq!(ceiling.edits(body(MAX_EDITS).as_bytes()).map(|e| e.0.len()), Ok(MAX_EDITS));
+        assert!(ceiling.edits(body(MAX_EDITS + 1).as_bytes()).is_err());
+        assert_eq!(ceiling.edits(br#"{"priority":0}"#), Ok(Edits(Vec::new())));
     }
 }

@@ -20,7 +20,7 @@ use loadgate::{
 
 use crate::directory::WorkerAddress;
 use crate::frontend::caller::Caller;
-use crate::frontend::engine_priority::{Ceiling, NotAnObject};
+use crate::frontend::engine_priority::{Ceiling, Unreadable};
 use crate::frontend::inflight::Held;
 use crate::frontend::line::wait_in_line;
 use crate::frontend::observe::{Labels, RequestId, REQUEST_ID_HEADER};
@@ -185,19 +185,24 @@ async fn proxy(
     route_and_send(&frontend, &model, &request, &labels).await
 }
 
-/// `body` with the priorities its engine reads held to `ceiling` (a copy,
-/// counted in the body budget, when one was above it).
+/// `body` with the priorities its engine reads held to `ceiling`: as it
+/// came, or a copy counted in the body budget before it is made.
 async fn hold_priorities(frontend: &Frontend, ceiling: Ceiling, body: Bytes) -> Result<Bytes, Response> {
-    let held = if body.len() <= INLINE_READ_LIMIT {
-        ceiling.hold(&body)
+    let edits = if body.len() <= INLINE_READ_LIMIT {
+        ceiling.edits(&body)
     } else {
         let shared = body.clone();
-        tokio::task::spawn_blocking(move || ceiling.hold(&shared)).await.unwrap_or(Err(NotAnObject))
+        tokio::task::spawn_blocking(move || ceiling.edits(&shared))
+            .await
+            .unwrap_or_else(|e| Err(Unreadable(format!("could not read the request: {e}"))))
     };
-    match held {
-        Ok(None) => Ok(body),
-        Ok(Some(held)) => frontend.bodies.adopt(held).ok_or_else(|| frontend.bodies.over_budget()),
-        Err(NotAnObject) => Err(reply::bad_request("request body must be a JSON object")),
+    match edits {
+        Ok(edits) if edits.is_empty() => Ok(body),
+        Ok(edits) => frontend
+            .bodies
+            .adopt_built(edits.len_of(&body), |out| edits.apply(&body, out))
+            .ok_or_else(|| frontend.bodies.over_budget()),
+        Err(Unreadable(message)) => Err(reply::bad_request(&message)),
     }
 }
 

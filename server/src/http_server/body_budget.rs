@@ -289,6 +289,22 @@ impl BodyBudget {
         Some(Bytes::from_owner(ReservedBody { bytes, _reservation: reservation }))
     }
 
+    /// A copy of `len` bytes that `fill` writes (such as a body rewritten
+    /// for an engine), taken from the budget before it is made; `None`,
+    /// and nothing made, when the budget cannot take it now.
+    pub fn adopt_built(self: &Arc<Self>, len: usize, fill: impl FnOnce(&mut Vec<u8>)) -> Option<Bytes> {
+        if !self.take(len) {
+            self.warn_budget_hit();
+            return None;
+        }
+        let mut bytes = Vec::with_capacity(len);
+        fill(&mut bytes);
+        // Relaxed: a gauge (see `complete`).
+        self.complete.fetch_add(1, Ordering::Relaxed);
+        let reservation = Reservation { budget: self.clone(), bytes: len, complete: true, small: false };
+        Some(Bytes::from_owner(ReservedBody { bytes, _reservation: reservation }))
+    }
+
     /// The refusal of a body the budget cannot take now (503, a
     /// `Retry-After`), for a copy [`adopt`](Self::adopt) refused.
     pub fn over_budget(&self) -> Response {
