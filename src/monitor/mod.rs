@@ -554,7 +554,11 @@ impl WorkerMonitor {
         if let Publisher::Frontend(n) = publisher {
             // A frontend heard again after a silence past the window: what
             // it published before is dropped first (as at a renewal), not
-            // left counting beside what it publishes now.
+            // left counting beside what it publishes now. (A publication of
+            // the same frontend applied on another thread at that moment
+            // may go with them; one caller applies a frontend's frames in
+            // order in the server, and a frontend back from a silence
+            // publishes everything again.)
             if self.clock.heard(n, self.clock.now()) {
                 self.clear_publisher(publisher)?;
             }
