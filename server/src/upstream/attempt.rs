@@ -71,7 +71,7 @@ pub(crate) async fn attempt<W: Watcher>(
         Err(NoBody::Delivered) => return Outcome::Cut(Failure::Broken),
         Err(NoBody::OverBudget) => return Outcome::Failed(Failure::OverBudget),
     };
-    let Prepared { body, assemble: whole, handed } = prepared;
+    let Prepared { body, assemble: whole, handed, revoke } = prepared;
     let mut request = request.body(body);
     if assembles {
         // llama.cpp closes a finished stream's connection without saying
@@ -105,6 +105,9 @@ pub(crate) async fn attempt<W: Watcher>(
         }
         Err(_) => return no_first_byte(peer, timeouts.first_byte),
     };
+    // The upstream answered: what it has not read of the body yet, it may
+    // still read (dropped before, `revoke` takes the body back).
+    revoke.disarm();
     // A refusal is recognised by the explicit signal alone, whatever the
     // status (an overload status of 200 included) and the body. The signal
     // is never relayed: the response's headers are built here.

@@ -64,6 +64,39 @@ pub(super) struct Prepared {
     /// The route to assemble the answer on, when the body was rewritten.
     pub(super) assemble: Option<CompletionRoute>,
     pub(super) handed: Arc<Handed>,
+    /// Dropped before the upstream answered: the HTTP client's copy of the
+    /// body goes (see [`Revoke`]).
+    pub(super) revoke: Revoke,
+}
+
+/// Bodies larger than this go to the HTTP client a copied piece at a time
+/// (see [`Revoke`]); smaller ones whole.
+const PIECE: usize = 64 * 1024;
+
+/// The attempt's hold on what its body's sender still has to send. An
+/// HTTP client's connection task keeps the body it was given until it has
+/// written it, and an upstream that stopped reading holds that for as long
+/// as the kernel keeps the connection (30 s and more), with the body's
+/// share of the body budget, long after the attempt gave up. So a large
+/// body is handed over in copied pieces of [`PIECE`] bytes, read from here;
+/// dropped before the upstream answered (a timeout, the client gone), this
+/// takes the body back, and the sender's next piece ends the upload with an
+/// error. Disarmed once the upstream answered.
+pub(super) struct Revoke(Option<Arc<Mutex<Option<Bytes>>>>);
+
+impl Revoke {
+    /// The upstream answered: what it has not read yet it may still have.
+    pub(super) fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Revoke {
+    fn drop(&mut self) {
+        if let Some(source) = self.0.take() {
+            source.lock().unwrap_or_else(|e| e.into_inner()).take();
+        }
+    }
 }
 
 /// Set when the upstream's connection has taken the whole body.
@@ -140,8 +173,14 @@ impl Payload {
             }
         }
         let handed = Arc::new(Handed::default());
-        let sending = Sending { data: Some(chosen), handed: handed.clone() };
-        Ok(Prepared { body: reqwest::Body::wrap(sending), assemble, handed })
+        let len = chosen.len();
+        if len == 0 {
+            // Nothing to hand over (a client may not poll an empty body).
+            handed.set();
+        }
+        let source = Arc::new(Mutex::new(Some(chosen)));
+        let sending = Sending { source: source.clone(), sent: 0, len, handed: handed.clone() };
+        Ok(Prepared { body: reqwest::Body::wrap(sending), assemble, handed, revoke: Revoke(Some(source)) })
     }
 
     /// Lets go of the body and its rewrite (an upstream has them).
@@ -152,32 +191,62 @@ impl Payload {
     }
 }
 
-/// One attempt's body: the bytes, handed to the HTTP client once.
+/// One attempt's body as the HTTP client reads it: whole when small, else
+/// in copied pieces from the attempt's [`Revoke`].
 struct Sending {
-    data: Option<Bytes>,
+    source: Arc<Mutex<Option<Bytes>>>,
+    /// Bytes handed over so far.
+    sent: usize,
+    len: usize,
     handed: Arc<Handed>,
 }
 
+/// The attempt gave up before the upstream read its whole body.
+#[derive(Debug)]
+struct Revoked;
+
+impl std::fmt::Display for Revoked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the attempt was given up before the upstream read the body")
+    }
+}
+
+impl std::error::Error for Revoked {}
+
 impl http_body::Body for Sending {
     type Data = Bytes;
-    type Error = std::convert::Infallible;
+    type Error = Revoked;
 
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, std::convert::Infallible>>> {
-        let data = self.data.take();
-        if data.is_some() {
-            self.handed.set();
+    fn poll_frame(mut self: std::pin::Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Revoked>>> {
+        if self.sent == self.len {
+            return Poll::Ready(None);
         }
-        Poll::Ready(data.map(|data| Ok(Frame::data(data))))
+        let mut source = self.source.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(body) = source.as_ref() else { return Poll::Ready(Some(Err(Revoked))) };
+        let piece = if self.len <= PIECE {
+            body.clone()
+        } else {
+            // A copy: the client's buffer must not keep the whole body alive.
+            Bytes::copy_from_slice(&body[self.sent..self.len.min(self.sent + PIECE)])
+        };
+        let sent = self.sent + piece.len();
+        if sent == self.len {
+            // All handed over: this sender needs it no more.
+            source.take();
+            drop(source);
+            self.handed.set();
+        } else {
+            drop(source);
+        }
+        self.sent = sent;
+        Poll::Ready(Some(Ok(Frame::data(piece))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.data.is_none()
+        self.sent == self.len
     }
 
     fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
+        SizeHint::with_exact((self.len - self.sent) as u64)
     }
 }

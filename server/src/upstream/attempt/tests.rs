@@ -188,3 +188,37 @@ async fn a_rewrite_for_an_engine_counts_in_the_budget() {
     drop(hog);
     assert_eq!(spent.used(), 0);
 }
+
+/// Found by a review: an upstream that stopped reading kept the body the
+/// HTTP client's connection task was still writing, with its share of the
+/// body budget, until the kernel dropped the connection (about 30 s) after
+/// the attempt had given up. Now the attempt takes it back: within a
+/// second of the timeout (margin: the old hold was 30 s).
+#[tokio::test]
+async fn a_body_an_upstream_does_not_read_leaves_the_budget_when_the_attempt_gives_up() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    // Accepts and never reads (its socket buffers fill with the first MiBs).
+    let held = tokio::spawn(async move {
+        let mut kept = Vec::new();
+        while let Ok((tcp, _)) = listener.accept().await {
+            kept.push(tcp);
+        }
+    });
+    let budget = BodyBudget::new(16, 16);
+    let body: &'static [u8] = Box::leak(vec![b'x'; 8 << 20].into_boxed_slice());
+    let payload = Payload::new(CompletionRoute::Completions, budgeted(&budget, body).await, budget.clone());
+    assert!(budget.used() >= 8 << 20);
+    let client = crate::upstream::client(TIMEOUTS.connect).unwrap();
+    let timeouts = Timeouts { first_byte: Duration::from_millis(300), ..TIMEOUTS };
+    let request = client.post(format!("{base}/v1/completions"));
+    let outcome = attempt(request, &payload, false, timeouts, Peer::Engine, NoHold).await;
+    assert!(!matches!(outcome, Outcome::Answer(_)), "{outcome:?}");
+    drop(payload);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    while budget.used() != 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(budget.used(), 0, "the body is still held for an upstream that does not read it");
+    held.abort();
+}
