@@ -87,6 +87,13 @@ impl WorkerEntry {
 
     /// Empties every rank's slot of `publisher` (a frontend index given to
     /// another frontend); whether any slot held something.
+    /// Whether any rank holds a report of the worker's own
+    /// ([`Publisher::Worker`]); a worker known only by the router's
+    /// tracking (a frontend's `--worker URL`) has none.
+    pub(crate) fn has_reported(&self) -> bool {
+        (0..self.dp_size).any(|rank| self.slot(rank, Publisher::Worker).load().is_some())
+    }
+
     pub(crate) fn clear(&self, publisher: Publisher) -> bool {
         let mut held = false;
         for rank in 0..self.dp_size {

@@ -587,6 +587,9 @@ impl WorkerMonitor {
                         Publisher::Worker => {
                             rec.model.line.report_begins(worker, seq, measured.map(Measuring::measured))
                         }
+                        // A worker that never reports its own load is known
+                        // by this tracking alone: each change is its report.
+                        Publisher::Router => rec.model.line.tracking_begins(worker, || !rec.entry.has_reported()),
                         _ => Begun::Nothing,
                     };
                     let applied = self.changed(&rec.entry, &rec.model, now);

@@ -431,6 +431,24 @@ impl Line {
         })
     }
 
+    /// At a change of the router's tracking of `worker`: for a worker that
+    /// never reports a load of its own (`unreported` says so, asked only
+    /// while anyone waits), known only by that tracking, each change is its
+    /// report, as [`Line::report_begins`] (the tracking of the request it
+    /// was last given shows it, or its end); for any other, nothing.
+    #[inline]
+    pub(crate) fn tracking_begins(&self, worker: WorkerId, unreported: impl FnOnce() -> bool) -> Begun {
+        if !self.is_waiting() {
+            return Begun::Nothing;
+        }
+        // Relaxed: hints, as in `report_begins`.
+        let spent = self.spent_hint.load(Ordering::Relaxed) & spent::spent_bit(worker) != 0;
+        if !(spent || self.held_hint.load(Ordering::Relaxed)) || !unreported() {
+            return Begun::Nothing;
+        }
+        Begun::Seen(self.dispatches())
+    }
+
     /// Where the line stands now, for a report whose measurement begins:
     /// that report can show the dispatches numbered below this count and
     /// no later one. (Not every one below it: a request dispatched just

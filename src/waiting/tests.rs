@@ -673,3 +673,46 @@ fn a_lines_marks_answer_contains_and_bits_in_both_forms() {
     }
     LARGE_FROM.with(|l| l.set(before));
 }
+
+/// Found by a hostile test: a worker that never reports a load of its own
+/// (a frontend's `--worker URL`, known only by the router's tracking)
+/// stayed spent after its first waiter, for as long as anyone waited: it
+/// sat idle while the line ran out its deadlines. Its tracking is its
+/// report now: the tracking of the request it was given frees it for the
+/// next waiter (if still under the threshold). A worker that reports its
+/// own load still takes one waiter per report of its own.
+#[test]
+fn a_worker_known_only_by_tracking_takes_a_waiter_per_tracking_change() {
+    for reports in [false, true] {
+        let config = MonitorConfig {
+            default_thresholds: BusyThresholds { active_prefill_tokens_threshold: Some(50), ..Default::default() },
+            ..Default::default()
+        };
+        let monitor = Arc::new(WorkerMonitor::new(config).unwrap());
+        monitor.register(1, "m", 1, 0).unwrap();
+        if reports {
+            monitor.apply(&LoadReport { worker: 1, seq: 1, ..Default::default() }).unwrap();
+        }
+        let router = WorkerRouter::new(monitor.clone(), Policy::RoundRobin);
+        monitor.track(1, 0, 0, 0, 100).unwrap(); // a request holding 100 prefill tokens: busy
+        let wakes: Vec<Arc<Count>> = (0..3).map(|_| Arc::default()).collect();
+        let ticket = Ticket::new(10, Instant::now() + Duration::from_secs(60));
+        let mut waiters: Vec<Waiting> =
+            (0..3).map(|_| Box::pin(router.wait("m", &[], ticket, Timer::default()))).collect();
+        for (w, c) in waiters.iter_mut().zip(&wakes) {
+            assert_eq!(poll(w, c), Poll::Pending);
+        }
+        monitor.track(1, 0, 0, 0, -100).unwrap(); // it ends: free
+        assert_eq!(poll(&mut waiters[0], &wakes[0]), Poll::Ready(Ok(1)));
+        monitor.track(1, 0, 0, 0, 10).unwrap(); // the dispatched request, tracked: 10 of 50
+        let woken = wakes[1].0.load(Ordering::SeqCst);
+        if reports {
+            assert_eq!(woken, 0, "a reporting worker waits for its own report");
+            assert_eq!(poll(&mut waiters[1], &wakes[1]), Poll::Pending);
+        } else {
+            assert_eq!(woken, 1, "the tracking that shows the dispatch frees the worker");
+            assert_eq!(poll(&mut waiters[1], &wakes[1]), Poll::Ready(Ok(1)));
+            assert_eq!(wakes[2].0.load(Ordering::SeqCst), 0, "one waiter per change");
+        }
+    }
+}

@@ -217,7 +217,10 @@ impl http_body::Body for Sending {
     type Data = Bytes;
     type Error = Revoked;
 
-    fn poll_frame(mut self: std::pin::Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Revoked>>> {
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Revoked>>> {
         if self.sent == self.len {
             return Poll::Ready(None);
         }
