@@ -326,8 +326,9 @@ impl RankSlot {
         if claim & WRITING != 0 {
             return SlotUpdate::Contended;
         }
-        // AcqRel RMWs, as in `set_denominators`: an `add` racing the clear
-        // lands before it (cleared) or after it (counted from zero).
+        // AcqRel RMWs, as in `set_denominators`: each number of an `add`
+        // racing the clear lands before it (cleared) or after it (counted
+        // from zero); the two numbers of one `add` may land on either side.
         let _ = w.blocks.fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| Some(pack(0, unpack(word).1)));
         let _ = w.tokens.fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| Some(pack(0, unpack(word).1)));
         // Relaxed: published by the Release store of `at` (a reader of

@@ -1338,15 +1338,21 @@ mod admission {
     /// released as the panic unwinds, and the loop passing slots on still
     /// reaches the other waiting items (found by review: the pass-on
     /// counter stayed set and every later slot was kept).
-    #[test]
-    fn a_panicking_dispatcher_leaves_the_gate_working() {
+    /// The permits a test's dispatch sends on, with their items.
+    type Dispatched = mpsc::Receiver<(u32, loadgate::Permit<u32>)>;
+
+    /// A gate of N = 1, Q = 4 whose dispatch panics for the items in
+    /// `panicking` and sends the others' permits on the channel; item 0
+    /// running, items 1 to 3 queued, then item 0's permit dropped (the
+    /// first panic caught here, as the releasing thread sees it).
+    fn panicking_gate(panicking: &'static [u32]) -> (Arc<Admission<u32>>, Dispatched, std::thread::Result<()>) {
         let (tx, rx) = mpsc::channel();
         let tx = std::sync::Mutex::new(tx);
         let admission = Admission::with_dispatch(
             1,
             4,
             Box::new(move |item: u32, permit| {
-                assert_ne!(item, 1, "item 1's dispatch panics");
+                assert!(!panicking.contains(&item), "item {item}'s dispatch panics");
                 tx.lock().unwrap().send((item, permit)).map_err(|e| e.0 .1)
             }),
         )
@@ -1356,6 +1362,12 @@ mod admission {
             queued(admission.try_admit(item));
         }
         let unwound = catch_unwind(AssertUnwindSafe(move || drop(first)));
+        (admission, rx, unwound)
+    }
+
+    #[test]
+    fn a_panicking_dispatcher_leaves_the_gate_working() {
+        let (admission, rx, unwound) = panicking_gate(&[1]);
         assert!(unwound.is_err(), "the dispatcher's panic reaches the releasing thread");
         // Item 1's slot went to item 2, which holds it now.
         let (item, permit) = rx.try_recv().expect("item 2 got the slot");
@@ -1377,22 +1389,7 @@ mod admission {
     /// second is caught, and item 3 gets the slot.
     #[test]
     fn dispatches_that_panic_one_after_another_leave_the_gate_working() {
-        let (tx, rx) = mpsc::channel();
-        let tx = std::sync::Mutex::new(tx);
-        let admission = Admission::with_dispatch(
-            1,
-            4,
-            Box::new(move |item: u32, permit| {
-                assert!(item != 1 && item != 2, "item {item}'s dispatch panics");
-                tx.lock().unwrap().send((item, permit)).map_err(|e| e.0 .1)
-            }),
-        )
-        .unwrap();
-        let first = now(admission.try_admit(0));
-        for item in 1..=3 {
-            queued(admission.try_admit(item));
-        }
-        let unwound = catch_unwind(AssertUnwindSafe(move || drop(first)));
+        let (admission, rx, unwound) = panicking_gate(&[1, 2]);
         assert!(unwound.is_err(), "the first panic reaches the releasing thread");
         let (item, permit) = rx.try_recv().expect("item 3 got the slot");
         assert_eq!((item, admission.running(), admission.queued()), (3, 1, 0));
