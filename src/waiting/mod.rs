@@ -414,11 +414,7 @@ impl Line {
             self.sync_hint(&queue);
             return Begun::Declined;
         }
-        // Relaxed: hints; a report that misses a mark set at this moment
-        // (a dispatch or a hold racing the report) leaves it to the next
-        // report, the same as if it had come first.
-        let spent = self.spent_hint.load(Ordering::Relaxed) & spent::spent_bit(worker) != 0;
-        if !(spent || self.held_hint.load(Ordering::Relaxed)) {
+        if !self.marks(worker) {
             return Begun::Nothing;
         }
         // Every dispatch this report's publication causes comes after,
@@ -441,12 +437,21 @@ impl Line {
         if !self.is_waiting() {
             return Begun::Nothing;
         }
-        // Relaxed: hints, as in `report_begins`.
-        let spent = self.spent_hint.load(Ordering::Relaxed) & spent::spent_bit(worker) != 0;
-        if !(spent || self.held_hint.load(Ordering::Relaxed)) || !unreported() {
+        if !self.marks(worker) || !unreported() {
             return Begun::Nothing;
         }
         Begun::Seen(self.dispatches())
+    }
+
+    /// Whether a report of `worker` has something to do in the line (by
+    /// the hints): the worker is spent, or waiters are held.
+    #[inline]
+    fn marks(&self, worker: WorkerId) -> bool {
+        // Relaxed: hints; a report that misses a mark set at this moment
+        // (a dispatch or a hold racing the report) leaves it to the next
+        // report, the same as if it had come first.
+        let spent = self.spent_hint.load(Ordering::Relaxed) & spent::spent_bit(worker) != 0;
+        spent || self.held_hint.load(Ordering::Relaxed)
     }
 
     /// Where the line stands now, for a report whose measurement begins:
