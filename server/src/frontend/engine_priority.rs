@@ -80,6 +80,9 @@ impl Ceiling {
         let text = value.get();
         let number = match text.as_bytes().first() {
             Some(b'n') => return None,
+            // A string longer than any number worth reading is not decoded
+            // (a copy of it): the edge.
+            Some(b'"') if text.len() > MAX_STRING => None,
             Some(b'"') => serde_json::from_str::<String>(text).ok().and_then(|s| s.trim().parse::<f64>().ok()),
             _ => text.parse::<f64>().ok(),
         };
@@ -105,6 +108,10 @@ impl Ceiling {
         Ok(Edits(edits))
     }
 }
+
+/// The longest priority given as a string (with its quotes) that is read
+/// as the number it may spell.
+const MAX_STRING: usize = 64;
 
 /// The most priorities one body may need lowered (one per key on a path;
 /// more are keys repeated, which a client has no use for).
@@ -435,6 +442,9 @@ mod tests {
             let held = ceiling.hold(format!("{{\"priority\": {value}}}").as_bytes()).unwrap().map(String::from_utf8);
             assert_eq!(held, Some(Ok(r#"{"priority": 0}"#.to_owned())), "{value}");
         }
+        let long = format!("\"{}\"", "9".repeat(MAX_STRING));
+        let held = ceiling.hold(format!("{{\"priority\": {long}}}").as_bytes()).unwrap().map(String::from_utf8);
+        assert_eq!(held, Some(Ok(r#"{"priority": 0}"#.to_owned())), "a long string is not decoded");
         for value in ["\"5\"", "5.5", "1e30", "9223372036854775808", "-0", "-0.0", "\"x\"".replace('x', "0").as_str()] {
             assert_eq!(
                 ceiling.hold(format!("{{\"priority\": {value}}}").as_bytes()),
