@@ -201,7 +201,7 @@ mod tests {
 
     /// What the seal clock is for: a beat every 200 ms through a 5 s step
     /// back of the sender's wall clock is new every time (with the wall
-    /// clock's own stamps, 25 beats in a row were dropped as replays).
+    /// clock's own stamps, 24 beats in a row were dropped as replays).
     #[test]
     fn beats_through_a_step_back_of_the_senders_clock_are_not_replays() {
         use std::time::{Duration, Instant};
