@@ -139,16 +139,10 @@ mod tests {
     #[test]
     fn every_flag_s_variable_is_documented() {
         const DEPLOYMENT: &str = include_str!("../../docs/deployment.md");
-        let cli = apply(crate::Cli::command());
-        let mut missing = Vec::new();
-        for sub in cli.get_subcommands() {
-            for arg in sub.get_arguments().filter(|a| a.get_long().is_some()) {
-                let env = arg.get_env().map(|e| e.to_string_lossy().into_owned()).unwrap_or_default();
-                if !DEPLOYMENT.contains(&format!("`{env}`")) {
-                    missing.push(format!("{} --{} ({env})", sub.get_name(), arg.get_long().unwrap_or_default()));
-                }
-            }
-        }
+        let missing = crate::flags_where(&apply(crate::Cli::command()), |arg| {
+            let env = arg.get_env().map(|e| e.to_string_lossy().into_owned()).unwrap_or_default();
+            !DEPLOYMENT.contains(&format!("`{env}`"))
+        });
         assert!(missing.is_empty(), "not in docs/deployment.md: {missing:?}");
     }
 }

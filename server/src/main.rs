@@ -75,23 +75,31 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
+/// The flags of every command of `cli` that `pick` picks, as
+/// `command --flag (VARIABLE)` (the tests' lists of what breaks a rule).
+#[cfg(test)]
+pub(crate) fn flags_where(cli: &clap::Command, pick: impl Fn(&clap::Arg) -> bool) -> Vec<String> {
+    let mut picked = Vec::new();
+    for sub in cli.get_subcommands() {
+        for arg in sub.get_arguments().filter(|a| a.get_long().is_some() && pick(a)) {
+            let env = arg.get_env().map(|e| e.to_string_lossy().into_owned()).unwrap_or_default();
+            picked.push(format!("{} --{} ({env})", sub.get_name(), arg.get_long().unwrap_or_default()));
+        }
+    }
+    picked
+}
+
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory as _;
+
+    use super::flags_where;
 
     /// Every flag of every command is listed under a heading of `--help`
     /// (listeners, shedding, limits, ...), not in one flat list.
     #[test]
     fn every_flag_has_a_help_heading() {
-        let cli = super::Cli::command();
-        let mut missing = Vec::new();
-        for sub in cli.get_subcommands() {
-            for arg in sub.get_arguments().filter(|a| a.get_long().is_some()) {
-                if arg.get_help_heading().is_none() {
-                    missing.push(format!("{} --{}", sub.get_name(), arg.get_long().unwrap_or_default()));
-                }
-            }
-        }
+        let missing = flags_where(&super::Cli::command(), |arg| arg.get_help_heading().is_none());
         assert!(missing.is_empty(), "flags without a heading: {missing:?}");
     }
 
@@ -102,16 +110,10 @@ mod tests {
     /// not start.
     #[test]
     fn every_boolean_variable_takes_the_documented_words() {
-        let cli = super::Cli::command();
-        let mut strict = Vec::new();
-        for sub in cli.get_subcommands() {
-            for arg in sub.get_arguments().filter(|a| a.get_env().is_some()) {
-                let values: Vec<String> = arg.get_possible_values().iter().map(|v| v.get_name().to_owned()).collect();
-                if values == ["true", "false"] {
-                    strict.push(format!("{} --{}", sub.get_name(), arg.get_long().unwrap_or_default()));
-                }
-            }
-        }
+        let strict = flags_where(&super::Cli::command(), |arg| {
+            let values: Vec<String> = arg.get_possible_values().iter().map(|v| v.get_name().to_owned()).collect();
+            arg.get_env().is_some() && values == ["true", "false"]
+        });
         assert!(strict.is_empty(), "boolean flags taking only true and false: {strict:?}");
     }
 }
