@@ -303,6 +303,33 @@ async fn sighup_reloads_the_file_with_requests_in_flight_and_a_bad_one_is_kept_o
     each_report_serves_the_next(&fe, &mut worker, [first, second, third]).await;
 }
 
+/// A reload that takes a tenant away ends its series in `/metrics`; the
+/// others keep theirs. Before, a renamed tenant's series stayed until the
+/// process ended, one more set per rename.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_a_reload_takes_away_loses_its_series() {
+    let _box = common::shared().await;
+    let file = File::new("retire.toml", &(tenant("a", "") + &tenant("b", "")));
+    let fe = frontend(&["--tenants-file", file.arg()]);
+    // A model known: another one is a 404 (with none, a 503).
+    let _worker = Controlled::register(&fe).await;
+    let client = common::client_within(Duration::from_secs(30));
+    let url = format!("{}/v1/completions", fe.http);
+    for name in ["a", "b"] {
+        let (status, _, _) = send_keyed(url.clone(), client.clone(), Some(name), None, "no-such-model").await;
+        assert_eq!(status, 404);
+    }
+    let series = |text: &str, name: &str| {
+        metric_with(text, "loadgate_frontend_tenant_requests_total", &format!("tenant=\"{name}\""))
+    };
+    let text = metrics_text(&fe.client, &fe.http).await;
+    assert_eq!((series(&text, "a"), series(&text, "b")), (Some(1.0), Some(1.0)), "{text}");
+    file.rewrite(&(tenant("a", "") + &tenant("c", "")));
+    reload(&fe, &client, "c").await;
+    let text = metrics_text(&fe.client, &fe.http).await;
+    assert_eq!((series(&text, "a"), series(&text, "b")), (Some(1.0), None), "{text}");
+}
+
 /// A reload that puts a new tenant first: each tenant keeps its own waiters
 /// and caps (the line knows a tenant by an id that stays with its name, not
 /// by its place in the file). Before, the new first tenant inherited the

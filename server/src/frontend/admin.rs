@@ -113,6 +113,9 @@ pub async fn metrics(
     }
     if let Some(Extension(requests)) = requests {
         requests.retain_known(|model| frontend.monitor.has_model(model));
+        if let Some(file) = frontend.callers.file() {
+            requests.forget_tenants(&file.retired());
+        }
         requests.register(&mut registry);
     }
     frontend.upstream_stats.register(

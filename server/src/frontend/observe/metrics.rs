@@ -376,6 +376,13 @@ impl RequestMetrics {
         }
     }
 
+    /// Ends the series of the tenants named (the tenants file lost them).
+    pub(crate) fn forget_tenants(&self, names: &[String]) {
+        for name in names {
+            self.families.tenants.forget(name);
+        }
+    }
+
     /// Registers the families of the table above into `registry`, in its
     /// order (they write no `# EOF`).
     pub(crate) fn register(&self, registry: &mut Registry) {

@@ -25,6 +25,9 @@ struct TenantLabels {
     outcome: &'static str,
 }
 
+/// Every `outcome` [`TenantCounts::count`] gives.
+const OUTCOMES: [&str; 4] = ["ok", "rejected", "error", "cancelled"];
+
 /// A tenant's name as a label value.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Name(Arc<str>);
@@ -51,6 +54,13 @@ impl TenantCounts {
             _ => "error",
         };
         self.0.get_or_create(&TenantLabels { tenant: Name(tenant.clone()), outcome }).inc();
+    }
+
+    /// Ends the series of `tenant` (a name the tenants file no longer has).
+    pub(super) fn forget(&self, tenant: &str) {
+        for outcome in OUTCOMES {
+            self.0.remove(&TenantLabels { tenant: Name(Arc::from(tenant)), outcome });
+        }
     }
 
     pub(super) fn register(&self, registry: &mut Registry) {
@@ -86,5 +96,12 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} missing in\n{text}");
         }
+        counts.forget("acme");
+        let mut registry = Registry::default();
+        counts.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(!text.contains("acme"), "acme's series end:\n{text}");
+        assert!(text.contains(r#"tenant="other",outcome="error"} 1"#), "others stay:\n{text}");
     }
 }

@@ -32,7 +32,7 @@ mod tenant;
 pub(crate) use tenant::Tenant;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use axum::http::{header, HeaderMap};
 use sha2::{Digest as _, Sha256};
@@ -167,22 +167,36 @@ pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && well_formed).then_some(key)
 }
 
-/// The current [`Tenants`], replaced whole by [`SharedTenants::reload`].
+/// The current [`Tenants`], replaced whole by [`SharedTenants::reload`],
+/// and the names reloads took away.
 ///
 /// A lock, not `arc_swap`: this crate does not depend on arc-swap, and a
 /// read is one uncontended read lock and an `Arc` clone per request.
 #[derive(Debug)]
-pub(crate) struct SharedTenants(RwLock<Arc<Tenants>>);
+pub(crate) struct SharedTenants {
+    current: RwLock<Arc<Tenants>>,
+    /// Names of earlier files that the current one lacks, latest last, at
+    /// most [`file::MAX_TENANTS`]: their metric series end
+    /// ([`SharedTenants::retired`]).
+    retired: Mutex<Vec<String>>,
+}
 
 impl SharedTenants {
     /// Starts with `tenants`.
     pub(crate) fn new(tenants: Tenants) -> SharedTenants {
-        SharedTenants(RwLock::new(Arc::new(tenants)))
+        SharedTenants { current: RwLock::new(Arc::new(tenants)), retired: Mutex::default() }
     }
 
     /// The current tenants.
     pub(crate) fn load(&self) -> Arc<Tenants> {
-        Arc::clone(&self.0.read().unwrap_or_else(PoisonError::into_inner))
+        Arc::clone(&self.current.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// The names earlier files had and the current one lacks (the latest
+    /// [`file::MAX_TENANTS`]): `/metrics` drops their series, which a request
+    /// that began before the reload may have made again.
+    pub(crate) fn retired(&self) -> Vec<String> {
+        self.retired.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// Loads `path` in place of the current tenants; returns how many
@@ -194,7 +208,16 @@ impl SharedTenants {
     pub(crate) fn reload(&self, path: &Path) -> Result<usize, String> {
         let tenants = Tenants::load(path)?;
         let count = tenants.len();
-        let mut current = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
+        let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
+        retired.retain(|name| tenants.by_name(name).is_none());
+        let gone: Vec<String> = (current.tenants.iter())
+            .filter(|t| tenants.by_name(&t.name).is_none() && !retired.contains(&t.name))
+            .map(|t| t.name.clone())
+            .collect();
+        retired.extend(gone);
+        let excess = retired.len().saturating_sub(file::MAX_TENANTS);
+        retired.drain(..excess);
         *current = Arc::new(tenants.succeeding(&current));
         Ok(count)
     }
@@ -361,6 +384,34 @@ mod tests {
         let error = shared.reload(&path.0).unwrap_err();
         assert_eq!(error, format!("{}:2: tenant \"a\": the name is already used on line 1", path.0.display()));
         assert_eq!(shared.load().len(), 3, "the previous file stays");
+    }
+
+    #[test]
+    fn reloads_retire_the_names_they_take_away_until_one_brings_them_back() {
+        let path = TempFile::new("toml");
+        let names = |names: &[&str]| file(&names.iter().map(|n| (*n, &[][..])).collect::<Vec<_>>());
+        path.write(&names(&["a", "b", "c"]));
+        let shared = SharedTenants::new(Tenants::load(&path.0).unwrap());
+        assert!(shared.retired().is_empty());
+        path.write(&names(&["a", "b2"]));
+        shared.reload(&path.0).unwrap();
+        assert_eq!(shared.retired(), ["b", "c"]);
+        path.write(&names(&["c", "b3"]));
+        shared.reload(&path.0).unwrap();
+        assert_eq!(shared.retired(), ["b", "a", "b2"], "c is back; a and b2 go, b stays gone");
+        // A thousand renames more: the latest thousand names are kept.
+        for round in 0..2 {
+            let many: Vec<String> = (0..file::MAX_TENANTS).map(|i| format!("t{round}-{i}")).collect();
+            path.write(&names(&many.iter().map(String::as_str).collect::<Vec<_>>()));
+            shared.reload(&path.0).unwrap();
+        }
+        let retired = shared.retired();
+        assert_eq!(retired.len(), file::MAX_TENANTS);
+        assert_eq!(
+            (retired[0].as_str(), retired[retired.len() - 1].as_str()),
+            ("t0-0", "t0-999"),
+            "the oldest go first"
+        );
     }
 
     #[cfg(unix)]
