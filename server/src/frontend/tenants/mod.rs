@@ -31,12 +31,12 @@ mod tenant;
 
 pub(crate) use tenant::Tenant;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use axum::http::{header, HeaderMap};
 use sha2::{Digest as _, Sha256};
-use subtle::{ConditionallySelectable as _, ConstantTimeEq as _};
 
 /// The longest bearer key read ([`bearer`]).
 pub(crate) const MAX_KEY_LEN: usize = 4096;
@@ -46,8 +46,10 @@ pub(crate) const MAX_KEY_LEN: usize = 4096;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Tenants {
     tenants: Vec<Tenant>,
-    /// Every key hash with its tenant's index, in one run for [`Tenants::by_key`].
-    keys: Vec<([u8; 32], u32)>,
+    /// Every key hash with its tenant's index ([`Tenants::by_key`]).
+    keys: HashMap<[u8; 32], u32>,
+    /// Every name with its tenant's index ([`Tenants::by_name`]).
+    names: HashMap<String, u32>,
     /// Each tenant's line id, by index ([`Tenants::line_id`]).
     line_ids: Vec<u32>,
     /// The line id the next new name gets (ids are never reused).
@@ -58,9 +60,10 @@ impl Tenants {
     fn new(tenants: Vec<Tenant>) -> Tenants {
         let keys = (0..).zip(&tenants).flat_map(|(index, t)| t.keys.iter().map(move |&hash| (hash, index)));
         let keys = keys.collect();
+        let names = (0..).zip(&tenants).map(|(index, t)| (t.name.clone(), index)).collect();
         let line_ids = (0..).take(tenants.len()).collect();
         let next_line_id = u32::try_from(tenants.len()).expect("at most 1,001 tenants");
-        Tenants { tenants, keys, line_ids, next_line_id }
+        Tenants { tenants, keys, names, line_ids, next_line_id }
     }
 
     /// These tenants with the line ids of `before` (the file they replace)
@@ -114,22 +117,23 @@ impl Tenants {
     }
 
     /// The tenant holding `key` (a bearer key as presented), with its
-    /// index. The key's hash is compared with every stored hash in
-    /// constant time: the time taken says nothing about which matched.
+    /// index: its SHA-256 looked up among the stored hashes, at a cost that
+    /// does not grow with the file (a scan of every hash in constant time
+    /// cost 28 µs a request with 1,000 keys). The lookup's time may depend
+    /// on the digest, which the caller picks through the key, and says at
+    /// most whether that digest is stored: a stored digest alone is no key
+    /// (SHA-256 has no known preimage attack), and the file's keys are the
+    /// operator's random secrets.
     pub(crate) fn by_key(&self, key: &str) -> Option<(u32, &Tenant)> {
-        let hash = Sha256::digest(key.as_bytes());
-        // The matching tenant's index + 1; 0 while none matched.
-        let mut found = 0u32;
-        for (stored, index) in &self.keys {
-            found.conditional_assign(&(index + 1), stored[..].ct_eq(&hash[..]));
-        }
-        let index = found.checked_sub(1)?;
+        let hash: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+        let index = *self.keys.get(&hash)?;
         Some((index, self.get(index)?))
     }
 
     /// The tenant named `name`, with its index.
     pub(crate) fn by_name(&self, name: &str) -> Option<(u32, &Tenant)> {
-        (0..).zip(&self.tenants).find(|(_, tenant)| tenant.name == name)
+        let index = *self.names.get(name)?;
+        Some((index, self.get(index)?))
     }
 
     /// The tenant of requests with no key or an unknown one (index 0).
