@@ -6,7 +6,7 @@
 //! 2xx) take the worker out of routing; one success brings it back.
 //! Transitions are logged. The task ends when the frontend is dropped.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -53,6 +53,7 @@ async fn run(frontend: Weak<Frontend>, every: Duration) {
                 }
             }
         }
-        failures.retain(|worker, _| workers.iter().any(|(w, _)| w == worker));
+        let listed: HashSet<WorkerId> = workers.iter().map(|(worker, _)| *worker).collect();
+        failures.retain(|worker, _| listed.contains(worker));
     }
 }
