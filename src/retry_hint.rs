@@ -202,9 +202,10 @@ impl RetryHint {
         let others = self.others_in_flight.load(Ordering::Relaxed).max(in_flight.saturating_mul(frontends - 1));
         let in_flight = in_flight.saturating_add(others).max(1);
         let waiting = waiting.saturating_add(self.others_waiting.load(Ordering::Relaxed));
-        let pool_slot = (nanos(self.mean()) / in_flight).max(1);
+        let mean = nanos(self.mean());
+        let pool_slot = (mean / in_flight).max(1);
         let slot = pool_slot.saturating_mul(frontends);
-        let floor = floor_ns(pool_slot, waiting);
+        let floor = floor_ns(mean, in_flight, waiting);
         let earliest = now.saturating_add(floor);
         // The queue never reaches past the longest hint: a client that
         // ignores its hint and hammers cannot push everyone else's out for
@@ -254,9 +255,14 @@ pub fn default_retry_after() -> Duration {
     MIN_RETRY_AFTER + MIN_RETRY_AFTER.mul_f64(fastrand::f64())
 }
 
-/// The floor of a refusal, ns: `min(max(1 s, waiting · slot), 30 s)`.
-fn floor_ns(slot: u64, waiting: u64) -> u64 {
-    waiting.saturating_mul(slot).clamp(nanos(MIN_RETRY_AFTER), nanos(MAX_RETRY_AFTER))
+/// The floor of a refusal, ns: `min(max(1 s, waiting · slot), 30 s)` with
+/// `slot = mean / in_flight` (`in_flight` at least 1), computed whole and
+/// rounded up: not from the slot truncated to whole ns, which `waiting`
+/// multiplies into a wait short of the line's by up to `waiting` ns.
+fn floor_ns(mean: u64, in_flight: u64, waiting: u64) -> u64 {
+    let wait = (u128::from(waiting) * u128::from(mean)).div_ceil(u128::from(in_flight.max(1)));
+    let wait = u64::try_from(wait).unwrap_or(u64::MAX);
+    wait.clamp(nanos(MIN_RETRY_AFTER), nanos(MAX_RETRY_AFTER))
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -342,18 +348,72 @@ mod tests {
         assert!(first >= floor && first < floor + 11 * MS, "{first:?} vs the pool's floor {floor:?}");
     }
 
+    /// The exact floor, `min(max(1 s, waiting · W / max(in_flight, 1)), 30 s)`,
+    /// in ns rounded up: the reference the integer arithmetic must not go under.
+    fn reference_floor_ns(mean_ns: u64, in_flight: u64, waiting: u64) -> u128 {
+        let exact = (u128::from(waiting) * u128::from(mean_ns)).div_ceil(u128::from(in_flight.max(1)));
+        exact.clamp(MIN_RETRY_AFTER.as_nanos(), MAX_RETRY_AFTER.as_nanos())
+    }
+
+    proptest::proptest! {
+        /// Found by a review: the slot was truncated to whole ns before
+        /// being multiplied by the line, so `waiting · slot` fell short of
+        /// the line's expected wait by up to `waiting` ns (431 ms requests,
+        /// 30,288 in flight, 70,197 waiting: a hint of 1.0000086 s against
+        /// 1.0000207 s expected; 3 ns requests, 2 in flight, 10^9 waiting:
+        /// 1 s against 1.5 s). Every
+        /// hint, the first ones of a fresh queue included, is at least the
+        /// exact expected wait (capped) and in [1 s, 30 s]; the first two
+        /// add up to at least 2 s.
+        #[test]
+        fn a_hint_is_never_under_the_exact_expected_wait(
+            mean_ns in 1u64..=3_000_000_000,
+            in_flight in proptest::prop_oneof![0u64..=16, 0u64..=1_000_000, proptest::arbitrary::any::<u64>()],
+            waiting in proptest::prop_oneof![0u64..=16, 0u64..=100_000_000, proptest::arbitrary::any::<u64>()],
+            seed in proptest::arbitrary::any::<u64>(),
+        ) {
+            fastrand::seed(seed);
+            let hint = hint_with_mean(Duration::from_nanos(mean_ns));
+            let floor = reference_floor_ns(mean_ns, in_flight, waiting);
+            let first = hint.refused(in_flight, waiting);
+            let second = hint.refused(in_flight, waiting);
+            for h in [first, second] {
+                proptest::prop_assert!((MIN_RETRY_AFTER..=MAX_RETRY_AFTER).contains(&h), "{h:?}");
+                proptest::prop_assert!(h.as_nanos() >= floor, "{h:?} under the expected wait {floor} ns");
+            }
+            proptest::prop_assert!(first + second >= 2 * MIN_RETRY_AFTER);
+        }
+    }
+
+    /// The cases the property test above found, kept as plain ones.
+    #[test]
+    fn the_line_s_expected_wait_is_not_cut_by_a_truncated_slot() {
+        // 1.5 ns slots (3 ns requests, 2 in flight), 10^9 waiting: 1.5 s.
+        let hint = hint_with_mean(Duration::from_nanos(3));
+        let h = hint.refused(2, 1_000_000_000);
+        assert!(h >= Duration::from_millis(1500), "{h:?}");
+        // 431,480,351 ns requests, 30,288 in flight, 70,197 waiting.
+        let hint = hint_with_mean(Duration::from_nanos(431_480_351));
+        let h = hint.refused(30_288, 70_197);
+        assert!(h.as_nanos() >= reference_floor_ns(431_480_351, 30_288, 70_197), "{h:?}");
+    }
+
     #[test]
     fn the_floor_formula() {
         let ms = |n: u64| n * 1_000_000;
-        // max(1 s, waiting · slot), then at most 30 s.
-        assert_eq!(floor_ns(ms(10), 0), ms(1000));
-        assert_eq!(floor_ns(ms(10), 99), ms(1000));
-        assert_eq!(floor_ns(ms(10), 100), ms(1000));
-        assert_eq!(floor_ns(ms(10), 101), ms(1010));
-        assert_eq!(floor_ns(ms(10), 2999), ms(29_990));
-        assert_eq!(floor_ns(ms(10), 3000), ms(30_000));
-        assert_eq!(floor_ns(ms(10), 3001), ms(30_000));
-        assert_eq!(floor_ns(u64::MAX, u64::MAX), ms(30_000));
+        // max(1 s, waiting · slot), then at most 30 s (slots of 10 ms: 100 ms, 10 in flight).
+        assert_eq!(floor_ns(ms(100), 10, 0), ms(1000));
+        assert_eq!(floor_ns(ms(100), 10, 99), ms(1000));
+        assert_eq!(floor_ns(ms(100), 10, 100), ms(1000));
+        assert_eq!(floor_ns(ms(100), 10, 101), ms(1010));
+        assert_eq!(floor_ns(ms(100), 10, 2999), ms(29_990));
+        assert_eq!(floor_ns(ms(100), 10, 3000), ms(30_000));
+        assert_eq!(floor_ns(ms(100), 10, 3001), ms(30_000));
+        assert_eq!(floor_ns(u64::MAX, 1, u64::MAX), ms(30_000));
+        assert_eq!(floor_ns(ms(100), 0, 11), ms(1100), "nothing in flight counts as one");
+        // The slot is not truncated first: 1 s over 3 in flight, 10 waiting.
+        assert_eq!(floor_ns(ms(1000), 3, 10), 3_333_333_334, "not 10 slots of 333,333,333 ns");
+        assert_eq!(floor_ns(3, 2, 1_000_000_000), ms(1500), "1.5 ns slots: 1.5 s, not 1 s");
     }
 
     #[test]
