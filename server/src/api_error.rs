@@ -45,8 +45,12 @@ pub fn client_error(status: StatusCode, message: &str) -> Response {
 /// Sets `Retry-After` (whole seconds, rounded up, at least 1) and
 /// `retry-after-ms` (which the OpenAI SDKs read first) to `after`.
 pub fn set_retry_after(response: &mut Response, after: Duration) {
-    let ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX).max(1);
-    let secs = ms.div_ceil(1000);
+    // Both rounded up from the whole hint, as the library's `Refusal`: a
+    // client never retries before it (milliseconds truncated first sent
+    // 1,000 ms and `Retry-After: 1` for a hint of 1.0005 s).
+    let nanos = after.as_nanos().max(1);
+    let ms = u64::try_from(nanos.div_ceil(1_000_000)).unwrap_or(u64::MAX);
+    let secs = u64::try_from(nanos.div_ceil(1_000_000_000)).unwrap_or(u64::MAX);
     let headers = response.headers_mut();
     headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
     headers.insert(RETRY_AFTER_MS, HeaderValue::from(ms));
@@ -85,6 +89,39 @@ mod tests {
             assert_eq!(binary.headers()[header::CONTENT_TYPE], library.headers()[header::CONTENT_TYPE]);
             assert_eq!(body_of(binary).await, library.body(), "{model}");
         }
+    }
+
+    /// Found by a review: the hint was truncated to whole milliseconds
+    /// before either header was made, so a hint of 1.0005 s was sent as
+    /// `retry-after-ms: 1000` and `Retry-After: 1`, under the hint (and
+    /// under a waiting line's expected wait, which the hint never is). Both
+    /// headers are rounded up, as the library's `Refusal` sends them.
+    #[test]
+    fn the_retry_headers_are_rounded_up_as_the_librarys() {
+        let cases = [
+            (Duration::from_nanos(1_000_000_001), "2", "1001"),
+            (Duration::from_micros(1_000_500), "2", "1001"),
+            (Duration::from_nanos(3_333_333_333), "4", "3334"),
+            (Duration::from_nanos(29_999_999_999), "30", "30000"),
+            (Duration::from_secs(1), "1", "1000"),
+            (Duration::from_secs(30), "30", "30000"),
+        ];
+        for (hint, secs, ms) in cases {
+            let mut binary = Response::new(axum::body::Body::empty());
+            set_retry_after(&mut binary, hint);
+            let library = Refusal::from(RouteError::Overloaded).retry_after(hint).to_http();
+            for (name, want) in [(header::RETRY_AFTER.as_str(), secs), (RETRY_AFTER_MS, ms)] {
+                assert_eq!(binary.headers()[name], want, "{name} of {hint:?}");
+                assert_eq!(binary.headers()[name], library.headers()[name], "{name} of {hint:?}");
+            }
+        }
+        // No hint at all still says wait: at least 1 ms and 1 s.
+        let mut zero = Response::new(axum::body::Body::empty());
+        set_retry_after(&mut zero, Duration::ZERO);
+        assert_eq!(
+            (&zero.headers()[header::RETRY_AFTER], &zero.headers()[RETRY_AFTER_MS]),
+            (&"1".parse().unwrap(), &"1".parse().unwrap())
+        );
     }
 
     #[tokio::test]
