@@ -256,6 +256,10 @@ struct Reference {
     kept: BTreeSet<String>,
     /// Round-robin (and tie-rotation) cursor per router (policy) and model.
     cursor: BTreeMap<(usize, String), usize>,
+    /// When each other frontend was last heard (one past `now`), by index:
+    /// a publication after a silence past the shared window drops what it
+    /// published before (`WorkerMonitor::apply`).
+    heard: BTreeMap<u16, u64>,
 }
 
 impl Reference {
@@ -445,6 +449,7 @@ impl System {
             models: BTreeMap::new(),
             kept: BTreeSet::new(),
             cursor: BTreeMap::new(),
+            heard: BTreeMap::new(),
         };
         System { monitor, mock, routers, locals: BTreeMap::new(), model }
     }
@@ -468,7 +473,7 @@ impl System {
     }
 
     fn step(&mut self, op: &Op) -> Result<(), TestCaseError> {
-        let before = self.model.busy_bits();
+        let mut before = self.model.busy_bits();
         match op.clone() {
             Op::Register { worker, model, dp, incarnation } => {
                 let name = MODELS[model];
@@ -537,6 +542,21 @@ impl System {
                 let incarnation = incarnation.or(current.map(|w| w.incarnation)).unwrap_or(0);
                 let real = self.monitor.apply(&LoadReport { worker, incarnation, rank, publisher, seq, load });
                 let unkept = u16::from(p.saturating_sub(2)) >= FRONTENDS;
+                if let (Publisher::Frontend(n), false) = (publisher, unkept) {
+                    // Heard now, whatever becomes of the report; after a
+                    // silence past the window, what it published before is
+                    // dropped first (and published: the report's outcome
+                    // is against the bits after that).
+                    let stamp = self.model.now + 1;
+                    let last = self.model.heard.insert(n, stamp);
+                    if last.is_some_and(|last| stamp - last > SHARED_STALENESS_NS) {
+                        for w in self.model.workers.values_mut() {
+                            w.shared[usize::from(n)].iter_mut().for_each(|s| *s = RefSlot::default());
+                        }
+                        before = self.model.busy_bits();
+                    }
+                }
+                let current = self.model.workers.get(&worker);
                 let expected = match self.slot_error(worker, rank) {
                     _ if unkept => Err(ApplyError::UnknownPublisher(publisher)),
                     Some(e) => Err(e),
