@@ -559,6 +559,13 @@ impl System {
                 let current = self.model.workers.get(&worker);
                 let expected = match self.slot_error(worker, rank) {
                     _ if unkept => Err(ApplyError::UnknownPublisher(publisher)),
+                    // Another incarnation's report is dropped whatever its
+                    // rank: the current one's dp size says nothing of it.
+                    Some(ApplyError::RankOutOfRange { .. })
+                        if current.is_some_and(|w| w.incarnation != incarnation) =>
+                    {
+                        Ok(Applied::OtherIncarnation)
+                    }
                     Some(e) => Err(e),
                     None if current.is_some_and(|w| w.incarnation != incarnation) => Ok(Applied::OtherIncarnation),
                     None => {

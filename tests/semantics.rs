@@ -570,6 +570,36 @@ mod reports {
         assert_eq!(monitor.track_life(2, second, 0, 1, 0), Err(ApplyError::UnknownWorker(2)));
     }
 
+    /// Found by a review: the rank was checked against the *current*
+    /// registration's dp size before the incarnation, so an update of a
+    /// previous life for a rank the new life no longer has (a worker
+    /// restarted with a smaller dp size) failed with `RankOutOfRange`
+    /// instead of being dropped as another incarnation's: a request guard
+    /// giving back its load, a reporter of the old life, or a peer's frame
+    /// for it saw an error the docs promise only for a bad rank of the
+    /// worker they name.
+    #[test]
+    fn another_incarnation_s_rank_is_not_checked_against_the_new_dp_size() {
+        let monitor = monitor_with(&[1], 4, decode(0.5));
+        let first = monitor.worker_life(1).expect("registered");
+        let old_reporter = monitor.reporter(1).unwrap();
+        monitor.set_tracked_capacity(1, 0, 3, 100, 0).unwrap();
+        assert_eq!(monitor.track_life(1, first, 3, 60, 0), Ok(Applied::Stored));
+        assert_eq!(monitor.register(1, "m", 1, 9), Ok(Registered::Restarted));
+        let old =
+            LoadReport { worker: 1, incarnation: 0, rank: 3, seq: 5, load: blocks(90, 100), ..Default::default() };
+        assert_eq!(monitor.apply(&old), Ok(Applied::OtherIncarnation));
+        assert_eq!(monitor.track(1, 0, 3, -60, 0), Ok(Applied::OtherIncarnation));
+        assert_eq!(monitor.track_life(1, first, 3, -60, 0), Ok(Applied::OtherIncarnation));
+        assert_eq!(monitor.set_tracked_capacity(1, 0, 3, 1, 1), Ok(Applied::OtherIncarnation));
+        assert_eq!(old_reporter.report_rank(3, blocks(90, 100)), Ok(Applied::OtherIncarnation));
+        // The current life's ranks are still checked.
+        let new = LoadReport { incarnation: 9, ..old };
+        assert_eq!(monitor.apply(&new), Err(ApplyError::RankOutOfRange { worker: 1, rank: 3, dp_size: 1 }));
+        assert_eq!(monitor.track(1, 9, 1, 1, 0), Err(ApplyError::RankOutOfRange { worker: 1, rank: 1, dp_size: 1 }));
+        assert!(!monitor.is_busy(1));
+    }
+
     #[test]
     fn deregistering_an_old_incarnation_keeps_the_new_one() {
         let monitor = monitor_with(&[1], 1, decode(0.5));

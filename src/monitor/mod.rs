@@ -563,11 +563,13 @@ impl WorkerMonitor {
                 self.clear_publisher(publisher)?;
             }
         }
-        self.registry.with_rank(worker, rank, |rec| {
+        // The incarnation before the rank: another life's update is dropped
+        // whatever its rank (the current one's dp size may be smaller).
+        let other_life = |rec: &WorkerRecord| {
             // A registration named is the whole check (it has one incarnation).
-            if life.map_or(incarnation != rec.entry.incarnation, |life| life != rec.entry.life) {
-                return Applied::OtherIncarnation;
-            }
+            life.map_or(incarnation != rec.entry.incarnation, |life| life != rec.entry.life)
+        };
+        self.registry.with_rank(worker, rank, other_life, |rec| {
             let now = self.clock.now();
             match update(rec.entry.slot(rank, publisher), now) {
                 SlotUpdate::Stale => Applied::Stale,

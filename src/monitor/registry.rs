@@ -8,6 +8,7 @@ use crate::load::WorkerId;
 use crate::monitor::entry::WorkerEntry;
 use crate::monitor::error::ApplyError;
 use crate::monitor::publication::ModelState;
+use crate::monitor::Applied;
 use crate::sync::{Arc, Map, Swap};
 
 /// Every worker and every model.
@@ -45,16 +46,22 @@ impl Default for Registry {
 }
 
 impl Registry {
-    /// Calls `f` with the record of `worker`, if `rank` is one of its ranks.
+    /// Calls `f` with the record of `worker`, if `rank` is one of its ranks;
+    /// [`Applied::OtherIncarnation`] without looking at the rank if
+    /// `other_life` says the record is not the one the caller names.
     #[inline]
-    pub(crate) fn with_rank<R>(
+    pub(crate) fn with_rank(
         &self,
         worker: WorkerId,
         rank: u32,
-        f: impl FnOnce(&WorkerRecord) -> R,
-    ) -> Result<R, ApplyError> {
+        other_life: impl FnOnce(&WorkerRecord) -> bool,
+        f: impl FnOnce(&WorkerRecord) -> Applied,
+    ) -> Result<Applied, ApplyError> {
         self.workers.with(&worker, |rec| {
             let rec = rec.ok_or(ApplyError::UnknownWorker(worker))?;
+            if other_life(rec) {
+                return Ok(Applied::OtherIncarnation);
+            }
             if rank >= rec.entry.dp_size {
                 return Err(ApplyError::RankOutOfRange { worker, rank, dp_size: rec.entry.dp_size });
             }
