@@ -3,7 +3,7 @@
 use super::*;
 use bytes::BytesMut;
 use loadgate::wire::envelope::seal;
-use loadgate::MonitorConfig;
+use loadgate::{MonitorConfig, RankLoad};
 
 const SECRET: &[u8] = b"the event secret of the tests, 32+";
 
@@ -145,4 +145,46 @@ fn an_older_lifes_register_does_not_come_back_after_the_newer_one_left() {
     assert_eq!(a.monitor.incarnation(7), None, "it left");
     a.apply(&subject, &old);
     assert_eq!(a.monitor.incarnation(7), None, "the older life's Register, replayed, brings back no old address");
+}
+
+/// Pins the bound on what one Register may make the monitor allocate (a
+/// review's suspicion, refuted): the NATS plane checks `--max-dp-size`
+/// (256 by default) before the monitor sees the Register, as the TCP plane
+/// does (`events::tests::limits::dp_size_is_bounded`); the monitor's own
+/// cap (65,536) is never reached from the wire with the default.
+#[test]
+fn a_register_over_the_max_dp_size_allocates_nothing() {
+    let a = applier();
+    let huge =
+        Frame::Register { worker: 7, incarnation: 5, dp_size: 65_536, model: "m".into(), http_addr: "h:1".into() };
+    deliver(&a, &huge, 1000);
+    assert_eq!(a.monitor.incarnation(7), None, "refused by --max-dp-size {}", a.limits.max_dp_size);
+    assert!(!a.directory.contains(7));
+    let fits = Frame::Register {
+        worker: 7,
+        incarnation: 6,
+        dp_size: a.limits.max_dp_size,
+        model: "m".into(),
+        http_addr: "h:1".into(),
+    };
+    deliver(&a, &fits, 500);
+    assert_eq!(a.monitor.workers()[0].dp_size, 256);
+}
+
+/// Pins where the publisher of a report from the wire comes from (a
+/// review's suspicion, refuted): a worker's Load is always the worker's own
+/// report, never the router's tracking (`Publisher::Router`), which only
+/// the frontend's own dispatches change.
+#[test]
+fn a_load_off_the_wire_never_lands_in_the_router_s_tracking() {
+    let a = applier();
+    let register =
+        Frame::Register { worker: 7, incarnation: 5, dp_size: 1, model: "m".into(), http_addr: "h:1".into() };
+    deliver(&a, &register, 1000);
+    let load = RankLoad { active_decode_blocks: 9, kv_total_blocks: 10, ..Default::default() };
+    deliver(&a, &Frame::Load { worker: 7, incarnation: 5, rank: 0, seq: 1, load }, 500);
+    let rank = a.monitor.rank_snapshots()[0];
+    assert_eq!(rank.reported, Some(load));
+    assert_eq!(rank.tracked, None, "nothing tracked by the router");
+    assert_eq!(a.monitor.tracked(7, 0), Some((5, RankLoad::default())));
 }
