@@ -130,6 +130,26 @@ fn a_worker_registered_here_by_any_plane_ends_the_runs_over_its_unapplied_frames
     assert_eq!(peers.acks(), run(4, 4), "77 was taken off the list");
 }
 
+/// Found in a review: a peer's frame for an older life of a worker, at a
+/// rank its life here does not have (a restart with a smaller dp size that
+/// the peer had not heard of yet), failed in the monitor with
+/// `RankOutOfRange` rather than being another life's: counted as a worker
+/// this frontend does not know, its next registration of anything ended
+/// every peer's run (each peer then sent everything again).
+#[test]
+fn a_frame_for_a_rank_of_a_worker_s_older_life_is_another_life_s() {
+    let monitor = monitor(2);
+    let peers = Peers::new(OWN, monitor.clone(), 2, Duration::from_secs(60));
+    let run = |first, seq| vec![Ack { peer: 1, peer_incarnation: 1, first, seq }];
+    peers.load(added(1, 1, 1, 10));
+    assert_eq!(peers.acks(), run(1, 1));
+    let older_life = Added { worker_incarnation: 8, rank: 3, ..added(1, 1, 2, 10) };
+    assert_eq!(peers.load(older_life), Heard::Dropped);
+    monitor.register(78, "m", 1, 1).unwrap();
+    peers.load(added(1, 1, 3, 10));
+    assert_eq!(peers.acks(), run(1, 3), "the run goes on: worker 1 is routed here in another life");
+}
+
 #[test]
 fn a_peer_starting_a_new_run_of_this_frontend_s_frames_has_everything_sent_again() {
     let peers = Peers::new(OWN, monitor(2), 2, Duration::from_secs(60));
