@@ -226,3 +226,44 @@ async fn metrics_count_statuses_and_time_requests_with_bounded_labels() {
     let families = |t: &str| t.lines().filter(|l| l.starts_with("dynamo_frontend_requests_total")).count();
     assert_eq!(families(&text), families(&again));
 }
+
+/// Found by a review: the access line wrote the request's path as it came,
+/// while every other client-chosen string in it is escaped (`model` is
+/// quoted, a hostile `x-request-id` is replaced). A path may hold any
+/// non-ASCII bytes: U+0085 (NEL) and U+2028 (LINE SEPARATOR) are line ends
+/// to Unicode-aware readers of the log (Python's `splitlines`, many log
+/// viewers), so one request made two lines, the second written by the
+/// client; U+202E reorders what an operator reads. Now the path's bytes
+/// outside printable ASCII are logged percent-encoded, as in a URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_path_cannot_split_or_forge_the_access_line() {
+    use std::io::{Read as _, Write as _};
+    let _shared = common::shared().await;
+    // No worker needed: a route that does not exist answers 404 and is logged.
+    let fe = Frontend::start_with_env(&[("RUST_LOG", "warn,loadgate::access=info")], &[]);
+    let addr = fe.http.trim_start_matches("http://").to_owned();
+    let path: &[u8] = b"/x\xc2\x85forged=1\xe2\x80\xa8status=200\xe2\x80\xaeevil\"q";
+    let mut request = b"GET ".to_vec();
+    request.extend_from_slice(path);
+    request.extend_from_slice(
+        b" HTTP/1.1\r\nHost: 127.0.0.1\r\nx-request-id: hostile-path-0001\r\nConnection: close\r\n\r\n",
+    );
+    let mut tcp = std::net::TcpStream::connect(&addr).expect("connect to the inference port");
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    tcp.write_all(&request).unwrap();
+    let mut answer = Vec::new();
+    let _ = tcp.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 404"), "the path is a valid request target: {answer:?}");
+    assert!(fe.proc.wait_log("request_id=hostile-path-0001", SETTLE), "no access line");
+    let log = fe.proc.stderr();
+    let line = log.lines().find(|l| l.contains("request_id=hostile-path-0001")).unwrap_or_default().to_owned();
+    for end in ['\u{85}', '\u{2028}', '\u{2029}', '\u{202e}'] {
+        assert!(!log.contains(end), "the client's {end:?} reached the log: {line:?}");
+    }
+    assert!(
+        line.contains("path=/x%C2%85forged=1%E2%80%A8status=200%E2%80%AEevil%22q "),
+        "the path is not logged percent-encoded: {line:?}"
+    );
+    assert!(line.contains("status=404"), "{line}");
+}

@@ -11,9 +11,10 @@
 //! - when the response body ends, fails, or is dropped (the client went
 //!   away), counts the request in [`RequestMetrics`] (`metrics.rs`: the
 //!   families and their labels) and writes one `info` event with target
-//!   `loadgate::access` (`tracked.rs`): `request_id`, `method`, `path`,
-//!   `status`, `model` (as the request named it, quoted; `none` before its
-//!   body was read), `duration_ms`, `ttft_ms` (to the first body frame),
+//!   `loadgate::access` (`tracked.rs`): `request_id`, `method`, `path`
+//!   (bytes outside printable ASCII, `"` and `\` percent-encoded),
+//!   `status`, `model` (as the request named it, quoted; `none` before
+//!   its body was read), `duration_ms`, `ttft_ms` (to the first body frame),
 //!   `bytes`, `client_gone`, `body_error`, `waited_ms` (in the model's
 //!   waiting line, up to the end of the request or of its client; `none`
 //!   when the model has no line), `reason` (an overload refusal's

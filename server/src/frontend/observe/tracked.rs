@@ -2,6 +2,7 @@
 //! the request's metrics and its access-log line; [`Pending`]: the same for
 //! a request whose response never came (the client went away first).
 
+use std::fmt::Write as _;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -26,7 +27,7 @@ const LOGGED_LEN: usize = 256;
 pub(super) struct Head {
     pub(super) id: RequestId,
     pub(super) method: Method,
-    /// The path, cut to [`LOGGED_LEN`].
+    /// The path as logged ([`loggable_path`]), cut to [`LOGGED_LEN`].
     pub(super) path: String,
     pub(super) route: Route,
     pub(super) started: Instant,
@@ -38,7 +39,7 @@ impl Head {
         Head {
             id,
             method: method.clone(),
-            path: cut(path).to_owned(),
+            path: loggable_path(path),
             route: Route::of(method, path),
             started: Instant::now(),
         }
@@ -252,6 +253,29 @@ fn cut(s: &str) -> &str {
     crate::text::cut(s, LOGGED_LEN)
 }
 
+/// `path` for the access line, cut to [`LOGGED_LEN`]: its bytes outside
+/// printable ASCII, `"` and `\` percent-encoded (as in a URL). A path may
+/// hold any non-ASCII bytes, and some are line ends to Unicode-aware
+/// readers (U+0085, U+2028) or reorder what is read (U+202E): raw, they
+/// let a client split or forge a log line.
+fn loggable_path(path: &str) -> String {
+    let mut out = String::with_capacity(path.len().min(LOGGED_LEN));
+    for &b in path.as_bytes() {
+        let plain = b.is_ascii_graphic() && b != b'"' && b != b'\\';
+        let width = if plain { 1 } else { 3 };
+        if out.len() + width > LOGGED_LEN {
+            break;
+        }
+        if plain {
+            out.push(char::from(b));
+        } else {
+            // Writing to a String cannot fail.
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
 /// A value, or `none`.
 struct Shown<T>(Option<T>);
 
@@ -362,5 +386,14 @@ mod tests {
         assert!(cut.len() <= LOGGED_LEN && cut.len() >= LOGGED_LEN - 1);
         assert_eq!(Quoted("a\"\nb").to_string(), "\"a\\\"\\nb\"");
         assert_eq!(Shown::<u16>(None).to_string(), "none");
+    }
+
+    #[test]
+    fn paths_are_logged_in_printable_ascii_and_cut() {
+        assert_eq!(loggable_path("/v1/models/org/m-1?x=%41"), "/v1/models/org/m-1?x=%41");
+        assert_eq!(loggable_path("/a\u{85}b\u{2028}c\"\\"), "/a%C2%85b%E2%80%A8c%22%5C");
+        let long = loggable_path(&"\u{2028}".repeat(LOGGED_LEN));
+        assert!(long.len() <= LOGGED_LEN && long.len() > LOGGED_LEN - 3, "{}", long.len());
+        assert_eq!(long.len() % 3, 0, "a byte's escape is never cut: {long}");
     }
 }
