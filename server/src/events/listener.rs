@@ -412,7 +412,12 @@ impl PlaneServer {
             self.pending.remove(&token);
         }
         match close {
-            Close::Eof if pending => tracing::info!(%peer, "event connection closed before the handshake"),
+            // Anyone who reaches the port can cause it: the unauthenticated bucket.
+            Close::Eof if pending => {
+                if let Some(suppressed) = self.log.connection_line(false) {
+                    tracing::info!(%peer, suppressed, "event connection closed before the handshake")
+                }
+            }
             Close::Eof => tracing::info!(%peer, ?worker, "event connection closed"),
             Close::Evicted => tracing::debug!(%peer, "pending event connection evicted"),
             Close::Refused(reason) => {

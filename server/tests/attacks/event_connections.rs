@@ -40,3 +40,61 @@ async fn event_connection_limit_closes_the_extra_and_a_worker_still_registers() 
     eprintln!("the real worker registered after {:?}", started.elapsed());
     fe.assert_still_serving(MODEL, MAX_RSS_MIB).await;
 }
+
+/// Found by a review: the event plane caps its lines about connections not
+/// yet authenticated at 50 a second (`PlaneLog`: anyone who reaches the
+/// port can cause them), but a connection closed before its handshake
+/// logged an `info` line of its own every time, and one gone before its
+/// Challenge could be sent a `warn` line, neither counted: a peer without
+/// the secret that connects and closes (or resets) in a loop wrote one log
+/// line per connection, as fast as it could connect. Now both lines come
+/// from the unauthenticated bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_closed_before_the_handshake_cannot_flood_the_log() {
+    const CONNECTIONS: usize = 2000;
+    let _box = shared().await;
+    // The default filter (`info`, no access log), as a deployment runs.
+    let fe =
+        Frontend::start_with_env(&[("LOADGATE_EVENT_SECRET", SECRET), ("RUST_LOG", "info,loadgate::access=off")], &[]);
+    let started = Instant::now();
+    // Four connecting threads: the listener, not the client, sets the pace.
+    let events = fe.events;
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            std::thread::spawn(move || {
+                for i in 0..CONNECTIONS / 4 {
+                    let tcp = std::net::TcpStream::connect(events).expect("connect to the event port");
+                    if i % 2 == 1 {
+                        // Closed with a reset rather than a FIN.
+                        let _ = socket2::SockRef::from(&tcp).set_linger(Some(Duration::ZERO));
+                    }
+                    drop(tcp);
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().expect("a connecting thread");
+    }
+    eprintln!("{CONNECTIONS} connections made and closed in {:?}", started.elapsed());
+    // Time for the listener to see every close (the bound counts it too).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let log = fe.proc.stderr();
+    let elapsed = started.elapsed();
+    let per_connection = [
+        "event connection closed before the handshake",
+        "could not send the challenge",
+        "event connection refused",
+        "closing event connection",
+    ];
+    let lines = log.lines().filter(|l| per_connection.iter().any(|p| l.contains(p))).count();
+    // 50 a second, and a second more of slack for the bucket's edges.
+    let bound = 50 * (elapsed.as_secs() as usize + 2);
+    eprintln!("{CONNECTIONS} connections closed before the handshake in {elapsed:?}: {lines} log lines");
+    assert!(
+        lines <= bound,
+        "{lines} log lines about {CONNECTIONS} unauthenticated connections in {elapsed:?} (at most {bound})"
+    );
+    let live = fe.client.get(format!("{}/live", fe.http)).send().await.expect("the frontend answers");
+    assert_eq!(live.status(), 200);
+}

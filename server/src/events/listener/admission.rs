@@ -157,7 +157,10 @@ impl PlaneServer {
                 // A fresh socket's send buffer takes the 36 bytes whole.
                 let challenge = challenge_frame(&nonce);
                 if !matches!(io::Write::write(&mut stream, &challenge), Ok(n) if n == challenge.len()) {
-                    tracing::warn!(%peer, "event connection refused: could not send the challenge");
+                    // A peer that connects and resets at once: anyone can.
+                    if let Some(suppressed) = self.log.connection_line(false) {
+                        tracing::warn!(%peer, suppressed, "event connection refused: could not send the challenge");
+                    }
                     return;
                 }
                 Auth::Challenged(nonce)
