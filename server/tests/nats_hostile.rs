@@ -135,3 +135,56 @@ fn a_model_name_too_long_for_a_subject_stops_the_worker_at_start() {
     let stderr = common::worker_refuses(&flags, &[("LOADGATE_EVENT_SECRET", SECRET)]);
     assert!(stderr.contains("makes a NATS subject of"), "{stderr}");
 }
+
+/// Found by a review: on the NATS plane any holder of the event secret (a
+/// compromised worker: the insider the TCP plane's ownership stops) took a
+/// live worker's id by sealing a Register of it with a higher incarnation,
+/// and its own address: the frontend took it for a restart, sent that
+/// worker's share of the prompts to the impostor, and dropped every frame
+/// of the real worker as an older life, for good with incarnation
+/// `u64::MAX`. Now a newer incarnation replaces a registered one only once
+/// that one is silent (`--event-silence-ms`), as a TCP connection's id is
+/// free only once its connection is gone: the real worker keeps its id and
+/// every request, and a worker that really restarted still comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
+async fn an_insider_cannot_take_a_live_workers_id_with_a_newer_incarnation() {
+    use bytes::BytesMut;
+    use loadgate::wire::envelope::seal;
+    use loadgate::wire::Frame;
+
+    let _box = common::shared().await;
+    let nats = Nats::start(&[]);
+    let fe = common::frontend(&nats, &[]);
+    let _victim = worker(&nats, 5, None);
+    fe.wait_workers(1, Duration::from_secs(10)).await;
+    assert_eq!(fe.complete(MODEL).await.0, 200);
+    let impostor = common::FakeWorker::start();
+    let insider = async_nats::connect(nats.url.as_str()).await.expect("connects");
+    let subject = format!("loadgate.ev.{MODEL}.5");
+    let register = Frame::Register {
+        worker: 5,
+        incarnation: u64::MAX,
+        dp_size: 1,
+        model: MODEL.to_owned(),
+        http_addr: impostor.addr.to_string(),
+    };
+    // Sealed with the secret, as every worker's frames are; sent a few
+    // times over a second (a heartbeat's worth), each sealed anew.
+    for _ in 0..5 {
+        let mut buf = BytesMut::new();
+        seal(SECRET.as_bytes(), &subject, common::unix_ms(), &register, &mut buf).unwrap();
+        insider.publish(subject.clone(), buf.freeze()).await.unwrap();
+        insider.flush().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut statuses = Vec::new();
+    for _ in 0..20 {
+        let (status, body) = fe.complete(MODEL).await;
+        statuses.push(if body.contains(common::IMPOSTOR_MARK) { 0 } else { status });
+    }
+    eprintln!("20 requests after the takeover: {statuses:?}; the impostor got {}", impostor.requests());
+    assert_eq!(impostor.requests(), 0, "the impostor took worker 5's requests: {statuses:?}");
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    assert_eq!(fe.workers().await, Some(1));
+}

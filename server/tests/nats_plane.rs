@@ -203,8 +203,9 @@ async fn a_worker_that_moves_hosts_is_routed_to_its_new_address_only() {
     old.proc.kill();
     let moved = worker(&nats, 5);
     assert_ne!(moved.http, old_http);
-    // Its Register (a newer incarnation) replaces the old one at once: the
-    // old address is dead, so any request sent there would fail.
+    // Its Register (a newer incarnation) replaces the old one once that one
+    // is silent (--event-silence-ms): the old address is dead, so any
+    // request sent there would fail.
     let deadline = Instant::now() + Duration::from_secs(10);
     while fe.complete(MODEL).await.0 != 200 {
         assert!(Instant::now() < deadline, "the moved worker was not routed to");

@@ -12,8 +12,10 @@
 //!   (an old envelope replayed later is dropped);
 //! - the incarnation: a Register of an older incarnation than the one
 //!   registered is dropped, a newer one is a restart (a worker that moved
-//!   hosts comes back with its new address); a Load or Deregister must be
-//!   of the registered incarnation;
+//!   hosts comes back with its new address) once the registered one is
+//!   silent (`--event-silence-ms`; while it is heard, the newer one is
+//!   dropped: a holder of the secret cannot take a live worker's id); a
+//!   Load or Deregister must be of the registered incarnation;
 //! - the seq: the monitor drops a Load not numbered above the last one it
 //!   applied for the rank (a replay within the window), and a Load keeps
 //!   its worker heard only once the monitor applied it; a frontend's
@@ -59,6 +61,7 @@ use crate::directory::{check_address, WorkerDirectory};
 use crate::events::{PlaneConfig, PlaneLimits, PlaneStats};
 use crate::frontend::retry_hint::RetryHint;
 use crate::secret::{unix_ms, Secrets};
+use crate::throttle::LogThrottle;
 
 pub(crate) use super::seal_clock::CLOCK_WINDOW;
 
@@ -73,6 +76,9 @@ const SHARE_AT_MOST_EVERY: Duration = Duration::from_millis(10);
 /// to every frontend: with k frontends, each opens at most k − 1 acks per
 /// this much time).
 const ACK_AT_MOST_EVERY: Duration = Duration::from_millis(1);
+
+/// Warn lines about Registers refused for a live worker's id.
+static TAKEOVERS: LogThrottle = LogThrottle::per_second(1);
 
 /// A worker the plane registered.
 struct Known {
@@ -342,6 +348,12 @@ impl Applier {
                     self.stats.frame_dropped(false);
                     return; // a Register replayed after its life ended
                 }
+                // Before the replay check: a refused Register is not the
+                // newest of its stream (the real life's would be dropped).
+                if self.takes_a_live_id(worker, incarnation) {
+                    self.stats.frame_dropped(false);
+                    return;
+                }
                 if !is_new(Stream::Register(worker), incarnation) {
                     self.stats.frame_dropped(false);
                     return; // a heartbeat replayed (or one sealed before the newest)
@@ -457,6 +469,29 @@ impl Applier {
             self.directory.set_silent(worker, false);
         }
         true
+    }
+
+    /// Whether a Register of `worker`'s `incarnation` would take the id of
+    /// a life still heard: a newer incarnation takes it over only once the
+    /// registered one is silent (a worker that restarted without a
+    /// Deregister went quiet first), as a TCP id is free only once its
+    /// connection is gone. Else any holder of the secret took a live
+    /// worker's id, and its requests, by naming a higher incarnation.
+    fn takes_a_live_id(&self, worker: WorkerId, incarnation: u64) -> bool {
+        let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        let live = known.get(&worker).is_some_and(|k| incarnation > k.incarnation && !k.silent);
+        drop(known);
+        if live {
+            if let Some(suppressed) = TAKEOVERS.admit() {
+                tracing::warn!(
+                    worker,
+                    suppressed,
+                    "NATS Register of a newer incarnation refused: the registered one is still heard \
+                     (a restart takes over once it is silent for --event-silence-ms)"
+                );
+            }
+        }
+        live
     }
 
     /// A Register of `worker`'s `incarnation`, sealed at `sent_ms`, for

@@ -139,6 +139,9 @@ fn an_older_lifes_register_does_not_come_back_after_the_newer_one_left() {
     };
     let old = sealed(&subject, &life(5), 3000);
     a.apply(&subject, &old);
+    // Life 5 crashed: silent, out of routing; then life 6 takes the id.
+    heard_ago(&a, Duration::from_secs(5));
+    a.sweep(Duration::from_secs(1), Duration::from_secs(60));
     deliver(&a, &life(6), 2000);
     assert_eq!(a.monitor.incarnation(7), Some(6), "a restart");
     deliver(&a, &Frame::Deregister { worker: 7, incarnation: 6 }, 1000);
@@ -187,4 +190,28 @@ fn a_load_off_the_wire_never_lands_in_the_router_s_tracking() {
     assert_eq!(rank.reported, Some(load));
     assert_eq!(rank.tracked, None, "nothing tracked by the router");
     assert_eq!(a.monitor.tracked(7, 0), Some((5, RankLoad::default())));
+}
+
+/// A newer incarnation takes a worker's id only once the registered life
+/// is silent: any holder of the secret can name a higher incarnation.
+#[test]
+fn a_newer_incarnation_waits_for_the_registered_life_to_go_silent() {
+    let a = applier();
+    let life = |incarnation, http_addr: &str| Frame::Register {
+        worker: 7,
+        incarnation,
+        dp_size: 1,
+        model: "m".into(),
+        http_addr: http_addr.into(),
+    };
+    deliver(&a, &life(5, "h:1"), 30);
+    deliver(&a, &life(u64::MAX, "impostor:1"), 20);
+    assert_eq!(a.monitor.incarnation(7), Some(5), "a life still heard keeps its id");
+    assert_eq!(a.directory.get(7).map(|w| w.base_url.to_string()), Some("http://h:1".to_owned()));
+    assert_eq!(a.stats.frames_dropped().1, 1, "counted as refused");
+    // Silent past the silence window (a crash): the newer life takes over.
+    heard_ago(&a, Duration::from_secs(5));
+    a.sweep(Duration::from_secs(1), Duration::from_secs(60));
+    deliver(&a, &life(6, "h:2"), 10);
+    assert_eq!(a.monitor.incarnation(7), Some(6), "a restart after a crash");
 }
