@@ -407,6 +407,17 @@ impl WorkerDirectory {
             .collect()
     }
 
+    /// Whether `worker`'s event connection is marked silent (false for a
+    /// worker not known).
+    pub fn is_silent(&self, worker: WorkerId) -> bool {
+        // Relaxed: advisory, as `Entry::excluded`.
+        self.workers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&worker)
+            .is_some_and(|e| e.silent.load(Ordering::Relaxed))
+    }
+
     /// Whether `worker` was registered by `--worker URL` or `--engine`.
     pub fn is_static(&self, worker: WorkerId) -> bool {
         self.workers.read().unwrap_or_else(|e| e.into_inner()).get(&worker).is_some_and(|e| e.is_static)

@@ -188,3 +188,48 @@ async fn an_insider_cannot_take_a_live_workers_id_with_a_newer_incarnation() {
     assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
     assert_eq!(fe.workers().await, Some(1));
 }
+
+/// As above, across the planes: a frontend on the NATS plane still takes
+/// TCP workers (the documented migration), and a Register sealed on NATS
+/// with another incarnation took the id of a worker whose live TCP
+/// connection holds it (the TCP plane's ownership never saw it). Now it
+/// waits, as on one plane, until that worker is silent or gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
+async fn an_insider_on_nats_cannot_take_the_id_of_a_tcp_worker() {
+    use bytes::BytesMut;
+    use loadgate::wire::envelope::seal;
+    use loadgate::wire::Frame;
+
+    let _box = common::shared().await;
+    let nats = Nats::start(&[]);
+    let fe = common::frontend(&nats, &[]);
+    let _victim = common::worker(Some(fe.events), MODEL, Some(SECRET), &["--worker-id", "6"]);
+    fe.wait_workers(1, Duration::from_secs(10)).await;
+    assert_eq!(fe.complete(MODEL).await.0, 200);
+    let impostor = common::FakeWorker::start();
+    let insider = async_nats::connect(nats.url.as_str()).await.expect("connects");
+    let subject = format!("loadgate.ev.{MODEL}.6");
+    let register = Frame::Register {
+        worker: 6,
+        incarnation: u64::MAX,
+        dp_size: 1,
+        model: MODEL.to_owned(),
+        http_addr: impostor.addr.to_string(),
+    };
+    for _ in 0..5 {
+        let mut buf = BytesMut::new();
+        seal(SECRET.as_bytes(), &subject, common::unix_ms(), &register, &mut buf).unwrap();
+        insider.publish(subject.clone(), buf.freeze()).await.unwrap();
+        insider.flush().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut statuses = Vec::new();
+    for _ in 0..20 {
+        let (status, body) = fe.complete(MODEL).await;
+        statuses.push(if body.contains(common::IMPOSTOR_MARK) { 0 } else { status });
+    }
+    eprintln!("20 requests after the takeover: {statuses:?}; the impostor got {}", impostor.requests());
+    assert_eq!(impostor.requests(), 0, "the impostor took worker 6's requests: {statuses:?}");
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+}

@@ -476,10 +476,20 @@ impl Applier {
     /// registered one is silent (a worker that restarted without a
     /// Deregister went quiet first), as a TCP id is free only once its
     /// connection is gone. Else any holder of the secret took a live
-    /// worker's id, and its requests, by naming a higher incarnation.
+    /// worker's id, and its requests, by naming a higher incarnation. The
+    /// same holds for an id this plane did not register (a TCP
+    /// connection's, or a `--worker` one's): another life of it waits until
+    /// that one is silent or gone.
     fn takes_a_live_id(&self, worker: WorkerId, incarnation: u64) -> bool {
         let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
-        let live = known.get(&worker).is_some_and(|k| incarnation > k.incarnation && !k.silent);
+        let live = match known.get(&worker) {
+            Some(k) => incarnation > k.incarnation && !k.silent,
+            None => {
+                self.monitor.incarnation(worker).is_some_and(|held| held != incarnation)
+                    && self.directory.contains(worker)
+                    && !self.directory.is_silent(worker)
+            }
+        };
         drop(known);
         if live {
             if let Some(suppressed) = TAKEOVERS.admit() {
