@@ -233,3 +233,39 @@ async fn an_insider_on_nats_cannot_take_the_id_of_a_tcp_worker() {
     assert_eq!(impostor.requests(), 0, "the impostor took worker 6's requests: {statuses:?}");
     assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
 }
+
+/// The other way across the planes: a worker the NATS plane registered has
+/// no TCP connection holding its id, so an authenticated TCP connection's
+/// Register of that id with another incarnation took it (and its requests).
+/// (Until the worker's next Register on NATS took it back: a takeover the
+/// insider renews from a new connection each time.) Now the TCP plane
+/// refuses an id the NATS plane holds while that worker is heard there, as
+/// it refuses one another connection holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
+async fn an_insider_on_tcp_cannot_take_the_id_of_a_nats_worker() {
+    let _box = common::shared().await;
+    let nats = Nats::start(&[]);
+    // The victim re-announces itself every 3 s (its Register would undo a
+    // takeover): the frontend waits 20 s before calling it silent.
+    let fe = common::frontend(&nats, &["--event-silence-ms", "20000", "--event-idle-timeout-ms", "60000"]);
+    let mut flags = plane(&nats);
+    flags.extend(["--worker-id", "7", "--heartbeat-ms", "3000"].map(str::to_owned));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let _victim = common::worker(None, MODEL, Some(SECRET), &flags);
+    fe.wait_workers(1, Duration::from_secs(10)).await;
+    assert_eq!(fe.complete(MODEL).await.0, 200);
+    let impostor = common::FakeWorker::start();
+    let mut insider = common::EventConn::authenticated(fe.events, SECRET);
+    let _ = insider.send(&common::register(7, u64::MAX, 1, MODEL, &impostor.addr.to_string()));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut statuses = Vec::new();
+    for _ in 0..20 {
+        let (status, body) = fe.complete(MODEL).await;
+        statuses.push(if body.contains(common::IMPOSTOR_MARK) { 0 } else { status });
+    }
+    eprintln!("20 requests after the takeover: {statuses:?}; the impostor got {}", impostor.requests());
+    assert_eq!(impostor.requests(), 0, "the impostor took worker 7's requests: {statuses:?}");
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    drop(insider);
+}

@@ -48,6 +48,12 @@ impl Ownership {
         self.workers.get(&worker).and_then(|p| p.holder)
     }
 
+    /// Whether this plane registered `worker` (held, or orphaned within
+    /// its grace).
+    pub(super) fn knows(&self, worker: WorkerId) -> bool {
+        self.workers.contains_key(&worker)
+    }
+
     /// `token` now holds `worker` in `incarnation`.
     ///
     /// # Errors

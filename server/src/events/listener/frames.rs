@@ -112,6 +112,16 @@ impl PlaneServer {
         if self.ownership.may_claim(worker, token).is_err() {
             return Err(self.held(conn, worker));
         }
+        // An id another plane registered (NATS) has no connection here to
+        // hold it: another life of it waits until that worker is silent or
+        // gone, as one a connection holds waits for the connection.
+        let elsewhere = !self.ownership.knows(worker)
+            && self.monitor.incarnation(worker).is_some_and(|held| held != incarnation)
+            && self.directory.contains(worker)
+            && !self.directory.is_silent(worker);
+        if elsewhere {
+            return Err(Close::Refused(format!("worker id {worker} is held by a live worker on the NATS plane")));
+        }
         if let Err(why) = crate::directory::check_address(http_addr) {
             return Err(Close::Refused(format!("Register of worker {worker}: {why}")));
         }
