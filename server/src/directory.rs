@@ -418,6 +418,17 @@ impl WorkerDirectory {
             .is_some_and(|e| e.silent.load(Ordering::Relaxed))
     }
 
+    /// Whether `worker` is known at `http_addr` (`HOST:PORT` or a URL, as
+    /// a Register names it).
+    pub fn has_address(&self, worker: WorkerId, http_addr: &str) -> bool {
+        let wanted = address(http_addr, 0, false).base_url;
+        self.workers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&worker)
+            .is_some_and(|e| e.address.base_url == wanted)
+    }
+
     /// Whether `worker` was registered by `--worker URL` or `--engine`.
     pub fn is_static(&self, worker: WorkerId) -> bool {
         self.workers.read().unwrap_or_else(|e| e.into_inner()).get(&worker).is_some_and(|e| e.is_static)

@@ -204,25 +204,30 @@ async fn an_insider_on_nats_cannot_take_the_id_of_a_tcp_worker() {
     let _box = common::shared().await;
     let nats = Nats::start(&[]);
     let fe = common::frontend(&nats, &[]);
-    let _victim = common::worker(Some(fe.events), MODEL, Some(SECRET), &["--worker-id", "6"]);
+    let victim = common::worker(Some(fe.events), MODEL, Some(SECRET), &["--worker-id", "6"]);
     fe.wait_workers(1, Duration::from_secs(10)).await;
     assert_eq!(fe.complete(MODEL).await.0, 200);
     let impostor = common::FakeWorker::start();
     let insider = async_nats::connect(nats.url.as_str()).await.expect("connects");
     let subject = format!("loadgate.ev.{MODEL}.6");
-    let register = Frame::Register {
-        worker: 6,
-        incarnation: u64::MAX,
-        dp_size: 1,
-        model: MODEL.to_owned(),
-        http_addr: impostor.addr.to_string(),
-    };
-    for _ in 0..5 {
-        let mut buf = BytesMut::new();
-        seal(SECRET.as_bytes(), &subject, common::unix_ms(), &register, &mut buf).unwrap();
-        insider.publish(subject.clone(), buf.freeze()).await.unwrap();
-        insider.flush().await.unwrap();
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    // Another life, and the victim's own life (its open /info names it)
+    // at the impostor's address.
+    let own = victim_incarnation(&fe, &victim).await;
+    for incarnation in [u64::MAX, own] {
+        let register = Frame::Register {
+            worker: 6,
+            incarnation,
+            dp_size: 1,
+            model: MODEL.to_owned(),
+            http_addr: impostor.addr.to_string(),
+        };
+        for _ in 0..3 {
+            let mut buf = BytesMut::new();
+            seal(SECRET.as_bytes(), &subject, common::unix_ms(), &register, &mut buf).unwrap();
+            insider.publish(subject.clone(), buf.freeze()).await.unwrap();
+            insider.flush().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
     let mut statuses = Vec::new();
     for _ in 0..20 {
@@ -252,20 +257,31 @@ async fn an_insider_on_tcp_cannot_take_the_id_of_a_nats_worker() {
     let mut flags = plane(&nats);
     flags.extend(["--worker-id", "7", "--heartbeat-ms", "3000"].map(str::to_owned));
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let _victim = common::worker(None, MODEL, Some(SECRET), &flags);
+    let victim = common::worker(None, MODEL, Some(SECRET), &flags);
     fe.wait_workers(1, Duration::from_secs(10)).await;
     assert_eq!(fe.complete(MODEL).await.0, 200);
     let impostor = common::FakeWorker::start();
-    let mut insider = common::EventConn::authenticated(fe.events, SECRET);
-    let _ = insider.send(&common::register(7, u64::MAX, 1, MODEL, &impostor.addr.to_string()));
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    let mut statuses = Vec::new();
-    for _ in 0..20 {
-        let (status, body) = fe.complete(MODEL).await;
-        statuses.push(if body.contains(common::IMPOSTOR_MARK) { 0 } else { status });
+    // Another life, and the victim's own life (its open /info names it)
+    // at the impostor's address, each from a new connection.
+    let own = victim_incarnation(&fe, &victim).await;
+    for incarnation in [u64::MAX, own] {
+        let mut insider = common::EventConn::authenticated(fe.events, SECRET);
+        let _ = insider.send(&common::register(7, incarnation, 1, MODEL, &impostor.addr.to_string()));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut statuses = Vec::new();
+        for _ in 0..10 {
+            let (status, body) = fe.complete(MODEL).await;
+            statuses.push(if body.contains(common::IMPOSTOR_MARK) { 0 } else { status });
+        }
+        eprintln!("10 requests after a takeover as incarnation {incarnation}: {statuses:?}");
+        assert_eq!(impostor.requests(), 0, "the impostor took worker 7's requests as {incarnation}: {statuses:?}");
+        assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
     }
-    eprintln!("20 requests after the takeover: {statuses:?}; the impostor got {}", impostor.requests());
-    assert_eq!(impostor.requests(), 0, "the impostor took worker 7's requests: {statuses:?}");
-    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
-    drop(insider);
+}
+
+/// The incarnation `victim` names in its `/info` (open without a proof).
+async fn victim_incarnation(fe: &common::Frontend, victim: &common::Worker) -> u64 {
+    let info: serde_json::Value =
+        fe.client.get(format!("{}/info", victim.http)).send().await.unwrap().json().await.unwrap();
+    info["incarnation"].as_u64().expect("an incarnation in /info")
 }

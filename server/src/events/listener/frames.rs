@@ -113,12 +113,16 @@ impl PlaneServer {
             return Err(self.held(conn, worker));
         }
         // An id another plane registered (NATS) has no connection here to
-        // hold it: another life of it waits until that worker is silent or
-        // gone, as one a connection holds waits for the connection.
+        // hold it: while that worker is heard, only the same life at the
+        // same address (a worker on both planes) registers here; another
+        // life or address waits until it is silent or gone, as an id a
+        // connection holds waits for the connection.
         let elsewhere = !self.ownership.knows(worker)
-            && self.monitor.incarnation(worker).is_some_and(|held| held != incarnation)
-            && self.directory.contains(worker)
-            && !self.directory.is_silent(worker);
+            && self.monitor.incarnation(worker).is_some_and(|held| {
+                self.directory.contains(worker)
+                    && !self.directory.is_silent(worker)
+                    && (held != incarnation || !self.directory.has_address(worker, http_addr))
+            });
         if elsewhere {
             return Err(Close::Refused(format!("worker id {worker} is held by a live worker on the NATS plane")));
         }

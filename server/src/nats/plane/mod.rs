@@ -350,7 +350,7 @@ impl Applier {
                 }
                 // Before the replay check: a refused Register is not the
                 // newest of its stream (the real life's would be dropped).
-                if self.takes_a_live_id(worker, incarnation) {
+                if self.takes_a_live_id(worker, incarnation, &http_addr) {
                     self.stats.frame_dropped(false);
                     return;
                 }
@@ -478,17 +478,20 @@ impl Applier {
     /// connection is gone. Else any holder of the secret took a live
     /// worker's id, and its requests, by naming a higher incarnation. The
     /// same holds for an id this plane did not register (a TCP
-    /// connection's, or a `--worker` one's): another life of it waits until
-    /// that one is silent or gone.
-    fn takes_a_live_id(&self, worker: WorkerId, incarnation: u64) -> bool {
+    /// connection's, or a `--worker` one's): while that worker is heard,
+    /// only the same life at the same address (a worker on both planes)
+    /// registers here; another life, or another address (an incarnation
+    /// can be read from the worker's open `/info`), waits until it is
+    /// silent or gone.
+    fn takes_a_live_id(&self, worker: WorkerId, incarnation: u64, http_addr: &str) -> bool {
         let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
         let live = match known.get(&worker) {
             Some(k) => incarnation > k.incarnation && !k.silent,
-            None => {
-                self.monitor.incarnation(worker).is_some_and(|held| held != incarnation)
-                    && self.directory.contains(worker)
+            None => self.monitor.incarnation(worker).is_some_and(|held| {
+                self.directory.contains(worker)
                     && !self.directory.is_silent(worker)
-            }
+                    && (held != incarnation || !self.directory.has_address(worker, http_addr))
+            }),
         };
         drop(known);
         if live {
