@@ -407,26 +407,19 @@ impl WorkerDirectory {
             .collect()
     }
 
-    /// Whether `worker`'s event connection is marked silent (false for a
-    /// worker not known).
-    pub fn is_silent(&self, worker: WorkerId) -> bool {
+    /// Whether a Register of `worker`'s `incarnation` at `http_addr` would
+    /// take the id of a live worker (in the directory, not silent) that is
+    /// another life, `held` (the monitor's), or at another address. An
+    /// incarnation is no secret (a worker's `/info` names it), so the same
+    /// one at another address is another worker too.
+    pub fn held_by_another_live(&self, worker: WorkerId, held: u64, incarnation: u64, http_addr: &str) -> bool {
+        let workers = self.workers.read().unwrap_or_else(|e| e.into_inner());
+        let Some(entry) = workers.get(&worker) else { return false };
         // Relaxed: advisory, as `Entry::excluded`.
-        self.workers
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&worker)
-            .is_some_and(|e| e.silent.load(Ordering::Relaxed))
-    }
-
-    /// Whether `worker` is known at `http_addr` (`HOST:PORT` or a URL, as
-    /// a Register names it).
-    pub fn has_address(&self, worker: WorkerId, http_addr: &str) -> bool {
-        let wanted = address(http_addr, 0, false).base_url;
-        self.workers
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&worker)
-            .is_some_and(|e| e.address.base_url == wanted)
+        if entry.silent.load(Ordering::Relaxed) {
+            return false;
+        }
+        held != incarnation || entry.address.base_url != address(http_addr, 0, false).base_url
     }
 
     /// Whether `worker` was registered by `--worker URL` or `--engine`.

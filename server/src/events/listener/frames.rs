@@ -118,11 +118,10 @@ impl PlaneServer {
         // life or address waits until it is silent or gone, as an id a
         // connection holds waits for the connection.
         let elsewhere = !self.ownership.knows(worker)
-            && self.monitor.incarnation(worker).is_some_and(|held| {
-                self.directory.contains(worker)
-                    && !self.directory.is_silent(worker)
-                    && (held != incarnation || !self.directory.has_address(worker, http_addr))
-            });
+            && self
+                .monitor
+                .incarnation(worker)
+                .is_some_and(|held| self.directory.held_by_another_live(worker, held, incarnation, http_addr));
         if elsewhere {
             return Err(Close::Refused(format!("worker id {worker} is held by a live worker on the NATS plane")));
         }

@@ -1,9 +1,11 @@
 //! The plane's checks on frames, without NATS.
 
 use super::*;
+
 use bytes::BytesMut;
 use loadgate::wire::envelope::seal;
 use loadgate::{MonitorConfig, RankLoad};
+use std::time::Instant;
 
 const SECRET: &[u8] = b"the event secret of the tests, 32+";
 
