@@ -101,7 +101,9 @@ pub enum ScrapeEvent {
     },
     /// With a [`ModelCheck`]: the engine's models, read after it answered
     /// again (before that scrape's `Loaded`), and then every
-    /// [`RELIST_EVERY`] while some are missing.
+    /// [`RELIST_EVERY`] while some are missing. A list that cannot be read
+    /// makes that scrape `Failed` (its load is not known to be the checked
+    /// models'), and is read again at the next scrape.
     Listed {
         /// The checked models it no longer lists (empty: all there).
         missing: Vec<String>,
@@ -201,17 +203,31 @@ pub fn spawn_scraper(
             sent = tokio::time::Instant::now();
             let event = match scrape_once(&client, kind, &base_url, config.timeout, config.ahead_tokens).await {
                 Ok(snapshot) => {
-                    consecutive = 0;
+                    // With a check due, the load counts only once the models are read.
+                    let mut unchecked = None;
                     if let Some(check) = check.as_ref().filter(|_| relist.is_some_and(|at| sent >= at)) {
                         let (next, listed) = list_again(&client, &base_url, check).await;
                         relist = next;
-                        if let Some(listed) = listed {
-                            if on_event(listed).is_break() {
-                                return;
+                        match listed {
+                            Ok(listed) => {
+                                if on_event(listed).is_break() {
+                                    return;
+                                }
                             }
+                            Err(error) => unchecked = Some(error),
                         }
                     }
-                    ScrapeEvent::Loaded(snapshot)
+                    match unchecked {
+                        None => {
+                            consecutive = 0;
+                            ScrapeEvent::Loaded(snapshot)
+                        }
+                        // Not known to serve its models: a failed scrape, the list read again next time.
+                        Some(error) => {
+                            consecutive = consecutive.saturating_add(1);
+                            ScrapeEvent::Failed { consecutive, error }
+                        }
+                    }
                 }
                 Err(error) => {
                     consecutive = consecutive.saturating_add(1);
@@ -227,25 +243,26 @@ pub fn spawn_scraper(
 }
 
 /// Reads the engine's models for `check`: the [`ScrapeEvent::Listed`] to
-/// report (none if the list could not be read: logged), and when to read
-/// them again (none once every checked model is listed).
+/// report, and when to read them again (none once every checked model is
+/// listed); or, when the list could not be read, why (read again at the
+/// next scrape).
 async fn list_again(
     client: &reqwest::Client,
     base_url: &str,
     check: &ModelCheck,
-) -> (Option<tokio::time::Instant>, Option<ScrapeEvent>) {
+) -> (Option<tokio::time::Instant>, Result<ScrapeEvent, String>) {
     let listed = list_models(client, base_url, check.timeout).await;
-    // From the answer: the next list starts a whole RELIST_EVERY after this one ended.
-    let again = Some(tokio::time::Instant::now() + RELIST_EVERY);
+    let now = tokio::time::Instant::now();
     match listed {
         Ok(listed) => {
             let missing: Vec<String> = check.models.iter().filter(|m| !listed.contains(m)).cloned().collect();
-            let next = if missing.is_empty() { None } else { again };
-            (next, Some(ScrapeEvent::Listed { missing, listed }))
+            // From the answer: the next list starts a whole RELIST_EVERY after this one ended.
+            let next = if missing.is_empty() { None } else { Some(now + RELIST_EVERY) };
+            (next, Ok(ScrapeEvent::Listed { missing, listed }))
         }
         Err(error) => {
-            tracing::debug!(%error, "the engine answers its scrapes again but not GET /v1/models");
-            (again, None)
+            let error = format!("the engine answers its scrapes again but its models could not be read: {error:#}");
+            (Some(now), Err(error))
         }
     }
 }

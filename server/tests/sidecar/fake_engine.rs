@@ -46,6 +46,8 @@ struct EngineState {
     metrics_up: AtomicBool,
     /// The model `/v1/models` lists.
     model: Mutex<String>,
+    /// `/v1/models` answers (else 503, as an engine still loading its model).
+    models_up: AtomicBool,
     /// Completions get no answer: their connection is dropped (as a dead
     /// engine's would be reset) while `/metrics` still answers.
     hang_up: AtomicBool,
@@ -95,6 +97,7 @@ impl FakeEngine {
             waiting: (0..ranks).map(|_| AtomicU32::new(0)).collect(),
             metrics_up: AtomicBool::new(true),
             model: Mutex::new(MODEL.to_owned()),
+            models_up: AtomicBool::new(true),
             hang_up: AtomicBool::new(false),
         });
         let shared = state.clone();
@@ -143,6 +146,12 @@ impl FakeEngine {
     pub(crate) fn set_hang_up(&self, hang_up: bool) {
         // Relaxed: read by the next completion.
         self.state.hang_up.store(hang_up, Ordering::Relaxed);
+    }
+
+    /// Whether `/v1/models` answers from now on (else 503).
+    pub(crate) fn set_models_up(&self, up: bool) {
+        // Relaxed: read by the next /v1/models answer.
+        self.state.models_up.store(up, Ordering::Relaxed);
     }
 
     /// The model `/v1/models` lists from now on.
@@ -265,6 +274,10 @@ pub(crate) fn whole_answer(tokens: u64) -> String {
 }
 
 async fn models(State(state): State<Arc<EngineState>>) -> Response {
+    // Relaxed: a flag read on its own.
+    if !state.models_up.load(Ordering::Relaxed) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "loading model").into_response();
+    }
     let model = state.model.lock().unwrap().clone();
     let body = json!({"object": "list", "data": [{"id": model, "object": "model", "owned_by": "vllm"}]});
     ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()

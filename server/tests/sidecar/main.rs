@@ -386,6 +386,35 @@ async fn an_engine_back_with_another_model_keeps_the_sidecar_out_until_it_lists_
     assert_eq!((status, body.as_str()), (200, whole_answer(1).as_str()));
 }
 
+/// The engine comes back serving another model, and its `/v1/models` does
+/// not answer yet (an engine still loading answers 503): the sidecar cannot
+/// tell which model it serves, so it stays out of routing until the list
+/// answers (and names its model).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_back_whose_models_cannot_be_read_keeps_the_sidecar_out() {
+    let (frontend, engine, worker) = routed_sidecar().await;
+    let client = long_client();
+    engine.set_model("another/model");
+    engine.set_models_up(false);
+    engine.set_metrics_up(false);
+    frontend.wait_workers(0, Duration::from_secs(5)).await;
+    engine.set_metrics_up(true);
+    // 1.5 s of good scrapes (50 ms apart) and failing lists: never back.
+    let until = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < until {
+        let health: Value = client.get(format!("{}/health", frontend.http)).send().await.unwrap().json().await.unwrap();
+        assert_eq!(health["workers"], 0, "back in routing with a model nobody checked: {health}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(client.get(format!("{}/health", worker.base)).send().await.unwrap().status().as_u16(), 503);
+    // The list answers, with the worker's model: back.
+    engine.set_model(MODEL);
+    engine.set_models_up(true);
+    frontend.wait_workers(1, Duration::from_secs(10)).await;
+    let (status, body) = complete(client.clone(), frontend.http.clone(), request(1, 0, false), None).await;
+    assert_eq!((status, body.as_str()), (200, whole_answer(1).as_str()));
+}
+
 /// An engine that hangs up on every request (as one being killed does)
 /// while its scrapes still answer: the sidecar tells its frontend the
 /// request never ran (`x-loadgate-refusal: engine-not-reached`), and the

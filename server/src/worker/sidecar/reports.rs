@@ -29,7 +29,9 @@
 //! any model with its own). Unless `model=` named the model, the scraper
 //! then reads `/v1/models` again ([`ScrapeEvent::Listed`]); while the
 //! worker's model is not listed, the worker stays out of routing,
-//! unhealthy, and says why; it rejoins once the engine lists it again.
+//! unhealthy, and says why; it rejoins once the engine lists it again. A
+//! list that cannot be read counts as a failed scrape: the worker does not
+//! rejoin on a model nobody checked.
 //!
 //! # The seq survives a rejoin
 //!
