@@ -200,10 +200,13 @@ impl WorkerRouter {
 
     /// As [`route_class`](Self::route_class) for a request that may not
     /// wait, beside requests that do ([`wait`](Self::wait)): while anyone
-    /// waits in the model's line, it gets no worker ahead of them
-    /// ([`RouteError::Overloaded`]), as a request that may wait would join
-    /// the line behind them. With nobody waiting, the same route (one more
-    /// atomic load).
+    /// of its class or a higher one waits in the model's line, it gets no
+    /// worker ahead of them ([`RouteError::Overloaded`]), as a request that
+    /// may wait would join the line behind them; waiters of lower classes
+    /// only (say, sheddable ones kept off the headroom) do not hold it back,
+    /// as they would not in the line. With nobody waiting, the same route
+    /// (one more atomic load); with waiters, a non-sheddable request takes
+    /// the line's lock once.
     ///
     /// # Errors
     ///
@@ -217,7 +220,7 @@ impl WorkerRouter {
         self.with_routed(model, |routed| {
             // A forgotten model's line says nothing of the model now: the
             // route looks it up again.
-            if routed.state.line.is_waiting() && !routed.state.is_retired() {
+            if routed.state.line.is_ahead_of(class) && !routed.state.is_retired() {
                 return Err(RouteError::Overloaded);
             }
             self.route_class_routed(routed, exclude, class)

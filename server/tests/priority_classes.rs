@@ -346,3 +346,39 @@ async fn a_class_with_no_line_does_not_overtake_the_waiters() {
     assert_eq!(status, 200);
     assert_eq!(worker.http.requests(), 2, "only the two critical requests reached the worker");
 }
+
+/// A class with no line of its own is kept behind waiters of its class or
+/// a higher one only: a sheddable waiter held off the headroom (the only
+/// class with a line here) does not turn away a standard request the
+/// worker is free for (`--sheddable-headroom`: "refused first while the
+/// others still get in"; a standard request has the instant answer, and
+/// the worker is not busy for it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lower_class_waiter_does_not_turn_away_a_class_with_no_line() {
+    let _box = common::shared().await;
+    let fe = frontend(&[
+        "--sheddable-headroom",
+        "0.5",
+        "--trust-priority-header",
+        "--router-queue-timeout-ms",
+        "sheddable=20000",
+    ]);
+    let mut worker = Controlled::register(&fe).await;
+    let client = common::client_within(Duration::from_secs(30));
+    // Free at 0.5, busy for sheddable requests (above 0.25).
+    worker.report_blocks(30);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let sheddable = tokio::spawn(send_with(&fe, client.clone(), "sheddable"));
+    wait_waiting(&fe, 1.0).await;
+    for n in 1..=2 {
+        let (status, reason, took) = send_with(&fe, client.clone(), "standard").await;
+        assert_eq!(status, 200, "standard request {n} beside a held sheddable waiter: {reason:?} after {took:?}");
+        worker.report_blocks(30);
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!sheddable.is_finished(), "the sheddable request waits for the headroom");
+    worker.report_blocks(20);
+    let (status, _, _) = tokio::time::timeout(Duration::from_secs(5), sheddable).await.expect("served").unwrap();
+    assert_eq!(status, 200);
+    wait_waiting(&fe, 0.0).await;
+}

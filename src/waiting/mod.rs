@@ -328,6 +328,21 @@ impl Line {
         self.waiting.load(Ordering::Acquire) != 0
     }
 
+    /// Whether a request of `class` that may not wait is behind the line:
+    /// a waiter of its class or a higher one is in it (one that may not
+    /// wait would have joined behind those, while a lower class's waiters
+    /// would have stayed behind it). Without a waiter, one atomic load; a
+    /// sheddable request (the lowest class) is behind any waiter without
+    /// the lock; any other takes the line's lock (cold: only while someone
+    /// waits, on the shed path of a class with no line).
+    #[inline]
+    pub(crate) fn is_ahead_of(&self, class: Class) -> bool {
+        if !self.is_waiting() {
+            return false;
+        }
+        class == Class::Sheddable || lock(&self.queue).waits_at_or_above(class)
+    }
+
     /// How many wait now (without the lock).
     pub(crate) fn waiting(&self) -> usize {
         // Relaxed: a count for a report to others, as old as any beat.

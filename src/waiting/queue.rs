@@ -259,6 +259,11 @@ impl Queue {
         self.tokens
     }
 
+    /// Whether a waiter of `class` or a higher class is in the line.
+    pub(super) fn waits_at_or_above(&self, class: Class) -> bool {
+        self.classes[..=class.index()].iter().any(|line| !line.is_empty())
+    }
+
     /// Whether `class` serves its latest deadline first (see `overrun`).
     pub(super) fn is_overrun(&self, class: Class) -> bool {
         self.classes[class.index()].overrun
