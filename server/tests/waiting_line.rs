@@ -405,3 +405,36 @@ async fn an_overrun_line_serves_the_latest_deadline_first() {
     wait_waiting(&fe, 0.0).await;
     assert_eq!(overrun(&fe).await, Some(0.0), "an empty line is in deadline order again");
 }
+
+/// The retry hint of a refusal is never less than the line's expected wait
+/// (docs/deployment.md, the retry hint), also once the admin API took the
+/// line away from newcomers (`router_queue_timeout_ms: 0`): those already
+/// waiting keep their deadlines, and a client refused beside them comes
+/// back only after them. Before, the hint forgot them (1 s or so, with 20
+/// waiting an expected 20 s: no request has finished, 1 s each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_beside_a_line_closed_to_newcomers_still_counts_its_waiters() {
+    let _box = common::shared().await;
+    let fe = frontend(&["--router-queue-timeout-ms", "20000"]);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let client = common::client_within(Duration::from_secs(30));
+    let waiters: Vec<_> = (0..20).map(|_| tokio::spawn(send(&fe, client.clone()))).collect();
+    wait_waiting(&fe, 20.0).await;
+    let hint_ms = || async {
+        let body = json!({"model": MODEL, "prompt": "hello there", "max_tokens": 4});
+        let response = fe.client.post(format!("{}/v1/completions", fe.http)).json(&body).send().await.unwrap();
+        assert_eq!(response.status().as_u16(), 529);
+        let hint = response.headers().get("retry-after-ms").expect("retry-after-ms").to_str().unwrap().to_owned();
+        hint.parse::<f64>().unwrap()
+    };
+    let (status, body) = admin_post(&fe, json!({"model": MODEL, "router_queue_timeout_ms": 0})).await;
+    assert_eq!(status, 200, "{body}");
+    let hint = hint_ms().await;
+    assert!(hint >= 19_000.0, "a refusal beside 20 waiters was told to retry after {hint} ms");
+    assert_eq!(waiting(&fe).await, 20.0, "those waiting keep their places");
+    for waiter in &waiters {
+        assert!(!waiter.is_finished());
+    }
+}

@@ -35,6 +35,10 @@ pub(crate) struct QueueTimeouts {
     /// Whether `by_model` holds anything: without, a shed request reads
     /// only `default` (no lock on the reject path).
     any: AtomicBool,
+    /// Whether any model may have had a line: the flag's, or one set by
+    /// `POST /busy_threshold` since (never unset: a line taken away keeps
+    /// its waiters until their deadlines).
+    lined: AtomicBool,
     /// Seconds each request that joined a line waited in it.
     waited: StripedHistogram,
 }
@@ -46,6 +50,7 @@ impl QueueTimeouts {
             by_model: RwLock::default(),
             monitor,
             any: AtomicBool::new(false),
+            lined: AtomicBool::new(default.0.iter().any(|t| !t.is_zero())),
             waited: StripedHistogram::new(WAIT_BUCKETS),
         }
     }
@@ -58,10 +63,14 @@ impl QueueTimeouts {
         (!timeout.is_zero()).then_some(timeout)
     }
 
-    /// Whether `model` has a line for some class.
+    /// Whether some model may have requests waiting: a line was configured
+    /// at some time (by the flag or the admin API). Without, nothing waits
+    /// anywhere (no lock on the reject path); with, a line taken away keeps
+    /// its waiters until their deadlines.
     #[inline]
-    pub(crate) fn has_line(&self, model: &str) -> bool {
-        self.of(model).0.iter().any(|t| !t.is_zero())
+    pub(crate) fn ever_lined(&self) -> bool {
+        // Relaxed: as `any`.
+        self.lined.load(Ordering::Relaxed)
     }
 
     /// `model`'s timeouts.
@@ -86,7 +95,13 @@ impl QueueTimeouts {
         let mut by_model = self.by_model.write().unwrap_or_else(|e| e.into_inner());
         by_model.retain(|model, (life, _)| self.monitor.model_life(model) == Some(*life));
         match (timeout, self.monitor.model_life(model)) {
-            (Some(timeout), Some(life)) => by_model.insert(model.to_owned(), (life, timeout)),
+            (Some(timeout), Some(life)) => {
+                if timeout.0.iter().any(|t| !t.is_zero()) {
+                    // Relaxed: as `any`.
+                    self.lined.store(true, Ordering::Relaxed);
+                }
+                by_model.insert(model.to_owned(), (life, timeout))
+            }
             _ => by_model.remove(model),
         };
         // Relaxed: written under the map's lock; see `timeout`.

@@ -189,9 +189,12 @@ impl Frontend {
         reply::overloaded(self.retry_after_waiting(self.waiting(model)), &reasons)
     }
 
-    /// Requests waiting in `model`'s line (0 without a line: nothing read).
+    /// Requests waiting in `model`'s line (0 when no model ever had a line:
+    /// nothing read). A model whose line the admin API took away (timeout
+    /// 0) still counts those waiting: they keep their deadlines, and a
+    /// refused client comes back after them.
     pub(crate) fn waiting(&self, model: &str) -> u64 {
-        if !self.queue.has_line(model) {
+        if !self.queue.ever_lined() {
             return 0;
         }
         self.monitor.line_stats(model).map_or(0, |stats| stats.waiting as u64)
