@@ -438,3 +438,34 @@ async fn a_refusal_beside_a_line_closed_to_newcomers_still_counts_its_waiters() 
         assert!(!waiter.is_finished());
     }
 }
+
+/// The admin API clears the model's last threshold while requests wait:
+/// nothing can be busy any more ("no threshold configured: nothing is ever
+/// excluded"), so the waiters go at once, and so do newcomers. Before, the
+/// line kept giving the worker one waiter per report of its own (the
+/// pacing that lets a report say whether the worker can take another,
+/// though no report could say so now): the rest waited for reports and,
+/// without, were refused at their deadlines, newcomers behind them too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clearing_the_last_threshold_lets_the_whole_line_go() {
+    let _box = common::shared().await;
+    let fe = frontend(&["--router-queue-timeout-ms", "10000"]);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    let client = common::client_within(Duration::from_secs(30));
+    let waiters: Vec<_> = (0..10).map(|_| tokio::spawn(send(&fe, client.clone()))).collect();
+    wait_waiting(&fe, 10.0).await;
+    let (status, body) = admin_post(&fe, json!({"model": MODEL, "active_decode_blocks_threshold": null})).await;
+    assert_eq!(status, 200, "{body}");
+    for (n, waiter) in waiters.into_iter().enumerate() {
+        let (status, reason, took) =
+            tokio::time::timeout(Duration::from_secs(5), waiter).await.expect("answered").unwrap();
+        assert_eq!(status, 200, "waiter {n}: {reason:?} after {took:?}");
+        assert!(took < Duration::from_secs(5), "waiter {n} served after {took:?}");
+    }
+    let (status, _, took) = send(&fe, client.clone()).await;
+    assert_eq!(status, 200, "a newcomer after {took:?}");
+    wait_waiting(&fe, 0.0).await;
+    assert_eq!(worker.http.requests(), 11);
+}

@@ -537,7 +537,10 @@ impl Line {
     /// routing (none registered, or every one out of routing) wakes every
     /// waiter, held ones too: there is nothing to wait for, and each hears it
     /// as a newcomer would ([`WaitError::Unavailable`]), or moves to its
-    /// model's new line if the model was forgotten and has come back.
+    /// model's new line if the model was forgotten and has come back. A
+    /// view of a model with no threshold (the last one cleared while
+    /// requests wait) wakes every waiter not held: nothing is busy, and
+    /// they route past the spent marks (`wait::dispatch`).
     fn wake_free(&self, queue: &mut Queue, view: &crate::sync::Swap<ModelView>) {
         self.wake_free_in(queue, &view.load());
     }
@@ -550,6 +553,13 @@ impl Line {
                 queue.release();
                 self.sync_hint(queue);
             }
+            queue.wake(usize::MAX);
+            return;
+        }
+        if !view.filtering {
+            // No threshold: no worker is ever busy, and no report can say
+            // that one took too much. Every waiter routes (held ones at
+            // the next publication or report, as ever).
             queue.wake(usize::MAX);
             return;
         }

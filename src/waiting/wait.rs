@@ -308,9 +308,13 @@ fn dispatch(
         queue.set_waker(at, cx.waker());
         return Poll::Pending;
     }
-    let routed = match queue.is_large() {
-        true => router.route_among_free(&mut queue, exclude),
-        false => router.route_leaving_out(queue.spent(), exclude),
+    // With no threshold nothing is busy, and the spent marks pace nothing:
+    // no report could say a worker took too much.
+    let filtering = router.routed.state.view().load().filtering;
+    let routed = match (filtering, queue.is_large()) {
+        (false, _) => router.route(exclude),
+        (true, true) => router.route_among_free(&mut queue, exclude),
+        (true, false) => router.route_leaving_out(queue.spent(), exclude),
     };
     match routed {
         Ok(worker) => {

@@ -449,8 +449,9 @@ async fn the_end_of_a_request_scrapes_its_engine_with_scrape_on_end() {
 /// before the line dispatched a request to its engine, and answered after
 /// with a free slot, does not free that engine for a second waiter (its
 /// answer cannot show the request just sent). The dispatch comes from
-/// something other than a scrape: the threshold cleared and set again
-/// through the admin API while the scrape's `/slots` is held. A scrape sent
+/// something other than a scrape: the threshold raised to 1 and set back
+/// through the admin API while the scrape's `/slots` is held. (Not
+/// cleared: with no threshold nothing is busy, and the whole line goes.) A scrape sent
 /// after the dispatch does free it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scrape_sent_before_a_dispatch_does_not_free_the_engine_for_another_waiter() {
@@ -487,10 +488,10 @@ async fn a_scrape_sent_before_a_dispatch_does_not_free_the_engine_for_another_wa
     // A scrape in flight: sent while nothing was dispatched.
     let held = engine.hold_next_slots();
     tokio::time::timeout(SETTLE, held.arrived).await.expect("a scrape arrives").unwrap();
-    // Cleared: the engine is free, the line dispatches one waiter to it
-    // (and only one: the engine has not reported since). Set again: busy
-    // by its last report.
-    assert_eq!(fe.set_thresholds(json!({"model": MODEL, "active_decode_blocks_threshold": null})).await, 200);
+    // Raised to 1 (every slot in use is not over it): the engine is free,
+    // the line dispatches one waiter to it (and only one: the engine has
+    // not reported since). Set back: busy by its last report.
+    assert_eq!(fe.set_thresholds(json!({"model": MODEL, "active_decode_blocks_threshold": 1.0})).await, 200);
     fe.wait_metrics("one dispatched", |m| waiting(m) == 1.0).await;
     assert_eq!(fe.set_thresholds(json!({"model": MODEL, "active_decode_blocks_threshold": 0.85})).await, 200);
     fe.wait_metrics("busy again", |m| busy(m) == 1.0).await;
