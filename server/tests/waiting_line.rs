@@ -469,3 +469,31 @@ async fn clearing_the_last_threshold_lets_the_whole_line_go() {
     wait_waiting(&fe, 0.0).await;
     assert_eq!(worker.http.requests(), 11);
 }
+
+/// `loadgate_frontend_queue_tokens` is the prompt tokens waiting in the
+/// line (docs/deployment.md, metrics) whatever limits are set. Before, the
+/// prompts were counted only with a token limit, a tenants file or the
+/// router's own tracking: with the line alone (the default) it read 0
+/// while requests waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_gauge_counts_the_waiting_prompts_without_a_token_limit() {
+    let _box = common::shared().await;
+    let fe = frontend(&["--router-queue-timeout-ms", "20000"]);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    // "hello there": 2 tokens each.
+    let waiters: Vec<_> = (0..3).map(|_| tokio::spawn(send(&fe, fe.client.clone()))).collect();
+    wait_waiting(&fe, 3.0).await;
+    let text = metrics_text(&fe.client, &fe.http).await;
+    assert_eq!(metric(&text, "loadgate_frontend_queue_tokens"), Some(6.0), "{text}");
+    for k in 1..=3 {
+        worker.report(false);
+        wait_received(&worker.http, k).await;
+    }
+    for waiter in waiters {
+        assert_eq!(waiter.await.unwrap().0, 200);
+    }
+    let text = metrics_text(&fe.client, &fe.http).await;
+    assert_eq!(metric(&text, "loadgate_frontend_queue_tokens"), Some(0.0), "{text}");
+}

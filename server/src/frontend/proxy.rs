@@ -149,9 +149,11 @@ async fn proxy(
     body: Bytes,
 ) -> Response {
     let Asked { class: header_class, caller, labels } = asked;
-    // The body's priority counts only without the header.
+    // The body's priority counts only without the header. The prompt is
+    // counted for the router's tracking, for the line's token bounds, and
+    // whenever a line may hold the request (its gauge of tokens waiting).
     let reading = Reading {
-        prompt: frontend.inflight.tracking() || frontend.line_counts_tokens,
+        prompt: frontend.inflight.tracking() || frontend.line_counts_tokens || frontend.queue.ever_lined(),
         nvext_priority: header_class.is_none() && frontend.priority.reads_nvext(),
     };
     let head = if body.len() <= INLINE_READ_LIMIT {
