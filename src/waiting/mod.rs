@@ -31,7 +31,8 @@
 //! those with earlier deadlines: no newcomer overtakes them. A request that
 //! may not wait routes with
 //! [`WorkerRouter::route_class_behind_line`](crate::WorkerRouter::route_class_behind_line),
-//! which gives it no worker while anyone waits.
+//! which gives it no worker while anyone of its class or a higher one
+//! waits.
 //!
 //! # Overrun: the latest deadline first
 //!
