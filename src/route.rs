@@ -204,7 +204,9 @@ impl WorkerRouter {
     /// worker ahead of them ([`RouteError::Overloaded`]), as a request that
     /// may wait would join the line behind them; waiters of lower classes
     /// only (say, sheddable ones kept off the headroom) do not hold it back,
-    /// as they would not in the line. With nobody waiting, the same route
+    /// as they would not in the line: it routes past the workers the line
+    /// gave a waiter since their last report, and the worker it gets takes
+    /// no waiter until its next one. With nobody waiting, the same route
     /// (one more atomic load); with waiters, a non-sheddable request takes
     /// the line's lock once.
     ///
@@ -220,10 +222,15 @@ impl WorkerRouter {
         self.with_routed(model, |routed| {
             // A forgotten model's line says nothing of the model now: the
             // route looks it up again.
-            if routed.state.line.is_ahead_of(class) && !routed.state.is_retired() {
-                return Err(RouteError::Overloaded);
+            let line = &routed.state.line;
+            if !line.is_waiting() || routed.state.is_retired() {
+                return self.route_class_routed(routed, exclude, class);
             }
-            self.route_class_routed(routed, exclude, class)
+            line.route_ahead(class, |spent| {
+                let mut skip = exclude.to_vec();
+                skip.extend(spent.iter().filter(|w| !exclude.contains(w)));
+                self.route_class_routed(routed, &skip, class)
+            })
         })?
     }
 

@@ -329,19 +329,37 @@ impl Line {
         self.waiting.load(Ordering::Acquire) != 0
     }
 
-    /// Whether a request of `class` that may not wait is behind the line:
-    /// a waiter of its class or a higher one is in it (one that may not
-    /// wait would have joined behind those, while a lower class's waiters
-    /// would have stayed behind it). Without a waiter, one atomic load; a
-    /// sheddable request (the lowest class) is behind any waiter without
-    /// the lock; any other takes the line's lock (cold: only while someone
-    /// waits, on the shed path of a class with no line).
-    #[inline]
-    pub(crate) fn is_ahead_of(&self, class: Class) -> bool {
-        if !self.is_waiting() {
-            return false;
+    /// Routes a request of `class` that may not wait while someone waits
+    /// (the caller checked [`Line::is_waiting`]): no worker
+    /// ([`RouteError::Overloaded`](crate::RouteError::Overloaded)) while a
+    /// waiter of its class or a higher one is in the line (one that may
+    /// wait would have joined behind those). Waiters of lower classes only
+    /// (say, sheddable ones kept off the headroom) do not hold it back, as
+    /// they would not in the line: it routes with `route`, given the
+    /// line's spent workers to leave out, and the worker it gets is out of
+    /// the line's reach until its next report, as if the line had
+    /// dispatched to it (one report, one request past a threshold). Under
+    /// the line's lock (cold: the shed path of a class with no line, while
+    /// someone waits); a sheddable request, the lowest class, is behind any
+    /// waiter without it.
+    pub(crate) fn route_ahead(
+        &self,
+        class: Class,
+        route: impl FnOnce(&[WorkerId]) -> Result<WorkerId, crate::route::RouteError>,
+    ) -> Result<WorkerId, crate::route::RouteError> {
+        if class == Class::Sheddable {
+            return Err(crate::route::RouteError::Overloaded);
         }
-        class == Class::Sheddable || lock(&self.queue).waits_at_or_above(class)
+        let mut queue = lock(&self.queue);
+        if queue.waits_at_or_above(class) {
+            return Err(crate::route::RouteError::Overloaded);
+        }
+        let routed = route(queue.spent());
+        if let Ok(worker) = routed {
+            queue.decline(worker);
+            self.sync_hint(&queue);
+        }
+        routed
     }
 
     /// How many wait now (without the lock).

@@ -147,6 +147,27 @@ fn a_freed_worker_takes_one_waiter_per_report() {
 /// A scrape sent before a dispatch and answered after it does not show
 /// that dispatch: applied as measured before it, it leaves the worker
 /// spent; a report measured after the dispatch frees it.
+/// A request of a class with no line goes ahead of lower-class waiters
+/// only (as it would in the line), and the worker it gets takes no waiter
+/// until its next report: one report, one request past a threshold.
+#[test]
+fn a_higher_class_without_a_line_goes_ahead_and_spends_its_worker() {
+    use crate::{Class, RouteError};
+    let pool = Pool::new(1, LineLimits::default());
+    pool.report(1, true);
+    let mut standard = wait(&pool, &Timer::default());
+    assert_eq!(poll(&mut standard, &Arc::default()), Poll::Pending);
+    // Frees: the standard waiter is woken, not yet polled.
+    pool.report(1, false);
+    let behind = |class| pool.router.route_class_behind_line("m", &[], class);
+    assert_eq!(behind(Class::Standard), Err(RouteError::Overloaded), "a standard waiter is ahead");
+    assert_eq!(behind(Class::Critical), Ok(1), "a critical request is ahead of standard waiters");
+    assert_eq!(poll(&mut standard, &Arc::default()), Poll::Pending, "the worker took one request on this report");
+    assert_eq!(behind(Class::Critical), Err(RouteError::Overloaded), "and only one");
+    pool.report(1, false);
+    assert_eq!(poll(&mut standard, &Arc::default()), Poll::Ready(Ok(1)));
+}
+
 #[test]
 fn a_request_that_may_not_wait_gets_no_worker_ahead_of_the_waiters() {
     use crate::{Class, RouteError};
