@@ -575,6 +575,7 @@ impl Line {
             queue.wake(usize::MAX);
             return;
         }
+        queue.set_unpaced(!view.filtering);
         if !view.filtering {
             // No threshold: no worker is ever busy, and no report can say
             // that one took too much. Every waiter routes (held ones at

@@ -237,6 +237,8 @@ pub(super) struct Queue {
     /// Waiters a critical arrival displaced, until their future hears it
     /// (woken at once, so each is polled or dropped soon).
     displaced: Vec<Key>,
+    /// The last pass saw a view with no threshold ([`Queue::set_unpaced`]).
+    unpaced: bool,
 }
 
 /// What a join did.
@@ -293,6 +295,20 @@ impl Queue {
     #[inline]
     pub(super) fn free(&mut self, view: &ModelView) -> Option<&[WorkerId]> {
         self.spent.free(view)
+    }
+
+    /// Records whether the view of a pass had no threshold: then a woken
+    /// waiter's dispatch reads the view again to route past the spent
+    /// marks (with a threshold, it does not read it for that).
+    #[inline]
+    pub(super) fn set_unpaced(&mut self, unpaced: bool) {
+        self.unpaced = unpaced;
+    }
+
+    /// Whether the last pass saw a view with no threshold.
+    #[inline]
+    pub(super) fn is_unpaced(&self) -> bool {
+        self.unpaced
     }
 
     /// Whether the line keeps a free set (many workers spent).

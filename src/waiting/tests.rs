@@ -144,9 +144,6 @@ fn a_freed_worker_takes_one_waiter_per_report() {
     assert_eq!(pool.waiting(), 2);
 }
 
-/// A scrape sent before a dispatch and answered after it does not show
-/// that dispatch: applied as measured before it, it leaves the worker
-/// spent; a report measured after the dispatch frees it.
 /// A request of a class with no line goes ahead of lower-class waiters
 /// only (as it would in the line), and the worker it gets takes no waiter
 /// until its next report: one report, one request past a threshold.
@@ -189,6 +186,9 @@ fn a_request_that_may_not_wait_gets_no_worker_ahead_of_the_waiters() {
     assert_eq!(behind(), Ok(1), "the line empty: routed again");
 }
 
+/// A scrape sent before a dispatch and answered after it does not show
+/// that dispatch: applied as measured before it, it leaves the worker
+/// spent; a report measured after the dispatch frees it.
 #[test]
 fn a_report_measured_before_a_dispatch_does_not_free_the_worker_for_another_waiter() {
     let pool = Pool::new(1, LineLimits::default());

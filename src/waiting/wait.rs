@@ -309,8 +309,10 @@ fn dispatch(
         return Poll::Pending;
     }
     // With no threshold nothing is busy, and the spent marks pace nothing:
-    // no report could say a worker took too much.
-    let filtering = router.routed.state.view().load().filtering;
+    // no report could say a worker took too much. The view is read for it
+    // only after a pass saw no threshold (a view with one again routes as
+    // ever: its publication's pass comes after this dispatch or before).
+    let filtering = !queue.is_unpaced() || router.routed.state.view().load().filtering;
     let routed = match (filtering, queue.is_large()) {
         (false, _) => router.route(exclude),
         (true, true) => router.route_among_free(&mut queue, exclude),
