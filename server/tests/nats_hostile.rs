@@ -149,10 +149,6 @@ fn a_model_name_too_long_for_a_subject_stops_the_worker_at_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
 async fn an_insider_cannot_take_a_live_workers_id_with_a_newer_incarnation() {
-    use bytes::BytesMut;
-    use loadgate::wire::envelope::seal;
-    use loadgate::wire::Frame;
-
     let _box = common::shared().await;
     let nats = Nats::start(&[]);
     let fe = common::frontend(&nats, &[]);
@@ -161,31 +157,9 @@ async fn an_insider_cannot_take_a_live_workers_id_with_a_newer_incarnation() {
     assert_eq!(fe.complete(MODEL).await.0, 200);
     let impostor = common::FakeWorker::start();
     let insider = async_nats::connect(nats.url.as_str()).await.expect("connects");
-    let subject = format!("loadgate.ev.{MODEL}.5");
-    let register = Frame::Register {
-        worker: 5,
-        incarnation: u64::MAX,
-        dp_size: 1,
-        model: MODEL.to_owned(),
-        http_addr: impostor.addr.to_string(),
-    };
-    // Sealed with the secret, as every worker's frames are; sent a few
-    // times over a second (a heartbeat's worth), each sealed anew.
-    for _ in 0..5 {
-        let mut buf = BytesMut::new();
-        seal(SECRET.as_bytes(), &subject, common::unix_ms(), &register, &mut buf).unwrap();
-        insider.publish(subject.clone(), buf.freeze()).await.unwrap();
-        insider.flush().await.unwrap();
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let mut statuses = Vec::new();
-    for _ in 0..20 {
-        let (status, body) = fe.complete(MODEL).await;
-        statuses.push(if body.contains(common::IMPOSTOR_MARK) { 0 } else { status });
-    }
-    eprintln!("20 requests after the takeover: {statuses:?}; the impostor got {}", impostor.requests());
-    assert_eq!(impostor.requests(), 0, "the impostor took worker 5's requests: {statuses:?}");
-    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    // A heartbeat's worth (a second).
+    publish_register(&insider, 5, u64::MAX, &impostor, 5).await;
+    the_victim_serves(&fe, &impostor, 20).await;
     assert_eq!(fe.workers().await, Some(1));
 }
 
@@ -197,10 +171,6 @@ async fn an_insider_cannot_take_a_live_workers_id_with_a_newer_incarnation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
 async fn an_insider_on_nats_cannot_take_the_id_of_a_tcp_worker() {
-    use bytes::BytesMut;
-    use loadgate::wire::envelope::seal;
-    use loadgate::wire::Frame;
-
     let _box = common::shared().await;
     let nats = Nats::start(&[]);
     let fe = common::frontend(&nats, &[]);
@@ -209,34 +179,13 @@ async fn an_insider_on_nats_cannot_take_the_id_of_a_tcp_worker() {
     assert_eq!(fe.complete(MODEL).await.0, 200);
     let impostor = common::FakeWorker::start();
     let insider = async_nats::connect(nats.url.as_str()).await.expect("connects");
-    let subject = format!("loadgate.ev.{MODEL}.6");
     // Another life, and the victim's own life (its open /info names it)
     // at the impostor's address.
     let own = victim_incarnation(&fe, &victim).await;
     for incarnation in [u64::MAX, own] {
-        let register = Frame::Register {
-            worker: 6,
-            incarnation,
-            dp_size: 1,
-            model: MODEL.to_owned(),
-            http_addr: impostor.addr.to_string(),
-        };
-        for _ in 0..3 {
-            let mut buf = BytesMut::new();
-            seal(SECRET.as_bytes(), &subject, common::unix_ms(), &register, &mut buf).unwrap();
-            insider.publish(subject.clone(), buf.freeze()).await.unwrap();
-            insider.flush().await.unwrap();
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        publish_register(&insider, 6, incarnation, &impostor, 3).await;
     }
-    let mut statuses = Vec::new();
-    for _ in 0..20 {
-        let (status, body) = fe.complete(MODEL).await;
-        statuses.push(if body.contains(common::IMPOSTOR_MARK) { 0 } else { status });
-    }
-    eprintln!("20 requests after the takeover: {statuses:?}; the impostor got {}", impostor.requests());
-    assert_eq!(impostor.requests(), 0, "the impostor took worker 6's requests: {statuses:?}");
-    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    the_victim_serves(&fe, &impostor, 20).await;
 }
 
 /// The other way across the planes: a worker the NATS plane registered has
@@ -268,15 +217,52 @@ async fn an_insider_on_tcp_cannot_take_the_id_of_a_nats_worker() {
         let mut insider = common::EventConn::authenticated(fe.events, SECRET);
         let _ = insider.send(&common::register(7, incarnation, 1, MODEL, &impostor.addr.to_string()));
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let mut statuses = Vec::new();
-        for _ in 0..10 {
-            let (status, body) = fe.complete(MODEL).await;
-            statuses.push(if body.contains(common::IMPOSTOR_MARK) { 0 } else { status });
-        }
-        eprintln!("10 requests after a takeover as incarnation {incarnation}: {statuses:?}");
-        assert_eq!(impostor.requests(), 0, "the impostor took worker 7's requests as {incarnation}: {statuses:?}");
-        assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+        the_victim_serves(&fe, &impostor, 10).await;
     }
+}
+
+/// Publishes, `times` times 200 ms apart, a Register of `worker` in
+/// `incarnation` at the impostor's address, sealed anew each time with the
+/// secret (as every worker's frames are).
+async fn publish_register(
+    insider: &async_nats::Client,
+    worker: u64,
+    incarnation: u64,
+    impostor: &common::FakeWorker,
+    times: usize,
+) {
+    use bytes::BytesMut;
+    use loadgate::wire::envelope::seal;
+    use loadgate::wire::Frame;
+
+    let subject = format!("loadgate.ev.{MODEL}.{worker}");
+    let register = Frame::Register {
+        worker,
+        incarnation,
+        dp_size: 1,
+        model: MODEL.to_owned(),
+        http_addr: impostor.addr.to_string(),
+    };
+    for _ in 0..times {
+        let mut buf = BytesMut::new();
+        seal(SECRET.as_bytes(), &subject, common::unix_ms(), &register, &mut buf).unwrap();
+        insider.publish(subject.clone(), buf.freeze()).await.unwrap();
+        insider.flush().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Sends `n` completions after a takeover attempt: every one is answered
+/// 200 by the victim, none by the impostor.
+async fn the_victim_serves(fe: &common::Frontend, impostor: &common::FakeWorker, n: usize) {
+    let mut statuses = Vec::new();
+    for _ in 0..n {
+        let (status, body) = fe.complete(MODEL).await;
+        statuses.push(if body.contains(common::IMPOSTOR_MARK) { 0 } else { status });
+    }
+    eprintln!("{n} requests after the takeover: {statuses:?}; the impostor got {}", impostor.requests());
+    assert_eq!(impostor.requests(), 0, "the impostor took the victim's requests: {statuses:?}");
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
 }
 
 /// The incarnation `victim` names in its `/info` (open without a proof).
