@@ -105,12 +105,13 @@ pub(crate) async fn attempt<W: Watcher>(
         }
         Err(_) => return no_first_byte(peer, timeouts.first_byte),
     };
-    // The upstream answered: what it has not read of the body yet, it may
-    // still read (dropped before, `revoke` takes the body back).
-    revoke.disarm();
     // A refusal is recognised by the explicit signal alone, whatever the
     // status (an overload status of 200 included) and the body. The signal
-    // is never relayed: the response's headers are built here.
+    // is never relayed: the response's headers are built here. A refused
+    // request needs no more of its body there: `revoke`, dropped on
+    // return, takes back what was not sent yet (an upstream that refused
+    // after the head alone and reads no more would hold it, with its
+    // share of the body budget, for as long as it keeps the connection).
     match upstream.headers().get(REFUSAL_HEADER).map(HeaderValue::as_bytes) {
         Some(signal) if signal == REFUSAL_AT_CAPACITY.as_bytes() => return Outcome::AtCapacity,
         Some(signal) if signal == REFUSAL_PROOF.as_bytes() => return Outcome::ProofRefused,
@@ -120,6 +121,9 @@ pub(crate) async fn attempt<W: Watcher>(
         }
         _ => {}
     }
+    // The upstream answered: what it has not read of the body yet, it may
+    // still read (dropped before, `revoke` takes the body back).
+    revoke.disarm();
     if upstream.status().is_informational() {
         // A final answer of 1xx (a 101 Switching Protocols to a completion)
         // is no answer: never relayed as the client's final status. The

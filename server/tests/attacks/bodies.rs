@@ -242,3 +242,65 @@ async fn refused_big_bodies_get_their_answer() {
     assert_eq!(lost, 0, "{lost} of {} refused bodies got no answer: {outcomes:?}", outcomes.len());
     fe.assert_still_serving(MODEL, MAX_RSS_MIB).await;
 }
+
+/// Found by a review: a worker that refuses at its cap as soon as it has
+/// read a request's head, without reading its body, and keeps the
+/// connection open, kept the body's share of the body budget after the
+/// client had its answer: the frontend's HTTP client was still writing the
+/// body to it, holding the body, until the worker closed the connection.
+/// Now a refusal takes the body back (the worker did not run it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_before_the_body_was_read_gives_the_budget_back() {
+    let _box = exclusive().await;
+    let fe = common::Frontend::secured(&[
+        "--http-body-budget-mb",
+        "32",
+        "--event-idle-timeout-ms",
+        "600000",
+        "--event-silence-ms",
+        "600000",
+    ]);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tokio::io::AsyncReadExt::read(&mut tcp, &mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let refusal: &[u8] = b"HTTP/1.1 529 Overloaded\r\nx-loadgate-refusal: worker-at-capacity\r\n\
+                    content-length: 0\r\n\r\n";
+                let _ = tcp.write_all(refusal).await;
+                // Holds the connection, reading nothing more.
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            });
+        }
+    });
+    let mut conn = EventConn::authenticated(fe.events, SECRET);
+    conn.send(&register(5240, 1, 1, "big-model", &addr.to_string())).unwrap();
+    fe.wait_workers(1, Duration::from_secs(5)).await;
+    // 24 MiB of 32: a second big body fits only once the first is given back.
+    const SIZE: usize = 24 << 20;
+    let (status, body) = padded_request(&fe.client, &fe.http, "big-model", SIZE).await;
+    assert_eq!(status, 529, "every worker refused: {body}");
+    // Margin: the refuser holds the connection for 30 s; a body given back
+    // is at once.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = Vec::new();
+    let last = loop {
+        // 12 MiB: past what is left of the budget while the first is held.
+        let (status, body) = padded_request(&fe.client, &fe.http, "big-model", 12 << 20).await;
+        seen.push(status);
+        if status != 503 || Instant::now() >= deadline || seen.len() >= 20 {
+            break (status, body);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(last.0, 529, "the refused body still holds the budget (statuses {seen:?}): {}", last.1);
+    drop(conn);
+}
