@@ -10,7 +10,9 @@
 //! line's serves the first; a waiter whose exclusions name the freed worker
 //! passes it on to the next waiter in every interleaving; a request joining
 //! as the model's last worker leaves hears that the model is unavailable,
-//! as does the one waiting before it.
+//! as does the one waiting before it; a request of a class with no line
+//! that goes ahead of lower-class waiters while the worker frees takes the
+//! worker or leaves it to the waiter, never both, never neither.
 //!
 //! loom sees the view's swap as a mutex (see `sync.rs`), so these models
 //! check the line's protocol around it — the joiner's own wake-up pass, the
@@ -260,6 +262,35 @@ fn one_report_dispatches_one_waiter() {
         poll_woken([&mut first, &mut second], &mut done);
         let served = done.iter().filter(|d| **d).count();
         assert_eq!(served, 1, "one report, one dispatch");
+    });
+}
+
+/// A critical request that may not wait routes ahead of a standard waiter
+/// (`route_class_behind_line`: only waiters of its class or a higher one
+/// hold it back) while the worker frees: in every interleaving exactly one
+/// of the two gets the worker on that report, never both (one report, one
+/// request past a threshold) and never neither (the freed worker is not
+/// left idle behind the waiter).
+#[test]
+fn a_request_going_ahead_of_lower_waiters_takes_one_reports_worker() {
+    run_model_with("waiting/a_request_going_ahead_of_lower_waiters_takes_one_reports_worker", 3, || {
+        let (monitor, router) = busy_pool(4);
+        let mut waiter = Waiter::new(&router);
+        assert_eq!(waiter.poll(), Poll::Pending);
+        let freer = spawn_freer(&monitor);
+        let ahead = router.route_class_behind_line(MODEL, &[], Class::Critical);
+        freer.join().unwrap();
+        let served = waiter.woken() && waiter.poll() == Poll::Ready(Ok(1));
+        match ahead {
+            Ok(worker) => {
+                assert_eq!(worker, 1);
+                assert!(!served, "the worker took two requests on one report");
+            }
+            Err(e) => {
+                assert_eq!(e, loadgate::RouteError::Overloaded);
+                assert!(served, "the freed worker went to nobody");
+            }
+        }
     });
 }
 
