@@ -102,6 +102,22 @@ impl WorkerRouter {
         }
     }
 
+    /// As [`route_class_routed`](Self::route_class_routed) with the model's
+    /// view `view` read (the waiting line's, under its lock).
+    pub(crate) fn route_class_in(
+        &self,
+        routed: &RoutedModel,
+        view: &ModelView,
+        exclude: &[WorkerId],
+        class: Class,
+    ) -> Result<WorkerId, RouteError> {
+        let route = |exclude: &[WorkerId]| self.route_routed_in(routed, view, exclude);
+        match (class, self.headroom()) {
+            (Class::Sheddable, Some(headroom)) => self.with_headroom(routed, exclude, headroom, route),
+            _ => route(exclude),
+        }
+    }
+
     /// As [`route_class_routed`](Self::route_class_routed), choosing only
     /// among `among` (see
     /// [`route_among_routed`](WorkerRouter::route_among_routed)).

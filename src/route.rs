@@ -383,8 +383,20 @@ impl WorkerRouter {
     /// Routes the model of `routed` (as [`ModelRouter::route`]).
     #[inline]
     pub(crate) fn route_routed(&self, routed: &RoutedModel, exclude: &[WorkerId]) -> Result<WorkerId, RouteError> {
+        self.route_routed_in(routed, &routed.state.view().load(), exclude)
+    }
+
+    /// As [`route_routed`](Self::route_routed) with the model's view
+    /// `view` read (the waiting line's, under its lock).
+    #[inline]
+    pub(crate) fn route_routed_in(
+        &self,
+        routed: &RoutedModel,
+        view: &ModelView,
+        exclude: &[WorkerId],
+    ) -> Result<WorkerId, RouteError> {
         let cost = self.policy_cost();
-        match self.select(routed, &routed.state.view().load(), exclude, cost) {
+        match self.select(routed, view, exclude, cost) {
             Err(RouteError::Unavailable) => self.route_again(&routed.state.name, routed, exclude, cost),
             chosen => chosen,
         }

@@ -596,7 +596,7 @@ impl WorkerMonitor {
                     };
                     let applied = self.changed(&rec.entry, &rec.model, now);
                     if let Begun::Seen(seen) = begun {
-                        rec.model.line.reported(worker, seen, rec.model.view());
+                        rec.model.line.reported(worker, seen);
                     }
                     applied
                 }

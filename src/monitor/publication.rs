@@ -70,7 +70,8 @@ pub(crate) const CHUNK_CAPACITY: usize = if cfg!(all(loom, feature = "loom")) { 
 pub(crate) struct ModelState {
     pub(crate) name: Arc<str>,
     pub(crate) thresholds: Swap<Thresholds>,
-    view: Swap<ModelView>,
+    /// Shared with the line, which keeps a cache of it under its lock.
+    view: Arc<Swap<ModelView>>,
     /// Named by `add_model` or given thresholds: stays when its last worker
     /// leaves. Written and read under the monitor's registry lock.
     kept: AtomicBool,
@@ -101,14 +102,15 @@ impl ModelState {
     /// A model with no instances, whose view's chunks hold at most
     /// `capacity` instances ([`CHUNK_CAPACITY`] but in tests).
     pub(crate) fn new(name: Arc<str>, thresholds: Thresholds, line: LineLimits, capacity: usize) -> Self {
+        let view = Arc::new(Swap::from_pointee(ModelView::empty(thresholds.is_enabled(), capacity)));
         ModelState {
             name,
             thresholds: Swap::from_pointee(thresholds),
-            view: Swap::from_pointee(ModelView::empty(thresholds.is_enabled(), capacity)),
+            line: Line::new(line, view.clone()),
+            view,
             kept: AtomicBool::new(false),
             retired: AtomicBool::new(false),
             signals: AtomicU32::new(0),
-            line: Line::new(line),
             write: Mutex::new(Written::default()),
         }
     }
@@ -180,7 +182,7 @@ impl ModelWriter<'_> {
     fn replace(&mut self, next: ModelView, changed: Changed<'_>) {
         self.written.retired = Some(self.model.view.swap(Arc::new(next)));
         // After the store: a waiter may now find an instance free.
-        self.model.line.published(&self.model.view, changed);
+        self.model.line.published(changed);
     }
 
     /// Counts instances as no longer busy with their first signals and now

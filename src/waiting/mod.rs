@@ -51,12 +51,19 @@
 //! # No lost wake-up
 //!
 //! A joiner increments the line's count with a read-modify-write, then
-//! loads the view; a publisher stores the view, then reads the count with
-//! a read-modify-write. The two RMWs are ordered: either the publisher's
-//! reads the joiner's increment (and it takes the line's lock and wakes),
-//! or the joiner's reads from the publisher's, so the joiner's view load
-//! sees the new view (and the joiner wakes itself). A joiner with a waiter
-//! ahead that is not woken skips its own pass: no worker is free then
+//! reads the view; a publisher stores the view, then reads the count with
+//! a read-modify-write. Every other change of the count (a waiter leaving:
+//! a store of the queue's length) is made under the line's lock, so the
+//! count is the queue's length whenever the lock is free. Either the
+//! publisher's RMW reads a count above zero, and it takes the line's lock
+//! and wakes whoever is in the line then (a later joiner takes the lock
+//! after it, and sees the new view); or it reads zero, and the next write
+//! of the count but other publishers' RMWs is a joiner's increment (only a
+//! joiner changes an empty line's count), which reads from the publisher's
+//! RMW or an RMW after it: that joiner's view load, and every later holder
+//! of the lock's, sees the new view (and the joiner wakes itself). A
+//! joiner with a waiter ahead that is not woken skips its own pass: no
+//! worker is free then
 //! (every publication and report since the line last emptied woke as many
 //! as were free).
 //!
@@ -118,13 +125,16 @@ use crossbeam_utils::CachePadded;
 use crate::class::Class;
 use crate::load::WorkerId;
 use crate::monitor::view::ModelView;
-use crate::sync::{lock, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
+use crate::sync::{lock, Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, Swap, SwapCache};
 use crate::tenant::Tenant;
 
 pub(crate) use spent::Changed;
 pub use wait::Wait;
 
 use queue::Queue;
+
+/// The line's cache of its model's view (kept under the line's lock).
+type ViewCache = SwapCache<Arc<Swap<ModelView>>, ModelView>;
 
 /// How much a model's waiting line holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -295,11 +305,15 @@ pub(crate) struct Line {
     /// 32 bits), from their beats (set by the event plane; one word, so a
     /// report reads a pair set together): see `Line::report_begins`.
     share: AtomicU64,
+    /// The model's view, which the line reads under its lock through the
+    /// queue's cache of it (`Line::with_view`).
+    view: Arc<Swap<ModelView>>,
     queue: Mutex<Queue>,
 }
 
 impl Line {
-    pub(crate) fn new(limits: LineLimits) -> Self {
+    /// A line for the model whose view `view` holds.
+    pub(crate) fn new(limits: LineLimits, view: Arc<Swap<ModelView>>) -> Self {
         Line {
             // Relaxed (a std atomic, not modelled by loom): only unique numbers.
             id: LINES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -309,6 +323,7 @@ impl Line {
             held_hint: AtomicBool::new(false),
             dispatches: AtomicU64::new(0),
             share: AtomicU64::new(0),
+            view,
             queue: Mutex::new(Queue::default()),
         }
     }
@@ -383,23 +398,38 @@ impl Line {
     /// wakes waiters if a worker may be free for them. The caller stored
     /// the view first.
     #[inline]
-    pub(crate) fn published(&self, view: &crate::sync::Swap<ModelView>, changed: Changed<'_>) {
+    pub(crate) fn published(&self, changed: Changed<'_>) {
         // AcqRel RMW, not a load: ordered against every joiner's
         // increment (module docs: no lost wake-up).
         if self.waiting.fetch_add(0, Ordering::AcqRel) == 0 {
             return;
         }
         let mut queue = lock(&self.queue);
-        let view = view.load();
-        let forgot = queue.published(&view, changed);
-        let held = queue.any_held();
-        if held {
-            queue.release();
-        }
-        if forgot || held {
-            self.sync_hint(&queue);
-        }
-        self.wake_free_in(&mut queue, &view);
+        self.with_view(&mut queue, |queue, view| {
+            let forgot = queue.published(view, changed);
+            let held = queue.any_held();
+            if held {
+                queue.release();
+            }
+            if forgot || held {
+                self.sync_hint(queue);
+            }
+            self.wake_free_in(queue, view);
+        });
+    }
+
+    /// Runs `f` under the line's lock with the model's view now: the
+    /// queue's cached one, checked against the published one with a plain
+    /// pointer load (arc-swap's `Cache`) and reloaded only when it changed.
+    /// So a pass or a dispatch takes no guard of the view, and the view is
+    /// as fresh as a load: a joiner's or a publisher's RMW on the count
+    /// orders the pointer's store before this load (module docs).
+    #[inline]
+    fn with_view<R>(&self, queue: &mut Queue, f: impl FnOnce(&mut Queue, &ModelView) -> R) -> R {
+        let mut cache = queue.take_view().unwrap_or_else(|| ViewCache::new(self.view.clone()));
+        let result = f(queue, cache.load());
+        queue.keep_view(cache);
+        result
     }
 
     /// Sets how many requests wait in the other frontends' lines for this
@@ -526,7 +556,7 @@ impl Line {
     /// the worker's next report: one report, one dispatch (loom's
     /// `one_report_dispatches_one_waiter`).
     #[inline]
-    pub(crate) fn reported(&self, worker: WorkerId, seen: u64, view: &crate::sync::Swap<ModelView>) {
+    pub(crate) fn reported(&self, worker: WorkerId, seen: u64) {
         let mut queue = lock(&self.queue);
         let freed = queue.reported(worker, seen);
         if !freed && !queue.any_held() {
@@ -534,11 +564,22 @@ impl Line {
         }
         queue.release();
         self.sync_hint(&queue);
-        let view = view.load();
-        if freed {
-            queue.freed(worker, &view);
-        }
-        self.wake_free_in(&mut queue, &view);
+        self.with_view(&mut queue, |queue, view| {
+            if freed {
+                queue.freed(worker, view);
+            }
+            self.wake_free_in(queue, view);
+        });
+    }
+
+    /// After waiters left (under the lock): the count is the queue's
+    /// length again. A store, not a read-modify-write: every change of the
+    /// count is made under the lock but a publisher's `fetch_add(0)`, which
+    /// changes nothing, so a store loses no joiner's increment. Only the
+    /// joiner's increment must be an RMW (module docs: no lost wake-up).
+    fn count_left(&self, queue: &Queue) {
+        // Release: as the joiner's increment, for `is_waiting`'s Acquire.
+        self.waiting.store(queue.len(), Ordering::Release);
     }
 
     /// Stores the spent workers' bits and whether waiters are held after a
@@ -560,8 +601,8 @@ impl Line {
     /// view of a model with no threshold (the last one cleared while
     /// requests wait) wakes every waiter not held: nothing is busy, and
     /// they route past the spent marks (`wait::dispatch`).
-    fn wake_free(&self, queue: &mut Queue, view: &crate::sync::Swap<ModelView>) {
-        self.wake_free_in(queue, &view.load());
+    fn wake_free(&self, queue: &mut Queue) {
+        self.with_view(queue, |queue, view| self.wake_free_in(queue, view));
     }
 
     /// [`Line::wake_free`] with the view loaded.
@@ -575,7 +616,6 @@ impl Line {
             queue.wake(usize::MAX);
             return;
         }
-        queue.set_unpaced(!view.filtering);
         if !view.filtering {
             // No threshold: no worker is ever busy, and no report can say
             // that one took too much. Every waiter routes (held ones at

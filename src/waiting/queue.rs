@@ -10,7 +10,7 @@ use std::task::Waker;
 use std::time::Instant;
 
 use super::spent::{Changed, Spent};
-use super::{LineLimits, WaitError};
+use super::{LineLimits, ViewCache, WaitError};
 use crate::class::Class;
 use crate::load::WorkerId;
 use crate::monitor::view::ModelView;
@@ -237,8 +237,9 @@ pub(super) struct Queue {
     /// Waiters a critical arrival displaced, until their future hears it
     /// (woken at once, so each is polled or dropped soon).
     displaced: Vec<Key>,
-    /// The last pass saw a view with no threshold ([`Queue::set_unpaced`]).
-    unpaced: bool,
+    /// The model's view as the line last read it (`Line::with_view`);
+    /// dropped when the line empties, so an idle line keeps no old view.
+    view: Option<ViewCache>,
 }
 
 /// What a join did.
@@ -297,18 +298,19 @@ impl Queue {
         self.spent.free(view)
     }
 
-    /// Records whether the view of a pass had no threshold: then a woken
-    /// waiter's dispatch reads the view again to route past the spent
-    /// marks (with a threshold, it does not read it for that).
+    /// The line's cache of the model's view, taken out while in use
+    /// (`Line::with_view`).
     #[inline]
-    pub(super) fn set_unpaced(&mut self, unpaced: bool) {
-        self.unpaced = unpaced;
+    pub(super) fn take_view(&mut self) -> Option<ViewCache> {
+        self.view.take()
     }
 
-    /// Whether the last pass saw a view with no threshold.
+    /// Gives the cache back, unless the line emptied meanwhile.
     #[inline]
-    pub(super) fn is_unpaced(&self) -> bool {
-        self.unpaced
+    pub(super) fn keep_view(&mut self, cache: ViewCache) {
+        if self.len != 0 {
+            self.view = Some(cache);
+        }
     }
 
     /// Whether the line keeps a free set (many workers spent).
@@ -562,6 +564,7 @@ impl Queue {
         }
         if self.len == 0 {
             self.spent.clear_all();
+            self.view = None;
         }
         waiter
     }

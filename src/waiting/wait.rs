@@ -22,6 +22,7 @@ use super::queue::{Key, Queue};
 use super::{Line, Ticket, WaitError};
 use crate::class::Class;
 use crate::load::WorkerId;
+use crate::monitor::view::ModelView;
 use crate::route::{RouteError, RoutedModel, WorkerRouter};
 use crate::sync::{lock, Arc, MutexGuard, Ordering};
 
@@ -53,7 +54,7 @@ pin_project! {
             let this = this.project();
             if let (Phase::Queued(key), Some(routed)) = (&*this.phase, this.routed.as_deref()) {
                 let line = &routed.state.line;
-                leave(line, routed, lock(&line.queue), key, Leaving::Dropped);
+                leave(line, lock(&line.queue), key, Leaving::Dropped);
             }
         }
     }
@@ -120,7 +121,7 @@ impl<T: Future<Output = ()>> Future for Wait<'_, T> {
         }
         if this.timer.poll(cx).is_ready() {
             let displaced = match &*this.phase {
-                Phase::Queued(key) => !leave(line, routed, lock(&line.queue), key, Leaving::Expired),
+                Phase::Queued(key) => !leave(line, lock(&line.queue), key, Leaving::Expired),
                 _ => false,
             };
             *this.phase = Phase::Done(None);
@@ -152,9 +153,9 @@ impl<T: Future<Output = ()>> Future for Wait<'_, T> {
                 // see the module docs (no lost wake-up).
                 line.waiting.fetch_add(1, Ordering::AcqRel);
                 if joined.displaced != 0 {
-                    // AcqRel: see `dispatch` (the count stays above 0: this
+                    // After the increment: the count stays above 0 (this
                     // waiter is in).
-                    line.waiting.fetch_sub(joined.displaced, Ordering::AcqRel);
+                    line.count_left(&queue);
                     // The line may have emptied under it (its spent marks
                     // forgotten).
                     line.sync_hint(&queue);
@@ -175,7 +176,7 @@ impl<T: Future<Output = ()>> Future for Wait<'_, T> {
                     // the one it joined with.
                     return Poll::Pending;
                 }
-                line.wake_free(&mut queue, routed.state.view());
+                line.wake_free(&mut queue);
                 (queue, key)
             }
             Phase::Done(_) => unreachable!("handled above"),
@@ -215,7 +216,7 @@ fn move_if_forgotten<T: Future<Output = ()>>(
             let line = &current.state.line;
             let expired = timer.poll(cx).is_ready();
             let why = if expired { Leaving::Expired } else { Leaving::Dropped };
-            if !leave(line, current, lock(&line.queue), key, why) {
+            if !leave(line, lock(&line.queue), key, why) {
                 return Some(WaitError::ClassShed);
             }
             if expired {
@@ -256,27 +257,43 @@ impl Routing<'_> {
         self.router.route_class_routed(self.routed, exclude, self.class)
     }
 
+    /// Routes with the model's view `view` read (the line's, under its
+    /// lock).
+    #[inline]
+    fn route_in(&self, view: &ModelView, exclude: &[WorkerId]) -> Result<WorkerId, RouteError> {
+        self.router.route_class_in(self.routed, view, exclude, self.class)
+    }
+
     /// Routes leaving out the line's spent workers and the request's own
     /// exclusions.
     #[inline]
-    fn route_leaving_out(&self, spent: &[WorkerId], exclude: &[WorkerId]) -> Result<WorkerId, RouteError> {
+    fn route_leaving_out(
+        &self,
+        view: &ModelView,
+        spent: &[WorkerId],
+        exclude: &[WorkerId],
+    ) -> Result<WorkerId, RouteError> {
         if exclude.is_empty() {
-            return self.route(spent);
+            return self.route_in(view, spent);
         }
         let mut skip = exclude.to_vec();
         skip.extend(spent.iter().filter(|w| !exclude.contains(w)));
-        self.route(&skip)
+        self.route_in(view, &skip)
     }
 
     /// In a large fleet: routes among the line's free set, less the
     /// request's own exclusions (at the set's cost, not the spent
     /// workers'). A view with no instance in routing routes as with few
     /// marks (the model may be gone: that route looks it up again).
-    fn route_among_free(&self, queue: &mut Queue, exclude: &[WorkerId]) -> Result<WorkerId, RouteError> {
-        let view = self.routed.state.view().load();
-        let free = queue.free(&view).expect("a large fleet's line keeps a free set");
-        match self.router.route_class_among(self.routed, &view, free, exclude, self.class) {
-            Err(RouteError::Unavailable) => self.route_leaving_out(queue.spent(), exclude),
+    fn route_among_free(
+        &self,
+        queue: &mut Queue,
+        view: &ModelView,
+        exclude: &[WorkerId],
+    ) -> Result<WorkerId, RouteError> {
+        let free = queue.free(view).expect("a large fleet's line keeps a free set");
+        match self.router.route_class_among(self.routed, view, free, exclude, self.class) {
+            Err(RouteError::Unavailable) => self.route_leaving_out(view, queue.spent(), exclude),
             routed => routed,
         }
     }
@@ -309,22 +326,17 @@ fn dispatch(
         return Poll::Pending;
     }
     // With no threshold nothing is busy, and the spent marks pace nothing:
-    // no report could say a worker took too much. The view is read for it
-    // only after a pass saw no threshold (a view with one again routes as
-    // ever: its publication's pass comes after this dispatch or before).
-    let filtering = !queue.is_unpaced() || router.routed.state.view().load().filtering;
-    let routed = match (filtering, queue.is_large()) {
-        (false, _) => router.route(exclude),
-        (true, true) => router.route_among_free(&mut queue, exclude),
-        (true, false) => router.route_leaving_out(queue.spent(), exclude),
-    };
+    // no report could say a worker took too much.
+    let routed = line.with_view(&mut queue, |queue, view| match (view.filtering, queue.is_large()) {
+        (false, _) => router.route_in(view, exclude),
+        (true, true) => router.route_among_free(queue, view, exclude),
+        (true, false) => router.route_leaving_out(view, queue.spent(), exclude),
+    });
     match routed {
         Ok(worker) => {
             queue.dispatched_to(at, worker);
             line.sync_hint(&queue);
-            // AcqRel: the count changes only under the lock; an RMW like
-            // the joiners' (module docs).
-            line.waiting.fetch_sub(1, Ordering::AcqRel);
+            line.count_left(&queue);
             Poll::Ready(Ok(worker))
         }
         Err(RouteError::Overloaded) if router.routed.state.is_retired() => {
@@ -344,7 +356,7 @@ fn dispatch(
             queue.set_waker(at, cx.waker());
             queue.hold(at);
             line.sync_hint(&queue);
-            line.wake_free(&mut queue, router.routed.state.view());
+            line.wake_free(&mut queue);
             Poll::Pending
         }
         Err(RouteError::Overloaded) => {
@@ -355,7 +367,7 @@ fn dispatch(
         Err(_) => {
             // No instance (or the model forgotten since, and not back): a
             // request that waited for a known model hears it is unavailable.
-            leave(line, router.routed, queue, key, Leaving::Dropped);
+            leave(line, queue, key, Leaving::Dropped);
             Poll::Ready(Err(WaitError::Unavailable))
         }
     }
@@ -372,7 +384,7 @@ enum Leaving {
 /// Takes the waiter out of the line without a worker; a woken one passes
 /// its wake-up on. Returns false if it was no longer there (displaced by a
 /// critical arrival: it hears it now).
-fn leave(line: &Line, routed: &RoutedModel, mut queue: MutexGuard<'_, Queue>, key: &Key, why: Leaving) -> bool {
+fn leave(line: &Line, mut queue: MutexGuard<'_, Queue>, key: &Key, why: Leaving) -> bool {
     let Some(at) = queue.find(key) else {
         queue.take_displaced(key);
         return false;
@@ -382,10 +394,9 @@ fn leave(line: &Line, routed: &RoutedModel, mut queue: MutexGuard<'_, Queue>, ke
         Leaving::Dropped => queue.leave(at),
     };
     line.sync_hint(&queue);
-    // AcqRel: see `dispatch`.
-    line.waiting.fetch_sub(1, Ordering::AcqRel);
+    line.count_left(&queue);
     if was_woken {
-        line.wake_free(&mut queue, routed.state.view());
+        line.wake_free(&mut queue);
     }
     true
 }
