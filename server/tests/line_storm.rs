@@ -68,7 +68,7 @@ async fn wait_all_zero(fe: &common::Frontend) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_storm_the_line_is_empty_and_admits_again() {
     let _box = common::exclusive().await;
-    let fe = frontend(&[
+    let (fe, mut worker) = busy(&[
         "--router-queue-timeout-ms",
         "1500",
         "--router-queue-limit",
@@ -80,10 +80,8 @@ async fn after_a_storm_the_line_is_empty_and_admits_again() {
         "0.2",
         "--router-mode",
         "kv",
-    ]);
-    let mut worker = Controlled::register(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    ])
+    .await;
     let url = format!("{}/v1/completions", fe.http);
     let classes = ["critical", "standard", "sheddable"];
     let mut requests = Vec::new();

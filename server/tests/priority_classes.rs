@@ -23,10 +23,8 @@ use serde_json::json;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_class_waits_up_to_its_own_timeout() {
     let _box = common::shared().await;
-    let fe = frontend(&["--router-queue-timeout-ms", "critical=20000,standard=800", "--trust-priority-header"]);
-    let mut worker = Controlled::register(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    let (fe, mut worker) =
+        busy(&["--router-queue-timeout-ms", "critical=20000,standard=800", "--trust-priority-header"]).await;
     let client = common::client_within(Duration::from_secs(30));
     // Sheddable is not named: 0, no line: the instant 529 of the busy signal.
     let (status, reason, took) = send_with(&fe, client.clone(), "sheddable").await;
@@ -49,10 +47,8 @@ async fn each_class_waits_up_to_its_own_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_critical_request_takes_a_sheddable_place_in_a_full_line_and_is_served_first() {
     let _box = common::shared().await;
-    let fe = frontend(&["--router-queue-timeout-ms", "20000", "--router-queue-limit", "3", "--trust-priority-header"]);
-    let mut worker = Controlled::register(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    let (fe, mut worker) =
+        busy(&["--router-queue-timeout-ms", "20000", "--router-queue-limit", "3", "--trust-priority-header"]).await;
     let client = common::client_within(Duration::from_secs(30));
     let mut sheddable = Vec::new();
     for n in 1..=3 {
@@ -90,10 +86,7 @@ async fn a_critical_request_takes_a_sheddable_place_in_a_full_line_and_is_served
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_without_trust_cannot_promote_itself() {
     let _box = common::shared().await;
-    let fe = frontend(&["--router-queue-timeout-ms", "20000", "--router-queue-limit", "1"]);
-    let mut worker = Controlled::register(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    let (fe, mut worker) = busy(&["--router-queue-timeout-ms", "20000", "--router-queue-limit", "1"]).await;
     let client = common::client_within(Duration::from_secs(30));
     let first = tokio::spawn(send_with(&fe, client.clone(), "sheddable"));
     wait_waiting(&fe, 1.0).await;
@@ -131,7 +124,7 @@ async fn send_nvext(base: String, client: reqwest::Client, priority: i64) -> (u1
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_nvext_priority_sets_the_class_in_vllms_order() {
     let _box = common::shared().await;
-    let fe = frontend(&[
+    let (fe, mut worker) = busy(&[
         "--router-queue-timeout-ms",
         "20000",
         "--router-queue-limit",
@@ -139,10 +132,8 @@ async fn the_nvext_priority_sets_the_class_in_vllms_order() {
         "--trust-priority-header",
         "--priority-from-nvext",
         "vllm",
-    ]);
-    let mut worker = Controlled::register(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    ])
+    .await;
     let client = common::client_within(Duration::from_secs(30));
     // vLLM's order: a positive value is scheduled late (sheddable), a
     // negative one early (critical).
@@ -181,10 +172,7 @@ fn priority_from_nvext_without_trust_refuses_to_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bench_sends_its_class_mix_and_counts_each_class() {
     let _box = common::shared().await;
-    let fe = frontend(&["--trust-priority-header"]);
-    let mut worker = Controlled::register(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    let (fe, _worker) = busy(&["--trust-priority-header"]).await;
     // Every request is refused at once (no line): the bench's per-class
     // counts must be the frontend's.
     let url = fe.http.clone();
@@ -323,10 +311,7 @@ async fn a_sheddable_waiter_kept_off_the_headroom_does_not_hold_up_the_line() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_class_with_no_line_does_not_overtake_the_waiters() {
     let _box = common::shared().await;
-    let fe = frontend(&["--router-queue-timeout-ms", "critical=20000", "--trust-priority-header"]);
-    let mut worker = Controlled::register(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    let (fe, mut worker) = busy(&["--router-queue-timeout-ms", "critical=20000", "--trust-priority-header"]).await;
     let client = common::client_within(Duration::from_secs(30));
     let first = tokio::spawn(send_with(&fe, client.clone(), "critical"));
     wait_waiting(&fe, 1.0).await;

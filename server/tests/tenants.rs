@@ -134,10 +134,7 @@ async fn reload(fe: &common::Frontend, client: &reqwest::Client, tenant: &'stati
 async fn a_small_tenant_gets_half_the_dispatches_of_a_ten_to_one_burst() {
     let _box = common::shared().await;
     let file = File::new("burst.toml", &(tenant("big", "") + &tenant("small", "")));
-    let fe = frontend(&["--router-queue-timeout-ms", "60000", "--tenants-file", file.arg()]);
-    let mut worker = Controlled::register(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    let (fe, mut worker) = busy(&["--router-queue-timeout-ms", "60000", "--tenants-file", file.arg()]).await;
     let client = common::client_within(Duration::from_secs(90));
     // The big tenant's 40 arrive first, then the small one's 4.
     let mut waiting: Vec<(&str, _)> = Vec::new();
@@ -179,10 +176,7 @@ async fn a_key_decides_the_tenant_and_caps_its_class() {
     let file =
         File::new("classes.toml", &(tenant("gold", "max_class = \"critical\"") + &tenant("capped", "max_waiting = 1")));
     let timeouts = "critical=20000,standard=600";
-    let fe = frontend(&["--router-queue-timeout-ms", timeouts, "--tenants-file", file.arg()]);
-    let mut worker = Controlled::register(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    let (fe, mut worker) = busy(&["--router-queue-timeout-ms", timeouts, "--tenants-file", file.arg()]).await;
     let client = common::client_within(Duration::from_secs(30));
     // No key, or a wrong one: the default tenant, whose class is at most
     // standard (without --trust-priority-header or not).
@@ -276,10 +270,7 @@ fn a_bad_tenants_file_stops_the_start_and_names_its_line() {
 async fn sighup_reloads_the_file_with_requests_in_flight_and_a_bad_one_is_kept_out() {
     let _box = common::shared().await;
     let file = File::new("reload.toml", &tenant("a", "max_waiting = 1"));
-    let fe = frontend(&["--router-queue-timeout-ms", "60000", "--tenants-file", file.arg()]);
-    let mut worker = Controlled::register(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    let (fe, mut worker) = busy(&["--router-queue-timeout-ms", "60000", "--tenants-file", file.arg()]).await;
     let client = common::client_within(Duration::from_secs(90));
     let url = format!("{}/v1/completions", fe.http);
     let first = spawn_keyed(&fe, &client, Some("a"), None);
@@ -339,10 +330,7 @@ async fn a_tenant_a_reload_takes_away_loses_its_series() {
 async fn a_reload_that_puts_a_tenant_first_leaves_each_its_own_waiters_and_caps() {
     let _box = common::shared().await;
     let file = File::new("reorder.toml", &tenant("a", "max_waiting = 1"));
-    let fe = frontend(&["--router-queue-timeout-ms", "60000", "--tenants-file", file.arg()]);
-    let mut worker = Controlled::register(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    let (fe, mut worker) = busy(&["--router-queue-timeout-ms", "60000", "--tenants-file", file.arg()]).await;
     let client = common::client_within(Duration::from_secs(90));
     let url = format!("{}/v1/completions", fe.http);
     let first = spawn_keyed(&fe, &client, Some("a"), None);
@@ -366,10 +354,7 @@ async fn a_reload_that_puts_a_tenant_first_leaves_each_its_own_waiters_and_caps(
 async fn a_tenants_token_cap_holds_without_a_token_limit() {
     let _box = common::shared().await;
     let file = File::new("tokens.toml", &tenant("acme", "max_tokens = 5"));
-    let fe = frontend(&["--router-queue-timeout-ms", "20000", "--tenants-file", file.arg()]);
-    let mut worker = Controlled::register(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    let (fe, mut worker) = busy(&["--router-queue-timeout-ms", "20000", "--tenants-file", file.arg()]).await;
     let client = common::client_within(Duration::from_secs(30));
     let url = format!("{}/v1/completions", fe.http);
     let send = |prompt: String| {

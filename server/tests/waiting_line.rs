@@ -23,10 +23,7 @@ use serde_json::json;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_request_is_served_when_its_worker_frees() {
     let _box = common::shared().await;
-    let fe = frontend(&["--router-queue-timeout-ms", "10000"]);
-    let mut worker = Controlled::register(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    let (fe, mut worker) = busy(&["--router-queue-timeout-ms", "10000"]).await;
     let request = tokio::spawn(send(&fe, fe.client.clone()));
     wait_waiting(&fe, 1.0).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -44,10 +41,7 @@ async fn a_waiting_request_is_served_when_its_worker_frees() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_its_deadline_a_request_gets_the_overload_status_with_reason_deadline() {
     let _box = common::exclusive().await;
-    let fe = frontend(&["--router-queue-timeout-ms", "1000"]);
-    let mut worker = Controlled::register(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    let (fe, worker) = busy(&["--router-queue-timeout-ms", "1000"]).await;
     let (status, reason, took) = send(&fe, fe.client.clone()).await;
     assert_eq!(status, 529);
     assert_eq!(reason.as_deref(), Some("deadline"));
@@ -63,10 +57,7 @@ async fn past_its_deadline_a_request_gets_the_overload_status_with_reason_deadli
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_leaves_the_line() {
     let _box = common::shared().await;
-    let fe = frontend(&["--router-queue-timeout-ms", "20000"]);
-    let mut worker = Controlled::register(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    let (fe, mut worker) = busy(&["--router-queue-timeout-ms", "20000"]).await;
     let impatient = reqwest::Client::builder().timeout(Duration::from_millis(600)).build().unwrap();
     let request = tokio::spawn(send(&fe, impatient));
     wait_waiting(&fe, 1.0).await;
@@ -87,10 +78,7 @@ async fn a_client_that_goes_away_leaves_the_line() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_request_hears_at_once_when_the_models_last_worker_leaves() {
     let _box = common::shared().await;
-    let fe = frontend(&["--router-queue-timeout-ms", "20000"]);
-    let mut worker = Controlled::register(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    let (fe, mut worker) = busy(&["--router-queue-timeout-ms", "20000"]).await;
     let request = tokio::spawn(send(&fe, fe.client.clone()));
     wait_waiting(&fe, 1.0).await;
     worker.leave();
@@ -115,10 +103,7 @@ async fn a_waiting_request_hears_at_once_when_the_models_last_worker_leaves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_freed_worker_takes_one_waiter_per_report_of_its_own() {
     let _box = common::shared().await;
-    let fe = frontend(&["--router-queue-timeout-ms", "20000"]);
-    let mut worker = Controlled::register(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    let (fe, mut worker) = busy(&["--router-queue-timeout-ms", "20000"]).await;
     let client = common::client_within(Duration::from_secs(30));
     let requests: Vec<_> = (0..50).map(|_| tokio::spawn(send(&fe, client.clone()))).collect();
     wait_waiting(&fe, 50.0).await;
@@ -150,23 +135,13 @@ async fn a_freed_worker_takes_one_waiter_per_report_of_its_own() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_line_refuses_at_once_with_reason_queue_full() {
     let _box = common::shared().await;
-    let fe = frontend(&["--router-queue-timeout-ms", "20000", "--router-queue-limit", "2"]);
-    let mut worker = Controlled::register(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    let (fe, mut worker) = busy(&["--router-queue-timeout-ms", "20000", "--router-queue-limit", "2"]).await;
     let waiters: Vec<_> = (0..2).map(|_| tokio::spawn(send(&fe, fe.client.clone()))).collect();
     wait_waiting(&fe, 2.0).await;
     let (status, reason, took) = send(&fe, fe.client.clone()).await;
     assert_eq!((status, reason.as_deref()), (529, Some("queue_full")));
     assert!(took < Duration::from_secs(2), "at once, not after waiting: {took:?}");
-    // One waiter per report: the second report must come after the first
-    // dispatch (a report before it would find the worker not yet spent).
-    worker.report(false);
-    wait_received(&worker.http, 1).await;
-    worker.report(false);
-    for waiter in waiters {
-        assert_eq!(waiter.await.unwrap().0, 200);
-    }
+    worker.serve(waiters).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,22 +150,14 @@ async fn the_token_limit_counts_prompts_in_every_router_mode() {
     // The default router mode (round-robin) tracks no load of its own: the
     // prompts are counted for the line's token bound alone. Each request's
     // prompt is "hello there": 2 tokens.
-    let fe = frontend(&["--router-queue-timeout-ms", "20000", "--router-queue-token-limit", "5"]);
-    let mut worker = Controlled::register(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    let (fe, mut worker) = busy(&["--router-queue-timeout-ms", "20000", "--router-queue-token-limit", "5"]).await;
     let waiters: Vec<_> = (0..2).map(|_| tokio::spawn(send(&fe, fe.client.clone()))).collect();
     wait_waiting(&fe, 2.0).await;
     let text = metrics_text(&fe.client, &fe.http).await;
     assert_eq!(metric(&text, "loadgate_frontend_queue_tokens"), Some(4.0), "{text}");
     let (status, reason, _) = send(&fe, fe.client.clone()).await;
     assert_eq!((status, reason.as_deref()), (529, Some("queue_full")), "6 tokens would pass 5");
-    worker.report(false);
-    wait_received(&worker.http, 1).await;
-    worker.report(false);
-    for waiter in waiters {
-        assert_eq!(waiter.await.unwrap().0, 200);
-    }
+    worker.serve(waiters).await;
 }
 
 /// A prompt without whitespace counted as one token however long it was
@@ -200,10 +167,7 @@ async fn the_token_limit_counts_prompts_in_every_router_mode() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prompt_without_spaces_is_not_one_token() {
     let _box = common::shared().await;
-    let fe = frontend(&["--router-queue-timeout-ms", "20000", "--router-queue-token-limit", "5"]);
-    let mut worker = Controlled::register(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    let (fe, worker) = busy(&["--router-queue-timeout-ms", "20000", "--router-queue-token-limit", "5"]).await;
     let blob = "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3".repeat(500);
     let cjk = "负载均衡器应当拒绝过多的请求".repeat(430);
     for prompt in [blob, cjk] {
@@ -365,10 +329,7 @@ async fn a_request_every_worker_refused_at_its_cap_does_not_wait() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overrun_line_serves_the_latest_deadline_first() {
     let _box = common::shared().await;
-    let fe = frontend(&["--router-queue-timeout-ms", "3000"]);
-    let mut worker = Controlled::register(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    let (fe, mut worker) = busy(&["--router-queue-timeout-ms", "3000"]).await;
     let overrun = |fe: &Frontend| {
         let (client, http) = (fe.client.clone(), fe.http.clone());
         async move { metric(&metrics_text(&client, &http).await, "loadgate_frontend_queue_overrun") }
@@ -415,10 +376,7 @@ async fn an_overrun_line_serves_the_latest_deadline_first() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_beside_a_line_closed_to_newcomers_still_counts_its_waiters() {
     let _box = common::shared().await;
-    let fe = frontend(&["--router-queue-timeout-ms", "20000"]);
-    let mut worker = Controlled::register(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    let (fe, _worker) = busy(&["--router-queue-timeout-ms", "20000"]).await;
     let client = common::client_within(Duration::from_secs(30));
     let waiters: Vec<_> = (0..20).map(|_| tokio::spawn(send(&fe, client.clone()))).collect();
     wait_waiting(&fe, 20.0).await;
@@ -449,10 +407,7 @@ async fn a_refusal_beside_a_line_closed_to_newcomers_still_counts_its_waiters() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clearing_the_last_threshold_lets_the_whole_line_go() {
     let _box = common::shared().await;
-    let fe = frontend(&["--router-queue-timeout-ms", "10000"]);
-    let mut worker = Controlled::register(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    let (fe, worker) = busy(&["--router-queue-timeout-ms", "10000"]).await;
     let client = common::client_within(Duration::from_secs(30));
     let waiters: Vec<_> = (0..10).map(|_| tokio::spawn(send(&fe, client.clone()))).collect();
     wait_waiting(&fe, 10.0).await;
@@ -478,10 +433,7 @@ async fn clearing_the_last_threshold_lets_the_whole_line_go() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_token_gauge_counts_the_waiting_prompts_without_a_token_limit() {
     let _box = common::shared().await;
-    let fe = frontend(&["--router-queue-timeout-ms", "20000"]);
-    let mut worker = Controlled::register(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    let (fe, mut worker) = busy(&["--router-queue-timeout-ms", "20000"]).await;
     // "hello there": 2 tokens each.
     let waiters: Vec<_> = (0..3).map(|_| tokio::spawn(send(&fe, fe.client.clone()))).collect();
     wait_waiting(&fe, 3.0).await;

@@ -38,6 +38,16 @@ pub fn frontend(extra: &[&str]) -> Frontend {
     Frontend::start(None, &flags)
 }
 
+/// A frontend with `extra` flags ([`frontend`]) and its worker, registered
+/// and reported busy, once the frontend counts it busy.
+pub async fn busy(extra: &[&str]) -> (Frontend, Controlled) {
+    let fe = frontend(extra);
+    let mut worker = Controlled::register(&fe).await;
+    worker.report(true);
+    wait_for_busy(&fe).await;
+    (fe, worker)
+}
+
 /// The fake worker and the test's event connection for it.
 pub struct Controlled {
     pub http: FakeWorker,
@@ -54,6 +64,21 @@ impl Controlled {
         std::io::Write::write_all(&mut events, &encoded(&frame)).expect("register");
         frontend.wait_workers(1, Duration::from_secs(10)).await;
         Controlled { http, events, seq: 0, incarnation: 1 }
+    }
+
+    /// Frees the worker once per waiter (the line gives it one waiter per
+    /// report: each report after the last one's dispatch reached it), and
+    /// checks that every waiter is served.
+    pub async fn serve(&mut self, waiters: Vec<tokio::task::JoinHandle<(u16, Option<String>, Duration)>>) {
+        for k in 1..=waiters.len() {
+            self.report(false);
+            if k < waiters.len() {
+                wait_received(&self.http, k).await;
+            }
+        }
+        for waiter in waiters {
+            assert_eq!(waiter.await.unwrap().0, 200);
+        }
     }
 
     /// Deregisters (a restart's first half: the model's last worker leaves).
