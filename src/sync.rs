@@ -3,8 +3,17 @@
 //!
 //! Nothing else in the crate names `std::sync` or `arc_swap` directly, so the
 //! loom build checks every protocol in the crate. loom cannot see inside
-//! arc-swap; under loom it is replaced by a mutex-based stand-in with the same
-//! API, so the protocol *around* it is what gets checked.
+//! arc-swap; under loom it is replaced by a stand-in with the same API, so the
+//! protocol *around* it is what gets checked. Two stand-ins:
+//!
+//! - by default a mutex around the `Arc`: loom explores interleavings well
+//!   through it (a reader blocked on a writer lets the writer finish), but a
+//!   reader after a store is ordered after it by the lock;
+//! - with `--cfg loom_weak_swap`, an atomic index to the current `Arc`, read
+//!   with Acquire (Relaxed by the cache's check), written with AcqRel: a
+//!   reader may see an older value wherever the memory model allows it, so
+//!   the memory orderings around a view are checked (the waiting line's no
+//!   lost wake-up: `.ci/run` runs its models with both).
 
 #[cfg(not(all(loom, feature = "loom")))]
 mod imp {
@@ -68,9 +77,11 @@ mod imp {
     pub(crate) use std::sync::Arc;
 
     /// loom stand-in for `arc_swap::ArcSwap`: a loom mutex around the `Arc`.
+    #[cfg(not(loom_weak_swap))]
     #[derive(Debug)]
     pub(crate) struct Swap<T>(loom::sync::Mutex<std::sync::Arc<T>>);
 
+    #[cfg(not(loom_weak_swap))]
     impl<T> Swap<T> {
         pub(crate) fn from_pointee(value: T) -> Self {
             Self(loom::sync::Mutex::new(std::sync::Arc::new(value)))
@@ -91,12 +102,14 @@ mod imp {
 
     /// loom stand-in for `arc_swap::Cache`: reloads from the [`Swap`] on every
     /// `load`, so loom checks each read as if the cache had missed.
+    #[cfg(not(loom_weak_swap))]
     #[derive(Debug)]
     pub(crate) struct SwapCache<A, T> {
         source: A,
         cached: std::sync::Arc<T>,
     }
 
+    #[cfg(not(loom_weak_swap))]
     impl<A: std::ops::Deref<Target = Swap<T>>, T> SwapCache<A, T> {
         pub(crate) fn new(source: A) -> Self {
             let cached = source.load_full();
@@ -108,9 +121,93 @@ mod imp {
         }
     }
 
+    #[cfg(not(loom_weak_swap))]
     impl<A: Clone, T> Clone for SwapCache<A, T> {
         fn clone(&self) -> Self {
             Self { source: self.source.clone(), cached: self.cached.clone() }
+        }
+    }
+
+    /// With `--cfg loom_weak_swap`, the loom stand-in for `arc_swap::ArcSwap`:
+    /// the current `Arc` is named by a loom atomic (an index into every value
+    /// ever stored, each kept until the swap is dropped), so loom checks what
+    /// a reader may see with its memory model, as with arc-swap's pointer: a
+    /// load reads the index with Acquire, a store or swap writes it with an
+    /// AcqRel swap (arc-swap's are at least as strong). A reader may see an
+    /// older value, where the lock would have ordered it after every store.
+    #[cfg(loom_weak_swap)]
+    #[derive(Debug)]
+    pub(crate) struct Swap<T> {
+        current: loom::sync::atomic::AtomicUsize,
+        /// Only appended to; std's lock (not a point loom schedules at):
+        /// what is read through an index is ordered by the index's atomic.
+        values: std::sync::Mutex<Vec<std::sync::Arc<T>>>,
+    }
+
+    #[cfg(loom_weak_swap)]
+    impl<T> Swap<T> {
+        pub(crate) fn from_pointee(value: T) -> Self {
+            let values = std::sync::Mutex::new(vec![std::sync::Arc::new(value)]);
+            Self { current: loom::sync::atomic::AtomicUsize::new(0), values }
+        }
+        fn value(&self, index: usize) -> std::sync::Arc<T> {
+            self.values.lock().unwrap()[index].clone()
+        }
+        /// The current value and its index.
+        fn load_indexed(&self) -> (usize, std::sync::Arc<T>) {
+            let index = self.current.load(Ordering::Acquire);
+            (index, self.value(index))
+        }
+        pub(crate) fn load(&self) -> Guard<T> {
+            Guard(self.load_indexed().1)
+        }
+        pub(crate) fn load_full(&self) -> std::sync::Arc<T> {
+            self.load_indexed().1
+        }
+        pub(crate) fn store(&self, value: std::sync::Arc<T>) {
+            self.swap(value);
+        }
+        pub(crate) fn swap(&self, value: std::sync::Arc<T>) -> std::sync::Arc<T> {
+            let index = {
+                let mut values = self.values.lock().unwrap();
+                values.push(value);
+                values.len() - 1
+            };
+            let old = self.current.swap(index, Ordering::AcqRel);
+            self.value(old)
+        }
+    }
+
+    /// With `--cfg loom_weak_swap`, the loom stand-in for `arc_swap::Cache`:
+    /// keeps the value it loaded last and checks the swap's index with a
+    /// Relaxed load, as arc-swap's cache
+    /// checks its pointer, reloading (Acquire) only when it changed.
+    #[cfg(loom_weak_swap)]
+    #[derive(Debug)]
+    pub(crate) struct SwapCache<A, T> {
+        source: A,
+        index: usize,
+        cached: std::sync::Arc<T>,
+    }
+
+    #[cfg(loom_weak_swap)]
+    impl<A: std::ops::Deref<Target = Swap<T>>, T> SwapCache<A, T> {
+        pub(crate) fn new(source: A) -> Self {
+            let (index, cached) = source.load_indexed();
+            Self { source, index, cached }
+        }
+        pub(crate) fn load(&mut self) -> &std::sync::Arc<T> {
+            if self.source.current.load(Ordering::Relaxed) != self.index {
+                (self.index, self.cached) = self.source.load_indexed();
+            }
+            &self.cached
+        }
+    }
+
+    #[cfg(loom_weak_swap)]
+    impl<A: Clone, T> Clone for SwapCache<A, T> {
+        fn clone(&self) -> Self {
+            Self { source: self.source.clone(), index: self.index, cached: self.cached.clone() }
         }
     }
 

@@ -14,10 +14,16 @@
 //! that goes ahead of lower-class waiters while the worker frees takes the
 //! worker or leaves it to the waiter, never both, never neither.
 //!
-//! loom sees the view's swap as a mutex (see `sync.rs`), so these models
-//! check the line's protocol around it — the joiner's own wake-up pass, the
-//! publisher's and the reporter's passes, the hand-over on a drop — in every
-//! interleaving of the line's lock and counters.
+//! By default loom sees the view's swap as a mutex (see `sync.rs`), so these
+//! models check the line's protocol around it — the joiner's own wake-up
+//! pass, the publisher's and the reporter's passes, the hand-over on a drop —
+//! in every interleaving of the line's lock and counters. `.ci/run` runs them
+//! again with `--cfg loom_weak_swap`, where a view read may return an older
+//! view wherever the memory model allows: that checks the orderings of the
+//! no-lost-wake-up argument (`src/waiting/mod.rs`). A joiner's increment made
+//! a plain store, or a publisher's RMW on the count a load, fails
+//! `a_worker_freed_while_a_request_joins_serves_it` there (and passes with
+//! the mutex).
 #![cfg(loom)]
 
 use std::future::Future;
