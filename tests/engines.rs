@@ -284,6 +284,44 @@ fn llamacpp_ahead_counts_a_slot_near_its_output_limit_free() {
     );
 }
 
+/// `next_token` is read for `[0].n_remain` alone, as a JSON tree would
+/// give it: later entries, other keys and other shapes are skipped, a
+/// repeated `n_remain` counts by its last, a non-integer is no limit known.
+#[test]
+fn llamacpp_reads_only_the_first_n_remain_of_next_token() {
+    let metrics = "llamacpp:requests_processing 1\nllamacpp:requests_deferred 0\n";
+    let ending = |next_token: &str| {
+        let slots = format!(r#"[{{"n_ctx":512,"is_processing":true,"next_token":{next_token}}}]"#);
+        let snapshot = engines::llamacpp_ahead(metrics, &slots, 8).unwrap_or_else(|e| panic!("{next_token}: {e}"));
+        snapshot.ranks[0].load.active_decode_blocks == 0
+    };
+    for yes in [
+        r#"[{"n_remain":3}]"#,
+        r#"[{"has_next_token":true,"n_remain":8,"x":[{"n_remain":-1}]}]"#,
+        r#"[{"n_remain":-1,"n_remain":2}]"#,
+        r#"[{"n_remain":2},{"n_remain":-1},[1,[2]],"x",null]"#,
+    ] {
+        assert!(ending(yes), "{yes}");
+    }
+    for no in [
+        "null",
+        "[]",
+        "7",
+        r#""n_remain""#,
+        r#"{"n_remain":2}"#,
+        r#"{"0":{"n_remain":2}}"#,
+        r#"[[{"n_remain":2}]]"#,
+        r#"[{"n_remain":2.0}]"#,
+        r#"[{"n_remain":"2"}]"#,
+        r#"[{"n_remain":9}]"#,
+        r#"[{"n_remain":18446744073709551615}]"#,
+        r#"[{"n_remain":2,"n_remain":null}]"#,
+        r#"[{"next":{"n_remain":2}}]"#,
+    ] {
+        assert!(!ending(no), "{no}");
+    }
+}
+
 // --- all kinds ----------------------------------------------------------------
 
 #[test]

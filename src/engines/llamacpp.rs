@@ -1,5 +1,8 @@
 //! llama.cpp's `/metrics` and `/slots`.
 
+use std::fmt;
+
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::exposition;
@@ -15,11 +18,12 @@ struct Slot {
     /// The slot's context in tokens.
     n_ctx: u64,
     is_processing: bool,
-    /// What the slot generates next; its first entry's `n_remain` is the
-    /// tokens left before the request's output limit (-1: no limit).
-    /// Read leniently: a shape other than llama-server's counts as unknown.
-    #[serde(default)]
-    next_token: Option<serde_json::Value>,
+    /// `n_remain` of the first entry of `next_token` (what the slot
+    /// generates next): the tokens left before the request's output limit
+    /// (-1: no limit). Read leniently: a shape other than llama-server's
+    /// counts as unknown ([`first_n_remain`]).
+    #[serde(default, rename = "next_token", deserialize_with = "first_n_remain")]
+    n_remain: Option<i64>,
 }
 
 impl Slot {
@@ -28,8 +32,91 @@ impl Slot {
         if ahead == 0 || !self.is_processing {
             return false;
         }
-        let remain = self.next_token.as_ref().and_then(|next| next.get(0)?.get("n_remain")?.as_i64());
-        remain.is_some_and(|n| (0..=i64::from(ahead)).contains(&n))
+        self.n_remain.is_some_and(|n| (0..=i64::from(ahead)).contains(&n))
+    }
+}
+
+/// `next_token[0].n_remain` when it is an integer that fits an `i64`, else
+/// `None` (another shape). Nothing else of `next_token` is kept: the rest
+/// is skipped unread, so a `/slots` padded with a long `next_token` costs
+/// no memory past its text (a JSON tree of it took about 16 times that).
+fn first_n_remain<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<i64>, D::Error> {
+    NRemain(Depth::List).deserialize(deserializer)
+}
+
+/// Where [`NRemain`] reads: `next_token` itself, its first entry, or that
+/// entry's `n_remain`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Depth {
+    List,
+    Entry,
+    Value,
+}
+
+/// Reads `n_remain` at its [`Depth`] below `next_token`; any other value,
+/// whatever its shape, is skipped as `None`.
+#[derive(Clone, Copy)]
+struct NRemain(Depth);
+
+impl<'de> DeserializeSeed<'de> for NRemain {
+    type Value = Option<i64>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Option<i64>, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for NRemain {
+    type Value = Option<i64>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Option<i64>, A::Error> {
+        let first = match self.0 {
+            Depth::List => seq.next_element_seed(NRemain(Depth::Entry))?.flatten(),
+            _ => None,
+        };
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(first)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<i64>, A::Error> {
+        let mut remain = None;
+        while let Some(key) = map.next_key::<String>()? {
+            if self.0 == Depth::Entry && key == "n_remain" {
+                // A repeated key: the last counts (as a JSON tree keeps it).
+                remain = map.next_value_seed(NRemain(Depth::Value))?;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(remain)
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Option<i64>, E> {
+        Ok((self.0 == Depth::Value).then_some(v))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Option<i64>, E> {
+        Ok(i64::try_from(v).ok().filter(|_| self.0 == Depth::Value))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Option<i64>, E> {
+        Ok(None)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Option<i64>, E> {
+        Ok(None)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Option<i64>, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E>(self) -> Result<Option<i64>, E> {
+        Ok(None)
     }
 }
 

@@ -49,6 +49,9 @@ pub(crate) struct Load {
     pub(crate) stall: bool,
     /// Completions answer after this long.
     pub(crate) answer_after: Duration,
+    /// llama.cpp: bytes of zeros (`0,0,...`) padding the `next_token` list
+    /// of each processing slot: a valid `/slots` that is mostly padding.
+    pub(crate) slots_padding: usize,
 }
 
 /// What one completion request brought.
@@ -287,6 +290,9 @@ async fn slots(State(Fake { shared, .. }): FakeState) -> Response {
     };
     let load = shared.load.lock().unwrap();
     let running = released.unwrap_or(load.running);
+    if load.slots_padding > 0 {
+        return padded_slots(running, load.slots_padding).into_response();
+    }
     let slots: Vec<Value> = (0..4)
         .map(|id| {
             if id < running {
@@ -302,6 +308,21 @@ async fn slots(State(Fake { shared, .. }): FakeState) -> Response {
         })
         .collect();
     axum::Json(Value::Array(slots)).into_response()
+}
+
+/// Four slots of 512 tokens, the first `running` processing with no
+/// output limit and `padding` bytes of zeros after their `next_token` entry.
+fn padded_slots(running: u32, padding: usize) -> String {
+    let zeros = ",0".repeat(padding / 2);
+    let slots: Vec<String> = (0..4)
+        .map(|id| match id < running {
+            true => {
+                format!(r#"{{"id":{id},"n_ctx":512,"is_processing":true,"next_token":[{{"n_remain":-1}}{zeros}]}}"#)
+            }
+            false => format!(r#"{{"id":{id},"n_ctx":512,"is_processing":false}}"#),
+        })
+        .collect();
+    format!("[{}]", slots.join(","))
 }
 
 async fn models_list(State(Fake { shared, .. }): FakeState) -> Response {

@@ -10,6 +10,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod fake_engine;
+mod hostile;
 mod model_change;
 mod rank_gaps;
 
