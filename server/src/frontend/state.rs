@@ -70,6 +70,10 @@ pub struct Frontend {
     /// take the same worker's last headroom at once (the lease's bound
     /// counts one request per frontend crossing a threshold).
     pub(crate) routing_turn: Option<std::sync::Mutex<()>>,
+    /// One `/busy_threshold` change at a time, its thresholds and line
+    /// timeout together, and no read between the two (cold path: a lock
+    /// held only by the admin API, never across an await).
+    pub(crate) admin_changes: std::sync::Mutex<()>,
 }
 
 impl Frontend {
@@ -132,6 +136,7 @@ impl Frontend {
             line_counts_tokens: args.router_queue_token_limit.is_some() || tenants.is_some(),
             callers: Callers::new(tenants, args.trust_priority_header),
             routing_turn: (args.shares_load() && args.sharing.share_lease).then(Default::default),
+            admin_changes: std::sync::Mutex::new(()),
         })
     }
 

@@ -55,6 +55,8 @@ pub fn thresholds_json(model: &str, thresholds: &Thresholds, queue_timeout_ms: P
 
 /// `GET /busy_threshold`: every known model's thresholds.
 pub async fn read_all(State(frontend): State<Arc<Frontend>>) -> Response {
+    // Not between the two halves of a change (`update`).
+    let _changes = frontend.admin_changes.lock().unwrap_or_else(|e| e.into_inner());
     let all: Vec<Value> = frontend
         .monitor
         .all_thresholds()
@@ -93,6 +95,10 @@ pub async fn update(State(frontend): State<Arc<Frontend>>, headers: HeaderMap, b
         Ok(patch) => patch,
         Err(e) => return plain_error(StatusCode::BAD_REQUEST, e.to_string()),
     };
+    // The thresholds and the line's timeout change together, and the
+    // reply shows them as this change left them: no other change or read
+    // in between (`Frontend::admin_changes`).
+    let _changes = frontend.admin_changes.lock().unwrap_or_else(|e| e.into_inner());
     let thresholds_only = ThresholdPatch { queue_timeout_ms: Change::Unchanged, ..patch.clone() };
     let result = if thresholds_only.is_read() {
         frontend.monitor.thresholds(&patch.model).ok_or_else(|| SetThresholdsError::UnknownModel(patch.model.clone()))
@@ -169,4 +175,79 @@ fn is_json(headers: &HeaderMap) -> bool {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
         .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::Request;
+    use clap::Parser as _;
+    use loadgate::{MonitorConfig, WorkerMonitor};
+    use tower::ServiceExt as _;
+
+    use super::*;
+    use crate::directory::WorkerDirectory;
+    use crate::frontend::{admin_app, Args};
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    /// A frontend (not serving) that keeps model `m`.
+    fn frontend() -> Arc<Frontend> {
+        let cli = Cli::parse_from(["frontend"]);
+        let monitor = Arc::new(WorkerMonitor::new(MonitorConfig::default()).unwrap());
+        monitor.add_model("m");
+        let directory = Arc::new(WorkerDirectory::new(monitor.clone()));
+        Arc::new(Frontend::new(&cli.args, monitor, directory, None).unwrap())
+    }
+
+    async fn post(app: axum::Router, body: Value) -> Value {
+        let request = Request::post("/busy_threshold")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        let response = app.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let bytes = axum::body::to_bytes(response.into_body(), MAX_BODY).await.unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    /// Found by a review: a call that changes both a threshold and the
+    /// line's timeout applied the two one after the other, so two such
+    /// calls at once could leave one's threshold with the other's timeout:
+    /// a state neither order of the calls gives. Now an admin change is
+    /// applied whole before another starts: after each pair of calls run
+    /// at once, the model holds all of the one or all of the other, and
+    /// each reply shows its own call's change whole. (A race: before the
+    /// fix one pair in 2000 to 20,000 showed it, so 30,000 pairs, a few
+    /// seconds; after it, none can.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_changes_at_once_apply_each_whole() {
+        let frontend = frontend();
+        let app = admin_app(frontend.clone(), None);
+        let a = json!({"model": "m", DECODE_FIELD: 0.5, QUEUE_TIMEOUT_FIELD: 100});
+        let b = json!({"model": "m", DECODE_FIELD: null, QUEUE_TIMEOUT_FIELD: 7});
+        let state = |v: &Value| (v[DECODE_FIELD].clone(), v[QUEUE_TIMEOUT_FIELD].clone());
+        let (state_a, state_b) = ((json!(0.5), json!(100)), (json!(null), json!(7)));
+        let mut mixed = Vec::new();
+        for round in 0..30_000 {
+            let (first, second) = if round % 2 == 0 { (&a, &b) } else { (&b, &a) };
+            let one = tokio::spawn(post(app.clone(), first.clone()));
+            let two = tokio::spawn(post(app.clone(), second.clone()));
+            let (one, two) = (one.await.unwrap(), two.await.unwrap());
+            let now =
+                state(&thresholds_json("m", &frontend.monitor.thresholds("m").unwrap(), frontend.queue.millis("m")));
+            for reply in [&one, &two] {
+                if state(reply) != state_a && state(reply) != state_b {
+                    mixed.push(format!("round {round}: a reply {reply}"));
+                }
+            }
+            if now != state_a && now != state_b {
+                mixed.push(format!("round {round}: the model holds {now:?}"));
+            }
+        }
+        assert!(mixed.is_empty(), "{} mixed states, first: {:?}", mixed.len(), mixed.first());
+    }
 }
