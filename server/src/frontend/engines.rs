@@ -27,8 +27,11 @@
 //! list every model it was registered with (restarted with another model
 //! on the same address), all its workers stay out of routing; restarting
 //! the frontend takes the new list.
-//! Transitions are logged; `/metrics` counts failed scrapes in
-//! `loadgate_frontend_engine_scrape_failures_total`.
+//! Transitions are logged, at most [`ENGINE_LINES`] lines per 10 s per
+//! engine (one that flaps at every scrape would write one a scrape; a line
+//! that passes counts those held back); `/metrics` counts failed scrapes in
+//! `loadgate_frontend_engine_scrape_failures_total` and shows the workers
+//! out of routing.
 
 use std::ops::ControlFlow;
 use std::sync::atomic::Ordering;
@@ -47,6 +50,7 @@ use crate::engines::scrape::{scrape_once, spawn_scraper, ModelCheck, ScrapeConfi
 use crate::engines::spec::EngineSpec;
 use crate::events::{PlaneLimits, Registration};
 use crate::frontend::state::Frontend;
+use crate::throttle::LogThrottle;
 
 /// How long an engine may take to answer at start before the frontend gives up.
 pub const ENGINE_START_DEADLINE: Duration = Duration::from_secs(60);
@@ -56,6 +60,14 @@ const START_RETRY: Duration = Duration::from_millis(250);
 
 /// The shortest wait for `/v1/models` (the scrape timeout when longer).
 const MIN_LIST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The most lines one engine's scrapes log per [`ENGINE_LINES_PER`]: every
+/// transition of an engine that changes now and then, a handful from one
+/// that flaps at every scrape (20 a second at the default interval).
+const ENGINE_LINES: u32 = 10;
+
+/// See [`ENGINE_LINES`].
+const ENGINE_LINES_PER: Duration = Duration::from_secs(10);
 
 /// One registered engine and what its scraper keeps.
 #[derive(Debug)]
@@ -78,6 +90,9 @@ pub(crate) struct Engine {
     models_missing: bool,
     /// `--max-dp-size`: a rank count it may change to.
     max_dp_size: u32,
+    /// Its lines (an engine may flap at every scrape): [`ENGINE_LINES`] per
+    /// [`ENGINE_LINES_PER`], the next that passes counting those held back.
+    log: LogThrottle,
 }
 
 /// The worker id of `model` on the engine at `base_url`.
@@ -124,6 +139,7 @@ pub(crate) async fn register_engines(
             out: false,
             models_missing: false,
             max_dp_size: limits.max_dp_size,
+            log: LogThrottle::new(ENGINE_LINES, ENGINE_LINES_PER),
         };
         for model in models {
             let worker = engine_worker_id(&spec.base_url, &model);
@@ -256,12 +272,15 @@ impl Engine {
         if ranks > self.max_dp_size {
             if !self.out {
                 self.leave(frontend);
-                tracing::warn!(
-                    engine = %self.spec,
-                    ranks,
-                    max = self.max_dp_size,
-                    "engine reports more data-parallel ranks than --max-dp-size: out of routing"
-                );
+                if let Some(suppressed) = self.log.admit() {
+                    tracing::warn!(
+                        engine = %self.spec,
+                        ranks,
+                        max = self.max_dp_size,
+                        suppressed,
+                        "engine reports more data-parallel ranks than --max-dp-size: out of routing"
+                    );
+                }
             }
             return;
         }
@@ -277,7 +296,9 @@ impl Engine {
             for (worker, _) in &self.workers {
                 frontend.directory.set_silent(*worker, false);
             }
-            tracing::info!(engine = %self.spec, "engine scraped again: back in routing");
+            if let Some(suppressed) = self.log.admit() {
+                tracing::info!(engine = %self.spec, suppressed, "engine scraped again: back in routing");
+            }
         }
     }
 
@@ -313,12 +334,15 @@ impl Engine {
     /// longer report must not stand) and false is returned; the next scrape
     /// tries again.
     fn reregister(&mut self, frontend: &Frontend, ranks: u32) -> bool {
-        tracing::warn!(
-            engine = %self.spec,
-            was = self.dp_size,
-            now = ranks,
-            "engine reports another number of data-parallel ranks: registered again, load reset"
-        );
+        if let Some(suppressed) = self.log.admit() {
+            tracing::warn!(
+                engine = %self.spec,
+                was = self.dp_size,
+                now = ranks,
+                suppressed,
+                "engine reports another number of data-parallel ranks: registered again, load reset"
+            );
+        }
         let incarnation = self.incarnation.wrapping_add(1);
         for (worker, model) in &self.workers {
             let registered = frontend.monitor.register(*worker, model, ranks, incarnation);
@@ -326,7 +350,15 @@ impl Engine {
             // with the directory's flags (kept until `insert_engine` below).
             frontend.directory.sync(*worker);
             if let Err(error) = registered {
-                tracing::warn!(engine = %self.spec, worker, %error, "engine could not be registered again: out of routing");
+                if let Some(suppressed) = self.log.admit() {
+                    tracing::warn!(
+                        engine = %self.spec,
+                        worker,
+                        %error,
+                        suppressed,
+                        "engine could not be registered again: out of routing"
+                    );
+                }
                 if !self.out {
                     self.leave(frontend);
                 }
@@ -349,20 +381,25 @@ impl Engine {
         match (missing.is_empty(), self.models_missing) {
             (true, true) => {
                 self.models_missing = false;
-                tracing::info!(engine = %self.spec, ?listed, "engine lists its models again");
+                if let Some(suppressed) = self.log.admit() {
+                    tracing::info!(engine = %self.spec, ?listed, suppressed, "engine lists its models again");
+                }
             }
             (false, false) => {
                 self.models_missing = true;
                 if !self.out {
                     self.leave(frontend);
                 }
-                tracing::error!(
-                    engine = %self.spec,
-                    ?missing,
-                    ?listed,
-                    "engine came back without models it was registered with: out of routing \
-                     (restart the frontend to serve its new models)"
-                );
+                if let Some(suppressed) = self.log.admit() {
+                    tracing::error!(
+                        engine = %self.spec,
+                        ?missing,
+                        ?listed,
+                        suppressed,
+                        "engine came back without models it was registered with: out of routing \
+                         (restart the frontend to serve its new models)"
+                    );
+                }
             }
             _ => {}
         }
@@ -383,9 +420,19 @@ impl Engine {
         frontend.engine_scrape_failures.fetch_add(1, Ordering::Relaxed);
         if consecutive >= failures_to_leave && !self.out {
             self.leave(frontend);
-            tracing::warn!(engine = %self.spec, failures = consecutive, %error, "engine scrapes failing: out of routing");
+            if let Some(suppressed) = self.log.admit() {
+                tracing::warn!(
+                    engine = %self.spec,
+                    failures = consecutive,
+                    %error,
+                    suppressed,
+                    "engine scrapes failing: out of routing"
+                );
+            }
         } else if consecutive == 1 {
-            tracing::info!(engine = %self.spec, %error, "engine scrape failed; its last load stands");
+            if let Some(suppressed) = self.log.admit() {
+                tracing::info!(engine = %self.spec, %error, suppressed, "engine scrape failed; its last load stands");
+            }
         } else {
             tracing::debug!(engine = %self.spec, failures = consecutive, %error, "engine scrape failed");
         }

@@ -52,6 +52,9 @@ pub(crate) struct Load {
     /// llama.cpp: bytes of zeros (`0,0,...`) padding the `next_token` list
     /// of each processing slot: a valid `/slots` that is mostly padding.
     pub(crate) slots_padding: usize,
+    /// vLLM: every other `/metrics` shows only the first of `vllm_ranks`
+    /// (an engine whose rank count flaps).
+    pub(crate) flap_ranks: bool,
 }
 
 /// What one completion request brought.
@@ -219,7 +222,7 @@ type FakeState = State<Fake>;
 
 async fn metrics(State(Fake { kind, shared, .. }): FakeState) -> Response {
     // Relaxed: counters the test reads on their own.
-    shared.scrapes.fetch_add(1, Ordering::Relaxed);
+    let scrape = shared.scrapes.fetch_add(1, Ordering::Relaxed);
     let (fail, stall) = {
         let load = shared.load.lock().unwrap();
         (load.fail, load.stall)
@@ -248,7 +251,13 @@ async fn metrics(State(Fake { kind, shared, .. }): FakeState) -> Response {
              llamacpp:requests_deferred {}\n",
             load.running, load.waiting
         ),
-        Kind::Vllm => vllm_metrics(&load.vllm_ranks, load.vllm_first_rank),
+        Kind::Vllm => {
+            let ranks = match load.flap_ranks && scrape % 2 == 1 {
+                true => &load.vllm_ranks[..1],
+                false => &load.vllm_ranks[..],
+            };
+            vllm_metrics(ranks, load.vllm_first_rank)
+        }
     };
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }
