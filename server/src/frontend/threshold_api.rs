@@ -100,7 +100,11 @@ pub async fn update(State(frontend): State<Arc<Frontend>>, headers: HeaderMap, b
     // in between (`Frontend::admin_changes`).
     let _changes = frontend.admin_changes.lock().unwrap_or_else(|e| e.into_inner());
     let thresholds_only = ThresholdPatch { queue_timeout_ms: Change::Unchanged, ..patch.clone() };
-    let result = if thresholds_only.is_read() {
+    // Any change, the line's timeout alone too, goes through the monitor's
+    // update, which keeps the model: what an operator set outlives the
+    // model's last worker, and the model cannot be forgotten under the
+    // timeout's change (its life, which the timeout is set for, stays).
+    let result = if patch.is_read() {
         frontend.monitor.thresholds(&patch.model).ok_or_else(|| SetThresholdsError::UnknownModel(patch.model.clone()))
     } else {
         frontend.monitor.update_thresholds(&patch.model, |t| patch.apply(t))
