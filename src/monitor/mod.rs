@@ -142,7 +142,9 @@ pub enum Registered {
     Restarted,
 }
 
-const MAX_DP_SIZE: u32 = 65_536;
+/// The largest data-parallel size a worker may register with (beyond it,
+/// [`RegisterError::InvalidDpSize`]).
+pub const MAX_DP_SIZE: u32 = 65_536;
 
 /// Which slot an update is for, the report's seq (0 for tracking), and
 /// where the worker's line stood when the report's measurement began, if

@@ -254,8 +254,9 @@ pub struct Args {
     /// (unset: reports do not age).
     #[arg(help_heading = "Event plane and liveness", long, env = "LOADGATE_FRONTEND_LOAD_STALENESS_MS", value_name = "MS", value_parser = crate::flag_limits::ms(1))]
     pub load_staleness_ms: Option<u64>,
-    /// Largest data-parallel size a worker may register with.
-    #[arg(help_heading = "Limits", long, env = "LOADGATE_FRONTEND_MAX_DP_SIZE", default_value_t = 256)]
+    /// Largest data-parallel size a worker may register with: 1 to 65536 (the frontend keeps
+    /// state per rank).
+    #[arg(help_heading = "Limits", long, env = "LOADGATE_FRONTEND_MAX_DP_SIZE", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=i64::from(loadgate::monitor::MAX_DP_SIZE)))]
     pub max_dp_size: u32,
     /// Open event-plane connections (pending ones included); at it, a new one evicts the oldest
     /// pending one, or is closed at once when all are authenticated.
@@ -488,5 +489,21 @@ mod tests {
         }
         let args = parse(&[]).unwrap();
         assert_eq!((args.max_event_connections, args.max_workers, args.max_models), (1024, 1024, 256));
+    }
+
+    /// `--max-dp-size` had no bounds: 0 refused every worker in silence,
+    /// and a value over the monitor's own bound (65536) let every Register
+    /// past the flag only to be refused by the monitor. Both refused at
+    /// start, with the flag named.
+    #[test]
+    fn the_dp_size_limit_is_within_the_monitors() {
+        for bad in ["0", "65537", "4294967295"] {
+            let error =
+                parse(&["--max-dp-size", bad]).err().unwrap_or_else(|| panic!("--max-dp-size {bad} was accepted"));
+            assert!(error.to_string().contains("--max-dp-size"), "{error}");
+        }
+        assert_eq!(parse(&["--max-dp-size", "1"]).unwrap().max_dp_size, 1);
+        assert_eq!(parse(&["--max-dp-size", "65536"]).unwrap().max_dp_size, 65536);
+        assert_eq!(parse(&[]).unwrap().max_dp_size, 256);
     }
 }
