@@ -67,7 +67,12 @@ impl Demo {
     fn start(name: &str, args: &[&str], env: &[(&str, &str)]) -> Demo {
         let plot = std::env::temp_dir().join(format!("loadgate-demo-hostile-{}-{name}.svg", std::process::id()));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_loadgate"));
-        cmd.arg("demo").arg("--plot").arg(&plot).args(args).env("RUST_BACKTRACE", "0");
+        cmd.arg("demo");
+        // A test that names its own plot keeps it.
+        if !args.contains(&"--plot") {
+            cmd.arg("--plot").arg(&plot);
+        }
+        cmd.args(args).env("RUST_BACKTRACE", "0");
         cmd.envs(env.iter().copied());
         let child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
         Demo { child, plot, seen: BTreeSet::new() }
@@ -266,4 +271,31 @@ fn a_signal_leaves_no_tenants_file() {
     let left = file.exists();
     let _ = fs::remove_file(&file);
     assert!(!left, "{} left behind after SIGTERM", file.display());
+}
+
+/// Refused at once: exits with a failure within 10 s (no run takes part of
+/// it: each starts a pool first), having started no child and printed no
+/// capacity, naming `flag` and without a panic.
+fn refused_at_once(name: &str, args: &[&str], flag: &str) {
+    let mut demo = Demo::start(name, args, &[]);
+    let (status, _) = demo.wait(Duration::from_secs(10));
+    let started = demo.seen.len();
+    assert!(status.is_some(), "{args:?}: still running after 10 s with {started} children");
+    let out = demo.output();
+    assert!(!status.unwrap().success(), "{args:?} accepted:\n{out}");
+    assert!(started == 0 && !out.contains("capacity:"), "{args:?}: refused only after a pool ran:\n{out}");
+    assert!(out.contains(flag) && !out.contains("panicked"), "{args:?}: no clear error:\n{out}");
+}
+
+/// `--prompt-tokens` took any u32 and `--output-tokens` any positive one:
+/// their sum overflowed (a panic) at 2^32 - 1 + 1; a prompt past what the
+/// bench allows (16,000,000) was built, once per run, as a body no frontend
+/// takes; `max_tokens` above 2^31 - 1 was sent to be refused (400) by every
+/// worker, the demo measuring nothing for minutes.
+#[test]
+fn token_counts_no_server_takes_are_refused_at_once() {
+    let run = ["--capacity", "10", "--duration", "1", "--drain-timeout", "0"];
+    for bad in [["--prompt-tokens", "4294967295"], ["--prompt-tokens", "16000001"], ["--output-tokens", "2147483648"]] {
+        refused_at_once("tokens", &[&run[..], &bad[..]].concat(), bad[0]);
+    }
 }

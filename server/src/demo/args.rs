@@ -6,6 +6,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::loadgen::{MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS};
+
 /// The model name the demo's simulated workers serve.
 pub(crate) const MODEL: &str = "demo-model";
 
@@ -134,10 +136,14 @@ pub struct Args {
     )]
     pub max_num_batched_tokens: u32,
     /// Prompt tokens (words) per request [default: 112; 32 with --engines].
-    #[arg(help_heading = "The load and the report", long, env = "LOADGATE_DEMO_PROMPT_TOKENS")]
+    /// At most 16,000,000, as the bench's.
+    #[arg(help_heading = "The load and the report", long, env = "LOADGATE_DEMO_PROMPT_TOKENS",
+          value_parser = clap::value_parser!(u32).range(0..=MAX_PROMPT_TOKENS))]
     pub prompt_tokens: Option<u32>,
-    /// Output tokens per request (at least 1: `max_tokens` 0 is a 400) [default: 32; 64 with --engines].
-    #[arg(help_heading = "The load and the report", long, env = "LOADGATE_DEMO_OUTPUT_TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
+    /// Output tokens per request (1 to 2^31 - 1: `max_tokens` 0 is a 400, as is more than any
+    /// server takes) [default: 32; 64 with --engines].
+    #[arg(help_heading = "The load and the report", long, env = "LOADGATE_DEMO_OUTPUT_TOKENS",
+          value_parser = clap::value_parser!(u32).range(1..=MAX_OUTPUT_TOKENS))]
     pub output_tokens: Option<u32>,
     /// Router mode of the frontend (both runs) [default: kv; round-robin with --engines].
     #[arg(help_heading = "Shedding", long, env = "LOADGATE_DEMO_ROUTER_MODE")]

@@ -40,11 +40,11 @@ pub struct Args {
     /// Prompt length in tokens (words).
     /// At most 16,000,000 (a request of about 96 MB, under the servers' default body limit).
     #[arg(help_heading = "Load (open loop)", long, env = "LOADGATE_BENCH_PROMPT_TOKENS", default_value_t = 128,
-          value_parser = clap::value_parser!(u32).range(0..=16_000_000))]
+          value_parser = clap::value_parser!(u32).range(0..=MAX_PROMPT_TOKENS))]
     pub prompt_tokens: u32,
     /// Tokens to generate per request (1 to 2^31 - 1, the `max_tokens` every server takes).
     #[arg(help_heading = "Load (open loop)", long, env = "LOADGATE_BENCH_OUTPUT_TOKENS", default_value_t = 32,
-          value_parser = clap::value_parser!(u32).range(1..=crate::openai::MAX_TOKENS_LIMIT as i64))]
+          value_parser = clap::value_parser!(u32).range(1..=MAX_OUTPUT_TOKENS))]
     pub output_tokens: u32,
     /// Stream responses (SSE); TTFT is then the first streamed bytes.
     #[arg(help_heading = "Load (open loop)", long, env = "LOADGATE_BENCH_STREAM", value_parser = clap::builder::BoolishValueParser::new())]
@@ -129,6 +129,12 @@ pub struct Args {
     )]
     pub also_url: Vec<String>,
 }
+
+/// Most prompt tokens (words) a request has: about 96 MB, under the servers'
+/// default body limit.
+pub const MAX_PROMPT_TOKENS: i64 = 16_000_000;
+/// Most tokens a request asks to generate: the `max_tokens` every server takes.
+pub const MAX_OUTPUT_TOKENS: i64 = crate::openai::MAX_TOKENS_LIMIT as i64;
 
 /// Most clients `--retry-storm` takes (each holds a connection).
 pub const MAX_STORM_CLIENTS: i64 = 20_000;
