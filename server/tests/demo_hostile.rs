@@ -183,19 +183,18 @@ fn worker_counts_out_of_range_are_refused_at_once() {
 }
 
 /// A flag the demo passes on and its child refuses: the child's standard
-/// error was thrown away, so the demo said only `did not start: ""`.
+/// error was thrown away, so the demo said only `did not start: ""`. (A
+/// threshold out of range, the other example, is now refused by the demo
+/// itself: `shedding_flags_a_frontend_refuses_are_refused_at_once`.)
 #[test]
 fn a_childs_refusal_is_explained() {
-    for bad in [["--threshold", "5"], ["--router-mode", "bogus"]] {
-        let mut args = vec!["--capacity", "10", "--duration", "1", "--drain-timeout", "0"];
-        args.extend(bad);
-        let mut demo = Demo::start("child", &args, &[]);
-        let (status, _) = demo.wait(Duration::from_secs(60));
-        assert!(status.is_some(), "{bad:?}: still running");
-        let out = demo.output();
-        let said = out.split_once("it said:").map(|(_, said)| said).unwrap_or_default();
-        assert!(said.contains("error:") && said.contains(bad[1]), "{bad:?}: no reason given:\n{out}");
-    }
+    let args = ["--capacity", "10", "--duration", "1", "--drain-timeout", "0", "--router-mode", "bogus"];
+    let mut demo = Demo::start("child", &args, &[]);
+    let (status, _) = demo.wait(Duration::from_secs(60));
+    assert!(status.is_some(), "still running");
+    let out = demo.output();
+    let said = out.split_once("it said:").map(|(_, said)| said).unwrap_or_default();
+    assert!(said.contains("error:") && said.contains("bogus"), "no reason given:\n{out}");
 }
 
 /// A frontend that dies mid-run (the OOM killer, a crash): the demo never
@@ -297,5 +296,19 @@ fn token_counts_no_server_takes_are_refused_at_once() {
     let run = ["--capacity", "10", "--duration", "1", "--drain-timeout", "0"];
     for bad in [["--prompt-tokens", "4294967295"], ["--prompt-tokens", "16000001"], ["--output-tokens", "2147483648"]] {
         refused_at_once("tokens", &[&run[..], &bad[..]].concat(), bad[0]);
+    }
+}
+
+/// A threshold out of [0, 1] (or NaN) and a waiting line's limit of 0 were
+/// passed on to the frontend unchecked: refused only when the first pool
+/// with them started, after the capacity run (the threshold) or after the
+/// capacity run and every static run (the limits).
+#[test]
+fn shedding_flags_a_frontend_refuses_are_refused_at_once() {
+    let run = ["--capacity", "10", "--duration", "1", "--drain-timeout", "0"];
+    refused_at_once("threshold", &["--threshold", "5", "--duration", "1"], "--threshold");
+    refused_at_once("threshold", &["--threshold", "NaN", "--duration", "1"], "--threshold");
+    for bad in [["--router-queue-limit", "0"], ["--router-queue-token-limit", "0"]] {
+        refused_at_once("limit", &[&run[..], &bad[..]].concat(), bad[0]);
     }
 }

@@ -65,7 +65,7 @@ pub struct Args {
     pub drain_timeout: Option<f64>,
     /// The shedding runs' `--active-decode-blocks-threshold`. With --engines llamacpp a server's KV
     /// share is its share of slots in use, so 0.85 makes it busy when none of its 4 slots is free.
-    #[arg(help_heading = "Shedding", long, env = "LOADGATE_DEMO_THRESHOLD", default_value_t = 0.85)]
+    #[arg(help_heading = "Shedding", long, env = "LOADGATE_DEMO_THRESHOLD", default_value_t = 0.85, value_parser = share)]
     pub threshold: f64,
     /// The shedding run's `--active-waiting-requests-threshold` (with --engines): an engine is busy
     /// when more requests than this wait for a slot.
@@ -103,11 +103,13 @@ pub struct Args {
     /// [default: the objective minus the p50 TTFT at 0.5x with static thresholds, at least 50 ms].
     #[arg(help_heading = "Shedding", long, env = "LOADGATE_DEMO_ROUTER_QUEUE_TIMEOUT_MS", value_parser = crate::flag_limits::ms(1))]
     pub router_queue_timeout_ms: Option<u64>,
-    /// The waiting line's --router-queue-limit (requests) in the third mode [default: the frontend's].
-    #[arg(help_heading = "Shedding", long, env = "LOADGATE_DEMO_ROUTER_QUEUE_LIMIT")]
+    /// The waiting line's --router-queue-limit (1 to 1,000,000 requests) in the third mode [default: the frontend's].
+    #[arg(help_heading = "Shedding", long, env = "LOADGATE_DEMO_ROUTER_QUEUE_LIMIT",
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub router_queue_limit: Option<u64>,
     /// The waiting line's --router-queue-token-limit in the third mode [default: the frontend's].
-    #[arg(help_heading = "Shedding", long, env = "LOADGATE_DEMO_ROUTER_QUEUE_TOKEN_LIMIT")]
+    #[arg(help_heading = "Shedding", long, env = "LOADGATE_DEMO_ROUTER_QUEUE_TOKEN_LIMIT",
+          value_parser = clap::value_parser!(u64).range(1..))]
     pub router_queue_token_limit: Option<u64>,
     /// Skip the saturation run and use this capacity (req/s, at most 10,000).
     #[arg(help_heading = "The load and the report", long, env = "LOADGATE_DEMO_CAPACITY", value_parser = capacity)]
@@ -214,6 +216,16 @@ fn capacity(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(x) if x.is_finite() && x > 0.0 && x <= MAX_CAPACITY => Ok(x),
         _ => Err(format!("`{s}`: a number of requests per second above 0 and at most {MAX_CAPACITY}")),
+    }
+}
+
+/// `--threshold`: a share of the KV cache in [0, 1], as the frontend's
+/// `--active-decode-blocks-threshold` takes (checked here, before any pool
+/// starts, not by the first frontend given it).
+fn share(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if (0.0..=1.0).contains(&x) => Ok(x),
+        _ => Err(format!("`{s}`: a share of the KV cache, at least 0 and at most 1")),
     }
 }
 
