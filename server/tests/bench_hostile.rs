@@ -274,3 +274,21 @@ fn bench_huge_rate_is_refused() {
     assert!(status.is_some_and(|s| !s.success()), "still running or accepted: {err}");
     assert!(err.contains("--rate must be a positive number of requests per second, at most 100000"), "{err}");
 }
+
+/// A `--plot` that cannot be written was found out after the run (of
+/// any `--duration`): the load was sent for nothing. Now no request leaves.
+#[test]
+fn bench_refuses_a_plot_it_cannot_write_before_any_request() {
+    // Never accepted from: a connection the bench made would wait in its backlog.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let plot = std::env::temp_dir().join(format!("loadgate-bench-hostile-{}-no-such-dir/x.svg", std::process::id()));
+    let plot = plot.to_str().unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let bench = bench(&url, &["--rate", "20", "--duration", "1", "--drain-timeout", "1", "--plot", plot]);
+    let (status, _, err) = finish(bench, Duration::from_secs(30));
+    assert!(status.is_some_and(|s| !s.success()), "still running or accepted: {err}");
+    assert!(err.contains(plot), "{err}");
+    let connected = listener.accept().map(|_| ());
+    assert!(connected.is_err(), "the bench connected before the plot was refused: {err}");
+}

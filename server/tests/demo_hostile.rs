@@ -312,3 +312,15 @@ fn shedding_flags_a_frontend_refuses_are_refused_at_once() {
         refused_at_once("limit", &[&run[..], &bad[..]].concat(), bad[0]);
     }
 }
+
+/// A plot that cannot be written was found out at the very end, after
+/// every run (minutes of both cores): the demo failed with nothing drawn.
+#[test]
+fn a_plot_that_cannot_be_written_is_refused_at_once() {
+    let dir = std::env::temp_dir().join(format!("loadgate-demo-hostile-{}-no-such-dir", std::process::id()));
+    let plot = dir.join("plot.svg");
+    let plot = plot.to_str().unwrap();
+    let args = ["--capacity", "10", "--duration", "1", "--drain-timeout", "0", "--plot", plot];
+    refused_at_once("plot", &args, plot);
+    assert!(!dir.exists());
+}

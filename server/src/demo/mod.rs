@@ -86,6 +86,7 @@ use loadgate::PerClass;
 /// a plot that cannot be written.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
+    crate::loadgen::plot::check_writable(&args.plot())?;
     child::stop_children_on_signals()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let objective = args.slo_ttft().as_millis();

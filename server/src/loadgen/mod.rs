@@ -67,10 +67,13 @@ pub use self::tenants::TenantMix;
 /// Invalid arguments, a plot that cannot be written, or a run in which no
 /// request got an HTTP answer (after its report is printed).
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(path) = &args.plot {
+        anyhow::ensure!(args.retry_storm.is_none(), "--plot draws open-loop runs only, not --retry-storm");
+        plot::check_writable(path)?;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let tally = Arc::new(Tally::default());
     if let Some(storm) = StormConfig::from_args(&args)? {
-        anyhow::ensure!(args.plot.is_none(), "--plot draws open-loop runs only, not --retry-storm");
         let report = runtime.block_on(run_storm(&storm, &tally))?;
         if args.json {
             println!("{}", serde_json::to_string(&report.summary())?);

@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use anyhow::Context as _;
 use plotters::prelude::*;
 
 use crate::loadgen::report::{BenchReport, Percentiles};
@@ -15,6 +16,26 @@ const GREY: RGBColor = RGBColor(120, 120, 120);
 
 fn legend(color: RGBColor) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
     move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+}
+
+/// Checks, before a run, that a plot can be written at `path`, so that a
+/// run of minutes does not end in that error: not a directory, and a file
+/// opens there for writing. A file it had to create is removed again; one
+/// that was there is left as it was.
+///
+/// # Errors
+///
+/// `path` is a directory, or no file can be written there (no such
+/// directory, no permission).
+pub fn check_writable(path: &Path) -> anyhow::Result<()> {
+    let what = || format!("cannot write the plot {}", path.display());
+    anyhow::ensure!(!path.is_dir(), "{}: it is a directory", what());
+    let existed = path.exists();
+    std::fs::OpenOptions::new().append(true).create(true).open(path).with_context(what)?;
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
 }
 
 /// Draws `report`'s per-second (by arrival) p50 / p99 TTFT and p99 latency of
