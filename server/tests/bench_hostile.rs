@@ -292,3 +292,26 @@ fn bench_refuses_a_plot_it_cannot_write_before_any_request() {
     let connected = listener.accept().map(|_| ());
     assert!(connected.is_err(), "the bench connected before the plot was refused: {err}");
 }
+
+/// A retry storm is bounded by `--duration` plus `--drain-timeout`, but a
+/// server that never answered its clients' connecting `GET` (before the
+/// burst) held it for `--request-timeout` more: 2 s of storm took 22 s.
+/// Margin: 10 s for a bound of 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_storm_against_a_silent_server_ends_on_time() {
+    let addr = raw_server(|tcp| async move {
+        let _held = tcp;
+        tokio::time::sleep(Duration::from_secs(600)).await;
+    })
+    .await;
+    let url = format!("http://{addr}");
+    let args = ["--retry-storm", "3", "--duration", "1", "--drain-timeout", "1", "--request-timeout", "20", "--json"];
+    let bench = bench(&url, &args);
+    let started = Instant::now();
+    let (status, out, err) = tokio::task::spawn_blocking(move || finish(bench, Duration::from_secs(40))).await.unwrap();
+    let took = started.elapsed();
+    assert!(status.is_some(), "still running after 40 s: {err}");
+    assert!(took < Duration::from_secs(10), "a storm of 1 + 1 s took {took:?}: {out} {err}");
+    let summary: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
+    assert_eq!(summary["unfinished"], 3, "{summary}");
+}

@@ -9,9 +9,9 @@
 //! fixed `--retry-fallback-ms`. Another status ends the client (failed). A
 //! client also stops after `--max-attempts` attempts, or when its next retry
 //! would start after `--duration`; each attempt is bounded by
-//! `--request-timeout`, and the whole storm by `--duration` plus
-//! `--drain-timeout` (clients still running then are abandoned and counted
-//! unfinished). The time every retry is due (the end of its wait: when it
+//! `--request-timeout`, and the whole storm, its clients' connecting
+//! included, by `--duration` plus `--drain-timeout` (clients still running
+//! then are abandoned and counted unfinished). The time every retry is due (the end of its wait: when it
 //! is sent, unless the load generator itself is short of CPU) is kept for
 //! the report's peak (`storm_report.rs`): a starved generator waking many
 //! timers late at once would otherwise bunch retries its clients spread.
@@ -46,6 +46,7 @@ const MAX_HONOURED_HINT: Duration = Duration::from_secs(60);
 ///
 /// The HTTP client cannot be built.
 pub async fn run_storm(config: &StormConfig, tally: &Arc<Tally>) -> anyhow::Result<StormReport> {
+    let begin = Instant::now();
     let progress = Progress::start(config.request.progress, config.request.duration, tally.clone());
     let body = bytes::Bytes::from(request_body(&config.request));
     // Every client opens its connection, reports, and waits for the
@@ -71,7 +72,10 @@ pub async fn run_storm(config: &StormConfig, tally: &Arc<Tally>) -> anyhow::Resu
         });
     }
     drop(connected);
-    let connect_deadline = Instant::now() + config.request_timeout;
+    // The whole storm, its clients' connecting included, ends by this: a
+    // server that never answers a connecting `GET` cannot hold it longer.
+    let deadline = begin + config.request.duration + config.request.drain_timeout;
+    let connect_deadline = (begin + config.request_timeout).min(deadline);
     let mut ready_clients = 0;
     while ready_clients < config.clients {
         match tokio::time::timeout_at(connect_deadline, connections.recv()).await {
@@ -83,7 +87,6 @@ pub async fn run_storm(config: &StormConfig, tally: &Arc<Tally>) -> anyhow::Resu
     // No receiver can have gone yet (each task holds one): the send only
     // fails if every task already ended, which cannot happen before it.
     let _ = go.send(Some(start));
-    let deadline = start + config.request.duration + config.request.drain_timeout;
     let mut runs = Vec::with_capacity(config.clients as usize);
     loop {
         tokio::select! {
