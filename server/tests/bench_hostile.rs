@@ -315,3 +315,27 @@ async fn a_retry_storm_against_a_silent_server_ends_on_time() {
     let summary: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
     assert_eq!(summary["unfinished"], 3, "{summary}");
 }
+
+/// `data:[DONE]` (no space after the colon: valid SSE, as the frontend's
+/// own token count reads it) ended no stream for the bench: every 200 was
+/// counted a transport error, and the run exited 1 saying no request got
+/// an HTTP response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_counts_a_stream_ended_by_data_done_without_a_space() {
+    let addr = raw_server(|mut tcp| async move {
+        let body =
+            "data:{\"choices\":[{\"text\":\"a\"}]}\n\ndata:{\"usage\":{\"completion_tokens\":1}}\n\ndata:[DONE]\n\n";
+        let head =
+            format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n", body.len());
+        let _ = tcp.write_all(format!("{head}{body}").as_bytes()).await;
+    })
+    .await;
+    let url = format!("http://{addr}");
+    let bench = bench(&url, &["--rate", "20", "--duration", "0.5", "--drain-timeout", "5", "--stream", "--json"]);
+    let (status, out, err) = tokio::task::spawn_blocking(move || finish(bench, Duration::from_secs(30))).await.unwrap();
+    let summary: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}: {summary} {err}");
+    assert!(summary["sent"].as_u64().is_some_and(|n| n > 0), "{summary}");
+    assert_eq!(summary["ok"], summary["sent"], "{summary}");
+    assert_eq!(summary["transport_errors"], 0, "{summary}");
+}

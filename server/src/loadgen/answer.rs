@@ -31,11 +31,15 @@ impl Tail {
     }
 
     /// Whether the body came to its end: `data: [DONE]` last when
-    /// `stream`, else a JSON object's closing brace.
+    /// `stream` (the space after `data:` optional, as in any SSE field),
+    /// else a JSON object's closing brace.
     pub(crate) fn is_whole(&self, stream: bool) -> bool {
         let body = self.bytes.trim_ascii_end();
         match stream {
-            true => body.ends_with(b"data: [DONE]"),
+            true => {
+                let last_line = body.rsplit(|b| *b == b'\n').next().unwrap_or_default();
+                last_line.strip_prefix(b"data:").is_some_and(|data| data.trim_ascii() == b"[DONE]")
+            }
             false => body.ends_with(b"}"),
         }
     }
@@ -101,6 +105,7 @@ mod tests {
         let sse = tail_of(&[b"data: {\"usage\":{\"completion_tokens\":", b"9}}\n\n", b"data: [DONE]\n\n"]);
         assert_eq!(sse.completion_tokens(), 9);
         assert!(sse.is_whole(true));
+        assert!(tail_of(&[b"data:{}\r\n\r\ndata:[DONE]\r\n\r\n"]).is_whole(true), "no space, CRLF lines");
     }
 
     #[test]
@@ -108,6 +113,8 @@ mod tests {
         assert!(!tail_of(&[b"data: {\"choices\":[]}\n\n"]).is_whole(true));
         assert!(!tail_of(&[b"{\"choices\":[{\"text\":\"a"]).is_whole(false));
         assert!(!Tail::default().is_whole(true));
+        assert!(!tail_of(&[b"data: {\"text\":\"[DONE]\"}\n\n"]).is_whole(true));
+        assert!(!tail_of(&[b"data: {}\n\n: [DONE]\n\n"]).is_whole(true), "a comment is no event");
     }
 
     #[test]
@@ -116,7 +123,7 @@ mod tests {
         for _ in 0..1000 {
             tail.push(&[b'x'; 1000]);
         }
-        tail.push(b"data: [DONE]\n\n");
+        tail.push(b"\n\ndata: [DONE]\n\n");
         assert!(tail.bytes.len() <= TAIL);
         assert!(tail.is_whole(true));
         tail.push(&vec![b'y'; 3 * TAIL]);
