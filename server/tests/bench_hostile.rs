@@ -339,3 +339,18 @@ async fn bench_counts_a_stream_ended_by_data_done_without_a_space() {
     assert_eq!(summary["ok"], summary["sent"], "{summary}");
     assert_eq!(summary["transport_errors"], 0, "{summary}");
 }
+
+/// A `--url` the bench cannot send to (empty, another scheme, a bad port)
+/// ran the whole `--duration`, every request failing; an empty one sent
+/// them to the host `v1` (`http:///v1/completions`). Refused at start.
+#[test]
+fn bench_refuses_a_url_it_cannot_send_to() {
+    for url in ["", "ftp://127.0.0.1:9", "127.0.0.1:99999"] {
+        let started = Instant::now();
+        let bench = bench(url, &["--rate", "5", "--duration", "60"]);
+        let (status, _, err) = finish(bench, Duration::from_secs(30));
+        assert!(status.is_some_and(|s| !s.success()), "{url:?}: still running or accepted: {err}");
+        assert!(err.contains(&format!("--url `{url}`")), "{url:?}: {err}");
+        assert!(started.elapsed() < Duration::from_secs(20), "{url:?}: refused only after running");
+    }
+}

@@ -205,7 +205,7 @@ impl BenchConfig {
             "--rate must be a positive number of requests per second, at most {MAX_RATE}"
         );
         Ok(BenchConfig {
-            url: completions_url(&args.url),
+            url: target_url(&args.url, "--url")?,
             model: args.model.clone(),
             rate,
             duration: flag_limits::seconds(args.duration.unwrap_or(0.0), "--duration", false)?,
@@ -248,7 +248,7 @@ impl StormConfig {
     pub fn from_args(args: &Args) -> anyhow::Result<Option<Self>> {
         let Some(clients) = args.retry_storm else { return Ok(None) };
         let request = BenchConfig {
-            url: completions_url(&args.url),
+            url: target_url(&args.url, "--url")?,
             model: args.model.clone(),
             rate: 0.0,
             duration: flag_limits::seconds(args.duration.unwrap_or(DEFAULT_STORM_SECS), "--duration", false)?,
@@ -268,7 +268,10 @@ impl StormConfig {
             max_attempts: args.max_attempts,
             fallback: Duration::from_millis(args.retry_fallback_ms),
             request_timeout: flag_limits::seconds(args.request_timeout, "--request-timeout", false)?,
-            urls: std::iter::once(&args.url).chain(&args.also_url).map(|u| completions_url(u)).collect(),
+            urls: std::iter::once(&args.url)
+                .map(|u| target_url(u, "--url"))
+                .chain(args.also_url.iter().map(|u| target_url(u, "--also-url")))
+                .collect::<anyhow::Result<_>>()?,
         }))
     }
 }
@@ -282,6 +285,25 @@ pub fn completions_url(base: &str) -> String {
     } else {
         format!("{base}/v1/completions")
     }
+}
+
+/// `base` (the value of `flag`) as a completions URL, once it is a URL the
+/// bench can send to: `http` or `https` (or no scheme), with a host and a
+/// valid port. Checked before the run: every request of a run to a URL that
+/// is none would fail, and an empty one would name the host `v1`.
+///
+/// # Errors
+///
+/// `base` is not such a URL.
+fn target_url(base: &str, flag: &str) -> anyhow::Result<String> {
+    let trimmed = base.trim();
+    let with_scheme = if trimmed.contains("://") { trimmed.to_owned() } else { format!("http://{trimmed}") };
+    let url = reqwest::Url::parse(&with_scheme).map_err(|e| anyhow::anyhow!("{flag} `{base}`: {e}"))?;
+    anyhow::ensure!(
+        matches!(url.scheme(), "http" | "https") && url.host_str().is_some_and(|h| !h.is_empty()),
+        "{flag} `{base}`: an http:// or https:// URL with a host, as http://127.0.0.1:8000"
+    );
+    Ok(completions_url(trimmed))
 }
 
 /// The request body: a prompt of `prompt_tokens` words (one user message
@@ -346,6 +368,22 @@ mod tests {
         let error = parse(&["--rate", "5", "--duration", "2", "--tenants", "A=1"]).expect_err("a bad name");
         assert!(error.to_string().contains("a tenant name is 1 to 64 characters"), "{error}");
         assert!(parse(&["--retry-storm", "3", "--tenants", "a=1"]).is_err(), "--tenants conflicts with --retry-storm");
+    }
+
+    #[test]
+    fn a_url_the_bench_cannot_send_to_is_refused() {
+        for bad in ["", " ", "ftp://127.0.0.1:9", "http://a b", "127.0.0.1:99999", "http://"] {
+            let mut args = parse(&["--rate", "5", "--duration", "2"]).unwrap();
+            args.url = bad.to_owned();
+            let error = BenchConfig::from_args(&args).expect_err(bad).to_string();
+            assert!(error.starts_with(&format!("--url `{bad}`")), "{error}");
+        }
+        let storm = parse(&["--retry-storm", "2", "--also-url", "http://a:1,ftp://b"]).unwrap();
+        let error = StormConfig::from_args(&storm).expect_err("ftp").to_string();
+        assert!(error.starts_with("--also-url `ftp://b`"), "{error}");
+        let mut good = parse(&["--rate", "5", "--duration", "2"]).unwrap();
+        good.url = " https://a:1/ ".to_owned();
+        assert_eq!(BenchConfig::from_args(&good).unwrap().url, "https://a:1/v1/completions");
     }
 
     #[test]
