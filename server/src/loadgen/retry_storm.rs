@@ -11,8 +11,9 @@
 //! would start after `--duration`; each attempt is bounded by
 //! `--request-timeout`, and the whole storm, its clients' connecting
 //! included, by `--duration` plus `--drain-timeout` (clients still running
-//! then are abandoned and counted unfinished). The time every retry is due (the end of its wait: when it
-//! is sent, unless the load generator itself is short of CPU) is kept for
+//! then are abandoned and counted unfinished, with what they saw until
+//! then). The time every retry is due (the end of its wait: when it is
+//! sent, unless the load generator itself is short of CPU) is kept for
 //! the report's peak (`storm_report.rs`): a starved generator waking many
 //! timers late at once would otherwise bunch retries its clients spread.
 //!
@@ -20,7 +21,7 @@
 //! burst (as SDK clients with keep-alive connections would have), so the
 //! burst is not spread by N TCP handshakes.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use reqwest::header::{HeaderMap, RETRY_AFTER};
@@ -54,21 +55,26 @@ pub async fn run_storm(config: &StormConfig, tally: &Arc<Tally>) -> anyhow::Resu
     let (go, ready) = watch::channel(None::<Instant>);
     let (connected, mut connections) = mpsc::channel::<()>(config.clients as usize);
     let mut tasks = JoinSet::new();
-    for index in 0..config.clients as usize {
+    // What each client saw, kept as it goes: a client abandoned at the
+    // storm's bound is reported with its attempts so far.
+    let slots: Vec<Arc<Mutex<ClientRun>>> = (0..config.clients).map(|_| Arc::default()).collect();
+    for (index, slot) in slots.iter().enumerate() {
         // One client each, as separate processes would be: its own connection.
         let client =
             client::builder().connect_timeout(config.request_timeout).timeout(config.request_timeout).build()?;
         let (body, mut ready, connected, config) = (body.clone(), ready.clone(), connected.clone(), config.clone());
-        let tally = tally.clone();
+        let (tally, slot) = (tally.clone(), slot.clone());
         tasks.spawn(async move {
             connect(&client, config.url(index, 1)).await;
             let _ = connected.send(()).await;
             drop(connected);
             let start = match ready.wait_for(Option::is_some).await {
-                Ok(start) => (*start)?,
-                Err(_) => return None,
+                Ok(start) => *start,
+                Err(_) => None,
             };
-            Some(one_client(&client, body, start, &config, index, &tally).await)
+            if let Some(start) = start {
+                one_client(&client, body, start, &config, index, &tally, &slot).await;
+            }
         });
     }
     drop(connected);
@@ -87,22 +93,14 @@ pub async fn run_storm(config: &StormConfig, tally: &Arc<Tally>) -> anyhow::Resu
     // No receiver can have gone yet (each task holds one): the send only
     // fails if every task already ended, which cannot happen before it.
     let _ = go.send(Some(start));
-    let mut runs = Vec::with_capacity(config.clients as usize);
-    loop {
-        tokio::select! {
-            joined = tasks.join_next() => match joined {
-                Some(Ok(Some(run))) => runs.push(run),
-                Some(_) => {}
-                None => break,
-            },
-            () = tokio::time::sleep_until(deadline) => {
-                tasks.abort_all();
-                break;
-            }
-        }
+    if tokio::time::timeout_at(deadline, async { while tasks.join_next().await.is_some() {} }).await.is_err() {
+        tasks.abort_all();
+        // Cancelled at their next await: none touches its slot after this.
+        while tasks.join_next().await.is_some() {}
     }
     drop(progress);
-    let unfinished = u64::from(config.clients) - runs.len() as u64;
+    let runs: Vec<ClientRun> = slots.iter().map(|slot| std::mem::take(&mut *lock(slot))).collect();
+    let unfinished = runs.iter().filter(|r| r.ending == Ending::Unfinished).count() as u64;
     let elapsed =
         if unfinished > 0 { deadline - start } else { runs.iter().map(|r| r.finished_at).max().unwrap_or_default() };
     Ok(StormReport { config: config.clone(), runs, unfinished, elapsed })
@@ -127,7 +125,8 @@ async fn connect(client: &reqwest::Client, url: &str) {
 }
 
 /// One client: the first attempt at `start`, then a retry after every
-/// refusal, within the bounds of `config`.
+/// refusal, within the bounds of `config`; what it sees goes into `slot`
+/// as it goes.
 async fn one_client(
     client: &reqwest::Client,
     body: bytes::Bytes,
@@ -135,67 +134,76 @@ async fn one_client(
     config: &StormConfig,
     index: usize,
     tally: &Tally,
-) -> ClientRun {
+    slot: &Mutex<ClientRun>,
+) {
     let end = start + config.request.duration;
-    let mut run = ClientRun::default();
     let mut due = start;
     for attempt in 1..=config.max_attempts {
-        if attempt > 1 {
-            run.retries.push(due - start);
+        {
+            let mut run = lock(slot);
+            if attempt > 1 {
+                run.retries.push(due - start);
+            }
+            run.attempts += 1;
         }
         tally.sent();
-        let wait = match attempt_once(client, config.url(index, attempt), body.clone(), config.request.stream).await {
-            Ok((status, hint)) => {
-                tally.answered(status);
-                run.statuses.push(status);
-                if (200..300).contains(&status) {
-                    run.success = Some(start.elapsed());
-                    run.ending = Ending::Succeeded;
-                    break;
-                }
-                if !matches!(status, 503 | 529) {
-                    run.ending = Ending::Failed;
-                    break;
-                }
-                match hint {
-                    Some(hint) => {
-                        run.hints.push(hint);
-                        hint
+        let answered = attempt_once(client, config.url(index, attempt), body.clone(), config.request.stream).await;
+        let next = {
+            let mut run = lock(slot);
+            let wait = match answered {
+                Ok((status, hint)) => {
+                    tally.answered(status);
+                    run.statuses.push(status);
+                    if (200..300).contains(&status) {
+                        run.success = Some(start.elapsed());
+                        run.ending = Ending::Succeeded;
+                        break;
                     }
-                    None => {
-                        run.unhinted += 1;
-                        config.fallback
+                    if !matches!(status, 503 | 529) {
+                        run.ending = Ending::Failed;
+                        break;
+                    }
+                    match hint {
+                        Some(hint) => {
+                            run.hints.push(hint);
+                            hint
+                        }
+                        None => {
+                            run.unhinted += 1;
+                            config.fallback
+                        }
                     }
                 }
-            }
-            Err(Failure::Timeout(error)) => {
-                tally.failed(&error);
-                run.timeouts += 1;
-                config.fallback
-            }
-            Err(Failure::Transport(error)) => {
-                tally.failed(&error);
-                run.transport_errors += 1;
-                config.fallback
-            }
-            Err(Failure::Cut(error)) => {
-                tally.failed(&error);
-                run.transport_errors += 1;
-                config.fallback
+                Err(failure) => {
+                    tally.failed(failure.error());
+                    match failure {
+                        Failure::Timeout(_) => run.timeouts += 1,
+                        Failure::Transport(_) | Failure::Cut(_) => run.transport_errors += 1,
+                    }
+                    config.fallback
+                }
+            };
+            if attempt == config.max_attempts {
+                run.ending = Ending::OutOfAttempts;
+                None
+            } else if Instant::now() + wait > end {
+                run.ending = Ending::OutOfTime;
+                None
+            } else {
+                Some(Instant::now() + wait)
             }
         };
-        if attempt == config.max_attempts {
-            run.ending = Ending::OutOfAttempts;
-        } else if Instant::now() + wait > end {
-            run.ending = Ending::OutOfTime;
-            break;
-        } else {
-            due = Instant::now() + wait;
-            tokio::time::sleep_until(due).await;
-        }
+        // The slot unlocked across the wait.
+        let Some(next) = next else { break };
+        due = next;
+        tokio::time::sleep_until(due).await;
     }
-    run.finished_at = start.elapsed();
-    run
+    lock(slot).finished_at = start.elapsed();
+}
+
+/// A client's slot, locked (a client that panicked left it as it was).
+fn lock(slot: &Mutex<ClientRun>) -> MutexGuard<'_, ClientRun> {
+    slot.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Why an attempt has no status.
@@ -206,6 +214,16 @@ enum Failure {
     Transport(reqwest::Error),
     /// A 2xx whose body ended before its end (see `answer`).
     Cut(std::io::Error),
+}
+
+impl Failure {
+    /// The error it carries.
+    fn error(&self) -> &(dyn std::error::Error + 'static) {
+        match self {
+            Failure::Timeout(error) | Failure::Transport(error) => error,
+            Failure::Cut(error) => error,
+        }
+    }
 }
 
 /// One attempt: its status (the body fully read) and the retry hint it carries.

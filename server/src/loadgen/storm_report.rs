@@ -26,15 +26,19 @@ pub enum Ending {
     /// A status other than 2xx, 503 or 529 (not retried).
     Failed,
     /// `--max-attempts` attempts, none successful.
-    #[default]
     OutOfAttempts,
     /// Its next retry would have started after `--duration`.
     OutOfTime,
+    /// Still running (or connecting) at the storm's bound, and abandoned.
+    #[default]
+    Unfinished,
 }
 
 /// What one client saw.
 #[derive(Clone, Debug, Default)]
 pub struct ClientRun {
+    /// Attempts it sent (the first and its retries).
+    pub attempts: u32,
     /// When its retries (every attempt after the first) were due, from the burst.
     pub retries: Vec<Duration>,
     /// The status of every answered attempt.
@@ -60,7 +64,8 @@ pub struct ClientRun {
 pub struct StormReport {
     /// The storm that ran.
     pub config: StormConfig,
-    /// The clients that ended within the storm's bound.
+    /// Every client, also one abandoned at the storm's bound with what it
+    /// saw until then.
     pub runs: Vec<ClientRun>,
     /// Clients abandoned at the bound.
     pub unfinished: u64,
@@ -179,7 +184,7 @@ impl StormReport {
             out_of_attempts: count(Ending::OutOfAttempts),
             out_of_time: count(Ending::OutOfTime),
             unfinished: self.unfinished,
-            attempts: self.runs.len() as u64 + retries.len() as u64,
+            attempts: sum(|r| r.attempts),
             retries: retries.len() as u64,
             peak_retries_10ms: peak,
             peak_at_ms: peak_at.as_secs_f64() * 1000.0,
