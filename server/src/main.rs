@@ -27,6 +27,7 @@ mod nats;
 mod openai;
 mod reason_phrase;
 mod secret;
+mod stdout;
 mod text;
 mod throttle;
 mod tokens;

@@ -422,3 +422,24 @@ async fn next_request(tcp: &mut tokio::net::TcpStream, pending: &mut Vec<u8>) ->
         }
     }
 }
+
+/// A closed stdout (`loadgate bench ... | head -0`, a reader gone) made
+/// the report's `println!` panic: exit 101 and a panic message instead of
+/// an error saying what happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_with_its_stdout_closed_fails_without_a_panic() {
+    let addr = raw_server(|mut tcp| async move {
+        let _ = tcp.write_all(b"HTTP/1.1 529 Overloaded\r\ncontent-length: 0\r\n\r\n").await;
+    })
+    .await;
+    let url = format!("http://{addr}");
+    let mut bench = bench(&url, &["--rate", "20", "--duration", "0.3", "--drain-timeout", "2", "--json"]);
+    // The reader of its stdout is gone before it writes its report.
+    drop(bench.stdout.take());
+    bench.stdout = Some(Command::new("true").stdout(Stdio::piped()).spawn().unwrap().stdout.take().unwrap());
+    let (status, _, err) = tokio::task::spawn_blocking(move || finish(bench, Duration::from_secs(30))).await.unwrap();
+    let status = status.expect("the bench ends");
+    assert!(!err.contains("panicked"), "{status:?}: {err}");
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("stdout"), "{err}");
+}

@@ -324,3 +324,20 @@ fn a_plot_that_cannot_be_written_is_refused_at_once() {
     refused_at_once("plot", &args, plot);
     assert!(!dir.exists());
 }
+
+/// A closed stdout (`loadgate demo | head -1`, a reader gone) made the
+/// demo's first `println!` panic (exit 101) instead of stopping with an
+/// error; its children are stopped either way.
+#[test]
+fn a_demo_whose_stdout_is_closed_fails_without_a_panic() {
+    let mut demo = Demo::start("stdout", &["--capacity", "10", "--duration", "1", "--drain-timeout", "0"], &[]);
+    // The reader of its stdout is gone before it writes its first line.
+    drop(demo.child.stdout.take());
+    let (status, _) = demo.wait(Duration::from_secs(30));
+    let out = demo.output();
+    let status = status.expect("the demo ends");
+    assert!(!out.contains("panicked") && status.code() == Some(1), "{status:?}: {out}");
+    assert!(out.contains("stdout"), "{out}");
+    let left: Vec<_> = demo.seen.iter().copied().filter(|&pid| running(pid)).collect();
+    assert!(left.is_empty(), "children still running after the demo: {left:?}");
+}

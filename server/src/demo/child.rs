@@ -6,7 +6,7 @@
 //! with an authenticated event plane.
 
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write as _};
 use std::process::{Child, ChildStderr, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -145,7 +145,9 @@ pub(crate) fn stop_children_on_signals() -> anyhow::Result<()> {
         // The process ends here without unwinding: what a drop would have
         // removed is removed now (the tenants file, if this demo wrote one).
         let _ = std::fs::remove_file(crate::demo::tenants_file::path());
-        eprintln!("loadgate demo: stopped by signal {signal}; its child processes were killed");
+        // Not `eprintln!`: a closed stderr must not stop this thread before the exit.
+        let _ =
+            writeln!(std::io::stderr(), "loadgate demo: stopped by signal {signal}; its child processes were killed");
         // Resets the signal to its default action and raises it again.
         let _ = emulate_default_handler(signal);
         std::process::exit(128 + signal);

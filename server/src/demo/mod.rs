@@ -56,6 +56,7 @@ mod tenant_shares;
 mod tenants;
 mod tenants_file;
 
+use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -76,6 +77,7 @@ use self::tenants_file::TenantsFile;
 use crate::flag_limits::seconds;
 use crate::loadgen::plot::{comparison, Headline};
 use crate::loadgen::{completions_url, run_bench, saturate, BenchConfig, ClassMix, Percentiles};
+use crate::stdout;
 use loadgate::PerClass;
 
 /// Runs `loadgate demo`.
@@ -101,11 +103,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "{frontends} + {} workers ({} KV blocks of 16 tokens, {} ms steps)",
                 args.workers, args.kv_total_blocks, args.decode_step_ms
             );
-            println!(
-                "loadgate demo: {pool}, prompts {} + outputs {} tokens, streaming; objective: TTFT <= {objective} ms",
+            stdout::print(format_args!(
+                "loadgate demo: {pool}, prompts {} + outputs {} tokens, streaming; objective: TTFT <= {objective} ms\n",
                 args.prompt_tokens(),
                 args.output_tokens()
-            );
+            ))?;
             let est_slots = args.kv_total_blocks as usize * 16 / (args.prompt_tokens() + args.output_tokens()) as usize;
             let setup = Setup {
                 model: MODEL,
@@ -129,21 +131,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 with_tenants(&args, &runtime, &setup, start, tenants)?;
             } else {
                 let results = compare(&args, &runtime, &setup, start)?;
-                print!("{}", summary(&results, &Targets::SIMULATED));
+                stdout::print(format_args!("{}", summary(&results, &Targets::SIMULATED)))?;
                 plot(&args, &setup, &results)?;
             }
         }
         Some(Engines::LlamaCpp) => {
             let install = LlamaInstall::locate()?;
             let pool = format!("1 frontend + {SERVERS} llama-servers ({SLOTS} slots of 512 tokens, 1 thread each)");
-            println!(
+            stdout::print(format_args!(
                 "loadgate demo --engines llamacpp: {pool} ({}), scraped every {} ms and at each request's end, prompts {} words + outputs {} \
-                 tokens, streaming; objective: TTFT <= {objective} ms",
+                 tokens, streaming; objective: TTFT <= {objective} ms\n",
                 install.model.display(),
                 args.scrape_interval_ms,
                 args.prompt_tokens(),
                 args.output_tokens()
-            );
+            ))?;
             let setup = Setup {
                 model: LLAMA_MODEL,
                 // Twice the slots: every slot stays busy and each server always has requests waiting.
@@ -159,11 +161,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 let pool = EnginePool::start(&install, &args, mode)?;
                 Ok((pool.http.clone(), pool))
             })?;
-            print!("{}", summary(&results, &Targets::LLAMACPP));
+            stdout::print(format_args!("{}", summary(&results, &Targets::LLAMACPP)))?;
             plot(&args, &setup, &results)?;
         }
     }
-    println!("total time: {:.0} s", started.elapsed().as_secs_f64());
+    stdout::print(format_args!("total time: {:.0} s\n", started.elapsed().as_secs_f64()))?;
     Ok(())
 }
 
@@ -201,11 +203,11 @@ fn compare<P: Pooled>(
     let capacity = runner.capacity(&start)?;
     let objective = args.slo_ttft();
     let fixed = runner.levels(&start, Mode::Static, capacity, &LEVELS)?;
-    let timeout_ms = runner.line_timeout(&fixed);
+    let timeout_ms = runner.line_timeout(&fixed)?;
     let line = runner.levels(&start, Mode::Line { timeout_ms }, capacity, &LEVELS)?;
     let off = runner.levels(&start, Mode::Off, capacity, &LEVELS)?;
     let results = Results { capacity, objective, off, fixed, line, timeout_ms };
-    print!("{}", table(&results, &setup.shedding));
+    stdout::print(format_args!("{}", table(&results, &setup.shedding)))?;
     Ok(results)
 }
 
@@ -224,7 +226,7 @@ fn with_classes<P: Pooled>(
     let capacity = runner.capacity(&start)?;
     let timeouts = match args.class_timeouts_ms {
         Some(timeouts) => {
-            println!("waiting line: timeouts {timeouts} ms (--class-timeouts-ms)");
+            stdout::print(format_args!("waiting line: timeouts {timeouts} ms (--class-timeouts-ms)\n"))?;
             timeouts
         }
         None => {
@@ -233,14 +235,17 @@ fn with_classes<P: Pooled>(
             } else {
                 runner.levels(&start, Mode::Static, capacity, &LEVELS[..1])?
             };
-            PerClass::all(runner.line_timeout(&fixed))
+            PerClass::all(runner.line_timeout(&fixed)?)
         }
     };
     if args.sheddable_headroom > 0.0 {
-        println!("sheddable headroom: {} (the frontend's --sheddable-headroom)", args.sheddable_headroom);
+        stdout::print(format_args!(
+            "sheddable headroom: {} (the frontend's --sheddable-headroom)\n",
+            args.sheddable_headroom
+        ))?;
     }
     let runs = runner.levels(&start, Mode::Classes { timeouts }, capacity, &LEVELS)?;
-    print!("{}", class_table(&runs, mix, capacity, args.slo_ttft(), timeouts));
+    stdout::print(format_args!("{}", class_table(&runs, mix, capacity, args.slo_ttft(), timeouts)))?;
     Ok(())
 }
 
@@ -263,9 +268,9 @@ fn with_tenants<P: Pooled>(
     } else {
         runner.levels(&start, Mode::Static, capacity, &LEVELS[..1])?
     };
-    let timeout_ms = runner.line_timeout(&fixed);
+    let timeout_ms = runner.line_timeout(&fixed)?;
     let file = TenantsFile::write(&tenants.names())?;
-    println!("tenants file: {} (weight 1 each, removed at the end)", file.path().display());
+    stdout::print(format_args!("tenants file: {} (weight 1 each, removed at the end)\n", file.path().display()))?;
     let level = args.tenants_level;
     let rate = level * capacity;
     let with_file = Mode::Tenants { timeout_ms };
@@ -280,7 +285,7 @@ fn with_tenants<P: Pooled>(
     let line_only = runner.run(&start, Mode::Line { timeout_ms }, &load, args.seed, &format!("{level}x, together"))?;
     drop(file);
     let results = TenantResults { capacity, level, objective: args.slo_ttft(), timeout_ms, alone, together, line_only };
-    print!("{}", tenant_table(&results, tenants));
+    stdout::print(format_args!("{}", tenant_table(&results, tenants)))?;
     Ok(())
 }
 
@@ -341,11 +346,11 @@ impl<'a> Runner<'a> {
                 let c = self.runtime.block_on(saturate(&bench, clients, warmup, measure))?;
                 pool.check_alive().context("the capacity run")?;
                 drop(pool);
-                println!(
-                    "capacity: {c:.1} req/s (closed loop, {clients} clients, {} s after {} s warm-up)",
+                stdout::print(format_args!(
+                    "capacity: {c:.1} req/s (closed loop, {clients} clients, {} s after {} s warm-up)\n",
                     measure.as_secs(),
                     warmup.as_secs()
-                );
+                ))?;
                 c
             }
         };
@@ -394,7 +399,9 @@ impl<'a> Runner<'a> {
         let report = self.runtime.block_on(run_bench(&bench))?;
         pool.check_alive().with_context(|| format!("{} {}", mode.label(), what.trim()))?;
         drop(pool);
-        eprintln!(
+        // On stderr, and no reason to stop when nobody reads it.
+        let _ = writeln!(
+            std::io::stderr(),
             "  {:<26} {what}: SLO goodput {:>5.1} req/s, rejected {:>5.1} %, p50/p99 TTFT {:>6.0} / {:>6.0} ms, \
              unanswered at the drain deadline {}",
             mode.label(),
@@ -409,21 +416,21 @@ impl<'a> Runner<'a> {
 
     /// `--router-queue-timeout-ms`, or the objective minus the p50 TTFT of
     /// `fixed`'s first run (the static mode at the first level); printed.
-    fn line_timeout(&self, fixed: &[Run]) -> u64 {
+    fn line_timeout(&self, fixed: &[Run]) -> anyhow::Result<u64> {
         if let Some(t) = self.args.router_queue_timeout_ms {
-            println!("waiting line: timeout {t} ms (--router-queue-timeout-ms)");
-            return t;
+            stdout::print(format_args!("waiting line: timeout {t} ms (--router-queue-timeout-ms)\n"))?;
+            return Ok(t);
         }
         let objective = self.args.slo_ttft();
         let p50 = fixed.first().map_or(0.0, |r| Percentiles::of(&r.report.ttft).p50);
         let (t, floored) = line_timeout_ms(objective, p50);
-        println!(
-            "waiting line: timeout {t} ms = objective {} ms - p50 TTFT {p50:.0} ms at {}x with static thresholds{}",
+        stdout::print(format_args!(
+            "waiting line: timeout {t} ms = objective {} ms - p50 TTFT {p50:.0} ms at {}x with static thresholds{}\n",
             objective.as_millis(),
             LEVELS[0],
             if floored { format!(" (floored at {MIN_LINE_TIMEOUT_MS} ms)") } else { String::new() }
-        );
-        t
+        ))?;
+        Ok(t)
     }
 }
 
@@ -463,6 +470,5 @@ fn plot(args: &Args, setup: &Setup, results: &Results) -> anyhow::Result<()> {
         objective_ms,
     };
     comparison(&path, &headline, &modes).with_context(|| format!("cannot write {}", path.display()))?;
-    println!("plot: {}", path.display());
-    Ok(())
+    stdout::print(format_args!("plot: {}\n", path.display()))
 }

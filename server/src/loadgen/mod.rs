@@ -59,6 +59,7 @@ pub(crate) use self::report::ClassReport;
 pub use self::report::{BenchReport, Percentiles};
 pub use self::retry_storm::run_storm;
 pub use self::tenants::TenantMix;
+use crate::stdout;
 
 /// Runs `loadgate bench`.
 ///
@@ -76,23 +77,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(storm) = StormConfig::from_args(&args)? {
         let report = runtime.block_on(run_storm(&storm, &tally))?;
         if args.json {
-            println!("{}", serde_json::to_string(&report.summary())?);
+            stdout::print(format_args!("{}\n", serde_json::to_string(&report.summary())?))?;
         } else {
-            print!("{}", report.table());
+            stdout::print(format_args!("{}", report.table()))?;
         }
         return tally.ensure_answered();
     }
     let config = BenchConfig::from_args(&args)?;
     let report = runtime.block_on(run_bench_tallied(&config, &tally))?;
     if args.json {
-        println!("{}", serde_json::to_string(&report.summary())?);
+        stdout::print(format_args!("{}\n", serde_json::to_string(&report.summary())?))?;
     } else {
-        print!("{}", report.table());
+        stdout::print(format_args!("{}", report.table()))?;
     }
     if let Some(path) = &args.plot {
         plot::timeline(path, &report).with_context(|| format!("cannot write {}", path.display()))?;
         if !args.json {
-            println!("plot: {}", path.display());
+            stdout::print(format_args!("plot: {}\n", path.display()))?;
         }
     }
     tally.ensure_answered()
