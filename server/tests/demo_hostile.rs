@@ -341,3 +341,18 @@ fn a_demo_whose_stdout_is_closed_fails_without_a_panic() {
     let left: Vec<_> = demo.seen.iter().copied().filter(|&pid| running(pid)).collect();
     assert!(left.is_empty(), "children still running after the demo: {left:?}");
 }
+
+/// `--seed` takes any u64, and each load level runs with the seed plus its
+/// index: at 2^64 - 1 the second run overflowed (a panic) after the first
+/// had run. Margin: the whole demo (12 runs of 0.2 s) takes about 3 s on
+/// an idle machine; one still running after 10 s has passed its second run.
+#[test]
+fn the_largest_seed_does_not_panic() {
+    let args = ["--seed", "18446744073709551615", "--capacity", "10", "--duration", "0.2", "--drain-timeout", "0"];
+    let mut demo = Demo::start("seed", &args, &[]);
+    let (status, _) = demo.wait(Duration::from_secs(10));
+    if status.is_some() {
+        let out = demo.output();
+        assert!(!out.contains("panicked"), "{status:?}: {out}");
+    }
+}

@@ -371,7 +371,13 @@ impl<'a> Runner<'a> {
         let mut runs = Vec::new();
         for (i, multiple) in levels.iter().enumerate() {
             let load = Load { rate: multiple * capacity, tenants: None };
-            runs.push(self.run(start, mode, &load, self.args.seed + i as u64, &format!("{multiple:>3}x"))?);
+            runs.push(self.run(
+                start,
+                mode,
+                &load,
+                self.args.seed.wrapping_add(i as u64),
+                &format!("{multiple:>3}x"),
+            )?);
         }
         Ok(runs)
     }
