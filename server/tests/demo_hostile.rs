@@ -356,3 +356,12 @@ fn the_largest_seed_does_not_panic() {
         assert!(!out.contains("panicked"), "{status:?}: {out}");
     }
 }
+
+/// `--tenants-level` took any positive multiple: at 1000 x `--capacity
+/// 10000` each run offered millions of requests per second and the load
+/// generator spawned arrivals without bound (1.1 GB resident within 11 s).
+#[test]
+fn a_huge_tenants_level_is_refused_at_once() {
+    let args = ["--tenants", "a=1,b=1", "--capacity", "10000", "--router-queue-timeout-ms", "100", "--duration", "1"];
+    refused_at_once("tenants-level", &[&args[..], &["--tenants-level", "1000"]].concat(), "--tenants-level");
+}

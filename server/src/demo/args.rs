@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::loadgen::{MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS};
+use crate::loadgen::{MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, MAX_RATE};
 
 /// The model name the demo's simulated workers serve.
 pub(crate) const MODEL: &str = "demo-model";
@@ -197,7 +197,7 @@ pub struct Args {
     /// of SLO goodput together against alone (target: the smallest share keeps >= 90 %).
     #[arg(help_heading = "The load and the report", long, env = "LOADGATE_DEMO_TENANTS", value_name = "NAME=SHARE,...", conflicts_with_all = ["mix", "engines"])]
     pub tenants: Option<super::tenant_shares::TenantShares>,
-    /// With --tenants: the offered load of every run, a multiple of the capacity.
+    /// With --tenants: the offered load of every run, a multiple of the capacity (at most 10).
     #[arg(help_heading = "The load and the report", long, env = "LOADGATE_DEMO_TENANTS_LEVEL", value_name = "X", default_value_t = 2.0, requires = "tenants",
           value_parser = positive_multiple)]
     pub tenants_level: f64,
@@ -237,11 +237,17 @@ fn headroom(s: &str) -> Result<f64, String> {
     }
 }
 
-/// A positive, finite multiple of the capacity.
+/// The largest `--tenants-level`: at [`MAX_CAPACITY`] it offers the load
+/// generator's largest rate.
+const MAX_LEVEL: f64 = MAX_RATE / MAX_CAPACITY;
+
+/// A positive multiple of the capacity, at most [`MAX_LEVEL`] (a larger
+/// one had the load generator spawn arrivals without bound, gigabytes
+/// within seconds).
 fn positive_multiple(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
-        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
-        _ => Err(format!("`{s}`: a positive multiple of the capacity, as 2 or 0.5")),
+        Ok(x) if x > 0.0 && x <= MAX_LEVEL => Ok(x),
+        _ => Err(format!("`{s}`: a positive multiple of the capacity, at most {MAX_LEVEL}, as 2 or 0.5")),
     }
 }
 
@@ -339,7 +345,7 @@ mod tests {
         assert_eq!((tenants.count(), tenants.name(1), args.tenants_level), (2, "small", 2.0));
         assert_eq!(parse(&["--tenants", "a=1,b=1", "--tenants-level", "3"]).unwrap().tenants_level, 3.0);
         assert!(parse(&["--tenants-level", "3"]).is_err(), "needs --tenants");
-        for level in ["0", "-1", "inf", "x"] {
+        for level in ["0", "-1", "inf", "x", "NaN", "10.5", "1e9"] {
             assert!(parse(&["--tenants", "a=1,b=1", "--tenants-level", level]).is_err(), "{level}");
         }
         assert!(parse(&["--tenants", "a=1,b=1", "--mix", "critical=1"]).is_err(), "one or the other");

@@ -47,7 +47,9 @@ use std::sync::Arc;
 use anyhow::Context as _;
 
 pub use self::closed_loop::saturate;
-pub use self::config::{completions_url, Args, BenchConfig, StormConfig, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS};
+pub use self::config::{
+    completions_url, Args, BenchConfig, StormConfig, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, MAX_RATE,
+};
 pub use self::mix::ClassMix;
 pub use self::open_loop::run_bench;
 use self::open_loop::run_bench_tallied;

@@ -13,7 +13,7 @@ use loadgate::Class;
 
 use crate::loadgen::answer::{cut_short, read_body};
 use crate::loadgen::client;
-use crate::loadgen::config::{request_body, BenchConfig};
+use crate::loadgen::config::{request_body, BenchConfig, MAX_RATE};
 use crate::loadgen::mix::PRIORITY_HEADER;
 use crate::loadgen::progress::{Progress, Tally};
 use crate::loadgen::report::{histogram, BenchReport, ClassReport, SecondBucket};
@@ -52,7 +52,7 @@ struct Outcome {
 ///
 /// # Errors
 ///
-/// The HTTP client cannot be built.
+/// As [`run_bench_tallied`].
 pub async fn run_bench(config: &BenchConfig) -> anyhow::Result<BenchReport> {
     run_bench_tallied(config, &Arc::default()).await
 }
@@ -61,8 +61,14 @@ pub async fn run_bench(config: &BenchConfig) -> anyhow::Result<BenchReport> {
 ///
 /// # Errors
 ///
-/// The HTTP client cannot be built.
+/// The HTTP client cannot be built, or the rate is not a positive number
+/// of at most [`MAX_RATE`] (the demo computes its rates).
 pub async fn run_bench_tallied(config: &BenchConfig, tally: &Arc<Tally>) -> anyhow::Result<BenchReport> {
+    let rate = config.rate;
+    anyhow::ensure!(
+        rate > 0.0 && rate <= MAX_RATE,
+        "a rate of {rate} requests per second: above 0 and at most {MAX_RATE}"
+    );
     let client = client::builder().build()?;
     let body = bytes::Bytes::from(request_body(config));
     let mut rng = fastrand::Rng::with_seed(config.seed);
