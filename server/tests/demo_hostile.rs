@@ -313,6 +313,15 @@ fn shedding_flags_a_frontend_refuses_are_refused_at_once() {
     }
 }
 
+/// `--class-timeouts-ms` took any number, passed on to the frontend as its
+/// `--router-queue-timeout-ms`, which takes at most a day: refused only by
+/// the first frontend given it, after the capacity run.
+#[test]
+fn class_timeouts_past_a_day_are_refused_at_once() {
+    let args = ["--mix", "critical=1", "--class-timeouts-ms", "critical=99999999999", "--duration", "1"];
+    refused_at_once("class-timeouts", &args, "--class-timeouts-ms");
+}
+
 /// A plot that cannot be written was found out at the very end, after
 /// every run (minutes of both cores): the demo failed with nothing drawn.
 #[test]

@@ -174,7 +174,8 @@ pub struct Args {
         long,
         env = "LOADGATE_DEMO_CLASS_TIMEOUTS_MS",
         value_name = "CLASS=MS,...",
-        requires = "mix"
+        requires = "mix",
+        value_parser = crate::frontend::queue_timeouts
     )]
     pub class_timeouts_ms: Option<loadgate::PerClass<u64>>,
     /// With --mix: the frontend's --sheddable-headroom (sheddable requests see each threshold x

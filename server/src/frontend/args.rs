@@ -396,8 +396,8 @@ impl Args {
 }
 
 /// `--router-queue-timeout-ms`: one number or `CLASS=MS,...`, each at most
-/// a day.
-fn queue_timeouts(value: &str) -> Result<PerClass<u64>, String> {
+/// a day (also the demo's `--class-timeouts-ms`, which it passes on).
+pub(crate) fn queue_timeouts(value: &str) -> Result<PerClass<u64>, String> {
     let timeouts: PerClass<u64> = value.parse().map_err(|e: loadgate::class::PerClassError| e.to_string())?;
     let max = loadgate::patch::MAX_QUEUE_TIMEOUT_MS;
     match timeouts.0.iter().find(|ms| **ms > max) {

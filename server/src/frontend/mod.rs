@@ -59,6 +59,7 @@ use loadgate::monitor::SharedLoad;
 use loadgate::{MonitorConfig, WorkerMonitor};
 
 use self::admin_auth::AdminToken;
+pub(crate) use self::args::queue_timeouts;
 pub use self::args::Args;
 pub use self::state::Frontend;
 use crate::directory::WorkerDirectory;
