@@ -313,6 +313,14 @@ fn shedding_flags_a_frontend_refuses_are_refused_at_once() {
     }
 }
 
+/// `--decode-step-ms 0` was taken and passed on to every worker, which
+/// takes 1 ms at least: the first pool's frontend started, then its first
+/// worker refused.
+#[test]
+fn a_zero_decode_step_is_refused_at_once() {
+    refused_at_once("step", &["--decode-step-ms", "0", "--capacity", "10", "--duration", "1"], "--decode-step-ms");
+}
+
 /// `--class-timeouts-ms` took any number, passed on to the frontend as its
 /// `--router-queue-timeout-ms`, which takes at most a day: refused only by
 /// the first frontend given it, after the capacity run.

@@ -124,8 +124,8 @@ pub struct Args {
         value_parser = clap::value_parser!(u32).range(1..=1_000_000)
     )]
     pub kv_total_blocks: u32,
-    /// Engine step time of the simulated workers, ms.
-    #[arg(help_heading = "The pool", long, env = "LOADGATE_DEMO_DECODE_STEP_MS", default_value_t = 25, conflicts_with = "engines", value_parser = crate::flag_limits::ms(0))]
+    /// Engine step time of the simulated workers, ms (at least 1, as the worker takes).
+    #[arg(help_heading = "The pool", long, env = "LOADGATE_DEMO_DECODE_STEP_MS", default_value_t = 25, conflicts_with = "engines", value_parser = crate::flag_limits::ms(1))]
     pub decode_step_ms: u64,
     /// Token budget of one simulator step.
     #[arg(
