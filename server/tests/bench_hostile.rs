@@ -387,10 +387,7 @@ async fn a_storm_reports_what_its_unfinished_clients_saw() {
     .await;
     let url = format!("http://{addr}");
     let args = ["--retry-storm", "3", "--duration", "1", "--drain-timeout", "1", "--request-timeout", "20", "--json"];
-    let bench = bench(&url, &args);
-    let (status, out, err) = tokio::task::spawn_blocking(move || finish(bench, Duration::from_secs(40))).await.unwrap();
-    assert!(status.is_some(), "still running after 40 s: {err}");
-    let summary: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
+    let summary = summary_of(&url, &args, Duration::from_secs(40)).await;
     assert_eq!(summary["unfinished"], 3, "{summary}");
     assert_eq!(summary["attempts"], 6, "{summary}");
     assert_eq!(summary["retries"], 3, "{summary}");
@@ -442,4 +439,41 @@ async fn bench_with_its_stdout_closed_fails_without_a_panic() {
     assert!(!err.contains("panicked"), "{status:?}: {err}");
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(err.contains("stdout"), "{err}");
+}
+
+/// Every distinct `x-loadgate-rejected-reason` was kept apart, in the
+/// run's, each class's and each tenant's count: a server naming each
+/// refusal differently grew the bench (and its `--json`) with every request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_keeps_a_bounded_number_of_refusal_reasons() {
+    let n = Arc::new(AtomicU64::new(0));
+    let addr = raw_server(move |mut tcp| {
+        let i = n.fetch_add(1, Ordering::Relaxed);
+        async move {
+            let head =
+                format!("HTTP/1.1 529 Overloaded\r\nx-loadgate-rejected-reason: r{i}\r\ncontent-length: 0\r\n\r\n");
+            let _ = tcp.write_all(head.as_bytes()).await;
+        }
+    })
+    .await;
+    let url = format!("http://{addr}");
+    let args = ["--rate", "200", "--duration", "1", "--drain-timeout", "5", "--mix", "critical=1", "--json"];
+    let summary = summary_of(&url, &args, Duration::from_secs(30)).await;
+    let critical = &summary["by_class"]["critical"];
+    let reasons = critical["reasons"].as_object().unwrap_or_else(|| panic!("{summary}"));
+    assert!(critical["rejected"].as_u64().is_some_and(|n| n > 100), "{summary}");
+    assert!(reasons.len() <= 65, "{} reasons kept apart", reasons.len());
+    assert_eq!(
+        reasons.values().filter_map(serde_json::Value::as_u64).sum::<u64>(),
+        critical["rejected"].as_u64().unwrap()
+    );
+}
+
+/// The `--json` summary of `loadgate bench` against `url` with `args`,
+/// which must end `within`.
+async fn summary_of(url: &str, args: &[&str], within: Duration) -> serde_json::Value {
+    let bench = bench(url, args);
+    let (status, out, err) = tokio::task::spawn_blocking(move || finish(bench, within)).await.unwrap();
+    assert!(status.is_some(), "still running after {within:?}: {err}");
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out} {err}"))
 }

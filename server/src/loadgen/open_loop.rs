@@ -16,7 +16,7 @@ use crate::loadgen::client;
 use crate::loadgen::config::{request_body, BenchConfig, MAX_RATE};
 use crate::loadgen::mix::PRIORITY_HEADER;
 use crate::loadgen::progress::{Progress, Tally};
-use crate::loadgen::report::{histogram, BenchReport, ClassReport, SecondBucket};
+use crate::loadgen::report::{count_reason, histogram, BenchReport, ClassReport, SecondBucket};
 use crate::loadgen::tenants::{TenantHeaders, TENANT_HEADER};
 
 /// The header a frontend's refusal names its reason in.
@@ -187,8 +187,7 @@ fn record(report: &mut BenchReport, o: &Outcome) {
                 }
             } else {
                 bucket.rejected += 1;
-                let reason = o.reason.clone().unwrap_or_else(|| "-".to_owned());
-                *report.rejected_reasons.entry(reason).or_default() += 1;
+                count_reason(&mut report.rejected_reasons, o.reason.as_deref());
             }
         }
     }

@@ -18,6 +18,23 @@ pub(crate) fn histogram(sigfig: u8) -> Histogram<u64> {
     Histogram::new_with_bounds(1, 3_600_000_000, sigfig).expect("valid histogram bounds")
 }
 
+/// The most distinct refusal reasons a report keeps apart (per run, per
+/// class, per tenant); the frontend's own are a handful. Past it, a new one
+/// counts under [`OTHER_REASONS`]: a server that names every refusal
+/// differently cannot grow the report (and its `--json`) with every request.
+pub const MAX_REASONS: usize = 64;
+
+/// Where refusals count whose reason came after [`MAX_REASONS`] others.
+pub const OTHER_REASONS: &str = "(other reasons)";
+
+/// Counts one refusal of `reason` (`-` when none was given) into `reasons`,
+/// at most [`MAX_REASONS`] of them apart.
+pub(crate) fn count_reason(reasons: &mut BTreeMap<String, u64>, reason: Option<&str>) {
+    let reason = reason.unwrap_or("-");
+    let key = if reasons.len() < MAX_REASONS || reasons.contains_key(reason) { reason } else { OTHER_REASONS };
+    *reasons.entry(key.to_owned()).or_default() += 1;
+}
+
 /// One second of arrivals.
 #[derive(Clone, Debug)]
 pub struct SecondBucket {
@@ -62,7 +79,8 @@ pub struct BenchReport {
     pub latency: Histogram<u64>,
     /// Per-second buckets by arrival time.
     pub timeline: Vec<SecondBucket>,
-    /// Non-2xx answers per `x-loadgate-rejected-reason` (`-` when the answer had none).
+    /// Non-2xx answers per `x-loadgate-rejected-reason` (`-` when the answer had none; at most
+    /// [`MAX_REASONS`] apart).
     pub rejected_reasons: BTreeMap<String, u64>,
     /// Per priority class, by [`Class::index`] (with `--mix`).
     pub by_class: Option<[ClassReport; Class::COUNT]>,
@@ -320,7 +338,7 @@ impl ClassReport {
             }
         } else {
             self.rejected += 1;
-            *self.reasons.entry(reason.unwrap_or("-").to_owned()).or_default() += 1;
+            count_reason(&mut self.reasons, reason);
         }
     }
 
@@ -427,6 +445,19 @@ mod tests {
         by_tenant[1].count(503, None, None);
         r.by_tenant = Some(by_tenant);
         r
+    }
+
+    #[test]
+    fn reasons_past_the_most_kept_apart_count_together() {
+        let mut reasons = BTreeMap::new();
+        for i in 0..MAX_REASONS + 10 {
+            count_reason(&mut reasons, Some(&format!("r{i}")));
+        }
+        count_reason(&mut reasons, Some("r0"));
+        count_reason(&mut reasons, None);
+        assert_eq!(reasons.len(), MAX_REASONS + 1, "{reasons:?}");
+        assert_eq!((reasons["r0"], reasons[OTHER_REASONS]), (2, 11));
+        assert_eq!(reasons.values().sum::<u64>(), MAX_REASONS as u64 + 12);
     }
 
     #[test]
