@@ -102,13 +102,32 @@ where
 /// without bound, until the drain deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_memory_is_bounded_against_a_huge_stream() {
+    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+    let args = ["--rate", "20", "--duration", "0.5", "--stream", "--drain-timeout", "120", "--json"];
+    bench_memory_against_an_endless_body(head, &args).await;
+}
+
+/// A retry storm's clients open their connections with a `GET` whose
+/// answer they read whole into memory: a server answering it with an
+/// endless body grew the load generator until `--request-timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storm_memory_is_bounded_against_a_huge_answer_to_its_connecting_get() {
+    let head = "HTTP/1.1 405 Method Not Allowed\r\ntransfer-encoding: chunked\r\n\r\n";
+    let args =
+        ["--retry-storm", "1", "--duration", "60", "--drain-timeout", "60", "--request-timeout", "120", "--json"];
+    bench_memory_against_an_endless_body(head, &args).await;
+}
+
+/// Runs the bench with `args` against a server answering every request
+/// with `head` and a chunked body that does not end (256 MiB, then
+/// nothing); the bench must take it all and hold less than 128 MiB.
+async fn bench_memory_against_an_endless_body(head: &'static str, args: &[&str]) {
     let written = Arc::new(AtomicU64::new(0));
     let cap = 256 * MIB;
     let w = written.clone();
     let addr = raw_server(move |mut tcp| {
         let w = w.clone();
         async move {
-            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
             if tcp.write_all(head.as_bytes()).await.is_err() {
                 return;
             }
@@ -120,13 +139,13 @@ async fn bench_memory_is_bounded_against_a_huge_stream() {
                 }
                 w.fetch_add(event.len() as u64, Ordering::Relaxed);
             }
-            // Never ends: a stream that does not finish.
+            // Never ends: a body that does not finish.
             tokio::time::sleep(Duration::from_secs(600)).await;
         }
     })
     .await;
     let url = format!("http://{addr}");
-    let bench = bench(&url, &["--rate", "20", "--duration", "0.5", "--stream", "--drain-timeout", "120", "--json"]);
+    let bench = bench(&url, args);
     let pid = bench.id();
     let deadline = Instant::now() + Duration::from_secs(90);
     while written.load(Ordering::Relaxed) < cap && Instant::now() < deadline {

@@ -117,10 +117,13 @@ impl StormConfig {
 
 /// Opens the client's connection before the burst (one `GET` of the URL,
 /// answered 405 and not counted), so that the burst measures the server and
-/// not TCP handshakes; a failure is left for the attempts to meet.
+/// not TCP handshakes; a failure is left for the attempts to meet. The
+/// answer is read to its end (so the connection can be used again) but only
+/// its tail kept: a server answering with an endless body cannot grow the
+/// load generator.
 async fn connect(client: &reqwest::Client, url: &str) {
-    if let Ok(response) = client.get(url).send().await {
-        let _ = response.bytes().await;
+    if let Ok(mut response) = client.get(url).send().await {
+        let _ = read_body(&mut response, || {}).await;
     }
 }
 
