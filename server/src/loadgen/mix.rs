@@ -59,7 +59,7 @@ impl FromStr for ClassMix {
         let shares = shares.map(|s| s.unwrap_or(0.0));
         let sum: f64 = shares.0.iter().sum();
         if !(sum > 0.0 && sum.is_finite()) {
-            return Err("the shares must add up to more than 0".to_owned());
+            return Err(shares_sum_error(sum));
         }
         Ok(ClassMix(shares.map(|s| s / sum)))
     }
@@ -69,6 +69,17 @@ impl fmt::Display for ClassMix {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let parts: Vec<String> = Class::ALL.iter().map(|c| format!("{c}={:.2}", self.share(*c))).collect();
         f.write_str(&parts.join(","))
+    }
+}
+
+/// The error of shares (classes' or tenants') whose `sum` is 0 or too
+/// large to be a number (each share may be finite and their sum not).
+pub(crate) fn shares_sum_error(sum: f64) -> String {
+    match sum.is_finite() {
+        true => "the shares must add up to more than 0".to_owned(),
+        false => {
+            "the shares must add up to a finite number (each is at most about 1e308, and so is their sum)".to_owned()
+        }
     }
 }
 
@@ -100,5 +111,7 @@ mod tests {
         ] {
             assert!(bad.parse::<ClassMix>().is_err(), "{bad:?}");
         }
+        let error = "critical=1e308,standard=1e308".parse::<ClassMix>().expect_err("an infinite sum");
+        assert!(error.contains("finite"), "{error}");
     }
 }

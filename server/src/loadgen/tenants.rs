@@ -9,6 +9,8 @@ use std::str::FromStr;
 
 use reqwest::header::HeaderValue;
 
+use crate::loadgen::mix::shares_sum_error;
+
 /// The header a frontend started with `--trust-priority-header` reads the
 /// tenant from.
 pub(crate) const TENANT_HEADER: &str = "x-loadgate-tenant";
@@ -124,7 +126,7 @@ impl FromStr for TenantMix {
         }
         let sum: f64 = shares.iter().sum();
         if !(sum > 0.0 && sum.is_finite()) {
-            return Err("the shares must add up to more than 0".to_owned());
+            return Err(shares_sum_error(sum));
         }
         Ok(TenantMix { names, shares: shares.into_iter().map(|s| s / sum).collect() })
     }
@@ -201,6 +203,7 @@ mod tests {
             ("a=NaN", "a's share must be a non-negative number, not NaN"),
             ("a=1,a=2", "`a` is given twice"),
             ("a=0,b=0", "the shares must add up to more than 0"),
+            ("a=1e308,b=1e308", "the shares must add up to a finite number"),
             (&too_many.join(","), "at most 64 tenants"),
         ] {
             let got = bad.parse::<TenantMix>().expect_err(bad);
