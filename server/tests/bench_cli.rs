@@ -92,6 +92,66 @@ async fn a_retry_storm_on_a_dead_url_exits_1_too() {
     assert!(bench.stderr().to_lowercase().contains("connection refused"), "{}", bench.stderr());
 }
 
+/// A completions endpoint on 127.0.0.1 answering every request 200 with a
+/// whole JSON answer: the 1st, 3rd, 5th... it receives at once, the others
+/// after `slow`.
+async fn alternating_server(slow: Duration) -> SocketAddr {
+    let received = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let answer = move || {
+        // Relaxed: only numbers the requests.
+        let n = received.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        async move {
+            if n % 2 == 1 {
+                tokio::time::sleep(slow).await;
+            }
+            (StatusCode::OK, [("content-type", "application/json")], r#"{"choices":[{"text":"hi"}]}"#)
+        }
+    };
+    let app = axum::Router::new().fallback(answer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the alternating server");
+    let addr = listener.local_addr().expect("its address");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// `--slo-ttft-ms` counts the completions whose first byte came within the
+/// objective, per second of arrivals: against a server answering every
+/// other request at once and the rest after 1.2 s, an objective of 600 ms
+/// (600 ms of margin either way on a busy machine; the slow ones done 0.8 s
+/// before the 2 s drain ends) counts exactly the fast half.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slo_goodput_counts_the_completions_within_the_objective() {
+    let _box = common::shared().await;
+    let url = format!("http://{}", alternating_server(Duration::from_millis(1200)).await);
+    let args = ["--rate", "20", "--duration", "1", "--slo-ttft-ms", "600"];
+    let (line, status, bench) = bench(&url, &args, &[]).await;
+    assert_eq!(status.code(), Some(0), "{line}\n{}", bench.stderr());
+    let summary: serde_json::Value = serde_json::from_str(&line).expect("bench --json");
+    let ok = count(&line, "ok");
+    assert!(ok > 0 && ok == count(&line, "sent"), "every request completed: {line}");
+    assert_eq!(summary["slo_ttft_ms"].as_u64(), Some(600), "{line}");
+    let within =
+        summary["slo_goodput_rps"].as_f64().expect("slo_goodput_rps") * summary["duration_s"].as_f64().unwrap();
+    assert_eq!(within.round() as u64, ok.div_ceil(2), "the fast half: {line}");
+}
+
+/// `--slo-ttft-ms` takes at least 1 ms and is not for a retry storm.
+#[test]
+fn the_slo_objective_is_checked_at_start() {
+    for args in
+        [&["--rate", "1", "--duration", "1", "--slo-ttft-ms", "0"][..], &["--retry-storm", "2", "--slo-ttft-ms", "500"]]
+    {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_loadgate"))
+            .args(["bench", "--url", "http://127.0.0.1:9", "--model", "m"])
+            .args(args)
+            .output()
+            .expect("run loadgate bench");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("--slo-ttft-ms"), "{args:?}: {stderr}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_refused_with_529_exits_0() {
     let _box = common::shared().await;

@@ -332,6 +332,8 @@ impl<'a> Runner<'a> {
             progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
             mix: None,
             tenants: None,
+            // The demo counts SLO goodput itself, per mode and load.
+            slo_ttft: None,
         }
     }
 

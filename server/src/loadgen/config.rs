@@ -58,6 +58,18 @@ pub struct Args {
     /// else one line every 5 s. The exit status is 1 when no request got an HTTP answer.
     #[arg(help_heading = "Report", long, env = "LOADGATE_BENCH_QUIET", value_parser = clap::builder::BoolishValueParser::new())]
     pub quiet: bool,
+    /// The time-to-first-token objective: the report adds SLO goodput, the requests completed
+    /// with their first token within it per second of arrivals (as the demo's headline). Not
+    /// with --retry-storm.
+    #[arg(
+        help_heading = "Report",
+        long,
+        env = "LOADGATE_BENCH_SLO_TTFT_MS",
+        value_name = "MS",
+        value_parser = crate::flag_limits::ms(1),
+        conflicts_with = "retry_storm"
+    )]
+    pub slo_ttft_ms: Option<u64>,
     /// Draw latency percentiles and the rejection rate over time (SVG).
     #[arg(help_heading = "Report", long, env = "LOADGATE_BENCH_PLOT", value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
@@ -174,6 +186,9 @@ pub struct BenchConfig {
     /// More frontends of the same pool (completions URLs): the requests are
     /// spread over `url` and these in turn (a client-side load balancer).
     pub also: Vec<String>,
+    /// The TTFT objective the report's SLO goodput counts against (`None`:
+    /// no SLO goodput in the report).
+    pub slo_ttft: Option<Duration>,
 }
 
 impl BenchConfig {
@@ -218,6 +233,7 @@ impl BenchConfig {
             mix: args.mix,
             tenants: args.tenants.clone(),
             also: Vec::new(),
+            slo_ttft: args.slo_ttft_ms.map(Duration::from_millis),
         })
     }
 }
@@ -261,6 +277,7 @@ impl StormConfig {
             mix: None,
             tenants: None,
             also: Vec::new(),
+            slo_ttft: None,
         };
         Ok(Some(StormConfig {
             request,

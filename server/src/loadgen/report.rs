@@ -150,6 +150,13 @@ pub struct Summary {
     pub ttft_ms: Percentiles,
     /// End-to-end latency of accepted requests, ms.
     pub latency_ms: Percentiles,
+    /// The TTFT objective, ms (with `--slo-ttft-ms`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slo_ttft_ms: Option<u64>,
+    /// Requests completed with TTFT within the objective per second of
+    /// arrivals (with `--slo-ttft-ms`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slo_goodput_rps: Option<f64>,
     /// Per priority class (with `--mix`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub by_class: Option<BTreeMap<&'static str, ClassSummary>>,
@@ -220,6 +227,8 @@ impl BenchReport {
             tokens_per_s: self.output_tokens as f64 / secs,
             ttft_ms: Percentiles::of(&self.ttft),
             latency_ms: Percentiles::of(&self.latency),
+            slo_ttft_ms: self.config.slo_ttft.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+            slo_goodput_rps: self.config.slo_ttft.map(|t| self.slo_goodput(t)),
             by_class: self
                 .by_class
                 .as_ref()
@@ -259,6 +268,11 @@ impl BenchReport {
             "goodput {:.1} req/s  {:.0} tok/s  (elapsed {:.1} s)\n",
             s.goodput_rps, s.tokens_per_s, s.elapsed_s
         ));
+        if let (Some(objective), Some(slo)) = (s.slo_ttft_ms, s.slo_goodput_rps) {
+            out.push_str(&format!(
+                "SLO goodput {slo:.1} req/s  (completed with TTFT within {objective} ms, per second of arrivals)\n"
+            ));
+        }
         out.push_str(&format!("{:<9}{:>10}{:>10}{:>10}{:>10}\n", "ms", "p50", "p90", "p99", "max"));
         out.push_str(&row("TTFT", s.ttft_ms));
         out.push_str(&row("latency", s.latency_ms));
@@ -380,6 +394,7 @@ pub(crate) fn report_for_test(
         mix: None,
         tenants: None,
         also: Vec::new(),
+        slo_ttft: None,
     };
     let ok = ttft.len();
     BenchReport {
@@ -419,6 +434,20 @@ mod tests {
         assert_eq!(r.ok_within_ttft(Duration::from_millis(5)), 0);
         assert_eq!(r.ok_within_ttft(Duration::from_secs(1 << 40)), 6, "a huge objective counts everything");
         assert_eq!(report(&[], 3).slo_goodput(Duration::from_millis(500)), 0.0);
+    }
+
+    /// With `--slo-ttft-ms` the table has an SLO goodput line and the JSON
+    /// the objective and the figure; without, neither.
+    #[test]
+    fn slo_goodput_is_reported_with_an_objective_only() {
+        let mut r = report(&[10, 200, 500, 501, 3000, 40], 4);
+        assert!(!r.table().contains("SLO goodput"));
+        let json = serde_json::to_value(r.summary()).unwrap();
+        assert!(json.get("slo_ttft_ms").is_none() && json.get("slo_goodput_rps").is_none(), "{json}");
+        r.config.slo_ttft = Some(Duration::from_millis(500));
+        assert!(r.table().contains("SLO goodput 1.0 req/s  (completed with TTFT within 500 ms"), "{}", r.table());
+        let json = serde_json::to_value(r.summary()).unwrap();
+        assert_eq!((json["slo_ttft_ms"].as_u64(), json["slo_goodput_rps"].as_f64()), (Some(500), Some(1.0)), "{json}");
     }
 
     /// `report_for_test` with `--mix` and `--tenants` (`a=3,team-b=1`):
