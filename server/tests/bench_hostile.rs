@@ -416,6 +416,47 @@ async fn a_storm_reports_what_its_unfinished_clients_saw() {
     assert_eq!(summary["out_of_attempts"], 0, "{summary}");
 }
 
+/// The storm retried only 529 and 503, so against a frontend whose
+/// overload status is 429 (which the OpenAI SDKs retry too) every client
+/// counted as failed at its first refusal. Now a 429 is retried after its
+/// hint: the three clients refused once each succeed on their retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_retries_a_429_as_an_sdk_would() {
+    let posts = Arc::new(AtomicU64::new(0));
+    let seen = posts.clone();
+    let addr = raw_server(move |mut tcp| {
+        let seen = seen.clone();
+        async move {
+            let mut answer = "HTTP/1.1 405 Method Not Allowed\r\ncontent-length: 0\r\n\r\n".to_owned();
+            let mut pending = Vec::new();
+            loop {
+                if tcp.write_all(answer.as_bytes()).await.is_err() {
+                    return;
+                }
+                let Some(_) = next_request(&mut tcp, &mut pending).await else { return };
+                answer = match seen.fetch_add(1, Ordering::Relaxed) {
+                    0..3 => {
+                        "HTTP/1.1 429 Too Many Requests\r\nretry-after-ms: 200\r\ncontent-length: 0\r\n\r\n".to_owned()
+                    }
+                    _ => {
+                        let body = r#"{"choices":[{"text":"hi"}]}"#;
+                        format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                            body.len()
+                        )
+                    }
+                };
+            }
+        }
+    })
+    .await;
+    let url = format!("http://{addr}");
+    let args = ["--retry-storm", "3", "--duration", "5", "--drain-timeout", "5", "--json"];
+    let summary = summary_of(&url, &args, Duration::from_secs(40)).await;
+    assert_eq!(summary["succeeded"], 3, "{summary}");
+    assert_eq!((summary["by_status"]["429"].clone(), summary["retries"].clone()), (3.into(), 3.into()), "{summary}");
+}
+
 /// Reads the next whole request (head, and body by its `content-length`)
 /// from `tcp`, `pending` holding what came after the last; its head.
 async fn next_request(tcp: &mut tokio::net::TcpStream, pending: &mut Vec<u8>) -> Option<String> {

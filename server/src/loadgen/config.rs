@@ -79,8 +79,8 @@ pub struct Args {
     /// Seed of the arrival process (default: random).
     #[arg(help_heading = "Load (open loop)", long, env = "LOADGATE_BENCH_SEED")]
     pub seed: Option<u64>,
-    /// Retry-storm mode: CLIENTS clients each send one request at the same instant and, on 529
-    /// or 503, wait what `retry-after-ms` says (else `Retry-After`, else --retry-fallback-ms) and
+    /// Retry-storm mode: CLIENTS clients each send one request at the same instant and, on 529,
+    /// 503 or 429, wait what `retry-after-ms` says (else `Retry-After`, else --retry-fallback-ms) and
     /// send it again, until success, --max-attempts or --duration. Reports the peak number of
     /// retries in any 10 ms window, goodput and time to success.
     #[arg(help_heading = "Retry storm", long, env = "LOADGATE_BENCH_RETRY_STORM", value_name = "CLIENTS",

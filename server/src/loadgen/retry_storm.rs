@@ -1,9 +1,9 @@
 //! The retry storm (`loadgate bench --retry-storm N`): N clients that honour
 //! the server's retry hint start in one burst against a frontend.
 //!
-//! Every client sends the same request at the same instant (t = 0). On 529
-//! or 503 it waits what the answer asks and sends it again, as the OpenAI
-//! SDKs do: `retry-after-ms` (milliseconds) first, else `Retry-After`
+//! Every client sends the same request at the same instant (t = 0). On 529,
+//! 503 or 429 (a frontend's `--overload-status` may be any of them) it waits
+//! what the answer asks and sends it again, as the OpenAI SDKs do: `retry-after-ms` (milliseconds) first, else `Retry-After`
 //! (seconds), used when it is above 0 and at most 60 s; otherwise (no hint,
 //! an unparsable one, or after a transport error or a timed-out attempt) the
 //! fixed `--retry-fallback-ms`. Another status ends the client (failed). A
@@ -162,7 +162,7 @@ async fn one_client(
                         run.ending = Ending::Succeeded;
                         break;
                     }
-                    if !matches!(status, 503 | 529) {
+                    if !matches!(status, 429 | 503 | 529) {
                         run.ending = Ending::Failed;
                         break;
                     }

@@ -23,7 +23,7 @@ pub const PEAK_WINDOW: Duration = Duration::from_millis(10);
 pub enum Ending {
     /// A 2xx answer.
     Succeeded,
-    /// A status other than 2xx, 503 or 529 (not retried).
+    /// A status other than 2xx, 429, 503 or 529 (not retried).
     Failed,
     /// `--max-attempts` attempts, none successful.
     OutOfAttempts,
