@@ -17,6 +17,8 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use signal_hook::low_level::emulate_default_handler;
 
+use crate::demo::log_tail::{keep_tail, TailLimits};
+
 /// How long a `loadgate` child may take to print its `listening ...` line.
 const STARTUP: Duration = Duration::from_secs(30);
 
@@ -221,7 +223,7 @@ pub(crate) fn spawn_loadgate(args: &[String], secret: &str) -> anyhow::Result<(P
         .stderr(Stdio::piped());
     let mut process =
         Process::spawn(&mut command).with_context(|| format!("cannot start loadgate {}", args.join(" ")))?;
-    let (said, said_all) = keep_tail(process.stderr().expect("piped stderr"));
+    let (said, said_all) = keep_stderr(process.stderr().expect("piped stderr"));
     let stdout = BufReader::new(process.stdout().expect("piped stdout"));
     // Read on a thread, so a child that prints nothing cannot hang the demo;
     // it keeps draining the pipe so the child's writes never fail or block.
@@ -249,26 +251,18 @@ pub(crate) fn spawn_loadgate(args: &[String], secret: &str) -> anyhow::Result<(P
     Ok((process, line.expect("started").trim().to_owned()))
 }
 
-/// Lines of a child's standard error kept for an error message.
-const KEPT_LINES: usize = 20;
+/// What is kept of a child's standard error for an error message.
+const KEPT: TailLimits = TailLimits { lines: 20, bytes: 500 };
 
-/// Reads `stderr` on a thread to its end (so the child's writes never
-/// block), keeping its last [`KEPT_LINES`] lines, each cut to 500 bytes;
-/// the receiver hears when the end was reached.
-fn keep_tail(stderr: ChildStderr) -> (Arc<Mutex<VecDeque<String>>>, mpsc::Receiver<()>) {
+/// Reads `stderr` on a thread to its end, whatever its bytes (so the
+/// child's writes never block), keeping its last lines ([`KEPT`]); the
+/// receiver hears when the end was reached.
+fn keep_stderr(stderr: ChildStderr) -> (Arc<Mutex<VecDeque<String>>>, mpsc::Receiver<()>) {
     let kept = Arc::new(Mutex::new(VecDeque::new()));
     let tail = kept.clone();
     let (ended, end) = mpsc::channel();
     std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines() {
-            let Ok(mut line) = line else { break };
-            line.truncate(crate::text::cut(&line, 500).len());
-            let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
-            if tail.len() == KEPT_LINES {
-                tail.pop_front();
-            }
-            tail.push_back(line);
-        }
+        keep_tail(BufReader::new(stderr), &tail, KEPT);
         let _ = ended.send(());
     });
     (kept, end)

@@ -6,7 +6,7 @@
 //! (bounded) to explain a server that does not come up.
 
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Read as _};
+use std::io::BufReader;
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -16,6 +16,7 @@ use anyhow::Context as _;
 
 use crate::demo::child::Process;
 use crate::demo::install::LlamaInstall;
+use crate::demo::log_tail::{keep_tail, TailLimits};
 
 /// Slots (concurrent sequences) per server.
 pub(crate) const SLOTS: u32 = 4;
@@ -34,8 +35,7 @@ const START_WAIT: Duration = Duration::from_secs(60);
 const PORT_ATTEMPTS: usize = 3;
 
 /// Log lines kept, and bytes kept of each.
-const LOG_LINES: usize = 12;
-const LOG_LINE_BYTES: usize = 300;
+const LOG_TAIL: TailLimits = TailLimits { lines: 12, bytes: 300 };
 
 /// A running `llama-server`.
 #[derive(Debug)]
@@ -78,11 +78,11 @@ impl LlamaServer {
             .stderr(Stdio::piped());
         let mut process =
             Process::spawn(&mut command).with_context(|| format!("cannot start {}", install.server.display()))?;
-        let log = Arc::new(Mutex::new(VecDeque::with_capacity(LOG_LINES)));
+        let log = Arc::new(Mutex::new(VecDeque::with_capacity(LOG_TAIL.lines)));
         let stderr = process.stderr().expect("piped stderr");
         let tail = Arc::clone(&log);
         // Drains the log for the server's whole life, so its writes never block.
-        std::thread::spawn(move || keep_tail(BufReader::new(stderr), &tail));
+        std::thread::spawn(move || keep_tail(BufReader::new(stderr), &tail, LOG_TAIL));
         let url = format!("http://127.0.0.1:{port}");
         let deadline = Instant::now() + START_WAIT;
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -112,60 +112,4 @@ impl LlamaServer {
 fn free_port() -> anyhow::Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0").context("cannot find a free port")?;
     Ok(listener.local_addr()?.port())
-}
-
-/// Reads `log` to its end, keeping its last [`LOG_LINES`] lines (each cut
-/// at [`LOG_LINE_BYTES`]) in `tail`.
-fn keep_tail(mut log: impl BufRead, tail: &Mutex<VecDeque<String>>) {
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        // A line longer than the cap is read in pieces; only the first piece is kept.
-        match (&mut log).take(LOG_LINE_BYTES as u64).read_until(b'\n', &mut line) {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
-        }
-        let complete = line.ends_with(b"\n");
-        let text = String::from_utf8_lossy(&line).trim_end().to_owned();
-        if let Ok(mut tail) = tail.lock() {
-            if tail.len() == LOG_LINES {
-                tail.pop_front();
-            }
-            tail.push_back(text);
-        }
-        if !complete {
-            // Skip the rest of an over-long line.
-            let mut rest = Vec::new();
-            loop {
-                rest.clear();
-                match (&mut log).take(LOG_LINE_BYTES as u64).read_until(b'\n', &mut rest) {
-                    Ok(0) | Err(_) => return,
-                    Ok(_) if rest.ends_with(b"\n") => break,
-                    Ok(_) => {}
-                }
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_log_tail_is_bounded() {
-        let long = "x".repeat(10 * LOG_LINE_BYTES);
-        let text = format!("{long}\n{}", (0..30).map(|i| format!("line {i}\n")).collect::<String>());
-        let tail = Mutex::new(VecDeque::new());
-        keep_tail(text.as_bytes(), &tail);
-        let tail = tail.into_inner().unwrap();
-        assert_eq!(tail.len(), LOG_LINES);
-        assert_eq!(tail.back().map(String::as_str), Some("line 29"));
-
-        let one = Mutex::new(VecDeque::new());
-        keep_tail(format!("{long}\nend\n").as_bytes(), &one);
-        let one = one.into_inner().unwrap();
-        assert_eq!(one.len(), 2, "the over-long line is one entry: {one:?}");
-        assert_eq!((one[0].len(), one[1].as_str()), (LOG_LINE_BYTES, "end"));
-    }
 }

@@ -48,6 +48,7 @@ mod engine_pool;
 mod group;
 mod install;
 mod llama_server;
+mod log_tail;
 mod modes;
 mod nats_server;
 mod pool;
