@@ -207,8 +207,14 @@ fn bench_huge_prompt_tokens_is_refused_cleanly() {
 /// second: 1 GiB at --duration 20000, 4.5 GiB at the accepted maximum of a day).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_memory_does_not_grow_with_duration() {
-    // A server that never answers, so that the run stays up.
-    let addr = raw_server(|_tcp| async move { tokio::time::sleep(Duration::from_secs(600)).await }).await;
+    // A server that never answers, so that the run stays up: each
+    // connection held open (a closure parameter the future does not use
+    // would be dropped, and the connection closed, before it runs).
+    let addr = raw_server(|tcp| async move {
+        let _held = tcp;
+        tokio::time::sleep(Duration::from_secs(600)).await;
+    })
+    .await;
     let url = format!("http://{addr}");
     let bench = bench(&url, &["--rate", "1", "--duration", "20000"]);
     let pid = bench.id();
