@@ -11,9 +11,13 @@ use std::time::Duration;
 pub const IDLE_REUSE: Duration = Duration::from_secs(3);
 
 /// A client with `connect_timeout`, idle connections kept [`IDLE_REUSE`],
-/// and no redirects followed: an upstream that answers 3xx gets that answer
-/// relayed, and the body (and the request proof) is never re-sent to
-/// wherever it points.
+/// no redirects followed, and no proxy: an upstream that answers 3xx gets
+/// that answer relayed, and the body (and the request proof) is never
+/// re-sent to wherever it points. `HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY`
+/// (and `NO_PROXY`) in the environment are ignored: a host's egress proxy
+/// would otherwise receive every prompt, request proof and scrape, loopback
+/// ones included, and answer in the upstream's place (docs/deployment.md,
+/// "Proxy variables").
 ///
 /// # Errors
 ///
@@ -24,5 +28,6 @@ pub fn client(connect_timeout: Duration) -> reqwest::Result<reqwest::Client> {
         .pool_idle_timeout(IDLE_REUSE)
         .tcp_nodelay(true)
         .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
         .build()
 }
