@@ -3,6 +3,7 @@
 //! [`spawn_scraper`] does it every interval and hands each outcome, with
 //! the count of failures in a row, to its caller. What a failure means (out
 //! of routing after K, an unhealthy worker) is the caller's business.
+//! The caller logs an engine's transitions through [`transitions_log`].
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use tokio::sync::Notify;
 
 use crate::engines::fetch::get_text;
 use crate::engines::models::list_models;
+use crate::throttle::LogThrottle;
 
 /// Documents above this are mapped on tokio's blocking pool (a large vLLM
 /// exposition takes long enough to hold up the runtime thread).
@@ -67,6 +69,23 @@ impl ScrapeArgs {
             ahead_tokens: self.engine_dispatch_ahead_tokens,
         }
     }
+}
+
+/// The most lines one engine's transitions (out of routing, back, another
+/// rank count, models missing) log per [`TRANSITION_LINES_PER`]: every
+/// transition of an engine that changes now and then, a handful from one
+/// that flaps at every scrape (20 a second at the default interval).
+pub const TRANSITION_LINES: u32 = 10;
+
+/// See [`TRANSITION_LINES`].
+pub const TRANSITION_LINES_PER: Duration = Duration::from_secs(10);
+
+/// The throttle of one engine's transition lines, in the frontend's
+/// `--engine` scraping and in a sidecar alike: [`TRANSITION_LINES`] per
+/// [`TRANSITION_LINES_PER`], the next line that passes counting those held
+/// back (an engine may flap at every scrape).
+pub(crate) fn transitions_log() -> LogThrottle {
+    LogThrottle::new(TRANSITION_LINES, TRANSITION_LINES_PER)
 }
 
 /// Between two looks at an engine's models while some it served are not

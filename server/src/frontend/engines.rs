@@ -27,7 +27,8 @@
 //! list every model it was registered with (restarted with another model
 //! on the same address), all its workers stay out of routing; restarting
 //! the frontend takes the new list.
-//! Transitions are logged, at most [`ENGINE_LINES`] lines per 10 s per
+//! Transitions are logged, at most
+//! [`TRANSITION_LINES`](crate::engines::scrape::TRANSITION_LINES) lines per 10 s per
 //! engine (one that flaps at every scrape would write one a scrape; a line
 //! that passes counts those held back); `/metrics` counts failed scrapes in
 //! `loadgate_frontend_engine_scrape_failures_total` and shows the workers
@@ -46,7 +47,7 @@ use loadgate::{LoadReport, WorkerId};
 use sha2::{Digest as _, Sha256};
 
 use crate::engines::models::list_models;
-use crate::engines::scrape::{scrape_once, spawn_scraper, ModelCheck, ScrapeConfig, ScrapeEvent};
+use crate::engines::scrape::{scrape_once, spawn_scraper, transitions_log, ModelCheck, ScrapeConfig, ScrapeEvent};
 use crate::engines::spec::EngineSpec;
 use crate::events::{PlaneLimits, Registration};
 use crate::frontend::state::Frontend;
@@ -60,14 +61,6 @@ const START_RETRY: Duration = Duration::from_millis(250);
 
 /// The shortest wait for `/v1/models` (the scrape timeout when longer).
 const MIN_LIST_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// The most lines one engine's scrapes log per [`ENGINE_LINES_PER`]: every
-/// transition of an engine that changes now and then, a handful from one
-/// that flaps at every scrape (20 a second at the default interval).
-const ENGINE_LINES: u32 = 10;
-
-/// See [`ENGINE_LINES`].
-const ENGINE_LINES_PER: Duration = Duration::from_secs(10);
 
 /// One registered engine and what its scraper keeps.
 #[derive(Debug)]
@@ -90,8 +83,7 @@ pub(crate) struct Engine {
     models_missing: bool,
     /// `--max-dp-size`: a rank count it may change to.
     max_dp_size: u32,
-    /// Its lines (an engine may flap at every scrape): [`ENGINE_LINES`] per
-    /// [`ENGINE_LINES_PER`], the next that passes counting those held back.
+    /// Its lines ([`transitions_log`]: an engine may flap at every scrape).
     log: LogThrottle,
 }
 
@@ -139,7 +131,7 @@ pub(crate) async fn register_engines(
             out: false,
             models_missing: false,
             max_dp_size: limits.max_dp_size,
-            log: LogThrottle::new(ENGINE_LINES, ENGINE_LINES_PER),
+            log: transitions_log(),
         };
         for model in models {
             let worker = engine_worker_id(&spec.base_url, &model);

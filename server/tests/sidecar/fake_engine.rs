@@ -44,6 +44,10 @@ struct EngineState {
     waiting: Vec<AtomicU32>,
     /// `/metrics` answers (else 500: a failing scrape).
     metrics_up: AtomicBool,
+    /// `/metrics` fails every other time (an engine that flaps).
+    metrics_flap: AtomicBool,
+    /// `/metrics` requests received.
+    scrapes: AtomicUsize,
     /// The model `/v1/models` lists.
     model: Mutex<String>,
     /// `/v1/models` answers (else 503, as an engine still loading its model).
@@ -96,6 +100,8 @@ impl FakeEngine {
             next_conn: AtomicUsize::new(0),
             waiting: (0..ranks).map(|_| AtomicU32::new(0)).collect(),
             metrics_up: AtomicBool::new(true),
+            metrics_flap: AtomicBool::new(false),
+            scrapes: AtomicUsize::new(0),
             model: Mutex::new(MODEL.to_owned()),
             models_up: AtomicBool::new(true),
             hang_up: AtomicBool::new(false),
@@ -140,6 +146,27 @@ impl FakeEngine {
     pub(crate) fn set_metrics_up(&self, up: bool) {
         // Relaxed: read by the next /metrics answer.
         self.state.metrics_up.store(up, Ordering::Relaxed);
+    }
+
+    /// Whether `/metrics` fails every other time from now on.
+    pub(crate) fn set_metrics_flap(&self, flap: bool) {
+        // Relaxed: read by the next /metrics answer.
+        self.state.metrics_flap.store(flap, Ordering::Relaxed);
+    }
+
+    /// Waits (bounded by `within`) until `n` more scrapes than now have
+    /// come; false if they did not.
+    pub(crate) async fn wait_scrapes(&self, n: usize, within: Duration) -> bool {
+        // Relaxed: a counter read on its own.
+        let target = self.state.scrapes.load(Ordering::Relaxed) + n;
+        let deadline = Instant::now() + within;
+        while self.state.scrapes.load(Ordering::Relaxed) < target {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
     }
 
     /// Completions from now on get their connection dropped, no answer.
@@ -286,7 +313,9 @@ async fn models(State(state): State<Arc<EngineState>>) -> Response {
 /// vLLM's load gauges, one series per rank (`engine` label).
 async fn metrics(State(state): State<Arc<EngineState>>) -> Response {
     // Relaxed: flags and counters read on their own.
-    if !state.metrics_up.load(Ordering::Relaxed) {
+    let scrape = state.scrapes.fetch_add(1, Ordering::Relaxed);
+    let flapped = state.metrics_flap.load(Ordering::Relaxed) && scrape % 2 == 1;
+    if !state.metrics_up.load(Ordering::Relaxed) || flapped {
         return (StatusCode::INTERNAL_SERVER_ERROR, "down").into_response();
     }
     let mut text = String::new();

@@ -16,6 +16,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod fake_engine;
+mod flap;
 
 use std::time::{Duration, Instant};
 
@@ -55,13 +56,23 @@ fn sidecar(engine: &FakeEngine, extra: &[&str], env: &[(&str, &str)]) -> Sidecar
 /// the frontend (scrapes 50 ms apart, out after 3 failures), once the
 /// frontend has it.
 async fn routed_sidecar() -> (Frontend, FakeEngine, Sidecar) {
+    routed_sidecar_scraping("50", "3", &[]).await
+}
+
+/// As [`routed_sidecar`], scrapes `interval_ms` apart, out after `failures`,
+/// with `env`.
+async fn routed_sidecar_scraping(
+    interval_ms: &str,
+    failures: &str,
+    env: &[(&str, &str)],
+) -> (Frontend, FakeEngine, Sidecar) {
     let frontend = Frontend::start(None, &[]);
     let engine = FakeEngine::start(1).await;
     let events = frontend.events.to_string();
     let worker = sidecar(
         &engine,
-        &["--frontend", &events, "--engine-scrape-interval-ms", "50", "--engine-scrape-failures", "3"],
-        &[],
+        &["--frontend", &events, "--engine-scrape-interval-ms", interval_ms, "--engine-scrape-failures", failures],
+        env,
     );
     frontend.wait_workers(1, Duration::from_secs(10)).await;
     (frontend, engine, worker)

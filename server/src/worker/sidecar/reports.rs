@@ -22,6 +22,12 @@
 //! its Deregisters and closed, so a frontend never sees the two overlap.
 //! Requests already admitted keep being proxied meanwhile.
 //!
+//! These transitions are logged through one throttle
+//! ([`transitions_log`]: 10 lines per 10 s, the next line that passes
+//! counting those held back), as the frontend logs its `--engine`s': an
+//! engine that flaps between failing and answering would otherwise write
+//! two lines a cycle for as long as it flaps.
+//!
 //! # An engine back with another model
 //!
 //! An engine that comes back after failed scrapes may have been restarted
@@ -56,10 +62,11 @@ use std::time::Duration;
 use loadgate::engines::EngineSnapshot;
 use loadgate::{Admission, RankLoad};
 
-use crate::engines::scrape::ScrapeEvent;
+use crate::engines::scrape::{transitions_log, ScrapeEvent};
 use crate::events::{EventPublisher, Registration, ReportSeq};
 use crate::nats::{NatsLink, NatsPublisher};
 use crate::secret::Secrets;
+use crate::throttle::LogThrottle;
 
 /// Whether the engine answers its scrapes, for `/health`.
 #[derive(Debug)]
@@ -154,6 +161,8 @@ pub(crate) struct EngineReports {
     /// Why the engine's models no longer include the worker's (out of
     /// routing until they do again).
     model_gone: Option<String>,
+    /// The transitions' lines (an engine may flap at every scrape).
+    log: LogThrottle,
 }
 
 impl EngineReports {
@@ -180,6 +189,7 @@ impl EngineReports {
             failures_to_leave: failures_to_leave.max(1),
             warned_ranks: false,
             model_gone: None,
+            log: transitions_log(),
         };
         reports.publisher = reports.new_publisher()?;
         reports.report(first);
@@ -230,12 +240,21 @@ impl EngineReports {
                 }
                 if consecutive >= self.failures_to_leave && self.health.problem().is_none() {
                     let reason = format!("{consecutive} engine scrapes failed in a row; the last: {error}");
-                    tracing::warn!("{reason}: unhealthy, leaving routing (Deregister to every frontend)");
+                    if let Some(suppressed) = self.log.admit() {
+                        tracing::warn!(
+                            suppressed,
+                            "{reason}: unhealthy, leaving routing (Deregister to every frontend)"
+                        );
+                    }
                     self.leave(&reason);
                 }
             }
             ScrapeEvent::Listed { missing, listed } => match (missing.is_empty(), self.model_gone.take()) {
-                (true, Some(_)) => tracing::info!(?listed, "the engine lists the worker's model again"),
+                (true, Some(_)) => {
+                    if let Some(suppressed) = self.log.admit() {
+                        tracing::info!(?listed, suppressed, "the engine lists the worker's model again");
+                    }
+                }
                 (true, None) => {}
                 (false, gone) => {
                     let reason = format!(
@@ -243,7 +262,12 @@ impl EngineReports {
                          restart the worker to serve its new model"
                     );
                     if gone.is_none() {
-                        tracing::error!("{reason}: unhealthy, leaving routing (Deregister to every frontend)");
+                        if let Some(suppressed) = self.log.admit() {
+                            tracing::error!(
+                                suppressed,
+                                "{reason}: unhealthy, leaving routing (Deregister to every frontend)"
+                            );
+                        }
                     }
                     self.leave(&reason);
                     self.model_gone = Some(reason);
@@ -281,12 +305,16 @@ impl EngineReports {
         match self.new_publisher() {
             Ok(publisher) => self.publisher = publisher,
             Err(error) => {
-                tracing::warn!(%error, "cannot start the event publisher; retrying at the next scrape");
+                if let Some(suppressed) = self.log.admit() {
+                    tracing::warn!(%error, suppressed, "cannot start the event publisher; retrying at the next scrape");
+                }
                 return false;
             }
         }
         self.health.set(true, "");
-        tracing::info!("the engine answers its scrapes again: healthy, rejoining routing");
+        if let Some(suppressed) = self.log.admit() {
+            tracing::info!(suppressed, "the engine answers its scrapes again: healthy, rejoining routing");
+        }
         true
     }
 
