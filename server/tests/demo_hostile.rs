@@ -126,14 +126,26 @@ impl Drop for Demo {
 /// modes' table, the targets, the plot, exit 0, and no child left behind.
 /// With `LOADGATE_HTTP_MAX_CONNECTIONS=1` in its environment, which its
 /// frontends read (a deprecated shared name) and which capped every demo
-/// frontend at one connection: most requests got no answer.
+/// frontend at one connection: most requests got no answer. And with the
+/// proxy variables pointing at a listener that never answers (as a host's
+/// egress proxy would be set): the demo's probes of its children and its
+/// load went there, the demo failed (found by a review); they go straight
+/// to its children now, and nothing connects to the proxy.
 #[test]
 fn the_demo_runs_to_its_end_whatever_its_environment() {
+    let proxy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", proxy.local_addr().unwrap());
+    let mut env = vec![("LOADGATE_HTTP_MAX_CONNECTIONS", "1")];
+    env.extend(
+        ["HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"].map(|v| (v, url.as_str())),
+    );
     let args = ["--duration", "1", "--drain-timeout", "2"];
-    let mut demo = Demo::start("end", &args, &[("LOADGATE_HTTP_MAX_CONNECTIONS", "1")]);
+    let mut demo = Demo::start("end", &args, &env);
     let (status, _) = demo.wait(Duration::from_secs(240));
     let out = demo.output();
     assert!(status.is_some_and(|s| s.success()), "{status:?}:\n{out}");
+    proxy.set_nonblocking(true).unwrap();
+    assert!(proxy.accept().is_err(), "the demo connected to the proxy");
     for expected in ["capacity:", "no shedding", "static thresholds", "thresholds + line", "1x: rejected with the line"]
     {
         assert!(out.contains(expected), "no {expected:?} in:\n{out}");

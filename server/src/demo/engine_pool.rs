@@ -89,7 +89,8 @@ impl EnginePool {
         let deadline = Instant::now() + REGISTRATION_WAIT;
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         runtime.block_on(async {
-            let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
+            // Its own children on 127.0.0.1: never through a proxy the environment names.
+            let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).no_proxy().build()?;
             loop {
                 if let Ok(resp) = client.get(format!("http://{}/health", self.http)).send().await {
                     let v: serde_json::Value = resp.json().await.unwrap_or_default();

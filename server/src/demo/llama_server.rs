@@ -87,7 +87,8 @@ impl LlamaServer {
         let deadline = Instant::now() + START_WAIT;
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let why = runtime.block_on(async {
-            let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
+            // Its own children on 127.0.0.1: never through a proxy the environment names.
+            let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).no_proxy().build()?;
             loop {
                 let health = client.get(format!("{url}/health")).send().await;
                 if health.is_ok_and(|r| r.status().is_success()) {

@@ -321,6 +321,8 @@ impl<'a> Runner<'a> {
         BenchConfig {
             url: urls.next().unwrap_or_default(),
             also: urls.collect(),
+            // Its own children on 127.0.0.1: never through a proxy.
+            proxy_from_env: false,
             model: self.setup.model.to_owned(),
             rate,
             duration: self.duration,

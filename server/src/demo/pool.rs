@@ -106,7 +106,8 @@ impl Pool {
         let deadline = Instant::now() + Duration::from_secs(10);
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         runtime.block_on(async {
-            let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
+            // Its own children on 127.0.0.1: never through a proxy the environment names.
+            let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).no_proxy().build()?;
             loop {
                 let health = client.get(format!("http://{http}/health")).send().await;
                 if let Ok(resp) = health {

@@ -29,7 +29,7 @@ pub async fn saturate(
     warmup: Duration,
     measure: Duration,
 ) -> anyhow::Result<f64> {
-    let client = client::builder().build()?;
+    let client = client::builder(config.proxy_from_env).build()?;
     let body = bytes::Bytes::from(request_body(config));
     let stream = config.stream;
     let tally = Arc::new(Tally::default());

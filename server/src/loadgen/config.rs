@@ -189,6 +189,11 @@ pub struct BenchConfig {
     /// The TTFT objective the report's SLO goodput counts against (`None`:
     /// no SLO goodput in the report).
     pub slo_ttft: Option<Duration>,
+    /// Send through the proxy that `HTTP_PROXY`, `HTTPS_PROXY` or
+    /// `ALL_PROXY` names (unless `NO_PROXY` exempts the host): `bench` does,
+    /// a client like `curl`; the demo does not (its frontends are its own
+    /// children on 127.0.0.1). See docs/deployment.md, "Proxy variables".
+    pub proxy_from_env: bool,
 }
 
 impl BenchConfig {
@@ -234,6 +239,7 @@ impl BenchConfig {
             tenants: args.tenants.clone(),
             also: Vec::new(),
             slo_ttft: args.slo_ttft_ms.map(Duration::from_millis),
+            proxy_from_env: true,
         })
     }
 }
@@ -278,6 +284,7 @@ impl StormConfig {
             tenants: None,
             also: Vec::new(),
             slo_ttft: None,
+            proxy_from_env: true,
         };
         Ok(Some(StormConfig {
             request,

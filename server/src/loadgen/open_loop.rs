@@ -69,7 +69,7 @@ pub async fn run_bench_tallied(config: &BenchConfig, tally: &Arc<Tally>) -> anyh
         rate > 0.0 && rate <= MAX_RATE,
         "a rate of {rate} requests per second: above 0 and at most {MAX_RATE}"
     );
-    let client = client::builder().build()?;
+    let client = client::builder(config.proxy_from_env).build()?;
     let body = bytes::Bytes::from(request_body(config));
     let mut rng = fastrand::Rng::with_seed(config.seed);
     let progress = Progress::start(config.progress, config.duration, tally.clone());

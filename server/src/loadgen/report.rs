@@ -395,6 +395,7 @@ pub(crate) fn report_for_test(
         tenants: None,
         also: Vec::new(),
         slo_ttft: None,
+        proxy_from_env: true,
     };
     let ok = ttft.len();
     BenchReport {

@@ -60,8 +60,10 @@ pub async fn run_storm(config: &StormConfig, tally: &Arc<Tally>) -> anyhow::Resu
     let slots: Vec<Arc<Mutex<ClientRun>>> = (0..config.clients).map(|_| Arc::default()).collect();
     for (index, slot) in slots.iter().enumerate() {
         // One client each, as separate processes would be: its own connection.
-        let client =
-            client::builder().connect_timeout(config.request_timeout).timeout(config.request_timeout).build()?;
+        let client = client::builder(config.request.proxy_from_env)
+            .connect_timeout(config.request_timeout)
+            .timeout(config.request_timeout)
+            .build()?;
         let (body, mut ready, connected, config) = (body.clone(), ready.clone(), connected.clone(), config.clone());
         let (tally, slot) = (tally.clone(), slot.clone());
         tasks.spawn(async move {
