@@ -3,7 +3,8 @@
 //! naming the error, in the open loop and in a retry storm; a server of this
 //! test process answering every request with 529 exits 0; with stderr not a
 //! terminal the plain progress line (every 5 s) shows in a 7 s run, and not
-//! with `LOADGATE_BENCH_QUIET`.
+//! with `LOADGATE_BENCH_QUIET`; the proxy variables apply to it (a client,
+//! unlike the frontend and the worker), and `NO_PROXY` exempts a host.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -190,4 +191,21 @@ async fn quiet_shows_no_progress() {
     assert_eq!(status.code(), Some(0), "{line}");
     // The stderr reader may lag the exit: give it its bound before looking.
     assert!(!bench.wait_log(PROGRESS, Duration::from_secs(1)), "a progress line: {}", bench.stderr());
+}
+
+/// `loadgate bench` sends through the proxy `HTTP_PROXY` names, as a client
+/// like `curl` does (docs/deployment.md, "Proxy variables"), unless
+/// `NO_PROXY` exempts the host: the URL is dead, the "proxy" answers 529.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_honours_the_proxy_variables_and_no_proxy() {
+    let _box = common::shared().await;
+    let url = dead_url();
+    let proxy = format!("http://{}", refusing_server().await);
+    let run = ["--rate", "20", "--duration", "1"];
+    let (line, status, through) = bench(&url, &run, &[("HTTP_PROXY", proxy.as_str()), ("NO_PROXY", "")]).await;
+    assert_eq!(status.code(), Some(0), "{line}\n{}", through.stderr());
+    assert_eq!(count(&line, "rejected"), count(&line, "sent"), "every request went to the proxy: {line}");
+    let (line, status, _) = bench(&url, &run, &[("HTTP_PROXY", proxy.as_str()), ("NO_PROXY", "127.0.0.1")]).await;
+    assert_eq!(status.code(), Some(1), "straight to the dead URL: {line}");
+    assert_eq!(count(&line, "transport_errors"), count(&line, "sent"), "{line}");
 }
