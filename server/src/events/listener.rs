@@ -418,7 +418,12 @@ impl PlaneServer {
                     tracing::info!(%peer, suppressed, "event connection closed before the handshake")
                 }
             }
-            Close::Eof => tracing::info!(%peer, ?worker, "event connection closed"),
+            // A worker may connect and leave in a loop: the authenticated bucket.
+            Close::Eof => {
+                if let Some(suppressed) = self.log.connection_line(true) {
+                    tracing::info!(%peer, ?worker, suppressed, "event connection closed")
+                }
+            }
             Close::Evicted => tracing::debug!(%peer, "pending event connection evicted"),
             Close::Refused(reason) => {
                 if let Some(suppressed) = self.log.connection_line(!pending) {

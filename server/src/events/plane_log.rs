@@ -5,7 +5,9 @@
 //! - lines about connections not yet authenticated (anyone who reaches the
 //!   port can cause them): at most 50 a second;
 //! - lines about authenticated connections (workers): 50 a second of
-//!   their own, whatever unauthenticated peers do.
+//!   their own, whatever unauthenticated peers do; their registrations,
+//!   deregistrations and closes too (a worker may leave and come back in a
+//!   loop).
 //!
 //! Lines past a cap are counted; the next line that passes says how many
 //! (field `suppressed`).

@@ -162,10 +162,27 @@ impl PlaneServer {
         // Checked above: no other live connection holds it.
         let _ = self.ownership.claim(worker, incarnation, token);
         conn.worker = Some((worker, incarnation));
+        // A worker may register and leave in a loop (a sidecar whose engine
+        // flaps): the bucket of authenticated connections.
+        let line = || self.log.connection_line(true);
         match outcome {
-            Registered::New => tracing::info!(worker, incarnation, ?model, dp_size, ?http_addr, "worker registered"),
+            Registered::New => {
+                if let Some(suppressed) = line() {
+                    tracing::info!(worker, incarnation, ?model, dp_size, ?http_addr, suppressed, "worker registered")
+                }
+            }
             Registered::Restarted => {
-                tracing::info!(worker, incarnation, ?model, dp_size, ?http_addr, "worker restarted; load reset")
+                if let Some(suppressed) = line() {
+                    tracing::info!(
+                        worker,
+                        incarnation,
+                        ?model,
+                        dp_size,
+                        ?http_addr,
+                        suppressed,
+                        "worker restarted; load reset"
+                    )
+                }
             }
             Registered::Same => tracing::debug!(worker, incarnation, "worker registered again"),
         }
@@ -198,7 +215,10 @@ impl PlaneServer {
     pub(super) fn remove(&mut self, worker: WorkerId, incarnation: u64) {
         if self.monitor.deregister_incarnation(worker, incarnation) {
             self.directory.remove(worker);
-            tracing::info!(worker, incarnation, "worker deregistered");
+            // As a registration's line: a worker may leave in a loop.
+            if let Some(suppressed) = self.log.connection_line(true) {
+                tracing::info!(worker, incarnation, suppressed, "worker deregistered");
+            }
         }
     }
 }
