@@ -271,3 +271,63 @@ async fn victim_incarnation(fe: &common::Frontend, victim: &common::Worker) -> u
         fe.client.get(format!("{}/info", victim.http)).send().await.unwrap().json().await.unwrap();
     info["incarnation"].as_u64().expect("an incarnation in /info")
 }
+
+/// Found by a review: a worker that registers and leaves in a loop on the
+/// NATS plane (as a sidecar does when its engine flaps between failing and
+/// answering) made every frontend log two `info` lines a cycle, uncounted
+/// (worker registered, worker deregistered (NATS)). Now they pass one
+/// throttle (50 a second, the held-back ones counted), as on the TCP plane.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
+async fn a_worker_that_registers_and_leaves_in_a_loop_cannot_flood_the_log() {
+    let _box = common::shared().await;
+    let nats = Nats::start(&[]);
+    let fe = logging_frontend(&nats);
+    let started = Instant::now();
+    publish_lives(&nats, 92, 400).await;
+    // Time for the frontend to apply them all (the bound counts it too).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let log = fe.proc.stderr();
+    let elapsed = started.elapsed();
+    let lines = log.lines().filter(|l| l.contains("worker registered (NATS)") || l.contains("deregistered (NATS)"));
+    let lines = lines.count();
+    // 50 a second, and a second more of slack for the bucket's edges.
+    let bound = 50 * (elapsed.as_secs() as usize + 2);
+    eprintln!("400 NATS register-deregister cycles in {elapsed:?}: {lines} log lines");
+    assert!(lines >= 2, "the first cycle is logged:\n{log}");
+    assert!(lines <= bound, "{lines} log lines about 400 cycles of one worker in {elapsed:?} (at most {bound})");
+}
+
+/// A frontend with the secret on the NATS plane of `nats`, with the default
+/// filter (`info`, no access log), as a deployment runs.
+fn logging_frontend(nats: &Nats) -> common::Frontend {
+    let flags = plane(nats);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    common::Frontend::start_with_env(
+        &[("LOADGATE_EVENT_SECRET", SECRET), ("RUST_LOG", "info,loadgate::access=off")],
+        &flags,
+    )
+}
+
+/// Publishes `lives` Registers of `worker` (incarnation 1), each followed
+/// by its Deregister, sealed with the secret 1 ms after the frame before
+/// (a life's Register after the Deregister that ended the previous one;
+/// 800 frames stay well within the 30 s clock window).
+async fn publish_lives(nats: &Nats, worker: u64, lives: u64) {
+    use bytes::BytesMut;
+    use loadgate::wire::envelope::seal;
+    use loadgate::wire::Frame;
+
+    let insider = async_nats::connect(nats.url.as_str()).await.expect("connects");
+    let subject = format!("loadgate.ev.{MODEL}.{worker}");
+    let http_addr = "127.0.0.1:1".to_owned();
+    let register = Frame::Register { worker, incarnation: 1, dp_size: 1, model: MODEL.to_owned(), http_addr };
+    let deregister = Frame::Deregister { worker, incarnation: 1 };
+    let base = common::unix_ms();
+    for (i, frame) in (0..lives).flat_map(|_| [&register, &deregister]).enumerate() {
+        let mut buf = BytesMut::new();
+        seal(SECRET.as_bytes(), &subject, base + i as u64, frame, &mut buf).unwrap();
+        insider.publish(subject.clone(), buf.freeze()).await.unwrap();
+    }
+    insider.flush().await.unwrap();
+}

@@ -17,6 +17,11 @@ use crate::throttle::LogThrottle;
 /// Warn lines about Registers refused for a live worker's id.
 static TAKEOVERS: LogThrottle = LogThrottle::per_second(1);
 
+/// Lines about workers registered and deregistered: a worker may leave and
+/// come back in a loop (a sidecar whose engine flaps). 50 a second, as the
+/// TCP plane's lines about authenticated connections.
+static LIVES: LogThrottle = LogThrottle::per_second(50);
+
 impl Applier {
     /// Whether `worker`'s `incarnation` on `subject` is the registered one.
     pub(super) fn is_registered(&self, subject: &str, worker: WorkerId, incarnation: u64) -> bool {
@@ -138,7 +143,9 @@ impl Applier {
         let known =
             Known { incarnation, subject: subject.to_owned(), since_ms: sent_ms, heard: Instant::now(), silent: false };
         self.known.lock().unwrap_or_else(|e| e.into_inner()).insert(worker, known);
-        tracing::info!(worker, incarnation, ?model, dp_size, ?http_addr, "worker registered (NATS)");
+        if let Some(suppressed) = LIVES.admit() {
+            tracing::info!(worker, incarnation, ?model, dp_size, ?http_addr, suppressed, "worker registered (NATS)");
+        }
     }
 
     pub(super) fn forget(&self, worker: WorkerId, incarnation: u64) {
@@ -147,7 +154,9 @@ impl Applier {
             // What this frontend held of the others' load there is gone
             // (the monitor counts the drop; the acker tells them).
             self.ack_ready.notify_one();
-            tracing::info!(worker, incarnation, "worker deregistered (NATS)");
+            if let Some(suppressed) = LIVES.admit() {
+                tracing::info!(worker, incarnation, suppressed, "worker deregistered (NATS)");
+            }
         }
     }
 
