@@ -88,9 +88,7 @@ async fn a_waiting_request_hears_at_once_when_the_models_last_worker_leaves() {
         .unwrap();
     assert_eq!((status, reason), (503, None), "answered after {took:?}");
     fe.wait_workers(0, Duration::from_secs(5)).await;
-    worker.come_back(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    worker.come_back_busy(&fe).await;
     let request = tokio::spawn(send(&fe, fe.client.clone()));
     wait_waiting(&fe, 1.0).await;
     worker.report(false);
@@ -211,9 +209,7 @@ async fn a_timeout_set_through_the_admin_api_outlives_the_models_last_worker() {
     fe.wait_workers(0, Duration::from_secs(10)).await;
     let (status, body) = admin_post(&fe, json!({"model": MODEL})).await;
     assert_eq!((status, body["router_queue_timeout_ms"].as_u64()), (200, Some(5000)), "kept: {body}");
-    worker.come_back(&fe).await;
-    worker.report(true);
-    wait_for_busy(&fe).await;
+    worker.come_back_busy(&fe).await;
     let request = tokio::spawn(send(&fe, fe.client.clone()));
     wait_waiting(&fe, 1.0).await;
     worker.report(false);

@@ -96,6 +96,14 @@ impl Controlled {
         frontend.wait_workers(1, Duration::from_secs(10)).await;
     }
 
+    /// Registers again as the next incarnation ([`Controlled::come_back`])
+    /// and reports busy, once the frontend counts it busy.
+    pub async fn come_back_busy(&mut self, frontend: &Frontend) {
+        self.come_back(frontend).await;
+        self.report(true);
+        wait_for_busy(frontend).await;
+    }
+
     /// One load report: 90 of 100 blocks (busy) or 10 (free).
     pub fn report(&mut self, busy: bool) {
         self.report_blocks(if busy { 90 } else { 10 });
