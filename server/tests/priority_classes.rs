@@ -277,9 +277,18 @@ fn a_headroom_outside_zero_to_one_refuses_to_start() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sheddable_waiter_kept_off_the_headroom_does_not_hold_up_the_line() {
+    standard_requests_beside_a_held_sheddable_waiter("20000").await;
+}
+
+/// With `--sheddable-headroom 0.5` and `--router-queue-timeout-ms
+/// timeouts`, a sheddable request waits while the worker is free for the
+/// others only; two standard requests behind it get the worker at once
+/// (each report frees it for the line again); the worker's load falling
+/// below the lowered threshold serves the sheddable one.
+async fn standard_requests_beside_a_held_sheddable_waiter(timeouts: &str) {
     let _box = common::shared().await;
     let fe =
-        frontend(&["--sheddable-headroom", "0.5", "--trust-priority-header", "--router-queue-timeout-ms", "20000"]);
+        frontend(&["--sheddable-headroom", "0.5", "--trust-priority-header", "--router-queue-timeout-ms", timeouts]);
     let mut worker = Controlled::register(&fe).await;
     let client = common::client_within(Duration::from_secs(30));
     // Free at 0.5, busy for sheddable requests (above 0.25).
@@ -287,11 +296,9 @@ async fn a_sheddable_waiter_kept_off_the_headroom_does_not_hold_up_the_line() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let sheddable = tokio::spawn(send_with(&fe, client.clone(), "sheddable"));
     wait_waiting(&fe, 1.0).await;
-    // A standard request behind it gets the free worker at once, and so
-    // does the next one (each report frees the worker for the line again).
     for n in 1..=2 {
-        let (status, _, took) = send_with(&fe, client.clone(), "standard").await;
-        assert_eq!(status, 200, "standard request {n}");
+        let (status, reason, took) = send_with(&fe, client.clone(), "standard").await;
+        assert_eq!(status, 200, "standard request {n} beside a held sheddable waiter: {reason:?} after {took:?}");
         assert!(took < Duration::from_secs(3), "standard request {n} waited {took:?}");
         worker.report_blocks(30);
     }
@@ -302,6 +309,7 @@ async fn a_sheddable_waiter_kept_off_the_headroom_does_not_hold_up_the_line() {
     worker.report_blocks(20);
     let (status, _, _) = tokio::time::timeout(Duration::from_secs(5), sheddable).await.expect("served").unwrap();
     assert_eq!(status, 200);
+    wait_waiting(&fe, 0.0).await;
 }
 
 /// A class with no line of its own (`critical=20000` only) gets no worker
@@ -340,30 +348,5 @@ async fn a_class_with_no_line_does_not_overtake_the_waiters() {
 /// the worker is not busy for it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lower_class_waiter_does_not_turn_away_a_class_with_no_line() {
-    let _box = common::shared().await;
-    let fe = frontend(&[
-        "--sheddable-headroom",
-        "0.5",
-        "--trust-priority-header",
-        "--router-queue-timeout-ms",
-        "sheddable=20000",
-    ]);
-    let mut worker = Controlled::register(&fe).await;
-    let client = common::client_within(Duration::from_secs(30));
-    // Free at 0.5, busy for sheddable requests (above 0.25).
-    worker.report_blocks(30);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let sheddable = tokio::spawn(send_with(&fe, client.clone(), "sheddable"));
-    wait_waiting(&fe, 1.0).await;
-    for n in 1..=2 {
-        let (status, reason, took) = send_with(&fe, client.clone(), "standard").await;
-        assert_eq!(status, 200, "standard request {n} beside a held sheddable waiter: {reason:?} after {took:?}");
-        worker.report_blocks(30);
-    }
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    assert!(!sheddable.is_finished(), "the sheddable request waits for the headroom");
-    worker.report_blocks(20);
-    let (status, _, _) = tokio::time::timeout(Duration::from_secs(5), sheddable).await.expect("served").unwrap();
-    assert_eq!(status, 200);
-    wait_waiting(&fe, 0.0).await;
+    standard_requests_beside_a_held_sheddable_waiter("sheddable=20000").await;
 }
