@@ -63,9 +63,8 @@
 //! RMW or an RMW after it: that joiner's view load, and every later holder
 //! of the lock's, sees the new view (and the joiner wakes itself). A
 //! joiner with a waiter ahead that is not woken skips its own pass: no
-//! worker is free then
-//! (every publication and report since the line last emptied woke as many
-//! as were free).
+//! worker is free then (every publication and report since the line last
+//! emptied woke as many as were free).
 //!
 //! Wakers are called under the line's lock, by reference: a waker only
 //! schedules its task, which takes the lock when it runs.
