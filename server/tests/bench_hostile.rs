@@ -97,6 +97,17 @@ where
     addr
 }
 
+/// A raw server that reads each request head and never answers, holding
+/// the connection open (a closure parameter the future does not use would
+/// be dropped, and the connection closed, before it runs).
+async fn silent_server() -> SocketAddr {
+    raw_server(|tcp| async move {
+        let _held = tcp;
+        tokio::time::sleep(Duration::from_secs(600)).await;
+    })
+    .await
+}
+
 /// The open loop keeps every response body whole in memory: a frontend
 /// answering with a large (or endless) 200 stream grows the load generator
 /// without bound, until the drain deadline.
@@ -207,14 +218,8 @@ fn bench_huge_prompt_tokens_is_refused_cleanly() {
 /// second: 1 GiB at --duration 20000, 4.5 GiB at the accepted maximum of a day).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_memory_does_not_grow_with_duration() {
-    // A server that never answers, so that the run stays up: each
-    // connection held open (a closure parameter the future does not use
-    // would be dropped, and the connection closed, before it runs).
-    let addr = raw_server(|tcp| async move {
-        let _held = tcp;
-        tokio::time::sleep(Duration::from_secs(600)).await;
-    })
-    .await;
+    // A server that never answers, so that the run stays up.
+    let addr = silent_server().await;
     let url = format!("http://{addr}");
     let bench = bench(&url, &["--rate", "1", "--duration", "20000"]);
     let pid = bench.id();
@@ -324,11 +329,7 @@ fn bench_refuses_a_plot_it_cannot_write_before_any_request() {
 /// Margin: 10 s for a bound of 2 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_storm_against_a_silent_server_ends_on_time() {
-    let addr = raw_server(|tcp| async move {
-        let _held = tcp;
-        tokio::time::sleep(Duration::from_secs(600)).await;
-    })
-    .await;
+    let addr = silent_server().await;
     let url = format!("http://{addr}");
     let args = ["--retry-storm", "3", "--duration", "1", "--drain-timeout", "1", "--request-timeout", "20", "--json"];
     let bench = bench(&url, &args);
