@@ -16,7 +16,7 @@ use crate::loadgen::client;
 use crate::loadgen::config::{request_body, BenchConfig, MAX_RATE};
 use crate::loadgen::mix::PRIORITY_HEADER;
 use crate::loadgen::progress::{Progress, Tally};
-use crate::loadgen::report::{count_reason, histogram, BenchReport, ClassReport, SecondBucket};
+use crate::loadgen::report::{bucket_width, count_reason, histogram, BenchReport, ClassReport, TimeBucket};
 use crate::loadgen::tenants::{TenantHeaders, TENANT_HEADER};
 
 /// The header a frontend's refusal names its reason in.
@@ -34,8 +34,8 @@ pub enum Answer {
 /// One request's outcome.
 #[derive(Clone, Debug)]
 struct Outcome {
-    /// Arrival second (index of the timeline bucket).
-    second: usize,
+    /// Its arrival's timeline bucket (an index).
+    bucket: usize,
     answer: Answer,
     ttft: Option<Duration>,
     latency: Duration,
@@ -76,7 +76,8 @@ pub async fn run_bench_tallied(config: &BenchConfig, tally: &Arc<Tally>) -> anyh
     let (tx, mut rx) = mpsc::unbounded_channel::<Outcome>();
     let mut tasks = JoinSet::new();
 
-    let seconds = config.duration.as_secs_f64().ceil() as usize;
+    let width = bucket_width(config.duration);
+    let buckets = (config.duration.as_secs_f64() / width.as_secs_f64()).ceil() as usize;
     let mut report = BenchReport {
         config: config.clone(),
         sent: 0,
@@ -87,9 +88,10 @@ pub async fn run_bench_tallied(config: &BenchConfig, tally: &Arc<Tally>) -> anyh
         elapsed: Duration::ZERO,
         ttft: histogram(3),
         latency: histogram(3),
-        // Grown as arrivals come (two histograms a second): a long
-        // --duration costs nothing up front.
+        // Grown as arrivals come (two histograms a bucket): a long
+        // --duration costs nothing up front, and at most `MAX_BUCKETS`.
         timeline: Vec::new(),
+        bucket: width,
         rejected_reasons: BTreeMap::new(),
         by_class: config.mix.map(|_| Default::default()),
         by_tenant: config.tenants.as_ref().map(|t| (0..t.len()).map(|_| ClassReport::default()).collect()),
@@ -115,12 +117,13 @@ pub async fn run_bench_tallied(config: &BenchConfig, tally: &Arc<Tally>) -> anyh
         tokio::select! {
             () = tokio::time::sleep_until(next.unwrap_or(end)), if next.is_some() => {
                 let scheduled = next.expect("guarded");
-                let second = ((scheduled - start).as_secs_f64() as usize).min(seconds.max(1) - 1);
-                if report.timeline.len() <= second {
-                    report.timeline.resize_with(second + 1, SecondBucket::new);
+                let bucket = ((scheduled - start).as_secs_f64() / width.as_secs_f64()) as usize;
+                let bucket = bucket.min(buckets.max(1) - 1);
+                if report.timeline.len() <= bucket {
+                    report.timeline.resize_with(bucket + 1, TimeBucket::new);
                 }
                 report.sent += 1;
-                report.timeline[second].sent += 1;
+                report.timeline[bucket].sent += 1;
                 outstanding += 1;
                 let class = config.mix.map(|mix| mix.draw(rng.f64()));
                 if let (Some(by_class), Some(class)) = (report.by_class.as_mut(), class) {
@@ -139,7 +142,7 @@ pub async fn run_bench_tallied(config: &BenchConfig, tally: &Arc<Tally>) -> anyh
                     tenant: tenant.map(|i| (i, tenant_headers[i].clone())),
                 };
                 tally.sent();
-                tasks.spawn(one_request(client.clone(), request, scheduled, second, tx.clone(), tally.clone()));
+                tasks.spawn(one_request(client.clone(), request, scheduled, bucket, tx.clone(), tally.clone()));
                 next = after(scheduled, &mut rng);
             }
             Some(outcome) = rx.recv() => {
@@ -169,7 +172,7 @@ fn record(report: &mut BenchReport, o: &Outcome) {
             group.count(status, o.ttft, o.reason.as_deref());
         }
     }
-    let bucket = &mut report.timeline[o.second];
+    let bucket = &mut report.timeline[o.bucket];
     match o.answer {
         Answer::TransportError => report.transport_errors += 1,
         Answer::Status(status) => {
@@ -208,7 +211,7 @@ async fn one_request(
     client: reqwest::Client,
     request: Request,
     scheduled: Instant,
-    second: usize,
+    bucket: usize,
     done: mpsc::UnboundedSender<Outcome>,
     tally: Arc<Tally>,
 ) {
@@ -224,7 +227,7 @@ async fn one_request(
     }
     let sent = post.body(body).send().await;
     let mut outcome = Outcome {
-        second,
+        bucket,
         answer: Answer::TransportError,
         ttft: None,
         latency: Duration::ZERO,

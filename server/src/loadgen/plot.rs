@@ -38,8 +38,8 @@ pub fn check_writable(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Draws `report`'s per-second (by arrival) p50 / p99 TTFT and p99 latency of
-/// accepted requests, and its rejection rate, into an SVG file.
+/// Draws `report`'s p50 / p99 TTFT and p99 latency of accepted requests, and
+/// its rejection rate, per timeline bucket (by arrival), into an SVG file.
 ///
 /// # Errors
 ///
@@ -48,17 +48,24 @@ pub fn timeline(path: &Path, report: &BenchReport) -> anyhow::Result<()> {
     let root = SVGBackend::new(path, (900, 640)).into_drawing_area();
     root.fill(&WHITE)?;
     let (top, bottom) = root.split_vertically(400);
-    let seconds = report.timeline.len().max(1) as f64;
-    let per_second: Vec<(f64, Percentiles, Percentiles)> = report
+    let width = report.bucket.as_secs_f64();
+    let seconds = report.timeline.len().max(1) as f64 * width;
+    // A bucket's point at its middle, in seconds.
+    let at = |i: usize| (i as f64 + 0.5) * width;
+    let per_bucket: Vec<(f64, Percentiles, Percentiles)> = report
         .timeline
         .iter()
         .enumerate()
-        .map(|(i, b)| (i as f64 + 0.5, Percentiles::of(&b.ttft), Percentiles::of(&b.latency)))
+        .map(|(i, b)| (at(i), Percentiles::of(&b.ttft), Percentiles::of(&b.latency)))
         .collect();
-    let y_max = per_second.iter().map(|(_, t, l)| t.p99.max(l.p99)).fold(1.0, f64::max) * 1.5;
+    let by = match report.bucket.as_secs() {
+        1 => "by arrival second".to_owned(),
+        n => format!("by arrival, in {n} s buckets"),
+    };
+    let y_max = per_bucket.iter().map(|(_, t, l)| t.p99.max(l.p99)).fold(1.0, f64::max) * 1.5;
 
     let mut chart = ChartBuilder::on(&top)
-        .caption("Accepted requests, by arrival second", ("sans-serif", 18))
+        .caption(format!("Accepted requests, {by}"), ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(64)
@@ -70,7 +77,7 @@ pub fn timeline(path: &Path, report: &BenchReport) -> anyhow::Result<()> {
         ("latency p99", ON, |_, l| l.p99),
     ];
     for (name, color, pick) in series {
-        let points = per_second.iter().filter(|(_, t, _)| t.max > 0.0).map(|(x, t, l)| (*x, pick(t, l).max(0.1)));
+        let points = per_bucket.iter().filter(|(_, t, _)| t.max > 0.0).map(|(x, t, l)| (*x, pick(t, l).max(0.1)));
         chart.draw_series(LineSeries::new(points, color.stroke_width(2)))?.label(name).legend(legend(color));
     }
     chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
@@ -87,7 +94,7 @@ pub fn timeline(path: &Path, report: &BenchReport) -> anyhow::Result<()> {
         .iter()
         .enumerate()
         .filter(|(_, b)| b.sent > 0)
-        .map(|(i, b)| (i as f64 + 0.5, 100.0 * b.rejected as f64 / b.sent as f64));
+        .map(|(i, b)| (at(i), 100.0 * b.rejected as f64 / b.sent as f64));
     chart.draw_series(LineSeries::new(points, OFF.stroke_width(2)))?;
     root.present()?;
     Ok(())
@@ -266,4 +273,38 @@ pub fn comparison(path: &Path, headline: &Headline, modes: &[(String, Vec<LoadPo
     style_legend!(chart, SeriesLabelPosition::UpperLeft);
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::loadgen::report::{histogram, report_for_test, TimeBucket, MAX_BUCKETS};
+
+    /// A day-long run's timeline, in its wide buckets, is drawn over the
+    /// whole day and says how wide its buckets are.
+    #[test]
+    fn a_long_run_is_drawn_in_its_buckets() {
+        let mut report = report_for_test(Duration::from_secs(86_400), Duration::from_secs(86_400), histogram(3), 0);
+        report.bucket = Duration::from_secs(240);
+        report.timeline = (0..MAX_BUCKETS)
+            .map(|i| {
+                let mut bucket = TimeBucket::new();
+                bucket.sent = 10;
+                bucket.ok = 10;
+                bucket.ttft.record(1_000 + i).unwrap();
+                bucket.latency.record(5_000 + i).unwrap();
+                bucket
+            })
+            .collect();
+        let dir = std::env::temp_dir().join(format!("loadgate-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("day.svg");
+        timeline(&path, &report).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(svg.contains("Accepted requests, by arrival, in 240 s buckets"), "the caption names the width");
+        assert!(svg.contains("80000"), "the x axis runs in seconds to the end of the day");
+    }
 }

@@ -35,10 +35,22 @@ pub(crate) fn count_reason(reasons: &mut BTreeMap<String, u64>, reason: Option<&
     *reasons.entry(key.to_owned()).or_default() += 1;
 }
 
-/// One second of arrivals.
+/// The most buckets a run's timeline holds: a run longer than this many
+/// seconds gets wider buckets ([`bucket_width`]), so its memory (two
+/// histograms a bucket, about 53 KiB) stays bounded whatever `--duration`.
+pub const MAX_BUCKETS: u64 = 360;
+
+/// The width of a timeline bucket for a run of `duration`: one second, or
+/// the fewest whole seconds that keep the run within [`MAX_BUCKETS`].
+pub fn bucket_width(duration: Duration) -> Duration {
+    let seconds = duration.as_secs_f64().ceil() as u64;
+    Duration::from_secs(seconds.div_ceil(MAX_BUCKETS).max(1))
+}
+
+/// Arrivals within one bucket of the timeline ([`BenchReport::bucket`] wide).
 #[derive(Clone, Debug)]
-pub struct SecondBucket {
-    /// Requests that arrived in this second.
+pub struct TimeBucket {
+    /// Requests that arrived in this bucket.
     pub sent: u64,
     /// Of those, accepted and completed (2xx).
     pub ok: u64,
@@ -50,9 +62,9 @@ pub struct SecondBucket {
     pub latency: Histogram<u64>,
 }
 
-impl SecondBucket {
+impl TimeBucket {
     pub(crate) fn new() -> Self {
-        SecondBucket { sent: 0, ok: 0, rejected: 0, ttft: histogram(2), latency: histogram(2) }
+        TimeBucket { sent: 0, ok: 0, rejected: 0, ttft: histogram(2), latency: histogram(2) }
     }
 }
 
@@ -77,8 +89,10 @@ pub struct BenchReport {
     pub ttft: Histogram<u64>,
     /// End-to-end latency of accepted requests (µs).
     pub latency: Histogram<u64>,
-    /// Per-second buckets by arrival time.
-    pub timeline: Vec<SecondBucket>,
+    /// Buckets by arrival time, [`BenchReport::bucket`] wide.
+    pub timeline: Vec<TimeBucket>,
+    /// The width of a timeline bucket ([`bucket_width`] of the duration).
+    pub bucket: Duration,
     /// Non-2xx answers per `x-loadgate-rejected-reason` (`-` when the answer had none; at most
     /// [`MAX_REASONS`] apart).
     pub rejected_reasons: BTreeMap<String, u64>,
@@ -409,6 +423,7 @@ pub(crate) fn report_for_test(
         latency: ttft.clone(),
         ttft,
         timeline: Vec::new(),
+        bucket: Duration::from_secs(1),
         rejected_reasons: [("deadline".to_owned(), rejected)].into_iter().filter(|r| r.1 > 0).collect(),
         by_class: None,
         by_tenant: None,
@@ -425,6 +440,21 @@ mod tests {
             ttft.record(ms * 1000).unwrap();
         }
         report_for_test(Duration::from_secs(4), Duration::from_secs(10), ttft, rejected)
+    }
+
+    /// A run of up to `MAX_BUCKETS` seconds has one-second buckets; a
+    /// longer one (up to a day, the longest `--duration`) the fewest whole
+    /// seconds that keep it within `MAX_BUCKETS` buckets.
+    #[test]
+    fn the_timeline_holds_at_most_max_buckets() {
+        let secs = Duration::from_secs_f64;
+        for (duration, width) in [(0.5, 1), (1.0, 1), (360.0, 1), (360.5, 2), (720.0, 2), (721.0, 3), (86_400.0, 240)] {
+            assert_eq!(bucket_width(secs(duration)), Duration::from_secs(width), "{duration} s");
+        }
+        for duration in [1.0, 359.9, 360.0, 361.0, 3_600.0, 10_001.0, 86_399.5, 86_400.0] {
+            let buckets = (duration / bucket_width(secs(duration)).as_secs_f64()).ceil();
+            assert!(buckets <= MAX_BUCKETS as f64, "{duration} s: {buckets} buckets");
+        }
     }
 
     #[test]
