@@ -67,6 +67,11 @@ impl Process {
         Ok(Process { child })
     }
 
+    /// The child's process id.
+    pub(crate) fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The child's standard output, if piped and not yet taken.
     pub(crate) fn stdout(&mut self) -> Option<ChildStdout> {
         self.child.stdout.take()
