@@ -442,3 +442,22 @@ async fn the_token_gauge_counts_the_waiting_prompts_without_a_token_limit() {
     let text = metrics_text(&fe.client, &fe.http).await;
     assert_eq!(metric(&text, "loadgate_frontend_queue_tokens"), Some(0.0), "{text}");
 }
+
+/// Found by a review: a request whose client went away while it waited was
+/// left out of `loadgate_frontend_queue_wait_seconds` (docs: every request
+/// of a model with a line), so a line whose clients give up showed only
+/// the waits of those that stayed. Its wait now counts too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_its_client_abandoned_counts_in_the_histogram() {
+    let _box = common::shared().await;
+    let (fe, _worker) = busy(&["--router-queue-timeout-ms", "20000"]).await;
+    let impatient = reqwest::Client::builder().timeout(Duration::from_millis(1500)).build().unwrap();
+    let request = tokio::spawn(send(&fe, impatient));
+    wait_waiting(&fe, 1.0).await;
+    assert!(tokio::time::timeout(Duration::from_secs(10), request).await.expect("client gave up").is_err());
+    wait_waiting(&fe, 0.0).await;
+    let text = metrics_text(&fe.client, &fe.http).await;
+    assert_eq!(metric(&text, "loadgate_frontend_queue_wait_seconds_count"), Some(1.0), "{text}");
+    let sum = metric(&text, "loadgate_frontend_queue_wait_seconds_sum").unwrap_or_default();
+    assert!(sum >= 0.5, "waited about 1.5 s, counted {sum} s");
+}

@@ -118,7 +118,7 @@ impl QueueTimeouts {
     pub(crate) fn register(&self, registry: &mut Registry, monitor: &WorkerMonitor) {
         registry.register(
             "loadgate_frontend_queue_wait_seconds",
-            "Time requests spent in a waiting line (served or refused)",
+            "Time requests spent in a waiting line (served, refused, or left by their client)",
             self.waited.clone(),
         );
         let waiting = Family::<[(&'static str, LabelText<String>); 1], Gauge>::default();
@@ -160,7 +160,10 @@ pub(crate) async fn wait_in_line<T>(
     turn: Option<&Mutex<()>>,
     take: impl FnOnce(WorkerId) -> T,
 ) -> (Result<(WorkerId, T), WaitError>, Duration) {
-    let start = Instant::now();
+    // Requests that never joined (routed at once) wait well under a
+    // millisecond: counted too, so the histogram shows the share served
+    // at once. So is a wait its client abandoned (this future dropped).
+    let clock = WaitClock { histogram: &timeouts.waited, start: Some(Instant::now()) };
     let timer = tokio::time::sleep_until(tokio::time::Instant::from_std(ticket.deadline));
     let mut wait = std::pin::pin!(router.wait(model, exclude, ticket, timer));
     let mut take = Some(take);
@@ -174,10 +177,31 @@ pub(crate) async fn wait_in_line<T>(
             .map(|routed| routed.map(|worker| (worker, (take.take().expect("resolves once"))(worker))))
     })
     .await;
-    let waited = start.elapsed();
-    // Requests that never joined (routed at once) wait well under a
-    // millisecond: counted too, so the histogram shows the share served
-    // at once.
-    timeouts.waited.observe(waited.as_secs_f64());
-    (result, waited)
+    (result, clock.stop())
+}
+
+/// One wait's sample of the waiting-time histogram: taken when the wait
+/// ends ([`WaitClock::stop`]), or when dropped mid-wait (the client went
+/// away).
+struct WaitClock<'a> {
+    histogram: &'a StripedHistogram,
+    /// `None` once observed.
+    start: Option<Instant>,
+}
+
+impl WaitClock<'_> {
+    /// Observes the wait and returns how long it took.
+    fn stop(mut self) -> Duration {
+        let waited = self.start.take().map_or(Duration::ZERO, |start| start.elapsed());
+        self.histogram.observe(waited.as_secs_f64());
+        waited
+    }
+}
+
+impl Drop for WaitClock<'_> {
+    fn drop(&mut self) {
+        if let Some(start) = self.start.take() {
+            self.histogram.observe(start.elapsed().as_secs_f64());
+        }
+    }
 }
