@@ -461,3 +461,32 @@ async fn a_wait_its_client_abandoned_counts_in_the_histogram() {
     let sum = metric(&text, "loadgate_frontend_queue_wait_seconds_sum").unwrap_or_default();
     assert!(sum >= 0.5, "waited about 1.5 s, counted {sum} s");
 }
+
+/// Found by a review: SIGTERM while a request waited in the line left it
+/// waiting through the drain, although no new work starts while draining
+/// (docs/deployment.md "Shutdown": a completion then gets 503 Unavailable
+/// with a retry hint): a worker freed meanwhile was given it, and without
+/// one it was cut at the drain timeout (5 s) with no answer at all. It now
+/// hears 503 with the hint at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_hears_503_at_once_when_the_frontend_drains() {
+    let _box = common::shared().await;
+    let (fe, worker) = busy(&["--router-queue-timeout-ms", "20000"]).await;
+    let (url, client) = (format!("{}/v1/completions", fe.http), fe.client.clone());
+    let request = tokio::spawn(async move {
+        let body = json!({"model": MODEL, "prompt": "hello there", "max_tokens": 4});
+        let response = client.post(url).json(&body).send().await.map_err(|e| e.to_string())?;
+        let hint = response.headers().get("retry-after-ms").and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        Ok::<_, String>((response.status().as_u16(), hint))
+    });
+    wait_waiting(&fe, 1.0).await;
+    let signalled = Instant::now();
+    fe.proc.terminate();
+    let answer = tokio::time::timeout(Duration::from_secs(25), request).await.expect("an end").unwrap();
+    let took = signalled.elapsed();
+    let (status, hint) = answer.unwrap_or_else(|e| panic!("no answer {took:?} after SIGTERM: {e}"));
+    assert_eq!(status, 503, "{took:?} after SIGTERM");
+    assert!(hint.is_some_and(|ms| ms >= 1000), "the retry hint: {hint:?}");
+    assert!(took < Duration::from_secs(4), "at once, not at the 5 s drain timeout: {took:?}");
+    assert_eq!(worker.http.requests(), 0);
+}

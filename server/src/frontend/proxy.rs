@@ -246,8 +246,16 @@ async fn route_and_send(frontend: &Arc<Frontend>, model: &str, request: &Outgoin
                 let turn = frontend.routing_turn.as_ref();
                 let take = |worker| take(frontend, worker, request.prompt);
                 labels.wait_begins();
-                let (routed, took) =
-                    wait_in_line(&frontend.router, &frontend.queue, model, &exclude, ticket, turn, take).await;
+                let began = Instant::now();
+                let (routed, took) = tokio::select! {
+                    biased;
+                    // Shutting down: no new work starts, so the request
+                    // leaves the line as if no worker were left (503).
+                    () = frontend.drain_begun() => (Err(WaitError::Unavailable), began.elapsed()),
+                    waited = wait_in_line(&frontend.router, &frontend.queue, model, &exclude, ticket, turn, take) => {
+                        waited
+                    }
+                };
                 labels.wait_ends(took);
                 match routed {
                     Ok(taken) => taken,

@@ -54,6 +54,8 @@ pub struct Frontend {
     pub(crate) retry_hint: Arc<RetryHint>,
     /// Set on SIGTERM: `/health` answers 503 while in-flight responses drain.
     pub(crate) draining: AtomicBool,
+    /// Wakes the requests waiting in a line when the drain begins.
+    drain_begun: tokio::sync::Notify,
     /// How long a request may wait in its model's line (`--router-queue-timeout-ms`).
     pub(crate) queue: QueueTimeouts,
     /// Which class a request is in.
@@ -126,6 +128,7 @@ impl Frontend {
             ),
             secrets,
             draining: AtomicBool::new(false),
+            drain_begun: tokio::sync::Notify::new(),
             queue,
             // With a tenants file the class header counts: a tenant's
             // maximum class bounds it.
@@ -168,10 +171,25 @@ impl Frontend {
         self.draining.load(Ordering::Relaxed)
     }
 
-    /// Marks the frontend as shutting down.
+    /// Marks the frontend as shutting down, and wakes every request
+    /// waiting in a line ([`Frontend::drain_begun`]).
     pub(crate) fn start_draining(&self) {
-        // Relaxed: as `draining`.
+        // Relaxed: as `draining`; a waiter that reads it too early is woken
+        // by the notification after it.
         self.draining.store(true, Ordering::Relaxed);
+        self.drain_begun.notify_waiters();
+    }
+
+    /// Resolves once the frontend is shutting down (at once if it is): no
+    /// new work starts then, so a request waiting in a line leaves it.
+    pub(crate) async fn drain_begun(&self) {
+        // Made before the flag is read: `notify_waiters` wakes every
+        // `Notified` made before it, polled or not.
+        let begun = self.drain_begun.notified();
+        if self.draining() {
+            return;
+        }
+        begun.await;
     }
 
     /// Answers the overload status and counts it in
