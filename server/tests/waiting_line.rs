@@ -490,3 +490,54 @@ async fn a_waiter_hears_503_at_once_when_the_frontend_drains() {
     assert!(took < Duration::from_secs(4), "at once, not at the 5 s drain timeout: {took:?}");
     assert_eq!(worker.http.requests(), 0);
 }
+
+/// Found by a review: a request given a worker from the line that then
+/// failed (its connection) waits again, and each wait was its own sample of
+/// `loadgate_frontend_queue_wait_seconds`: one request counted twice, each
+/// time with part of its wait (the access log's `waited_ms` is the sum). A
+/// request's time in the line is now one sample, its whole wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_waits_twice_is_one_sample_of_its_whole_wait() {
+    let _box = common::shared().await;
+    let (fe, mut worker) = busy(&["--router-queue-timeout-ms", "20000"]).await;
+    // A second worker whose every connection is closed at once, busy too.
+    let closing = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let closing_addr = closing.local_addr().unwrap().to_string();
+    std::thread::spawn(move || closing.incoming().take(16).for_each(drop));
+    let mut events = TcpStream::connect(fe.events).expect("event port");
+    let load = |seq, blocks| {
+        let load = loadgate::RankLoad { active_decode_blocks: blocks, kv_total_blocks: 100, ..Default::default() };
+        encoded(&loadgate::wire::Frame::Load { worker: 8, incarnation: 1, rank: 0, seq, load })
+    };
+    std::io::Write::write_all(&mut events, &encoded(&register(8, 1, 1, MODEL, &closing_addr))).expect("register");
+    std::io::Write::write_all(&mut events, &load(1, 90)).expect("report");
+    fe.wait_workers(2, Duration::from_secs(10)).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metric(&metrics_text(&fe.client, &fe.http).await, "loadgate_frontend_worker_busy") != Some(2.0) {
+        assert!(Instant::now() < deadline, "both workers never became busy");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let request = tokio::spawn(send(&fe, fe.client.clone()));
+    wait_waiting(&fe, 1.0).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Freed, the closing worker takes the waiter and fails it: it waits again.
+    std::io::Write::write_all(&mut events, &load(2, 10)).expect("report");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = metrics_text(&fe.client, &fe.http).await;
+        if metric(&text, "loadgate_frontend_upstream_failures_total").is_some_and(|n| n >= 1.0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the closing worker was never tried:\n{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_waiting(&fe, 1.0).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    worker.report(false);
+    let (status, _, took) = tokio::time::timeout(Duration::from_secs(10), request).await.expect("served").unwrap();
+    assert_eq!(status, 200, "served after {took:?}");
+    let text = metrics_text(&fe.client, &fe.http).await;
+    assert_eq!(metric(&text, "loadgate_frontend_queue_wait_seconds_count"), Some(1.0), "one request: {text}");
+    let sum = metric(&text, "loadgate_frontend_queue_wait_seconds_sum").unwrap_or_default();
+    assert!(sum >= 0.5, "waited over 0.6 s in all, counted {sum} s");
+}

@@ -108,6 +108,11 @@ impl QueueTimeouts {
         self.any.store(!by_model.is_empty(), Ordering::Relaxed);
     }
 
+    /// A request's time in its lines, for the waiting-time histogram.
+    pub(crate) fn time(&self) -> LineTime<'_> {
+        LineTime { histogram: &self.waited, waited: None }
+    }
+
     /// The timeouts `model` has now, in ms (0: no line), for the admin API.
     pub(crate) fn millis(&self, model: &str) -> PerClass<u64> {
         self.of(model).map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX))
@@ -153,17 +158,16 @@ impl QueueTimeouts {
 /// Returns the worker (or why none) and how long the request waited.
 pub(crate) async fn wait_in_line<T>(
     router: &WorkerRouter,
-    timeouts: &QueueTimeouts,
+    time: &mut LineTime<'_>,
     model: &str,
     exclude: &[WorkerId],
     ticket: Ticket,
     turn: Option<&Mutex<()>>,
     take: impl FnOnce(WorkerId) -> T,
 ) -> (Result<(WorkerId, T), WaitError>, Duration) {
-    // Requests that never joined (routed at once) wait well under a
-    // millisecond: counted too, so the histogram shows the share served
-    // at once. So is a wait its client abandoned (this future dropped).
-    let clock = WaitClock { histogram: &timeouts.waited, start: Some(Instant::now()) };
+    // Added to the request's time when the wait ends, or when its client
+    // abandons it (this future dropped).
+    let clock = WaitClock { time, start: Some(Instant::now()) };
     let timer = tokio::time::sleep_until(tokio::time::Instant::from_std(ticket.deadline));
     let mut wait = std::pin::pin!(router.wait(model, exclude, ticket, timer));
     let mut take = Some(take);
@@ -180,28 +184,51 @@ pub(crate) async fn wait_in_line<T>(
     (result, clock.stop())
 }
 
-/// One wait's sample of the waiting-time histogram: taken when the wait
-/// ends ([`WaitClock::stop`]), or when dropped mid-wait (the client went
-/// away).
-struct WaitClock<'a> {
+/// One request's time in its model's line, over all its waits (one whose
+/// worker failed waits again): one sample of the waiting-time histogram,
+/// taken when dropped (the request answered, or its client gone), if it
+/// ever waited. Requests that never joined (routed at once) wait well under
+/// a millisecond: counted too, so the histogram shows the share served at
+/// once.
+pub(crate) struct LineTime<'a> {
     histogram: &'a StripedHistogram,
-    /// `None` once observed.
-    start: Option<Instant>,
+    /// `None`: no wait yet.
+    waited: Option<Duration>,
 }
 
-impl WaitClock<'_> {
-    /// Observes the wait and returns how long it took.
-    fn stop(mut self) -> Duration {
-        let waited = self.start.take().map_or(Duration::ZERO, |start| start.elapsed());
-        self.histogram.observe(waited.as_secs_f64());
-        waited
+impl Drop for LineTime<'_> {
+    fn drop(&mut self) {
+        if let Some(waited) = self.waited {
+            self.histogram.observe(waited.as_secs_f64());
+        }
     }
 }
 
-impl Drop for WaitClock<'_> {
+/// One wait, added to its request's [`LineTime`] when it ends
+/// ([`WaitClock::stop`]), or when dropped mid-wait (the client went away).
+struct WaitClock<'a, 'h> {
+    time: &'a mut LineTime<'h>,
+    /// `None` once added.
+    start: Option<Instant>,
+}
+
+impl WaitClock<'_, '_> {
+    /// Adds the wait to the request's time and returns how long it took.
+    fn stop(mut self) -> Duration {
+        let waited = self.start.take().map_or(Duration::ZERO, |start| start.elapsed());
+        self.add(waited);
+        waited
+    }
+
+    fn add(&mut self, waited: Duration) {
+        self.time.waited = Some(self.time.waited.unwrap_or_default() + waited);
+    }
+}
+
+impl Drop for WaitClock<'_, '_> {
     fn drop(&mut self) {
         if let Some(start) = self.start.take() {
-            self.histogram.observe(start.elapsed().as_secs_f64());
+            self.add(start.elapsed());
         }
     }
 }

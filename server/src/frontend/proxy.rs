@@ -234,6 +234,8 @@ async fn route_and_send(frontend: &Arc<Frontend>, model: &str, request: &Outgoin
     // The waiting line, if the model has one: the request may wait until
     // this deadline (however many workers it tries) for a worker to free.
     let line = frontend.queue.timeout(model, request.class).map(|timeout| Instant::now() + timeout);
+    // Its time in the line, however many times it waits: one sample.
+    let mut line_time = frontend.queue.time();
     loop {
         let exclude = excluded.for_router(&migration);
         // Only a request no worker refused at its cap waits: no publication
@@ -252,7 +254,7 @@ async fn route_and_send(frontend: &Arc<Frontend>, model: &str, request: &Outgoin
                     // Shutting down: no new work starts, so the request
                     // leaves the line as if no worker were left (503).
                     () = frontend.drain_begun() => (Err(WaitError::Unavailable), began.elapsed()),
-                    waited = wait_in_line(&frontend.router, &frontend.queue, model, &exclude, ticket, turn, take) => {
+                    waited = wait_in_line(&frontend.router, &mut line_time, model, &exclude, ticket, turn, take) => {
                         waited
                     }
                 };
