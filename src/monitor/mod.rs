@@ -931,6 +931,13 @@ impl WorkerMonitor {
         }
     }
 
+    /// The requests the other frontends' lines hold for `model`, from their
+    /// last beats ([`share_reports`](Self::share_reports)); 0 alone, or for
+    /// an unknown model. Lock-free.
+    pub fn others_waiting(&self, model: &str) -> u64 {
+        self.registry.model(model).map_or(0, |state| state.line.share().others)
+    }
+
     /// What `model`'s waiting line holds (`None` for an unknown model).
     pub fn line_stats(&self, model: &str) -> Option<LineStats> {
         self.registry.model(model).map(|state| state.line.stats())

@@ -442,7 +442,7 @@ impl Line {
     }
 
     /// What [`Line::set_share`] last set.
-    fn share(&self) -> ReportShare {
+    pub(crate) fn share(&self) -> ReportShare {
         // Relaxed: see `set_share`.
         let word = self.share.load(Ordering::Relaxed);
         ReportShare { ahead: word >> 32, others: word & u64::from(u32::MAX) }

@@ -349,6 +349,12 @@ impl Args {
         self.nats.is_nats() && self.sharing.share_load
     }
 
+    /// Whether the retry hint works from the pool's figures (sharing load,
+    /// `--retry-hint-scope pool`).
+    pub(crate) fn pool_hint(&self) -> bool {
+        self.shares_load() && self.sharing.retry_hint_scope == crate::nats::sharing::HintScope::Pool
+    }
+
     /// The bounds on every wait for a worker (`--upstream-*`): connect, a
     /// refused or timed-out connection migrates the request (and quarantines
     /// the worker for a second); first byte, the response head and its first

@@ -12,6 +12,8 @@
 //! - With `--event-plane nats` sharing load and `--retry-hint-scope pool`
 //!   (the default there), the NATS plane gives it the other frontends'
 //!   figures at every beat (`set_others`, issue 26): the pool's slots and
-//!   line, not this frontend's.
+//!   line, not this frontend's. The line is the refused request's model's
+//!   across the frontends (`Frontend::waiting` adds the others' waiters of
+//!   that model), not every model's.
 
 pub(crate) use loadgate::retry_hint::RetryHint;

@@ -52,6 +52,9 @@ pub struct Frontend {
     pub(crate) event_stats: Arc<PlaneStats>,
     /// `Retry-After` of refusals (`--retry-after-mode`).
     pub(crate) retry_hint: Arc<RetryHint>,
+    /// The hint counts the other frontends' waiters of the refused model
+    /// (`--retry-hint-scope pool`, sharing load).
+    pool_hint: bool,
     /// Set on SIGTERM: `/health` answers 503 while in-flight responses drain.
     pub(crate) draining: AtomicBool,
     /// Wakes the requests waiting in a line when the drain begins.
@@ -110,6 +113,7 @@ impl Frontend {
                 .map_err(anyhow::Error::msg)?,
             inflight: Arc::new(InFlight::new(monitor.clone(), tracking, !args.engines.is_empty(), retry_hint.clone())),
             retry_hint,
+            pool_hint: args.pool_hint(),
             upstream,
             upstream_stats: FailureCounts::default(),
             engine_scrape_failures: AtomicU64::new(0),
@@ -213,14 +217,16 @@ impl Frontend {
     }
 
     /// Requests waiting in `model`'s line (0 when no model ever had a line:
-    /// nothing read). A model whose line the admin API took away (timeout
-    /// 0) still counts those waiting: they keep their deadlines, and a
-    /// refused client comes back after them.
+    /// nothing read), and with the pool-wide hint those the other
+    /// frontends' lines hold for it. A model whose line the admin API took
+    /// away (timeout 0) still counts those waiting: they keep their
+    /// deadlines, and a refused client comes back after them.
     pub(crate) fn waiting(&self, model: &str) -> u64 {
+        let others = if self.pool_hint { self.monitor.others_waiting(model) } else { 0 };
         if !self.queue.ever_lined() {
-            return 0;
+            return others;
         }
-        self.monitor.line_stats(model).map_or(0, |stats| stats.waiting as u64)
+        self.monitor.line_stats(model).map_or(0, |stats| stats.waiting as u64).saturating_add(others)
     }
 
     /// Answers 503 Unavailable with the retry hint.

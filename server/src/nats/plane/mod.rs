@@ -451,7 +451,10 @@ impl Applier {
             self.monitor.share_reports(&model, share.ahead, share.others);
         }
         if let Some(hint) = &self.pool_hint {
-            hint.set_others(pool.frontends as u64 - 1, pool.in_flight, pool.waiting);
+            // Not `pool.waiting`, every model's: a refusal counts its own
+            // model's line across the pool (`Frontend::waiting`, from the
+            // reports' shares set above).
+            hint.set_others(pool.frontends as u64 - 1, pool.in_flight, 0);
         }
     }
 }

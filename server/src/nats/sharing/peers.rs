@@ -84,6 +84,8 @@ enum Held {
 pub(crate) struct Pool {
     pub(crate) frontends: usize,
     pub(crate) in_flight: u64,
+    /// Their waiters, every model's (a refusal's hint counts its own
+    /// model's, from `lines`).
     pub(crate) waiting: u64,
     /// Per model (by its `model_key`), the others' waiters.
     pub(crate) lines: HashMap<u64, LineShare>,
