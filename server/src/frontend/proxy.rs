@@ -250,13 +250,15 @@ async fn route_and_send(frontend: &Arc<Frontend>, model: &str, request: &Outgoin
                 labels.wait_begins();
                 let began = Instant::now();
                 let (routed, took) = tokio::select! {
+                    // The wait first: one routed at once never looks at the
+                    // drain (no registration with its `Notify`).
                     biased;
-                    // Shutting down: no new work starts, so the request
-                    // leaves the line as if no worker were left (503).
-                    () = frontend.drain_begun() => (Err(WaitError::Unavailable), began.elapsed()),
                     waited = wait_in_line(&frontend.router, &mut line_time, model, &exclude, ticket, turn, take) => {
                         waited
                     }
+                    // Shutting down: no new work starts, so a request still
+                    // waiting leaves the line as if no worker were left (503).
+                    () = frontend.drain_begun() => (Err(WaitError::Unavailable), began.elapsed()),
                 };
                 labels.wait_ends(took);
                 match routed {
