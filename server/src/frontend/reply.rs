@@ -36,7 +36,8 @@ pub struct RejectedReasons {
 }
 
 impl RejectedReasons {
-    /// More than the reasons there are (9); any past it are dropped.
+    /// More than the reasons there are (11, `Reason`'s variants); any
+    /// past it are dropped.
     const CAPACITY: usize = 12;
 
     /// `reasons`, duplicates dropped, order kept.
