@@ -19,8 +19,11 @@ use prometheus_client::registry::Registry;
 use loadgate::metrics::{LabelText, StripedHistogram};
 use loadgate::{Class, PerClass, Ticket, WaitError, WorkerId, WorkerMonitor, WorkerRouter};
 
-/// Bounds of the waiting-time histogram, seconds.
-const WAIT_BUCKETS: [f64; 12] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+/// Bounds of the waiting-time histogram, seconds: to an hour, as a
+/// timeout may be long (up to a day), so that long waits are not all in
+/// `+Inf`.
+const WAIT_BUCKETS: [f64; 17] =
+    [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0];
 
 /// How long each model's requests may wait, and how long they waited.
 #[derive(Debug)]
