@@ -3,10 +3,11 @@
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::http::{header, HeaderName, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
 use futures_util::{FutureExt as _, StreamExt as _};
 use loadgate::rejection::{REFUSAL_AT_CAPACITY, REFUSAL_HEADER};
+use loadgate::retry_hint::{MAX_RETRY_AFTER, MIN_RETRY_AFTER};
 use tokio::time::Instant;
 
 use super::assemble::{is_event_stream, read_whole, whole_response, ReadError};
@@ -209,10 +210,7 @@ async fn error_answer<W: Watcher>(
     peer: Peer,
     watcher: W,
 ) -> Outcome {
-    let hints: Vec<_> = [header::RETRY_AFTER, HeaderName::from_static(RETRY_AFTER_MS)]
-        .into_iter()
-        .filter_map(|name| upstream.headers().get(&name).cloned().map(|value| (name, value)))
-        .collect();
+    let hints = relayed_hints(upstream.headers());
     let body = match tokio::time::timeout(timeouts.between_chunks, read_bounded(upstream)).await {
         Ok(Ok(body)) => body,
         Ok(Err(error)) => {
@@ -231,6 +229,33 @@ async fn error_answer<W: Watcher>(
         response.headers_mut().insert(header::CONTENT_TYPE, content_type);
     }
     Outcome::Answer(response)
+}
+
+/// An upstream error's retry hints as relayed to the client: `Retry-After`
+/// (whole seconds) and `retry-after-ms`, each held to the frontend's own
+/// bounds, [`MIN_RETRY_AFTER`] to [`MAX_RETRY_AFTER`] (a worker or its engine
+/// saying 0 would bring its clients back at once, all together; a year,
+/// never). Anything else (an HTTP date, a fraction, a sign) is dropped.
+fn relayed_hints(headers: &HeaderMap) -> Vec<(HeaderName, HeaderValue)> {
+    let within = |ms: u128| {
+        let (min, max) = (MIN_RETRY_AFTER.as_millis(), MAX_RETRY_AFTER.as_millis());
+        ms.clamp(min, max)
+    };
+    let whole = |value: &HeaderValue| {
+        let text = value.to_str().ok()?.trim();
+        // Digits only: `u128` parsing would take a leading `+`.
+        (!text.is_empty() && text.bytes().all(|b| b.is_ascii_digit())).then_some(())?;
+        Some(text.parse::<u128>().unwrap_or(u128::MAX))
+    };
+    let mut hints = Vec::new();
+    if let Some(secs) = headers.get(header::RETRY_AFTER).and_then(whole) {
+        let secs = within(secs.saturating_mul(1000)).div_ceil(1000);
+        hints.push((header::RETRY_AFTER, HeaderValue::from(secs as u64)));
+    }
+    if let Some(ms) = headers.get(RETRY_AFTER_MS).and_then(whole) {
+        hints.push((HeaderName::from_static(RETRY_AFTER_MS), HeaderValue::from(within(ms) as u64)));
+    }
+    hints
 }
 
 /// No head, or no first byte, within the first-byte timeout.

@@ -222,3 +222,28 @@ async fn a_body_an_upstream_does_not_read_leaves_the_budget_when_the_attempt_giv
     assert_eq!(budget.used(), 0, "the body is still held for an upstream that does not read it");
     held.abort();
 }
+
+/// A worker's or engine's error answer is relayed with its retry hints held
+/// to the frontend's bounds (1 s to 30 s): 0 would bring every client back
+/// at once, a year never; a date or a fraction is dropped.
+#[test]
+fn relayed_hints_are_held_to_the_frontends_bounds() {
+    let hints = |pairs: &[(&'static str, &'static str)]| {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.insert(*name, HeaderValue::from_static(value));
+        }
+        let relayed = relayed_hints(&headers);
+        relayed.iter().map(|(n, v)| format!("{n}: {}", v.to_str().unwrap())).collect::<Vec<_>>()
+    };
+    assert_eq!(hints(&[("retry-after", "5"), ("retry-after-ms", "4500")]), ["retry-after: 5", "retry-after-ms: 4500"]);
+    assert_eq!(hints(&[("retry-after", "0"), ("retry-after-ms", "0")]), ["retry-after: 1", "retry-after-ms: 1000"]);
+    assert_eq!(
+        hints(&[("retry-after", "31536000"), ("retry-after-ms", "99999999999999999999999999999999999999999999")]),
+        ["retry-after: 30", "retry-after-ms: 30000"]
+    );
+    assert!(hints(&[("retry-after", "Wed, 21 Oct 2099 07:28:00 GMT"), ("retry-after-ms", "1.5")]).is_empty());
+    assert!(hints(&[("retry-after", "+5"), ("retry-after-ms", "-1")]).is_empty());
+    assert!(hints(&[("retry-after", "")]).is_empty());
+    assert!(hints(&[]).is_empty());
+}
