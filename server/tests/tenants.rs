@@ -375,3 +375,47 @@ async fn a_tenants_token_cap_holds_without_a_token_limit() {
     let (status, _) = tokio::time::timeout(Duration::from_secs(5), small).await.expect("served").unwrap();
     assert_eq!(status, 200);
 }
+
+/// Runs `loadgate hash-key` with `stdin` (bounded: 20 s): whether it
+/// succeeded, its stdout and its stderr.
+fn hash_key_cli(stdin: &[u8]) -> (bool, String, String) {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new(common::bin())
+        .arg("hash-key")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn loadgate hash-key");
+    child.stdin.take().expect("stdin").write_all(stdin).expect("write the key");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().expect("try_wait").is_none() {
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("loadgate hash-key did not exit within 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("output");
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
+}
+
+/// Found by a review: `loadgate hash-key` printed a hash for a key no
+/// request can present (a space pasted at its end, a space or a character
+/// outside visible ASCII inside, over 4,096 bytes): `Authorization: Bearer`
+/// trims or refuses such a key, so the tenant's hash never matched and its
+/// requests silently went to the `default` tenant.
+#[test]
+fn hash_key_refuses_a_key_no_request_can_present() {
+    let (ok, stdout, stderr) = hash_key_cli(b"sk-live-1\n");
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout, format!("{}\n", hash("sk-live-1")));
+    let long = "k".repeat(4097);
+    for key in ["sk-live-1 ", " sk-live-1", "sk live", "sk\tlive", "cl\u{e9}-1", &long] {
+        let (ok, stdout, stderr) = hash_key_cli(format!("{key}\n").as_bytes());
+        assert!(!ok, "{key:?} hashed, though no request can present it: {stdout}");
+        assert!(stderr.contains("Authorization: Bearer"), "{key:?}: {stderr}");
+    }
+}

@@ -447,12 +447,16 @@ async fn prune_forgotten_models(frontend: Arc<Frontend>) {
 ///
 /// # Errors
 ///
-/// Stdin cannot be read, or holds no key.
+/// Stdin cannot be read, or holds no key, or one no request can present
+/// ([`tenants::unpresentable`]).
 pub fn print_key_hash() -> anyhow::Result<()> {
     let mut key = String::new();
     std::io::stdin().read_line(&mut key)?;
     let key = key.trim_end_matches(['\r', '\n']);
     anyhow::ensure!(!key.is_empty(), "no key on stdin (give the API key as its first line)");
+    if let Some(why) = tenants::unpresentable(key) {
+        anyhow::bail!("no request can send this key as `Authorization: Bearer <key>`: {why}");
+    }
     println!("{}", tenants::hash_key(key));
     Ok(())
 }

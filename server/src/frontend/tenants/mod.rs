@@ -171,6 +171,17 @@ pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && well_formed).then_some(key)
 }
 
+/// Why no request can present `key` as `Authorization: Bearer <key>` (so
+/// its hash would never match: [`bearer`] trims or refuses it), if so.
+pub(crate) fn unpresentable(key: &str) -> Option<String> {
+    if key.len() > MAX_KEY_LEN {
+        return Some(format!("it is longer than {MAX_KEY_LEN} bytes"));
+    }
+    // A header value is visible ASCII; a space or tab ends the key.
+    let visible = !key.is_empty() && key.bytes().all(|b| b.is_ascii_graphic());
+    (!visible).then(|| "it is empty or has a space, a tab or a character outside visible ASCII".to_owned())
+}
+
 /// The current [`Tenants`], replaced whole by [`SharedTenants::reload`],
 /// and the names reloads took away.
 ///
@@ -341,6 +352,14 @@ mod tests {
         let longest = format!("Bearer {}", "k".repeat(MAX_KEY_LEN));
         assert_eq!(bearer(&headers(&[&longest])).map(str::len), Some(MAX_KEY_LEN));
         let too_long = format!("Bearer {}", "k".repeat(MAX_KEY_LEN + 1));
+        // What `unpresentable` lets through is what `bearer` returns.
+        for key in ["sk-1", "a~!", &"k".repeat(MAX_KEY_LEN)] {
+            assert_eq!(unpresentable(key), None, "{key}");
+            assert_eq!(bearer(&headers(&[&format!("Bearer {key}")])), Some(key));
+        }
+        for key in ["", "sk-1 ", " sk-1", "a b", "a\tb", "cl\u{e9}", &"k".repeat(MAX_KEY_LEN + 1)] {
+            assert!(unpresentable(key).is_some(), "{key:?}");
+        }
         for refused in [
             &[][..],
             &["Bearer sk-1", "Bearer sk-1"],
