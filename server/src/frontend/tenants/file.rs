@@ -28,7 +28,7 @@ const RESERVED_NAME: &str = "other";
 /// The file as written: `[[tenant]]` entries, strings `S` and integers `I`
 /// spanned (TOML) or plain (JSON).
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = r#"an object, {"tenant": [...]}"#)]
 struct RawFile<S, I> {
     #[serde(default = "Vec::new")]
     tenant: Vec<RawEntry<S, I>>,
@@ -36,7 +36,7 @@ struct RawFile<S, I> {
 
 /// One `[[tenant]]` as written.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a tenant (name, keys, weight, ...)")]
 struct RawEntry<S, I> {
     name: S,
     #[serde(default = "Vec::new")]
@@ -126,8 +126,12 @@ fn toml_entries(text: &str, origin: &str) -> Result<Vec<Entry>, String> {
 }
 
 fn json_entries(text: &str, origin: &str) -> Result<Vec<Entry>, String> {
-    if text.trim().is_empty() {
-        return Ok(Vec::new());
+    let start = text.len() - text.trim_start().len();
+    match text.as_bytes().get(start) {
+        None => return Ok(Vec::new()),
+        // Not serde's sequence form of the object (`[]`: no tenants).
+        Some(b'{') => {}
+        Some(_) => return Err(Report { text, origin }.error(start, r#"the file is one object, {"tenant": [...]}"#)),
     }
     let file: RawFile<String, i64> = serde_json::from_str(text).map_err(|e| {
         let what = e.to_string();

@@ -374,6 +374,25 @@ mod tests {
         }
     }
 
+    /// Found by a review: a JSON file that is not an object was read as
+    /// serde's sequence form of one (`[]`: no tenants, every key then
+    /// `default`'s), or refused naming this crate's types (`expected struct
+    /// RawFile`, `RawEntry`) instead of the format.
+    #[test]
+    fn a_file_of_the_wrong_shape_is_refused_naming_the_right_one() {
+        for text in ["[]", "[{\"name\": \"a\"}]", "null", "\n 5"] {
+            let error = Tenants::parse(text, true, "t.json").unwrap_err();
+            assert!(error.contains(r#"{"tenant": ["#), "{text:?}: {error}");
+        }
+        let errors = [
+            Tenants::parse(r#"{"tenant": [5]}"#, true, "t.json").unwrap_err(),
+            Tenants::parse("tenant = [5]\n", false, "t.toml").unwrap_err(),
+        ];
+        for error in errors {
+            assert!(!error.contains("Raw") && error.contains("a tenant"), "{error}");
+        }
+    }
+
     /// A file in the temp directory, removed on drop.
     struct TempFile(PathBuf);
 
