@@ -169,6 +169,17 @@ fn priority_from_nvext_without_trust_refuses_to_start() {
     assert!(stderr.contains("--trust-priority-header"), "{stderr}");
 }
 
+/// Found by a review: clap's `requires` counts a flag set to false by its
+/// variable as given, so `LOADGATE_FRONTEND_TRUST_PRIORITY_HEADER=false`
+/// let `--priority-from-nvext` start, and the body's priority was then
+/// never read (every request standard), with no word of it.
+#[test]
+fn priority_from_nvext_with_trust_set_false_refuses_to_start() {
+    let env = [("LOADGATE_FRONTEND_TRUST_PRIORITY_HEADER", "false")];
+    let stderr = common::frontend_refuses(&["--priority-from-nvext", "vllm"], &env);
+    assert!(stderr.contains("--trust-priority-header"), "{stderr}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bench_sends_its_class_mix_and_counts_each_class() {
     let _box = common::shared().await;

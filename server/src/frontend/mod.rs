@@ -275,6 +275,10 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
         !(args.admin_on_http_port && args.disable_admin_api),
         "--admin-on-http-port and --disable-admin-api contradict each other: give one"
     );
+    anyhow::ensure!(
+        args.priority_from_nvext.is_none() || args.trust_priority_header,
+        "--priority-from-nvext needs --trust-priority-header (LOADGATE_FRONTEND_TRUST_PRIORITY_HEADER is false)"
+    );
     if args.admin_on_http_port && admin_token.is_none() {
         anyhow::bail!(
             "--admin-on-http-port needs an admin token (--admin-token-file PATH or LOADGATE_ADMIN_TOKEN): \
