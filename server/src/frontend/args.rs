@@ -200,8 +200,10 @@ pub struct Args {
     #[arg(help_heading = "Waiting line (off by default: an instant 529)", long, env = "LOADGATE_FRONTEND_ROUTER_QUEUE_TIMEOUT_MS", value_name = "MS", default_value = "0", value_parser = queue_timeouts)]
     pub router_queue_timeout_ms: PerClass<u64>,
     /// Honour `x-loadgate-priority` (`critical` or a positive integer, `standard` or 0,
-    /// `sheddable` or a negative integer): only behind a gateway that sets or strips it, since
-    /// any client can send it. Without, every request is `standard`.
+    /// `sheddable` or a negative integer) and, with --tenants-file, `x-loadgate-tenant` (a
+    /// tenant of the file, for a request without a known key): only behind a gateway that sets
+    /// or strips both, since any client can send them. Without, every request is `standard`
+    /// (with --tenants-file, the priority header still counts up to the tenant's `max_class`).
     #[arg(help_heading = "Classes and tenants", long, env = "LOADGATE_FRONTEND_TRUST_PRIORITY_HEADER", value_parser = BoolishValueParser::new())]
     pub trust_priority_header: bool,
     /// The fraction F of each busy threshold kept from sheddable requests, in [0, 1): they see a
@@ -459,6 +461,24 @@ mod tests {
         assert_eq!(config.failures_to_leave, 3);
         assert!(parse(&["--engine", "tgi=h:1"]).is_err());
         assert!(parse(&["--engine-scrape-failures", "0"]).is_err());
+    }
+
+    /// Found by a review: the flag's help said it trusts `x-loadgate-priority`
+    /// only, so an operator behind a gateway that strips that header alone
+    /// (as the help asked) let any client name a tenant of the file in
+    /// `x-loadgate-tenant` (its `max_class`, weight and caps).
+    #[test]
+    fn trusting_the_priority_header_says_it_trusts_the_tenant_header_too() {
+        use clap::CommandFactory;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        let command = Cli::command();
+        let flag = command.get_arguments().find(|a| a.get_id() == "trust_priority_header").expect("the flag");
+        let help = flag.get_help().expect("its help").to_string();
+        assert!(help.contains("x-loadgate-tenant"), "{help}");
     }
 
     /// A body limit of 0 refused every POST with 413: refused at start.
