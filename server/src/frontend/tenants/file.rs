@@ -94,10 +94,11 @@ pub(super) fn read(path: &Path) -> Result<String, String> {
     }
 }
 
-/// Parses and validates `text` (JSON when `json`), `origin` naming it in
-/// errors. The result has the `default` tenant first, then the others in
-/// file order.
+/// Parses and validates `text` (JSON when `json`; a byte order mark first
+/// skipped), `origin` naming it in errors. The result has the `default`
+/// tenant first, then the others in file order.
 pub(super) fn parse(text: &str, json: bool, origin: &str) -> Result<Vec<Tenant>, String> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let entries = match json {
         true => json_entries(text, origin)?,
         false => toml_entries(text, origin)?,

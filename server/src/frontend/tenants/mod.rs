@@ -384,6 +384,8 @@ mod tests {
             let error = Tenants::parse(text, true, "t.json").unwrap_err();
             assert!(error.contains(r#"{"tenant": ["#), "{text:?}: {error}");
         }
+        // A byte order mark (as some editors write) is no other shape.
+        assert_eq!(Tenants::parse("\u{feff}{\"tenant\": [{\"name\": \"a\"}]}", true, "t.json").map(|t| t.len()), Ok(2));
         let errors = [
             Tenants::parse(r#"{"tenant": [5]}"#, true, "t.json").unwrap_err(),
             Tenants::parse("tenant = [5]\n", false, "t.toml").unwrap_err(),
