@@ -1,7 +1,7 @@
 //! [`Tenants`]: who sends a request, from the API key it presents, and what
-//! that tenant may use. Loaded from a tenants file (TOML, or JSON when the
-//! path ends in `.json`; at most 1 MiB and 1,000 tenants), validated at
-//! load, and swapped on SIGHUP ([`SharedTenants`]).
+//! that tenant may use. Loaded from a tenants file (a regular file: TOML,
+//! or JSON when the path ends in `.json`; at most 1 MiB and 1,000
+//! tenants), validated at load, and swapped on SIGHUP ([`SharedTenants`]).
 //!
 //! ```toml
 //! [[tenant]]
@@ -97,9 +97,15 @@ impl Tenants {
     ///
     /// # Errors
     ///
-    /// An unreadable file, one over 1 MiB, or any error of
+    /// An unreadable file, one that is not a regular file (a pipe, a
+    /// device, a directory), one over 1 MiB, or any error of
     /// [`Tenants::parse`]; the text starts with the path.
     pub(crate) fn load(path: &Path) -> Result<Tenants, String> {
+        // A pipe would be read again empty on SIGHUP (a file with no
+        // tenants), a FIFO's open would wait for a writer: not opened.
+        if std::fs::metadata(path).is_ok_and(|meta| !meta.is_file()) {
+            return Err(format!("{}: not a regular file (it is read again on each SIGHUP)", path.display()));
+        }
         let text = file::read(path)?;
         let json = path.extension().is_some_and(|ext| ext.eq_ignore_ascii_case("json"));
         Tenants::parse(&text, json, &path.display().to_string())
@@ -428,6 +434,29 @@ mod tests {
         let error = shared.reload(&path.0).unwrap_err();
         assert_eq!(error, format!("{}:2: tenant \"a\": the name is already used on line 1", path.0.display()));
         assert_eq!(shared.load().len(), 3, "the previous file stays");
+    }
+
+    /// Found by a review: a tenants file that is a pipe (`--tenants-file
+    /// <(make-tenants)`) loaded at start, and a SIGHUP then read it again
+    /// empty: a valid file with no tenants, which replaced them all (every
+    /// key then `default`'s).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_pipe_is_refused_rather_than_read_empty_on_a_reload() {
+        use std::io::Write as _;
+        use std::os::fd::AsRawFd as _;
+        let (reader, mut writer) = std::io::pipe().unwrap();
+        writer.write_all(file(&[("acme", &["k"])]).as_bytes()).unwrap();
+        drop(writer);
+        let pipe = PathBuf::from(format!("/proc/self/fd/{}", reader.as_raw_fd()));
+        let regular = TempFile::new("toml");
+        regular.write(&file(&[("acme", &["k"])]));
+        let shared = SharedTenants::new(Tenants::load(&regular.0).unwrap());
+        let first = Tenants::load(&pipe).map(|t| t.len());
+        let again = shared.reload(&pipe);
+        assert!(first.is_err() && again.is_err(), "read {first:?}, then {again:?} tenants");
+        assert!(again.unwrap_err().contains("not a regular file"));
+        assert!(shared.load().by_key("k").is_some(), "the tenants stay");
     }
 
     #[test]
