@@ -330,3 +330,43 @@ async fn a_client_gone_with_bytes_unread_returns_the_permit() {
         }
     }
 }
+
+/// The frontend's `loadgate_frontend_worker_waiting_requests` of its one
+/// worker (rank 0), if reported.
+async fn frontend_waiting(client: &reqwest::Client, frontend: &Server) -> Option<f64> {
+    metric(&metrics(client, &frontend.addr).await, "loadgate_frontend_worker_waiting_requests")
+}
+
+/// Polls the frontend (at most 20 s) until its worker's reported waiting
+/// requests are `want`; returns the last value seen.
+async fn wait_for_waiting(client: &reqwest::Client, frontend: &Server, want: f64) -> Option<f64> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut seen = None;
+    while std::time::Instant::now() < deadline {
+        seen = frontend_waiting(client, frontend).await;
+        if seen == Some(want) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    seen
+}
+
+/// A simulated worker reports the requests queued in its hard cap as
+/// waiting, as a sidecar does (`with_queue`): they were invisible to the
+/// frontends (`--active-waiting-requests-threshold`), which saw 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_simulated_worker_reports_its_cap_queue_as_waiting() {
+    let (frontend, events) = frontend();
+    let args =
+        ["worker", "--model", "m", "--engine-request-limit", "1", "--decode-step-ms", "100", "--frontend", &events];
+    let worker = start(&args, &[("DYN_DYNAMO_REQUEST_QUEUE_LIMIT", "2")]);
+    let client = long_client();
+    wait_for_workers(&client, &frontend, 1).await;
+    // 300 tokens at 100 ms a step: the first runs for at least 30 s, the other two wait.
+    let long = fill(&client, &worker).await;
+    assert_eq!(wait_for_waiting(&client, &frontend, 2.0).await, Some(2.0), "the two queued requests");
+    // Their clients gone: the report falls back to 0.
+    long.iter().for_each(tokio::task::JoinHandle::abort);
+    assert_eq!(wait_for_waiting(&client, &frontend, 0.0).await, Some(0.0));
+}

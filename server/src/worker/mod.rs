@@ -11,7 +11,7 @@
 //! sidecar holds it until the engine's answer has been read (`upstream/`),
 //! whether or not its client has read it yet. The worker
 //! registers itself and pushes its per-rank load (the simulator's, or the
-//! engine's scraped load plus the cap's queue) to every `--frontend` event
+//! engine's scraped load, plus the cap's queue) to every `--frontend` event
 //! port through an [`EventPublisher`].
 //!
 //! On SIGTERM (or ctrl-c) it shuts down gracefully: it leaves routing
@@ -38,14 +38,14 @@ mod sim;
 
 use std::io::Write as _;
 use std::net::SocketAddr;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use axum::routing::{get, post};
 use axum::Router;
 use loadgate::admission::queue_limit_from_env;
-use loadgate::Admission;
+use loadgate::{Admission, RankLoad};
 
 pub use self::args::Args;
 use self::gate::Gate;
@@ -149,6 +149,13 @@ async fn serve(args: Args, admission: Option<Arc<Admission<()>>>) -> anyhow::Res
                 _ => None,
             };
             let (sink, publisher) = publish(&args, registration, secrets.clone(), nats.clone())?;
+            let sink = match &admission {
+                Some(admission) => {
+                    let every = Duration::from_millis(args.decode_step_ms.min(args.heartbeat_ms));
+                    with_cap_queue(sink, admission.clone(), args.dp_size, every)
+                }
+                None => sink,
+            };
             let simulator = Simulator::start(args.sim_config(), sink);
             (Backend::Simulator(simulator), model, args.dp_size, Reporting::Simulated(publisher, nats))
         }
@@ -340,6 +347,39 @@ fn publish(
         }
     });
     Ok((sink, Some(publisher)))
+}
+
+/// The simulator's reports with the requests queued in the hard cap added
+/// to each rank's waiting ones, as a sidecar's (`with_queue`: they wait for
+/// whichever rank frees first). Each rank's latest load is kept and sent
+/// again with the queue as it is now every `every` (an engine step or a
+/// heartbeat, the shorter; the publishers send only what changed), so a
+/// queue that changes while the ranks do not is reported within `every`.
+fn with_cap_queue(sink: LoadSink, admission: Arc<Admission<()>>, dp_size: u32, every: Duration) -> LoadSink {
+    let latest = Arc::new(Mutex::new(vec![None::<RankLoad>; dp_size as usize]));
+    // Under the lock: the last load sent for a rank carries the queue read last.
+    let send = Arc::new(move |latest: &mut [Option<RankLoad>], rank: u32, load: Option<RankLoad>| {
+        if let Some(slot) = latest.get_mut(rank as usize) {
+            *slot = load.or(*slot);
+            let queued = u32::try_from(admission.queued()).unwrap_or(u32::MAX);
+            if let Some(load) = *slot {
+                sink(rank, sidecar::with_queue(load, queued));
+            }
+        }
+    });
+    let (kept, resend) = (Arc::downgrade(&latest), send.clone());
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tick.tick().await;
+            // Ends with the simulator, which holds the sink.
+            let Some(latest) = kept.upgrade() else { return };
+            let mut latest = latest.lock().unwrap_or_else(|e| e.into_inner());
+            (0..dp_size).for_each(|rank| resend(&mut latest, rank, None));
+        }
+    });
+    Arc::new(move |rank, load| send(&mut latest.lock().unwrap_or_else(|e| e.into_inner()), rank, Some(load)))
 }
 
 /// With `--event-plane nats`: the worker's connection to NATS (the event

@@ -17,7 +17,7 @@ mod forward;
 mod reports;
 
 pub(crate) use self::forward::EngineProxy;
-pub(crate) use self::reports::EngineHealth;
+pub(crate) use self::reports::{with_queue, EngineHealth};
 
 pub(crate) use self::reports::Publishers;
 use self::reports::{EngineReports, PublisherConfig};
