@@ -268,8 +268,19 @@ fn refuses_to_start(extra: &[&str], env: &[(&str, &str)], expected: &str) {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let out = cmd.output().expect("run loadgate");
-    assert!(!out.status.success(), "the worker must not start");
+    // Bounded: a worker that starts after all is killed, not waited for.
+    let mut child =
+        cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("run loadgate");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while child.try_wait().expect("wait for loadgate").is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let started = child.try_wait().expect("wait for loadgate").is_none();
+    if started {
+        child.kill().expect("kill loadgate");
+    }
+    let out = child.wait_with_output().expect("read loadgate's output");
+    assert!(!started && !out.status.success(), "the worker must not start ({extra:?}, {env:?})");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains(expected), "stderr {stderr:?} should mention {expected:?}");
     assert!(!String::from_utf8_lossy(&out.stdout).contains("listening"));
@@ -281,6 +292,17 @@ fn invalid_queue_limit_is_an_error() {
     refuses_to_start(&cap, &[("DYN_DYNAMO_REQUEST_QUEUE_LIMIT", "many")], "DYN_DYNAMO_REQUEST_QUEUE_LIMIT");
     refuses_to_start(&cap, &[("DYN_DYNAMO_REQUEST_QUEUE_LIMIT", "1")], "at least 2");
     refuses_to_start(&["--engine-request-limit", "0"], &[], "at least 1");
+}
+
+/// A `--frontend` that is not HOST:PORT is refused at start, naming the
+/// flag: the worker started and retried it forever, each time logging a lost
+/// connection it never had.
+#[test]
+fn a_frontend_that_is_not_host_port_is_an_error() {
+    for bad in ["garbage", "http://127.0.0.1:8001/events", "127.0.0.1:0", ":8001", "127.0.0.1:port"] {
+        refuses_to_start(&["--frontend", bad], &[], "--frontend");
+    }
+    refuses_to_start(&[], &[("LOADGATE_WORKER_FRONTEND", "127.0.0.1:8001,garbage")], "--frontend");
 }
 
 /// A request that could never fit in the KV cache is refused with a 400

@@ -72,7 +72,8 @@ pub struct Args {
         long = "frontend",
         env = "LOADGATE_WORKER_FRONTEND",
         value_name = "HOST:PORT",
-        value_delimiter = ','
+        value_delimiter = ',',
+        value_parser = host_port
     )]
     pub frontends: Vec<String>,
     /// File holding the event-plane secret (line 1: current, optional line 2: previous).
@@ -151,6 +152,33 @@ impl Args {
             max_num_batched_tokens: self.max_num_batched_tokens,
             decode_step: Duration::from_millis(self.decode_step_ms),
             prefill_tokens_per_s: self.prefill_tokens_per_s,
+        }
+    }
+}
+
+/// A `--frontend` value: HOST:PORT, the host not empty and no scheme or
+/// path, the port not 0 (the host is resolved only when connecting).
+fn host_port(value: &str) -> Result<String, String> {
+    let valid = value.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty() && !host.contains('/') && port.parse::<u16>().is_ok_and(|p| p != 0)
+    });
+    match valid {
+        true => Ok(value.to_owned()),
+        false => Err("expected HOST:PORT, a frontend's event port (e.g. 127.0.0.1:8001)".to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_port;
+
+    #[test]
+    fn a_frontend_is_host_port() {
+        for ok in ["127.0.0.1:8001", "frontend.example:8001", "[::1]:8001", "fe:1"] {
+            assert_eq!(host_port(ok).as_deref(), Ok(ok));
+        }
+        for bad in ["garbage", "http://fe:8001", "fe:8001/x", "fe:0", ":8001", "fe:", "fe:65536"] {
+            assert!(host_port(bad).is_err(), "{bad}");
         }
     }
 }
