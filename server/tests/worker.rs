@@ -292,6 +292,9 @@ fn invalid_queue_limit_is_an_error() {
     refuses_to_start(&cap, &[("DYN_DYNAMO_REQUEST_QUEUE_LIMIT", "many")], "DYN_DYNAMO_REQUEST_QUEUE_LIMIT");
     refuses_to_start(&cap, &[("DYN_DYNAMO_REQUEST_QUEUE_LIMIT", "1")], "at least 2");
     refuses_to_start(&["--engine-request-limit", "0"], &[], "at least 1");
+    // The flag at fault is named (it said only "limit 99999999999 is larger than 4294967295").
+    refuses_to_start(&["--engine-request-limit", "99999999999"], &[], "--engine-request-limit 99999999999");
+    refuses_to_start(&["--engine-request-limit", "0"], &[], "--engine-request-limit 0");
 }
 
 /// A `--frontend` that is not HOST:PORT is refused at start, naming the

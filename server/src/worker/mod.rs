@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use axum::routing::{get, post};
 use axum::Router;
-use loadgate::admission::queue_limit_from_env;
+use loadgate::admission::{queue_limit_from_env, QUEUE_LIMIT_ENV};
 use loadgate::{Admission, RankLoad};
 
 pub use self::args::Args;
@@ -91,9 +91,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     crate::logging::init_logging();
     let admission = match args.engine_request_limit {
         Some(limit) => Some(
-            queue_limit_from_env()
-                .and_then(|queue_limit| Admission::new(limit, queue_limit))
-                .context("invalid worker admission configuration")?,
+            queue_limit_from_env().and_then(|queue_limit| Admission::new(limit, queue_limit)).with_context(|| {
+                format!("invalid worker admission configuration (--engine-request-limit {limit}, {QUEUE_LIMIT_ENV})")
+            })?,
         ),
         None => None,
     };
