@@ -59,7 +59,7 @@ impl FromStr for EngineSpec {
 /// `url` as a base URL: `http://` added without a scheme, no trailing `/`;
 /// only http (loadgate's HTTP client speaks no TLS: an https engine could
 /// never be reached, so it is refused here rather than retried until the
-/// start deadline), with a host, no query or fragment.
+/// start deadline), with a host, a port other than 0, no query or fragment.
 fn base_url(url: &str) -> Result<String, String> {
     if url.trim_end_matches('/').is_empty() {
         return Err("empty URL".to_owned());
@@ -78,6 +78,9 @@ fn base_url(url: &str) -> Result<String, String> {
     }
     if parsed.host_str().is_none_or(str::is_empty) {
         return Err(format!("URL `{url}` has no host"));
+    }
+    if parsed.port() == Some(0) {
+        return Err(format!("URL `{url}` has port 0 (no engine listens there)"));
     }
     if parsed.query().is_some() || parsed.fragment().is_some() {
         return Err(format!("URL `{url}`: a base URL has no query or fragment"));
@@ -123,6 +126,9 @@ mod tests {
             ("vllm=https://h:1", "https is not supported"),
             ("vllm=h:1/?x=1", "no query"),
             ("vllm=http://", "invalid URL"),
+            // Never reachable: it was retried until the start deadline (60 s), then "did not answer".
+            ("vllm=127.0.0.1:0", "port 0"),
+            ("vllm=http://h:0/prefix", "port 0"),
         ] {
             let error = parse(spec).unwrap_err();
             assert!(error.contains(says), "{spec}: {error}");
