@@ -395,3 +395,49 @@ async fn a_simulated_worker_reports_its_cap_queue_as_waiting() {
     long.iter().for_each(tokio::task::JoinHandle::abort);
     assert_eq!(wait_for_waiting(&client, &frontend, 0.0).await, Some(0.0));
 }
+
+/// A full worker refuses a large request (1 MiB or more) before reading and
+/// parsing its body: refused only after the parse (2 s for 40 MiB in a debug build), the
+/// frontend had let go of the body (its release grace, 1 s after the worker
+/// had it all) and answered the client 502 "worker unreachable" instead of
+/// moving the request to the free worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_worker_refuses_a_large_request_before_parsing_it() {
+    let (frontend, events) = frontend();
+    let capped = [
+        "worker",
+        "--model",
+        "m",
+        "--engine-request-limit",
+        "1",
+        "--decode-step-ms",
+        "100",
+        "--kv-total-blocks",
+        "4000000",
+    ];
+    let full = start(&[&capped[..], &["--frontend", &events]].concat(), &[("DYN_DYNAMO_REQUEST_QUEUE_LIMIT", "2")]);
+    let roomy = ["--kv-total-blocks", "4000000", "--max-num-batched-tokens", "100000000", "--frontend", &events];
+    let free = start(&[&["worker", "--model", "m"][..], &roomy].concat(), &[]);
+    let client = long_client();
+    wait_for_workers(&client, &frontend, 2).await;
+    // 300 tokens at 100 ms a step: `full` stays full for at least 30 s.
+    let long = fill(&client, &full).await;
+    let prompt = "a ".repeat(20 << 20);
+    let body = serde_json::json!({"model": "m", "prompt": prompt, "max_tokens": 1}).to_string();
+    // Round-robin: at least one of three goes to the full worker first.
+    for _ in 0..3 {
+        let sent = client
+            .post(format!("http://{}/v1/completions", frontend.addr))
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .timeout(Duration::from_secs(25))
+            .send()
+            .await
+            .unwrap();
+        let status = sent.status().as_u16();
+        assert_eq!(status, 200, "{}", sent.text().await.unwrap());
+    }
+    let refused = metric(&metrics(&client, &full.addr).await, "dynamo_rejection_request_total");
+    assert!(refused >= Some(1.0), "the full worker was tried: {refused:?}");
+    drop((long, free));
+}

@@ -43,6 +43,7 @@
 //! level, whatever `Q` is.
 
 mod config;
+mod full;
 mod permit;
 mod storage;
 mod stream;

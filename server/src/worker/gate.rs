@@ -39,6 +39,15 @@ impl Gate {
         self.in_flight.load(Ordering::Relaxed)
     }
 
+    /// Whether the cap refuses a request arriving now (counted as refused):
+    /// checked before its body is read and parsed, which takes seconds for
+    /// a large one, so that the refusal comes while a frontend can still
+    /// move the request (it lets go of the body a second after the worker
+    /// has it all).
+    pub(crate) fn refuses_now(&self) -> bool {
+        self.admission.as_ref().is_some_and(|admission| admission.refuse_if_full())
+    }
+
     /// Takes an engine slot: at once, after waiting in the overflow queue,
     /// or not at all (`Err`: the refusal to send). If the future is dropped
     /// while waiting, it gives up its place (and a slot already handed to

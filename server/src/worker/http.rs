@@ -14,7 +14,7 @@ use loadgate::WorkerId;
 
 use crate::http_server::BodyBudget;
 use crate::openai::Api;
-use crate::worker::gate::Gate;
+use crate::worker::gate::{at_capacity, Gate};
 use crate::worker::proof::ProofCheck;
 use crate::worker::reply::json_response;
 use crate::worker::sidecar::{EngineHealth, EngineProxy};
@@ -57,8 +57,21 @@ pub(crate) async fn chat_completions(State(worker): State<Arc<Worker>>, headers:
     serve(worker, Api::ChatCompletions, headers, body).await
 }
 
-/// Reads the body (bounded), then runs the request on the backend.
+/// A body of at least this many bytes (`Content-Length`) is refused by a
+/// full cap before it is read: reading and parsing it may take longer than
+/// the second a frontend keeps the body after the worker has it all (its
+/// release grace), and a refusal after that cannot be moved to another
+/// worker (the frontend answers 502). A smaller one is read and parsed
+/// first, so that one that could never fit gets its 400, not a 529.
+const REFUSED_UNREAD: u64 = 1024 * 1024;
+
+/// Reads the body (bounded), then runs the request on the backend; a full
+/// cap refuses a large one before reading it.
 async fn serve(worker: Arc<Worker>, api: Api, headers: HeaderMap, body: Body) -> Response {
+    let length = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if length.is_some_and(|length| length >= REFUSED_UNREAD) && worker.gate.refuses_now() {
+        return at_capacity();
+    }
     let body = match worker.bodies.read(&headers, body).await {
         Ok(body) => body,
         Err(refusal) => return refusal,
