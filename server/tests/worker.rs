@@ -441,3 +441,35 @@ async fn a_full_worker_refuses_a_large_request_before_parsing_it() {
     assert!(refused >= Some(1.0), "the full worker was tried: {refused:?}");
     drop((long, free));
 }
+
+/// Request bodies buffered at once are bounded over all requests
+/// (`--http-body-budget-mb`), not only per request: any client that reaches
+/// a worker's port sends bodies, and without a budget many connections each
+/// sending the per-request limit (192 MiB) held that many times it. A body
+/// the budget cannot hold is refused with 503; the same body with the
+/// default budget is read and parsed (and refused for what it asks: 400).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bodies_are_held_to_the_workers_budget() {
+    let base = ["worker", "--model", "m", "--http-host", "127.0.0.1", "--http-port", "0"];
+    let budgeted = start(&[&base[..], &["--http-body-budget-mb", "1"]].concat(), &[]);
+    let default = start(&base, &[]);
+    let client = long_client();
+    // 2 MiB of prompt: more than the small budget, and than the KV cache.
+    let body = serde_json::json!({"model": "m", "prompt": "a ".repeat(1 << 20), "max_tokens": 4}).to_string();
+    let mut seen = Vec::new();
+    for worker in [&budgeted, &default] {
+        let url = format!("http://{}/v1/completions", worker.addr);
+        let response = client
+            .post(url)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .expect("an answer");
+        let status = response.status().as_u16();
+        seen.push((status, response.text().await.unwrap_or_default()));
+    }
+    assert_eq!(seen[0].0, 503, "over the 1 MiB budget: {}", seen[0].1);
+    assert_eq!(seen[1].0, 400, "read whole, refused for its prompt: {}", seen[1].1);
+    assert!(seen[1].1.contains("more than the KV cache holds"), "{}", seen[1].1);
+}

@@ -225,17 +225,10 @@ enum Refusal {
 impl BodyBudget {
     /// A limit of `limit_mb` MiB per request and a budget of `budget_mb` MiB
     /// for all of them, with the default timeouts ([`BODY_IDLE_TIMEOUT`],
-    /// [`BODY_READ_DEADLINE`]).
-    #[allow(dead_code, reason = "the frontend passes its flags to `with_timeouts`; tests use the defaults")]
+    /// [`BODY_READ_DEADLINE`]): a worker's (the frontend passes its flags to
+    /// `with_timeouts`).
     pub fn new(limit_mb: usize, budget_mb: usize) -> Arc<Self> {
         Self::with_timeouts(limit_mb, budget_mb, BODY_IDLE_TIMEOUT, BODY_READ_DEADLINE)
-    }
-
-    /// A limit of `limit_mb` MiB per request and no budget over all of them
-    /// (a worker: its frontend's budget bounds what reaches it), with the
-    /// default timeouts.
-    pub fn unbudgeted(limit_mb: usize) -> Arc<Self> {
-        Self::with_timeouts(limit_mb, usize::MAX / MIB, BODY_IDLE_TIMEOUT, BODY_READ_DEADLINE)
     }
 
     /// How long a body may pause, and how long one may take in all: the

@@ -95,6 +95,11 @@ pub struct Args {
     #[arg(help_heading = "Limits", long, env = "DYN_HTTP_BODY_LIMIT_MB", value_name = "MB", default_value_t = 192,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub http_body_limit_mb: usize,
+    /// Bytes of request bodies buffered at once over all requests, in MiB (past it: 503): any
+    /// client that reaches the port sends bodies, not only the frontends.
+    #[arg(help_heading = "Limits", long, env = "LOADGATE_WORKER_HTTP_BODY_BUDGET_MB", value_name = "MB", default_value_t = 1024,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub http_body_budget_mb: usize,
     /// Data-parallel ranks of the simulator (with --engine: as many as the engine reports).
     #[arg(help_heading = "Simulated engine", long, env = "LOADGATE_WORKER_DP_SIZE", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub dp_size: u32,

@@ -179,7 +179,7 @@ async fn serve(args: Args, admission: Option<Arc<Admission<()>>>) -> anyhow::Res
             let window_ms = args.proof_window_secs.saturating_mul(1000);
             Arc::new(ProofCheck::new(secrets, own, window_ms, args.max_proof_nonces))
         }),
-        bodies: BodyBudget::unbudgeted(args.http_body_limit_mb),
+        bodies: BodyBudget::new(args.http_body_limit_mb, args.http_body_budget_mb),
     });
     let app = app(worker);
     println!("listening http={addr}");
