@@ -56,14 +56,16 @@ fn frontend() -> (Server, String) {
     (server, events)
 }
 
-/// Waits until the frontend has `n` registered workers.
+/// Waits (bounded: 10 s) until the frontend has `n` registered workers.
 async fn wait_for_workers(client: &reqwest::Client, frontend: &Server, n: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let health: Value =
             client.get(format!("http://{}/health", frontend.addr)).send().await.unwrap().json().await.unwrap();
         if health["workers"].as_u64() == Some(n) {
             return;
         }
+        assert!(std::time::Instant::now() < deadline, "the frontend never had {n} workers: {health}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -72,11 +74,15 @@ async fn wait_for_workers(client: &reqwest::Client, frontend: &Server, n: u64) {
 /// (one running, two queued); returns their handles.
 async fn fill(client: &reqwest::Client, worker: &Server) -> Vec<tokio::task::JoinHandle<(u16, String)>> {
     let long: Vec<_> = (0..3).map(|_| tokio::spawn(complete(client.clone(), worker.addr.clone(), 300))).collect();
+    // Bounded (10 s): they fill the cap in milliseconds; once the running
+    // one ends (3 s of generation) it is never full this way again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let text = metrics(client, &worker.addr).await;
         if metric(&text, "dynamo_engine_request") == Some(1.0) && metric(&text, "dynamo_request_queue") == Some(2.0) {
             return long;
         }
+        assert!(std::time::Instant::now() < deadline, "the cap never filled (1 running, 2 queued):\n{text}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -102,11 +108,14 @@ async fn worker_caps_at_n_plus_q_and_refuses_the_next() {
     let client = long_client();
     // Three long requests: one runs (N = 1), two wait (Q = 2).
     let long: Vec<_> = (0..3).map(|_| tokio::spawn(complete(client.clone(), worker.addr.clone(), 150))).collect();
+    // Bounded (10 s), as in `fill`.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let text = metrics(&client, &worker.addr).await;
         if metric(&text, "dynamo_engine_request") == Some(1.0) && metric(&text, "dynamo_request_queue") == Some(2.0) {
             break;
         }
+        assert!(std::time::Instant::now() < deadline, "the cap never filled (1 running, 2 queued):\n{text}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // The fourth concurrent request is refused.
@@ -146,10 +155,13 @@ async fn client_gone_returns_the_permit() {
     assert_eq!(resp.status().as_u16(), 200);
     assert_eq!(metric(&metrics(&client, &worker.addr).await, "dynamo_engine_request"), Some(1.0));
     drop(resp);
+    // Bounded (10 s): the permit comes back at the next engine step.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         if metric(&metrics(&client, &worker.addr).await, "dynamo_engine_request") == Some(0.0) {
             break;
         }
+        assert!(std::time::Instant::now() < deadline, "the client's permit never came back");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // The slot is free again: a new request runs at once.
