@@ -311,7 +311,10 @@ async fn standard_requests_beside_a_held_sheddable_waiter(timeouts: &str) {
         let (status, reason, took) = send_with(&fe, client.clone(), "standard").await;
         assert_eq!(status, 200, "standard request {n} beside a held sheddable waiter: {reason:?} after {took:?}");
         assert!(took < Duration::from_secs(3), "standard request {n} waited {took:?}");
-        worker.report_blocks(30);
+        // Applied before the next request: a standard request with no line
+        // of its own is refused at once while the worker is marked for the
+        // request before it (one report, one request past a threshold).
+        worker.report_blocks_applied(&fe, 30).await;
     }
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(!sheddable.is_finished(), "the sheddable request waits for the headroom");

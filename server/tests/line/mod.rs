@@ -109,6 +109,23 @@ impl Controlled {
         self.report_blocks(if busy { 90 } else { 10 });
     }
 
+    /// As [`Controlled::report_blocks`], once the frontend has applied it
+    /// (its count of applied loads went up; bounded: 5 s): whatever that
+    /// report frees (a mark of the line's), a request sent next sees.
+    pub async fn report_blocks_applied(&mut self, frontend: &Frontend, blocks: u32) {
+        let applied = || async {
+            let text = metrics_text(&frontend.client, &frontend.http).await;
+            metric(&text, "loadgate_frontend_event_loads_applied_total").unwrap_or(0.0)
+        };
+        let before = applied().await;
+        self.report_blocks(blocks);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while applied().await <= before {
+            assert!(Instant::now() < deadline, "the frontend never applied the report");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// One load report of `blocks` of 100 KV blocks in use.
     pub fn report_blocks(&mut self, blocks: u32) {
         self.seq += 1;
