@@ -100,15 +100,9 @@ async fn frontends(nats: &Nats, extra: &[&str], sharing: bool) -> Vec<Frontend> 
     }
     if sharing {
         for fe in &fes {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                let text = metrics_text(&fe.client, &fe.http).await;
-                if metric(&text, "loadgate_frontend_shared_frontends") == Some(3.0) {
-                    break;
-                }
-                assert!(Instant::now() < deadline, "a frontend did not hear the other two within 10 s:\n{text}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            let heard = |text: &str| metric(text, "loadgate_frontend_shared_frontends") == Some(3.0);
+            let what = "a frontend did not hear the other two";
+            common::wait_for_metrics(&fe.client, &fe.http, Duration::from_secs(10), what, heard).await;
         }
     }
     fes

@@ -86,15 +86,9 @@ async fn a_silent_worker_leaves_routing_and_a_stopped_one_deregisters() {
     // kill -9: out of routing after the silence, forgotten after the idle timeout.
     killed.proc.kill();
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(10);
-    loop {
-        let text = metrics_text(&fe.client, &fe.http).await;
-        if metric(&text, "loadgate_frontend_workers_out_of_routing") == Some(1.0) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "a silent worker stayed in routing:\n{text}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let out = |text: &str| metric(text, "loadgate_frontend_workers_out_of_routing") == Some(1.0);
+    common::wait_for_metrics(&fe.client, &fe.http, Duration::from_secs(10), "a silent worker stayed in routing", out)
+        .await;
     let took = started.elapsed();
     assert!(took >= Duration::from_millis(400), "out of routing after {took:?}, before its silence");
     fe.wait_workers(0, Duration::from_secs(10)).await;

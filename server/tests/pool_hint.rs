@@ -10,10 +10,10 @@
 #[path = "common/mod.rs"]
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::BytesMut;
-use common::{frontend, metric, metrics_text, unix_ms, Frontend, Nats, SECRET};
+use common::{frontend, metric, unix_ms, Frontend, Nats, SECRET};
 use loadgate::wire::envelope::seal;
 use loadgate::wire::Frame;
 use loadgate::RankLoad;
@@ -49,15 +49,11 @@ async fn busy_workers(nats: &Nats) -> tokio::task::JoinHandle<()> {
 
 /// Waits (bounded: 10 s) until `name` reads `value` on `fe`.
 async fn wait_metric(fe: &Frontend, name: &str, value: f64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = metrics_text(&fe.client, &fe.http).await;
-        if metric(&text, name) == Some(value) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{name} never read {value}:\n{text}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let what = format!("{name} never read {value}");
+    common::wait_for_metrics(&fe.client, &fe.http, Duration::from_secs(10), &what, |text| {
+        metric(text, name) == Some(value)
+    })
+    .await;
 }
 
 /// One completion of `model` to `fe`: its status and `retry-after-ms`.

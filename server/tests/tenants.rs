@@ -211,15 +211,11 @@ async fn a_key_decides_the_tenant_and_caps_its_class() {
         )
     };
     let expected = [("gold", "ok", 1.0), ("capped", "rejected", 2.0), ("default", "rejected", 1.0)];
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let text = loop {
-        let text = metrics_text(&fe.client, &fe.http).await;
-        if expected.iter().all(|(t, o, n)| count(&text, t, o) == Some(*n)) {
-            break text;
-        }
-        assert!(Instant::now() < deadline, "tenant counts never reached {expected:?}:\n{text}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let what = format!("tenant counts never reached {expected:?}");
+    let text = common::wait_for_metrics(&fe.client, &fe.http, Duration::from_secs(5), &what, |text| {
+        expected.iter().all(|(t, o, n)| count(text, t, o) == Some(*n))
+    })
+    .await;
     let shed = metric_with(&text, "loadgate_frontend_rejection_class_reason_total", "reason=\"tenant_cap\"");
     assert_eq!(shed, Some(1.0), "{text}");
 }

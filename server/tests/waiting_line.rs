@@ -522,15 +522,9 @@ async fn a_request_that_waits_twice_is_one_sample_of_its_whole_wait() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Freed, the closing worker takes the waiter and fails it: it waits again.
     std::io::Write::write_all(&mut events, &load(2, 10)).expect("report");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let text = metrics_text(&fe.client, &fe.http).await;
-        if metric(&text, "loadgate_frontend_upstream_failures_total").is_some_and(|n| n >= 1.0) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the closing worker was never tried:\n{text}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let tried = |text: &str| metric(text, "loadgate_frontend_upstream_failures_total").is_some_and(|n| n >= 1.0);
+    common::wait_for_metrics(&fe.client, &fe.http, Duration::from_secs(5), "the closing worker was never tried", tried)
+        .await;
     wait_waiting(&fe, 1.0).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     worker.report(false);

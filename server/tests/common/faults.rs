@@ -38,6 +38,27 @@ pub async fn metrics_text(client: &reqwest::Client, base: &str) -> String {
     }
 }
 
+/// Polls `base/metrics` (every 20 ms, for at most `within`) until `done`
+/// holds for its text, and returns that text; past `within` the test fails
+/// with `what` and the last text seen.
+pub async fn wait_for_metrics(
+    client: &reqwest::Client,
+    base: &str,
+    within: Duration,
+    what: &str,
+    done: impl Fn(&str) -> bool,
+) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        let text = metrics_text(client, base).await;
+        if done(&text) {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "{what} (not within {within:?}):\n{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// One answered (or failed) request of a load run.
 #[derive(Clone, Debug)]
 pub struct Outcome {

@@ -17,7 +17,7 @@ use loadgate::wire::Frame;
 use loadgate::RankLoad;
 use serde_json::json;
 
-use super::common::{encoded, metric, metrics_text, register, FakeWorker, Frontend};
+use super::common::{encoded, metric, metrics_text, register, wait_for_metrics, FakeWorker, Frontend};
 
 pub const MODEL: &str = "line-model";
 
@@ -113,17 +113,12 @@ impl Controlled {
     /// (its count of applied loads went up; bounded: 5 s): whatever that
     /// report frees (a mark of the line's), a request sent next sees.
     pub async fn report_blocks_applied(&mut self, frontend: &Frontend, blocks: u32) {
-        let applied = || async {
-            let text = metrics_text(&frontend.client, &frontend.http).await;
-            metric(&text, "loadgate_frontend_event_loads_applied_total").unwrap_or(0.0)
-        };
-        let before = applied().await;
+        let applied = |text: &str| metric(text, "loadgate_frontend_event_loads_applied_total").unwrap_or(0.0);
+        let before = applied(&metrics_text(&frontend.client, &frontend.http).await);
         self.report_blocks(blocks);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while applied().await <= before {
-            assert!(Instant::now() < deadline, "the frontend never applied the report");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let what = "the frontend never applied the report";
+        wait_for_metrics(&frontend.client, &frontend.http, Duration::from_secs(5), what, |text| applied(text) > before)
+            .await;
     }
 
     /// One load report of `blocks` of 100 KV blocks in use.
@@ -194,15 +189,9 @@ pub async fn wait_received(worker: &FakeWorker, n: usize) {
 
 /// Waits (bounded: 5 s) until the model's worker is busy.
 pub async fn wait_for_busy(frontend: &Frontend) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let text = metrics_text(&frontend.client, &frontend.http).await;
-        if metric(&text, "loadgate_frontend_worker_busy").is_some_and(|v| v >= 1.0) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "the worker never became busy:\n{text}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let busy = |text: &str| metric(text, "loadgate_frontend_worker_busy").is_some_and(|v| v >= 1.0);
+    wait_for_metrics(&frontend.client, &frontend.http, Duration::from_secs(5), "the worker never became busy", busy)
+        .await;
 }
 
 /// The sum of the samples of `name` whose labels contain `filter`.

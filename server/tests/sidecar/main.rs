@@ -105,16 +105,11 @@ async fn complete(client: reqwest::Client, base: String, body: Value, secret: Op
 /// Waits (bounded) until the sidecar's `/metrics` shows `running` engine
 /// requests and `queued` queued ones.
 async fn wait_admission(client: &reqwest::Client, base: &str, running: f64, queued: f64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = metrics_text(client, base).await;
-        let seen = (metric(&text, "dynamo_engine_request"), metric(&text, "dynamo_request_queue"));
-        if seen == (Some(running), Some(queued)) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "admission never reached {running} + {queued}: {seen:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let what = format!("admission never reached {running} + {queued}");
+    common::wait_for_metrics(client, base, Duration::from_secs(10), &what, |text| {
+        (metric(text, "dynamo_engine_request"), metric(text, "dynamo_request_queue")) == (Some(running), Some(queued))
+    })
+    .await;
 }
 
 /// Opens a raw client connection to `base` and sends `body` as a completion.
