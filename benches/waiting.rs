@@ -42,6 +42,11 @@
 //! stays as it started; no thread waits for another's report unless every
 //! worker's request is still on its way.
 //!
+//! `--paired [ROUNDS]` (`cargo bench --bench waiting -- --paired`): the
+//! executor harness's two sides alternating in blocks within one process,
+//! a ratio per round and their median ([`paired`]), for a machine whose
+//! speed changes between criterion's two measurements.
+//!
 //! `waiting_spent/N`: the line's 1-thread cycle in a fleet of 10,000
 //! workers, N of them dispatched to since their last report (the line
 //! leaves them out until they report): what a dispatch costs as that count
@@ -57,7 +62,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, Criterion, Throughput};
 use crossbeam_utils::CachePadded;
 use loadgate::{
     BusyThresholds, LoadReport, MonitorConfig, Policy, RankLoad, Ticket, Wait, WorkerId, WorkerMonitor, WorkerRouter,
@@ -109,7 +114,12 @@ impl Line {
     }
 
     fn join(&self) -> Task<Wait<'_, Pending>> {
-        Task::start(self.router.wait(MODEL, &[], Ticket::new(1, self.deadline), std::future::pending()))
+        Task::start(self.wait())
+    }
+
+    /// A request's wait, not yet polled.
+    fn wait(&self) -> Wait<'_, Pending> {
+        self.router.wait(MODEL, &[], Ticket::new(1, self.deadline), std::future::pending())
     }
 
     /// `worker` reports `blocks` of 100 (a report two threads race may be
@@ -216,9 +226,32 @@ struct Baseline {
 }
 
 impl Baseline {
+    /// A baseline line in front of `threads` free workers.
+    fn new(threads: usize) -> Baseline {
+        Baseline { line: Line::all_free(threads), notify: Arc::new(Notify::new()), queue: Mutex::new(VecDeque::new()) }
+    }
+
     fn join(&self, id: u64) -> Task<OwnedNotified> {
         self.queue.lock().unwrap().push_back(id);
         Task::start(self.notify.clone().notified_owned())
+    }
+
+    /// The executor harness's join: a request pushed, its `Notified` made.
+    fn enqueue(&self) -> OwnedNotified {
+        self.queue.lock().unwrap().push_back(0);
+        self.notify.clone().notified_owned()
+    }
+
+    /// The executor harness's end of a wait: popped and routed.
+    fn dequeue(&self) -> WorkerId {
+        black_box(self.queue.lock().unwrap().pop_front());
+        self.line.router.route(MODEL, &[]).expect("routed")
+    }
+
+    /// `worker` reports, and one waiter is notified.
+    fn report(&self, worker: WorkerId) {
+        self.line.report(worker, 10);
+        self.notify.notify_one();
     }
 }
 
@@ -248,14 +281,24 @@ impl BaselineThread<'_> {
     }
 }
 
-/// A request of the executor harness: which slot it is in, how to wake it.
-/// Waking pushes it onto the run queue of the thread that wakes it (as
-/// tokio's worker threads schedule a task they wake), which polls it next.
-struct Spawned(usize);
+/// A request of the executor harness: which side's executor ([`LINE`] or
+/// [`BASELINE`]) and which slot it is in, how to wake it. Waking pushes it
+/// onto that side's run queue of the thread that wakes it (as tokio's
+/// worker threads schedule a task they wake), which polls it next.
+struct Spawned {
+    side: usize,
+    slot: usize,
+}
+
+/// The executor of the line's side.
+const LINE: usize = 0;
+/// The executor of the baseline's side.
+const BASELINE: usize = 1;
 
 thread_local! {
-    /// The calling bench thread's run queue: slots of the tasks it woke.
-    static RUN: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The calling bench thread's run queues, one per side: slots of the
+    /// tasks it woke.
+    static RUN: std::cell::RefCell<[Vec<usize>; 2]> = const { std::cell::RefCell::new([Vec::new(), Vec::new()]) };
 }
 
 impl Wake for Spawned {
@@ -264,7 +307,7 @@ impl Wake for Spawned {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        RUN.with(|run| run.borrow_mut().push(self.0));
+        RUN.with(|run| run.borrow_mut()[self.side].push(self.slot));
     }
 }
 
@@ -286,6 +329,8 @@ type Slot<F> = Mutex<Option<(Pin<Box<F>>, Waker)>>;
 /// polled with their own wakers by whichever thread woke them, resolved by
 /// `done` to the worker the request went to.
 struct Executor<F: Future, J, D> {
+    /// [`LINE`] or [`BASELINE`].
+    side: usize,
     slots: Vec<Slot<F>>,
     next: AtomicU64,
     join: J,
@@ -298,8 +343,9 @@ where
     J: Fn() -> F,
     D: Fn(F::Output) -> WorkerId,
 {
-    fn new(join: J, done: D) -> Self {
-        Executor { slots: (0..SLOTS).map(|_| Mutex::new(None)).collect(), next: AtomicU64::new(0), join, done }
+    fn new(side: usize, join: J, done: D) -> Self {
+        let slots = (0..SLOTS).map(|_| Mutex::new(None)).collect();
+        Executor { side, slots, next: AtomicU64::new(0), join, done }
     }
 
     /// A new request, polled once on this thread (in its slot: a wake-up
@@ -317,7 +363,7 @@ where
             self.run(routed);
             std::hint::spin_loop();
         };
-        let waker = Waker::from(Arc::new(Spawned(slot)));
+        let waker = Waker::from(Arc::new(Spawned { side: self.side, slot }));
         let (future, waker) = task.insert((Box::pin((self.join)()), waker));
         if let Poll::Ready(output) = future.as_mut().poll(&mut Context::from_waker(waker)) {
             *task = None;
@@ -329,7 +375,7 @@ where
     /// Polls every task this thread woke until none is left; the workers
     /// of those routed are pushed on `routed`.
     fn run(&self, routed: &mut Vec<WorkerId>) {
-        while let Some(slot) = RUN.with(|run| run.borrow_mut().pop()) {
+        while let Some(slot) = RUN.with(|run| run.borrow_mut()[self.side].pop()) {
             let mut task = self.slots[slot].lock().unwrap();
             let Some((future, waker)) = task.as_mut() else { continue };
             if let Poll::Ready(output) = future.as_mut().poll(&mut Context::from_waker(waker)) {
@@ -481,45 +527,102 @@ fn executed(c: &mut Criterion) {
     let mut group = c.benchmark_group("waiting_executor");
     group.throughput(Throughput::Elements(1));
     for threads in [1, 2] {
-        // Every worker starts with a request to report (the loadgate side's
-        // workers start busy: the report frees them).
-        let unreported = || (0..threads).map(|_| CachePadded::new(AtomicU64::new(1))).collect::<Vec<_>>();
         group.bench_function(format!("loadgate/{threads}"), |b| {
             b.iter_custom(|iters| {
                 let line = Line::new(threads);
-                let join = || line.router.wait(MODEL, &[], Ticket::new(1, line.deadline), std::future::pending());
-                let executor = Executor::new(join, |routed: Result<WorkerId, _>| routed.expect("routed"));
+                let executor =
+                    Executor::new(LINE, || line.wait(), |routed: Result<WorkerId, _>| routed.expect("routed"));
                 let report = |worker| line.report(worker, 10);
-                let unreported = unreported();
+                let unreported = unreported(threads);
                 let make = |t: usize| ExecutorThread::start(&executor, &unreported, t, &report);
                 timed(iters, threads, &make, ExecutorThread::cycle)
             })
         });
         group.bench_function(format!("notify_vecdeque/{threads}"), |b| {
             b.iter_custom(|iters| {
-                let line = Line::all_free(threads);
-                let notify = Arc::new(Notify::new());
-                let queue = Mutex::new(VecDeque::new());
-                let join = || {
-                    queue.lock().unwrap().push_back(0u64);
-                    notify.clone().notified_owned()
-                };
-                let done = |()| {
-                    black_box(queue.lock().unwrap().pop_front());
-                    line.router.route(MODEL, &[]).expect("routed")
-                };
-                let executor = Executor::new(join, done);
-                let report = |worker| {
-                    line.report(worker, 10);
-                    notify.notify_one();
-                };
-                let unreported = unreported();
+                let base = Baseline::new(threads);
+                let executor = Executor::new(BASELINE, || base.enqueue(), |()| base.dequeue());
+                let report = |worker| base.report(worker);
+                let unreported = unreported(threads);
                 let make = |t: usize| ExecutorThread::start(&executor, &unreported, t, &report);
                 timed(iters, threads, &make, ExecutorThread::cycle)
             })
         });
     }
     group.finish();
+}
+
+/// For each of `threads` workers, one request to report (the line's
+/// workers start busy: the report frees them).
+fn unreported(threads: usize) -> Vec<CachePadded<AtomicU64>> {
+    (0..threads).map(|_| CachePadded::new(AtomicU64::new(1))).collect()
+}
+
+/// Cycles in one block of the paired run ([`paired`]): a few tens of
+/// milliseconds on either side.
+const BLOCK: u32 = 20_000;
+
+/// `--paired [ROUNDS]`: the executor harness's two sides in one process,
+/// on the same threads, in alternating blocks of [`BLOCK`] cycles (the
+/// side that goes first alternating by round), after one block each
+/// unrecorded. This machine's speed moves between modes minutes apart;
+/// criterion measures one side and then the other, so a ratio of its two
+/// estimates can compare two modes, where each round here compares two
+/// blocks a few milliseconds apart. Prints each round's cycle times and
+/// ratio, then the median ratio.
+fn paired(rounds: usize) {
+    for threads in [1, 2] {
+        let line = Line::new(threads);
+        let line_side = Executor::new(LINE, || line.wait(), |routed: Result<WorkerId, _>| routed.expect("routed"));
+        let line_report = |worker| line.report(worker, 10);
+        let base = Baseline::new(threads);
+        let base_side = Executor::new(BASELINE, || base.enqueue(), |()| base.dequeue());
+        let base_report = |worker| base.report(worker);
+        let (line_unreported, base_unreported) = (unreported(threads), unreported(threads));
+        let barrier = Barrier::new(threads);
+        // One thread's run; thread 0 returns each round's block times.
+        let run = |t: usize| {
+            let mut line_thread = ExecutorThread::start(&line_side, &line_unreported, t, &line_report);
+            let mut base_thread = ExecutorThread::start(&base_side, &base_unreported, t, &base_report);
+            let mut times = Vec::with_capacity(rounds);
+            for round in 0..=rounds {
+                let mut took = [Duration::ZERO; 2];
+                for k in 0..2 {
+                    let side = (round + k) % 2;
+                    barrier.wait();
+                    let start = Instant::now();
+                    match side {
+                        LINE => (0..BLOCK).for_each(|_| line_thread.cycle()),
+                        _ => (0..BLOCK).for_each(|_| base_thread.cycle()),
+                    }
+                    barrier.wait();
+                    took[side] = start.elapsed();
+                }
+                if round > 0 {
+                    times.push(took);
+                }
+            }
+            times
+        };
+        let times = thread::scope(|s| {
+            let others: Vec<_> = (1..threads).map(|t| s.spawn(move || run(t))).collect();
+            let times = run(0);
+            others.into_iter().for_each(|t| drop(t.join().expect("bench thread")));
+            times
+        });
+        let per_cycle = |d: Duration| d.as_secs_f64() * 1e9 / f64::from(BLOCK);
+        println!("waiting_paired/{threads}: {rounds} rounds of {BLOCK} cycles a side, ns per cycle");
+        println!("{:>5} {:>10} {:>10} {:>7}", "round", "loadgate", "baseline", "ratio");
+        let mut ratios = Vec::with_capacity(rounds);
+        for (round, [ours, theirs]) in times.iter().enumerate() {
+            let ratio = per_cycle(*ours) / per_cycle(*theirs);
+            println!("{:>5} {:>10.1} {:>10.1} {:>7.3}", round + 1, per_cycle(*ours), per_cycle(*theirs), ratio);
+            ratios.push(ratio);
+        }
+        ratios.sort_by(f64::total_cmp);
+        let (low, median, high) = (ratios[0], ratios[rounds / 2], ratios[rounds - 1]);
+        println!("waiting_paired/{threads}: loadgate / baseline, median {median:.3} (rounds {low:.3}-{high:.3})\n");
+    }
 }
 
 /// Workers in the fleet of [`spent_cycles`].
@@ -570,4 +673,19 @@ fn spent(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench, executed, spent);
-criterion_main!(benches);
+
+/// criterion's main, or the paired run with `--paired [ROUNDS]` (default
+/// 30): `cargo bench --bench waiting -- --paired`.
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--paired") {
+        let rounds = match args.get(at + 1).filter(|a| !a.starts_with("--")) {
+            Some(n) => n.parse().ok().filter(|&n| n > 0).expect("--paired takes a number of rounds, at least 1"),
+            None => 30,
+        };
+        paired(rounds);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
