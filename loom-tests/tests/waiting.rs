@@ -1,5 +1,6 @@
 //! loom: the waiting line ([`WorkerRouter::wait`]). A worker freed while a
-//! request joins the line serves it (no lost wake-up); a waiter dropped
+//! request joins the line serves it (no lost wake-up), and one freed while
+//! a request joins behind a waiter serves the first; a waiter dropped
 //! while the worker frees leaves the line and passes its wake-up on; the
 //! line's count bound holds on both sides (never more than the limit in,
 //! never one refused while there is room); a critical arrival that displaces
@@ -140,6 +141,26 @@ fn a_worker_freed_while_a_request_joins_serves_it() {
             }
         }
         assert_eq!(waiting(&monitor), 0);
+    });
+}
+
+/// The worker frees while a request joins behind a waiter (a join that
+/// stores the count under the lock rather than incrementing it): the free
+/// worker goes to the first in line whatever the order, and only to it.
+#[test]
+fn a_worker_freed_while_a_request_joins_behind_a_waiter_serves_the_first() {
+    run_model_with("waiting/a_worker_freed_while_a_request_joins_behind_a_waiter_serves_the_first", 3, || {
+        let (monitor, router) = busy_pool(4);
+        let mut first = Waiter::new(&router);
+        assert_eq!(first.poll(), Poll::Pending);
+        let freer = spawn_freer(&monitor);
+        let mut second = Waiter::new(&router);
+        assert_eq!(second.poll(), Poll::Pending, "a waiter is ahead of it");
+        freer.join().unwrap();
+        assert!(first.woken(), "the free worker never woke the first in line");
+        assert!(!second.woken(), "one free worker, one waiter woken");
+        assert_eq!(first.poll(), Poll::Ready(Ok(1)));
+        assert_eq!(waiting(&monitor), 1);
     });
 }
 

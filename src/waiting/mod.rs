@@ -50,11 +50,13 @@
 //!
 //! # No lost wake-up
 //!
-//! A joiner increments the line's count with a read-modify-write, then
-//! reads the view; a publisher stores the view, then reads the count with
-//! a read-modify-write. Every other change of the count (a waiter leaving:
-//! a store of the queue's length) is made under the line's lock, so the
-//! count is the queue's length whenever the lock is free. Either the
+//! A joiner to an empty line increments the line's count with a
+//! read-modify-write, then reads the view; a publisher stores the view,
+//! then reads the count with a read-modify-write. Every other change of
+//! the count (a waiter joining a line that others wait in, or leaving: a
+//! store of the queue's length) is made under the line's lock, so the
+//! count is the queue's length whenever the lock is free, and above zero
+//! from the first joiner's increment until the line empties. Either the
 //! publisher's RMW reads a count above zero, and it takes the line's lock
 //! and wakes whoever is in the line then (a later joiner takes the lock
 //! after it, and sees the new view); or it reads zero, and the next write
@@ -571,11 +573,12 @@ impl Line {
         });
     }
 
-    /// After waiters left (under the lock): the count is the queue's
-    /// length again. A store, not a read-modify-write: every change of the
-    /// count is made under the lock but a publisher's `fetch_add(0)`, which
-    /// changes nothing, so a store loses no joiner's increment. Only the
-    /// joiner's increment must be an RMW (module docs: no lost wake-up).
+    /// After waiters left, or one joined a line others wait in (under the
+    /// lock): the count is the queue's length again. A store, not a
+    /// read-modify-write: every change of the count is made under the lock
+    /// but a publisher's `fetch_add(0)`, which changes nothing, so a store
+    /// loses no joiner's increment. Only the increment of a joiner to an
+    /// empty line must be an RMW (module docs: no lost wake-up).
     fn count_left(&self, queue: &Queue) {
         // Release: as the joiner's increment, for `is_waiting`'s Acquire.
         self.waiting.store(queue.len(), Ordering::Release);

@@ -134,6 +134,7 @@ impl<T: Future<Output = ()>> Future for Wait<'_, T> {
                 // Every waiter already in the line woken (or none there):
                 // a worker may be free for this one too.
                 let all_woken = queue.all_woken();
+                let was_empty = queue.len() == 0;
                 let ticket = this.ticket;
                 let joined = match queue.join(
                     ticket.class,
@@ -149,13 +150,17 @@ impl<T: Future<Output = ()>> Future for Wait<'_, T> {
                         return Poll::Ready(Err(full));
                     }
                 };
-                // AcqRel RMW, then the view is loaded (in `wake_free`):
-                // see the module docs (no lost wake-up).
-                line.waiting.fetch_add(1, Ordering::AcqRel);
-                if joined.displaced != 0 {
-                    // After the increment: the count stays above 0 (this
-                    // waiter is in).
+                if was_empty {
+                    // AcqRel RMW, then the view is loaded (in `wake_free`):
+                    // an empty line's count changes by a joiner's RMW only
+                    // (module docs: no lost wake-up).
+                    line.waiting.fetch_add(1, Ordering::AcqRel);
+                } else {
+                    // Others wait (the count is above 0 since the first of
+                    // them joined): a store under the lock, as a leaver's.
                     line.count_left(&queue);
+                }
+                if joined.displaced != 0 {
                     // The line may have emptied under it (its spent marks
                     // forgotten).
                     line.sync_hint(&queue);
