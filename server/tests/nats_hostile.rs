@@ -282,7 +282,7 @@ async fn victim_incarnation(fe: &common::Frontend, victim: &common::Worker) -> u
 async fn a_worker_that_registers_and_leaves_in_a_loop_cannot_flood_the_log() {
     let _box = common::shared().await;
     let nats = Nats::start(&[]);
-    let fe = logging_frontend(&nats);
+    let fe = logging_frontend(&nats, &[]);
     let started = Instant::now();
     publish_lives(&nats, 92, 400).await;
     // Time for the frontend to apply them all (the bound counts it too).
@@ -298,15 +298,16 @@ async fn a_worker_that_registers_and_leaves_in_a_loop_cannot_flood_the_log() {
     assert!(lines <= bound, "{lines} log lines about 400 cycles of one worker in {elapsed:?} (at most {bound})");
 }
 
-/// A frontend with the secret on the NATS plane of `nats`, with the default
-/// filter (`info`, no access log), as a deployment runs.
-fn logging_frontend(nats: &Nats) -> common::Frontend {
-    let flags = plane(nats);
+/// The default log filter (`info`, no access log), as a deployment runs.
+const DEPLOYED_LOG: (&str, &str) = ("RUST_LOG", "info,loadgate::access=off");
+
+/// A frontend with the secret on the NATS plane of `nats`, with the
+/// deployed log filter and `extra` flags.
+fn logging_frontend(nats: &Nats, extra: &[&str]) -> common::Frontend {
+    let mut flags = plane(nats);
+    flags.extend(extra.iter().map(|s| (*s).to_owned()));
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    common::Frontend::start_with_env(
-        &[("LOADGATE_EVENT_SECRET", SECRET), ("RUST_LOG", "info,loadgate::access=off")],
-        &flags,
-    )
+    common::Frontend::start_with_env(&[("LOADGATE_EVENT_SECRET", SECRET), DEPLOYED_LOG], &flags)
 }
 
 /// Publishes `lives` Registers of `worker` (incarnation 1), each followed
@@ -330,4 +331,65 @@ async fn publish_lives(nats: &Nats, worker: u64, lives: u64) {
         insider.publish(subject.clone(), buf.freeze()).await.unwrap();
     }
     insider.flush().await.unwrap();
+}
+
+/// Floods from a client without the secret, as fast as it publishes: a
+/// junk frame on a worker subject and a hello, in turn, until aborted.
+fn flood(nats: &Nats) -> tokio::task::JoinHandle<()> {
+    let url = nats.url.clone();
+    tokio::spawn(async move {
+        let attacker = async_nats::connect(url.as_str()).await.expect("the attacker connects");
+        let junk = bytes::Bytes::from(vec![0u8; 120]);
+        loop {
+            for w in 0..64u64 {
+                // An outage: the client reconnects by itself.
+                let _ = attacker.publish(format!("loadgate.ev.{MODEL}.{w}"), junk.clone()).await;
+                let _ = attacker.publish("loadgate.hello", bytes::Bytes::new()).await;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+}
+
+/// Found by a review: the NATS client raises an event for every message a
+/// subscription drops (its buffer, `--nats-buffer`, full), and logged each
+/// at `info` (and the worker's callback once more): a client without the
+/// secret flooding past what a frontend or a worker reads wrote a line per
+/// message it sent. Now at most one a second in each process. The flood
+/// overflows both buffers for sure: each process is stopped (SIGSTOP) for
+/// 300 ms three times meanwhile, and reads what queued at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
+async fn a_flood_past_the_nats_buffers_cannot_flood_the_log() {
+    let _box = common::exclusive().await;
+    let nats = Nats::start(&[]);
+    let fe = logging_frontend(&nats, &["--nats-buffer", "64"]);
+    let mut flags = plane(&nats);
+    flags.extend(["--worker-id", "9", "--nats-buffer", "64"].map(str::to_owned));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let worker = common::worker_with_env(None, MODEL, &[("LOADGATE_EVENT_SECRET", SECRET), DEPLOYED_LOG], &flags);
+    fe.wait_workers(1, Duration::from_secs(10)).await;
+    let started = Instant::now();
+    let flooding = flood(&nats);
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for pid in [fe.proc.pid(), worker.proc.pid()] {
+            common::signal(pid, "STOP");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for pid in [fe.proc.pid(), worker.proc.pid()] {
+            common::signal(pid, "CONT");
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    flooding.abort();
+    let elapsed = started.elapsed();
+    // One a second, and one more for the edges of the throttle's window.
+    let bound = elapsed.as_secs() as usize + 2;
+    for (name, log) in [("frontend", fe.proc.stderr()), ("worker", worker.proc.stderr())] {
+        let lines = log.lines().filter(|l| l.contains("slow consumer")).count();
+        eprintln!("the {name} logged {lines} lines about a full subscription in {elapsed:?}");
+        assert!(lines >= 1, "the {name}'s subscription never overflowed (or it said nothing):\n{log}");
+        assert!(lines <= bound, "the {name} logged {lines} lines about a full subscription (at most {bound})");
+    }
 }

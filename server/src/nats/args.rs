@@ -7,6 +7,26 @@ use std::time::Duration;
 use anyhow::Context as _;
 
 use super::subjects::valid_namespace;
+use crate::throttle::LogThrottle;
+
+/// Lines about messages a subscription dropped: the NATS client raises an
+/// event for each (its buffer full: a flood, or `--nats-buffer` too small
+/// for the traffic), so a client without the secret could write a line per
+/// message it sends.
+static SLOW_CONSUMER: LogThrottle = LogThrottle::per_second(1);
+
+/// Logs one of the NATS client's events (those about dropped messages at
+/// most once a second, with how many were not logged).
+fn log_event(event: &async_nats::Event) {
+    match event {
+        async_nats::Event::SlowConsumer(_) => {
+            if let Some(suppressed) = SLOW_CONSUMER.admit() {
+                tracing::warn!(%event, suppressed, "NATS messages dropped: the subscription's buffer is full (a flood, or --nats-buffer too small)");
+            }
+        }
+        _ => tracing::info!(%event, "NATS"),
+    }
+}
 
 /// Which event plane carries registrations and load.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -76,8 +96,9 @@ impl NatsArgs {
     }
 
     /// Connects to NATS as `name`, with the credentials and TLS asked for;
-    /// `on_event` hears the client's connection events (a reconnection
-    /// re-announces). The first connection must succeed within
+    /// `on_event` hears the client's events (logged here). The client
+    /// drops an event when 128 wait: never count on one arriving. The
+    /// first connection must succeed within
     /// `--nats-connect-timeout-secs`; later ones are retried for ever, with
     /// backoff.
     ///
@@ -111,7 +132,10 @@ impl NatsArgs {
             })
             .event_callback(move |event| {
                 let on_event = on_event.clone();
-                async move { on_event(event) }
+                async move {
+                    log_event(&event);
+                    on_event(event)
+                }
             });
         let sources = [
             self.nats_token_file.is_some() || env("LOADGATE_NATS_TOKEN").is_some(),

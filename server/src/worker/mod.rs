@@ -392,7 +392,7 @@ async fn nats_link(args: &Args, secrets: Option<&Arc<crate::secret::Secrets>>) -
         secrets.is_some(),
         "--event-plane nats needs the event secret (LOADGATE_EVENT_SECRET or --event-secret-file)"
     );
-    let client = args.nats.connect("loadgate worker", |event| tracing::info!(%event, "NATS")).await?;
+    let client = args.nats.connect("loadgate worker", |_| {}).await?;
     Ok(Some(NatsLink { client, subjects: crate::nats::Subjects::new(&args.nats.nats_namespace) }))
 }
 

@@ -169,11 +169,6 @@ impl NatsPlane {
         let link = connected.clone();
         let client = args
             .connect("loadgate frontend", move |event| {
-                match &event {
-                    // Once per drop: not a line per message under a flood.
-                    async_nats::Event::SlowConsumer(_) => tracing::debug!(%event, "NATS"),
-                    _ => tracing::info!(%event, "NATS"),
-                }
                 match event {
                     async_nats::Event::Connected => {
                         // Relaxed: a hint for the sweep; the reconnection
