@@ -393,3 +393,45 @@ async fn a_flood_past_the_nats_buffers_cannot_flood_the_log() {
         assert!(lines <= bound, "the {name} logged {lines} lines about a full subscription (at most {bound})");
     }
 }
+
+/// Found by a review: the NATS client queues at most 128 of its events
+/// and drops the rest, and under a flood past the frontend's buffer it
+/// raises one per message dropped; the plane took its connection state
+/// from those events. A Disconnected lost with them made the outage that
+/// followed the workers' silence: every worker out of routing after
+/// `--event-silence-ms`, forgotten after the idle timeout, for as long as
+/// NATS was away. (A Connected lost made every later silence an outage.)
+/// Here the frontend is stopped (SIGSTOP) under the flood, NATS dies, and
+/// the frontend resumes: it reads the flood queued for it (one event per
+/// message past its buffer), then the end of the connection. Now the plane
+/// reads the client's own state. Margins: forgotten 1.5 s after its last
+/// frame against an outage of 3 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
+async fn an_outage_that_begins_under_a_flood_is_no_workers_silence() {
+    let _box = common::exclusive().await;
+    let nats = Nats::start(&[]);
+    let port: u16 = nats.url.rsplit(':').next().unwrap().parse().unwrap();
+    let flags = ["--nats-buffer", "64", "--event-silence-ms", "500", "--event-idle-timeout-ms", "1500"];
+    let fe = logging_frontend(&nats, &flags);
+    let _worker = worker(&nats, 10, None);
+    fe.wait_workers(1, Duration::from_secs(10)).await;
+    let flooding = flood(&nats);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    common::signal(fe.proc.pid(), "STOP");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(nats);
+    flooding.abort();
+    common::signal(fe.proc.pid(), "CONT");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Still registered. (Maybe out of routing: the flood may have dropped
+    // its frames past the silence before the outage, its silence then.)
+    assert_eq!(fe.workers().await, Some(1), "the worker stayed in the last view through the outage");
+    // NATS back: the frontend hears the worker again and routes to it.
+    let _nats = Nats::start_on(port, &[]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fe.complete(MODEL).await.0 != 200 || fe.workers().await != Some(1) {
+        assert!(Instant::now() < deadline, "the worker is not routed again after the outage");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -27,6 +27,7 @@ mod plane;
 mod publisher;
 mod seal_clock;
 pub(crate) mod sharing;
+mod state;
 mod subjects;
 
 pub(crate) use self::args::{EventPlaneKind, NatsArgs};

@@ -38,7 +38,8 @@
 //! disconnected the sweep takes no worker out of routing (the frontend
 //! serves on the last view, with `--load-staleness-ms` if set), and on
 //! reconnection every worker's silence starts over and the frontend says
-//! hello, so every worker re-announces itself at once.
+//! hello, so every worker re-announces itself at once. Both are read from
+//! the client's state, not from its events, which it may drop ([`link`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,6 +53,7 @@ use loadgate::wire::{model_key, Frame, MAX_ACKS};
 use loadgate::{LoadReport, WorkerId, WorkerMonitor};
 
 use self::known::Known;
+use self::link::Link;
 use self::replays::{envelope_tag, Replays, Stream, FRONTEND_STREAMS};
 use super::args::NatsArgs;
 use super::sharing::changes::ChangeFeed;
@@ -130,7 +132,7 @@ struct Applier {
     ended: Mutex<HashMap<WorkerId, (u64, u64)>>,
     /// The newest Register, beat and ack of each sender.
     replays: Replays,
-    /// Connected to NATS now (set by the client's events).
+    /// Connected to NATS now (set from the client's state before each sweep).
     connected: Arc<AtomicBool>,
     /// Loads applied and busy flips (the frontend's `/metrics`, with the TCP plane's).
     stats: Arc<PlaneStats>,
@@ -164,23 +166,20 @@ impl NatsPlane {
         sharing: Option<Sharing>,
     ) -> anyhow::Result<NatsPlane> {
         let (limits, silence, stats) = (config.limits, config.silence, config.stats.clone());
+        // A Connected event has the reconnection handled at once; the
+        // client's own count of connections decides (see `Link`), and is
+        // checked at the sweep's pace too, in case the event was lost.
         let (reconnected, mut reconnections) = tokio::sync::mpsc::unbounded_channel();
-        let connected = Arc::new(AtomicBool::new(true));
-        let link = connected.clone();
         let client = args
             .connect("loadgate frontend", move |event| {
-                match event {
-                    async_nats::Event::Connected => {
-                        // Relaxed: a hint for the sweep; the reconnection
-                        // itself is handled in order through the channel.
-                        link.store(true, Ordering::Relaxed);
-                        let _ = reconnected.send(());
-                    }
-                    async_nats::Event::Disconnected => link.store(false, Ordering::Relaxed),
-                    _ => {}
+                if let async_nats::Event::Connected = event {
+                    let _ = reconnected.send(());
                 }
             })
             .await?;
+        let mut link = Link::new(client.clone());
+        let swept = Link::new(client.clone());
+        let connected = Arc::new(AtomicBool::new(true));
         let subjects = Subjects::new(&args.nats_namespace);
         let mut frames = client.subscribe(subjects.all_events()).await?;
         // Without sharing, a stream that never yields.
@@ -236,28 +235,35 @@ impl NatsPlane {
         let receiving = applier.clone();
         let pooled = applier.clone();
         let task = tokio::spawn(async move {
+            let mut checks = tokio::time::interval(SWEEP_EVERY);
             loop {
-                tokio::select! {
+                let reconnection = tokio::select! {
                     message = frames.next() => match message {
-                        Some(message) => receiving.apply(&message.subject, &message.payload),
+                        Some(message) => {
+                            receiving.apply(&message.subject, &message.payload);
+                            false
+                        }
                         None => break,
                     },
                     Some(message) = shared.next() => {
                         receiving.apply(&message.subject, &message.payload);
                         // The acker sends what changed, soon.
                         receiving.ack_ready.notify_one();
+                        false
                     }
-                    Some(()) = reconnections.recv() => {
-                        // Every worker's silence starts over, and every
-                        // worker announces itself again.
-                        receiving.heard_all_now();
-                        // What this frontend published meanwhile may be
-                        // lost: all of it again, zeros included.
-                        if let Some(peers) = &receiving.peers {
-                            peers.ask_to_resend();
-                        }
-                        let _ = client.publish(hello.clone(), bytes::Bytes::new()).await;
+                    Some(()) = reconnections.recv() => true,
+                    _ = checks.tick() => true,
+                };
+                if reconnection && link.reconnected() {
+                    // Every worker's silence starts over, and every
+                    // worker announces itself again.
+                    receiving.heard_all_now();
+                    // What this frontend published meanwhile may be
+                    // lost: all of it again, zeros included.
+                    if let Some(peers) = &receiving.peers {
+                        peers.ask_to_resend();
                     }
+                    let _ = client.publish(hello.clone(), bytes::Bytes::new()).await;
                 }
             }
         });
@@ -265,6 +271,8 @@ impl NatsPlane {
             let mut ticks = tokio::time::interval(SWEEP_EVERY);
             loop {
                 ticks.tick().await;
+                // Relaxed: read by the sweep on this task only.
+                applier.connected.store(swept.connected(), Ordering::Relaxed);
                 applier.sweep(silence, idle);
             }
         });
@@ -455,6 +463,7 @@ impl Applier {
 }
 
 mod known;
+mod link;
 mod replays;
 #[cfg(test)]
 mod tests;

@@ -169,8 +169,8 @@ impl Applier {
     /// Takes workers silent for `silence` out of routing, and forgets those
     /// silent for `idle` (not while NATS is away: that is no one's silence).
     pub(super) fn sweep(&self, silence: Duration, idle: Duration) {
-        // Relaxed: see `start`; a sweep that misses the flag by a tick is
-        // undone by the reconnection's `heard_all_now`.
+        // Relaxed: stored from the client's state on the sweep's own task,
+        // just before (see `start`).
         if !self.connected.load(Ordering::Relaxed) {
             self.heard_all_now();
             return;
