@@ -69,9 +69,9 @@ pub(crate) struct NatsArgs {
     /// error). Later disconnections reconnect by themselves, with backoff.
     #[arg(long, env = "LOADGATE_NATS_CONNECT_TIMEOUT_SECS", value_name = "S", default_value_t = 5, value_parser = crate::flag_limits::secs_within(1, 300))]
     pub(crate) nats_connect_timeout_secs: u64,
-    /// Messages buffered per subscription (a frontend's view of every worker's frames) and for
-    /// publishing; past it, the oldest wait (publishing) or the NATS server drops the slow
-    /// consumer's messages (counted).
+    /// Messages buffered per subscription (a frontend's view of every worker's frames; past it
+    /// the client drops new ones, logged at most once a second) and, up to 65,536, for publishing
+    /// (past it a publisher waits; nothing is published while NATS is away).
     #[arg(long, env = "LOADGATE_NATS_BUFFER", value_name = "N", default_value_t = 65_536, value_parser = clap::value_parser!(u64).range(64..=4_194_304))]
     pub(crate) nats_buffer: u64,
 }

@@ -1,8 +1,11 @@
 //! Worker side of the NATS plane: [`NatsPublisher`], a task that publishes
 //! the worker's sealed frames to its subject — each rank's load when it
 //! changes, everything again every heartbeat and whenever a frontend says
-//! hello, and the Deregister at shutdown. While NATS is away the client
-//! buffers (bounded) and the task keeps only each rank's latest load.
+//! hello, and the Deregister at shutdown. While NATS is away nothing is
+//! published (the client would queue every frame, up to `--nats-buffer`,
+//! and send them all, stale, on its return): the task keeps only each
+//! rank's latest load, which its next heartbeat (or a frontend's hello)
+//! sends.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -132,6 +135,9 @@ struct Sender {
 
 impl Sender {
     async fn send(&self, frame: &Frame) {
+        if !super::state::connected(&self.client) {
+            return; // see the module docs
+        }
         let mut buf = bytes::BytesMut::new();
         match self.sealer.seal(&self.subject, SEAL_CLOCK.now_ms(), frame, &mut buf) {
             Ok(()) => {

@@ -113,8 +113,13 @@ pub(crate) struct Outbox {
 
 impl Outbox {
     /// Seals `frame` and publishes it (a failure is logged: the client
-    /// reconnects, and what was lost is mended, see the module docs).
+    /// reconnects, and what was lost is mended, see the module docs). Not
+    /// while NATS is away: the client would queue it and send it, stale,
+    /// on its return; the reconnection has everything sent again instead.
     pub(crate) async fn send(&self, frame: &Frame) {
+        if !crate::nats::state::connected(&self.client) {
+            return;
+        }
         let mut buf = BytesMut::new();
         match self.sealer.seal(&self.subject, SEAL_CLOCK.now_ms(), frame, &mut buf) {
             Ok(()) => {
