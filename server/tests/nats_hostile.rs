@@ -507,3 +507,45 @@ async fn nothing_published_while_nats_is_away_goes_out_stale_on_its_return() {
     );
     assert!(stale.is_empty(), "{worker} frames of the worker and {frontend} of the frontend sealed during the outage");
 }
+
+/// Found by a review: a holder of the secret naming one frontend id with a
+/// new incarnation in every frame (a restart each time, by the plane's
+/// rules) made every sharing frontend log an `info` line per frame
+/// ("frontend restarted"), uncounted. Now the lines about the other
+/// frontends pass one throttle (50 a second, the held-back ones counted),
+/// as those about the workers' lives do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nats-server (scripts/prepare-nats-server); run by .ci/run"]
+async fn a_frontend_id_restarting_in_every_frame_cannot_flood_the_log() {
+    use bytes::BytesMut;
+    use loadgate::wire::envelope::seal;
+    use loadgate::wire::Frame;
+
+    let _box = common::shared().await;
+    let nats = Nats::start(&[]);
+    let fe = logging_frontend(&nats, &[]);
+    let started = Instant::now();
+    let insider = async_nats::connect(nats.url.as_str()).await.expect("connects");
+    let subject = "loadgate.fe.77";
+    for incarnation in 1..=1000u64 {
+        let beat = Frame::FrontendBeat { frontend: 77, incarnation, in_flight: 0, waiting: 0, lines: vec![] };
+        let mut buf = BytesMut::new();
+        seal(SECRET.as_bytes(), subject, common::unix_ms(), &beat, &mut buf).unwrap();
+        insider.publish(subject, buf.freeze()).await.unwrap();
+    }
+    insider.flush().await.unwrap();
+    // Time for the frontend to apply them all (the bound counts it too).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let log = fe.proc.stderr();
+    let elapsed = started.elapsed();
+    let lines = log.lines().filter(|l| l.contains("frontend restarted") || l.contains("joined the shared load"));
+    let lines = lines.count();
+    // 50 a second, and a second more of slack for the bucket's edges.
+    let bound = 50 * (elapsed.as_secs() as usize + 2);
+    eprintln!("1000 restarts of one frontend id in {elapsed:?}: {lines} log lines");
+    assert!(lines >= 2, "the first restart is logged:\n{log}");
+    assert!(
+        lines <= bound,
+        "{lines} log lines about 1000 restarts of one frontend id in {elapsed:?} (at most {bound})"
+    );
+}

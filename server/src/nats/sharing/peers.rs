@@ -23,6 +23,12 @@ use loadgate::{LoadReport, RankLoad, WorkerId, WorkerMonitor};
 
 use super::publish::{Holding, Identity, PeerLinks};
 use super::reference::{Acknowledged, Reference};
+use crate::throttle::LogThrottle;
+
+/// Lines about the other frontends' lives (joined, restarted, heard again):
+/// a holder of the secret can name a new incarnation in every frame. 50 a
+/// second, as the lines about the workers' lives.
+static LIVES: LogThrottle = LogThrottle::per_second(50);
 
 /// What a FrontendLoad frame says.
 #[derive(Clone, Copy, Debug)]
@@ -412,7 +418,9 @@ impl Peers {
                 self.reference.restarted(frontend, incarnation);
                 let _ = self.monitor.clear_publisher(Publisher::Frontend(peer.index));
                 self.ask_to_resend();
-                tracing::info!(frontend, incarnation, "frontend restarted");
+                if let Some(suppressed) = LIVES.admit() {
+                    tracing::info!(frontend, incarnation, suppressed, "frontend restarted");
+                }
             } else if now.duration_since(peer.heard) > self.staleness - self.staleness / 8 {
                 // Back after a silence past the window (a partition, a
                 // reconnection): it may have lost what this one published,
@@ -422,7 +430,9 @@ impl Peers {
                 peer.applied = None;
                 peer.unacked = true;
                 self.ask_to_resend();
-                tracing::info!(frontend, incarnation, "frontend heard again after a silence");
+                if let Some(suppressed) = LIVES.admit() {
+                    tracing::info!(frontend, incarnation, suppressed, "frontend heard again after a silence");
+                }
             }
             peer.heard = now;
             // Any frame says it is alive: what it published counts on (or,
@@ -455,7 +465,9 @@ impl Peers {
         let _ = self.monitor.renew_publisher(Publisher::Frontend(index));
         // It knows nothing of this frontend's load yet.
         self.ask_to_resend();
-        tracing::info!(frontend, incarnation, index, "frontend joined the shared load");
+        if let Some(suppressed) = LIVES.admit() {
+            tracing::info!(frontend, incarnation, index, suppressed, "frontend joined the shared load");
+        }
         Some(index)
     }
 }
