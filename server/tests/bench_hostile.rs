@@ -193,6 +193,29 @@ async fn bench_does_not_count_a_cut_stream_as_ok() {
     assert_eq!(summary["ok"], 0, "cut streams counted as completed: {summary}");
 }
 
+/// A 2xx whose usage claims more completion tokens than a u64 holds (the
+/// bench's parse saturates at u64::MAX): the second such answer overflowed
+/// the run's token sum, a panic of the load generator in a debug build (in
+/// a release one a wrapped, wrong tok/s). Every answer is served at once;
+/// the seeded run has about 20 of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_survives_a_server_claiming_more_tokens_than_a_u64_holds() {
+    let addr = raw_server(|mut tcp| async move {
+        let body = r#"{"choices":[{"text":"a"}],"usage":{"completion_tokens":99999999999999999999999}}"#;
+        let head =
+            format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len());
+        let _ = tcp.write_all(format!("{head}{body}").as_bytes()).await;
+    })
+    .await;
+    let url = format!("http://{addr}");
+    let bench = bench(&url, &["--rate", "40", "--duration", "0.5", "--drain-timeout", "5", "--json"]);
+    let (status, out, err) = tokio::task::spawn_blocking(move || finish(bench, Duration::from_secs(30))).await.unwrap();
+    assert!(!err.contains("panicked"), "{status:?}: {}", err.lines().take(3).collect::<Vec<_>>().join("\n"));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}: {out} {err}");
+    let summary: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
+    assert!(summary["ok"].as_u64().is_some_and(|n| n >= 2), "{summary}");
+}
+
 /// `--rate` takes any positive number: a tiny one panicked (a gap too long
 /// for a `Duration`); now it makes no arrival.
 #[test]

@@ -179,7 +179,8 @@ fn record(report: &mut BenchReport, o: &Outcome) {
             *report.by_status.entry(status).or_default() += 1;
             if (200..300).contains(&status) {
                 bucket.ok += 1;
-                report.output_tokens += o.tokens;
+                // Saturating: a server may claim any count (the parse saturates at u64::MAX).
+                report.output_tokens = report.output_tokens.saturating_add(o.tokens);
                 let latency = o.latency.as_micros().max(1) as u64;
                 report.latency.saturating_record(latency);
                 bucket.latency.saturating_record(latency);
