@@ -22,7 +22,7 @@ const CRITICAL_P99_RATIO: f64 = 1.2;
 /// What `class` got in `run` (`None` without a class mix).
 fn row(run: &Run, class: Class, objective: Duration) -> Option<GroupRow> {
     let counts = &run.report.by_class.as_ref()?[class.index()];
-    Some(GroupRow::of(counts.sent, counts.rejected, &counts.ttft, run.report.config.duration, objective))
+    Some(GroupRow::of(counts.sent, counts.ok, counts.rejected, &counts.ttft, run.report.config.duration, objective))
 }
 
 /// The per-class table of `runs` (one per [`LEVELS`]) and the targets.
@@ -89,17 +89,24 @@ fn targets(runs: &[Run], objective: Duration) -> String {
     let verdict = |met: bool| if met { "met" } else { "MISSED" };
     let mut out = String::from("\nthe classes against the issue's targets (measured, not asserted):\n");
     if let (Some(low), Some(high)) = (at(0.5, Class::Critical), at(3.0, Class::Critical)) {
+        // A request that got no answer is no better than a refused one.
+        let refused = match high.unanswered_pct > 0.0 {
+            true => format!("{:.2} % (and {:.2} % unanswered)", high.rejected_pct, high.unanswered_pct),
+            false => format!("{:.2} %", high.rejected_pct),
+        };
         out.push_str(&format!(
-            "  3x: critical refused {:.2} % (target <= {CRITICAL_REFUSED_PCT} %: {})\n",
-            high.rejected_pct,
-            verdict(high.rejected_pct <= CRITICAL_REFUSED_PCT)
+            "  3x: critical refused {refused} (target <= {CRITICAL_REFUSED_PCT} %: {})\n",
+            verdict(high.rejected_pct + high.unanswered_pct <= CRITICAL_REFUSED_PCT)
         ));
+        // None accepted: no p99 to meet the target with (an empty histogram's reads 0).
         let ratio = high.ttft.p99 / low.ttft.p99.max(1e-9);
+        let p99 = match high.ok {
+            0 => "none accepted".to_owned(),
+            _ => format!("{:.0} ms / its 0.5x p99 {:.0} ms = {ratio:.2}", high.ttft.p99, low.ttft.p99),
+        };
         out.push_str(&format!(
-            "  3x: critical p99 TTFT {:.0} ms / its 0.5x p99 {:.0} ms = {ratio:.2} (target <= {CRITICAL_P99_RATIO}: {})\n",
-            high.ttft.p99,
-            low.ttft.p99,
-            verdict(ratio <= CRITICAL_P99_RATIO)
+            "  3x: critical p99 TTFT {p99} (target <= {CRITICAL_P99_RATIO}: {})\n",
+            verdict(high.ok > 0 && ratio <= CRITICAL_P99_RATIO)
         ));
     }
     // Sheddable first: at every level, a lower class is refused at least as
@@ -132,14 +139,19 @@ mod tests {
         Run { report }
     }
 
-    #[test]
-    fn the_targets_read_critical_at_3x_against_its_half_load_p99_and_the_order_of_refusals() {
-        let good = [
+    /// Runs at every level that meet every target.
+    fn good() -> [Run; 4] {
+        [
             run([(50, 0, 30), (60, 0, 30), (40, 0, 30)]),
             run([(90, 0, 33), (110, 0, 60), (70, 7, 90)]),
             run([(180, 0, 34), (230, 100, 90), (170, 160, 90)]),
             run([(240, 0, 35), (350, 250, 90), (260, 255, 90)]),
-        ];
+        ]
+    }
+
+    #[test]
+    fn the_targets_read_critical_at_3x_against_its_half_load_p99_and_the_order_of_refusals() {
+        let good = good();
         let mix: ClassMix = "critical=3,standard=4,sheddable=3".parse().unwrap();
         let text = class_table(&good, &mix, 36.0, Duration::from_millis(500), PerClass::all(480));
         assert!(text.contains("3x: critical refused 0.00 % (target <= 0.1 %: met)"), "{text}");
@@ -152,5 +164,23 @@ mod tests {
         assert!(text.contains("critical refused 0.42 % (target <= 0.1 %: MISSED)"), "{text}");
         assert!(text.contains("(target <= 1.2: MISSED)"), "{text}");
         assert!(text.contains("(sheddable takes the refusals first: MISSED)"), "{text}");
+    }
+
+    /// A critical class at 3x that got no answer (its requests still
+    /// waiting at the drain deadline, as with a critical timeout longer
+    /// than the drain, or cut off) was "refused 0.00 %" with a p99 TTFT of
+    /// 0 ms (an empty histogram's): both critical targets read met.
+    #[test]
+    fn a_critical_class_that_got_no_answer_does_not_meet_its_targets() {
+        let mut runs = good();
+        let critical = &mut runs[3].report.by_class.as_mut().unwrap()[Class::Critical.index()];
+        (critical.ok, critical.ttft) = (0, hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap());
+        let mix: ClassMix = "critical=3,standard=4,sheddable=3".parse().unwrap();
+        let text = class_table(&runs, &mix, 36.0, Duration::from_millis(500), PerClass::all(480));
+        let line = |prefix: &str| text.lines().find(|l| l.trim_start().starts_with(prefix)).unwrap().to_owned();
+        assert!(line("3x: critical refused").ends_with("(target <= 0.1 %: MISSED)"), "{text}");
+        assert!(line("3x: critical refused").contains("0.00 % (and 100.00 % unanswered)"), "{text}");
+        assert!(line("3x: critical p99").ends_with("(target <= 1.2: MISSED)"), "{text}");
+        assert!(line("3x: critical p99").contains("none accepted"), "{text}");
     }
 }

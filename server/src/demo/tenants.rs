@@ -43,7 +43,8 @@ impl TenantResults {
     /// What the tenant at `index` of `run`'s mix got.
     fn row(&self, run: &Run, index: usize) -> Option<GroupRow> {
         let counts = run.report.by_tenant.as_ref()?.get(index)?;
-        Some(GroupRow::of(counts.sent, counts.rejected, &counts.ttft, run.report.config.duration, self.objective))
+        let duration = run.report.config.duration;
+        Some(GroupRow::of(counts.sent, counts.ok, counts.rejected, &counts.ttft, duration, self.objective))
     }
 }
 
