@@ -11,6 +11,8 @@ mod common;
 
 use std::net::SocketAddr;
 use std::process::ExitStatus;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
@@ -134,6 +136,38 @@ async fn slo_goodput_counts_the_completions_within_the_objective() {
     let within =
         summary["slo_goodput_rps"].as_f64().expect("slo_goodput_rps") * summary["duration_s"].as_f64().unwrap();
     assert_eq!(within.round() as u64, ok.div_ceil(2), "the fast half: {line}");
+}
+
+/// A server that accepts every connection and never answers held every
+/// request of the open loop in flight, and the load generator grew by about
+/// 25 KiB a request (a debug build at --rate 3000: 262 MiB with 9,570 in
+/// flight, 25 MiB more a second), bounded only by the open-file limit.
+/// With --max-in-flight 20 the arrivals past the 20th are not sent: each
+/// counts as a transport error, and the 20 sent are unfinished at the drain
+/// deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arrivals_past_max_in_flight_are_not_sent() {
+    let _box = common::shared().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the silent server");
+    let addr = listener.local_addr().expect("its address");
+    let accepted = Arc::new(AtomicU64::new(0));
+    let seen = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = listener.accept().await {
+            seen.fetch_add(1, Ordering::Relaxed);
+            held.push(tcp);
+        }
+    });
+    let args = ["--rate", "100", "--duration", "1", "--max-in-flight", "20"];
+    let (line, status, bench) = bench(&format!("http://{addr}"), &args, &[]).await;
+    let sent = count(&line, "sent");
+    assert!(sent > 20, "{line}");
+    assert_eq!(count(&line, "unfinished"), 20, "{line}");
+    assert_eq!(count(&line, "transport_errors"), sent - 20, "{line}");
+    assert!(accepted.load(Ordering::Relaxed) <= 20, "connections: {line}");
+    assert_eq!(status.code(), Some(1), "no request was answered: {}", bench.stderr());
+    assert!(bench.stderr().contains("20 requests in flight already (--max-in-flight)"), "{}", bench.stderr());
 }
 
 /// `--slo-ttft-ms` takes at least 1 ms and is not for a retry storm.

@@ -331,6 +331,7 @@ impl<'a> Runner<'a> {
             stream: true,
             drain_timeout: self.drain_timeout,
             seed,
+            max_in_flight: crate::loadgen::DEFAULT_MAX_IN_FLIGHT,
             // A bar on a terminal, as before; no plain lines in a log.
             progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
             mix: None,

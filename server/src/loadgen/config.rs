@@ -73,6 +73,13 @@ pub struct Args {
     /// Draw latency percentiles and the rejection rate over time (SVG).
     #[arg(help_heading = "Report", long, env = "LOADGATE_BENCH_PLOT", value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
+    /// The most requests in flight at once (1 to 1,000,000): an arrival past it is not sent and
+    /// counts as a transport error, so a server that answers nothing cannot grow the load generator
+    /// (about 25 KiB a request in flight) without bound. Not with --retry-storm.
+    #[arg(help_heading = "Load (open loop)", long, env = "LOADGATE_BENCH_MAX_IN_FLIGHT",
+          default_value_t = DEFAULT_MAX_IN_FLIGHT, conflicts_with = "retry_storm",
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_in_flight: u64,
     /// Seconds to wait for in-flight requests after the last arrival.
     #[arg(help_heading = "Load (open loop)", long, env = "LOADGATE_BENCH_DRAIN_TIMEOUT", default_value_t = 10.0, value_parser = crate::flag_limits::fractional_secs())]
     pub drain_timeout: f64,
@@ -148,6 +155,9 @@ pub const MAX_PROMPT_TOKENS: i64 = 16_000_000;
 /// Most tokens a request asks to generate: the `max_tokens` every server takes.
 pub const MAX_OUTPUT_TOKENS: i64 = crate::openai::MAX_TOKENS_LIMIT as i64;
 
+/// `--max-in-flight` when not given: about 250 MiB of requests in flight.
+pub const DEFAULT_MAX_IN_FLIGHT: u64 = 10_000;
+
 /// Most clients `--retry-storm` takes (each holds a connection).
 pub const MAX_STORM_CLIENTS: i64 = 20_000;
 /// The storm's bound when `--retry-storm` is given without `--duration`.
@@ -175,6 +185,9 @@ pub struct BenchConfig {
     pub drain_timeout: Duration,
     /// Seed of the arrival process.
     pub seed: u64,
+    /// The most requests in flight at once; an arrival past it is not
+    /// sent, and counts as a transport error.
+    pub max_in_flight: u64,
     /// Show the run's progress on stderr (`progress.rs`).
     pub progress: bool,
     /// The share of requests in each priority class (`None`: no class
@@ -234,6 +247,7 @@ impl BenchConfig {
             stream: args.stream,
             drain_timeout: flag_limits::seconds(args.drain_timeout, "--drain-timeout", true)?,
             seed: args.seed.unwrap_or_else(|| fastrand::u64(..)),
+            max_in_flight: args.max_in_flight,
             progress: !args.quiet,
             mix: args.mix,
             tenants: args.tenants.clone(),
@@ -279,6 +293,7 @@ impl StormConfig {
             stream: args.stream,
             drain_timeout: flag_limits::seconds(args.drain_timeout, "--drain-timeout", true)?,
             seed: 0,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             progress: !args.quiet,
             mix: None,
             tenants: None,

@@ -48,7 +48,8 @@ use anyhow::Context as _;
 
 pub use self::closed_loop::saturate;
 pub use self::config::{
-    completions_url, Args, BenchConfig, StormConfig, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, MAX_RATE,
+    completions_url, Args, BenchConfig, StormConfig, DEFAULT_MAX_IN_FLIGHT, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS,
+    MAX_RATE,
 };
 pub use self::mix::ClassMix;
 pub use self::open_loop::run_bench;

@@ -124,7 +124,6 @@ pub async fn run_bench_tallied(config: &BenchConfig, tally: &Arc<Tally>) -> anyh
                 }
                 report.sent += 1;
                 report.timeline[bucket].sent += 1;
-                outstanding += 1;
                 let class = config.mix.map(|mix| mix.draw(rng.f64()));
                 if let (Some(by_class), Some(class)) = (report.by_class.as_mut(), class) {
                     by_class[class.index()].sent += 1;
@@ -134,15 +133,22 @@ pub async fn run_bench_tallied(config: &BenchConfig, tally: &Arc<Tally>) -> anyh
                 if let (Some(by_tenant), Some(tenant)) = (report.by_tenant.as_mut(), tenant) {
                     by_tenant[tenant].sent += 1;
                 }
-                let request = Request {
-                    url: config.url_for(report.sent as usize).to_owned(),
-                    body: body.clone(),
-                    stream: config.stream,
-                    class,
-                    tenant: tenant.map(|i| (i, tenant_headers[i].clone())),
-                };
                 tally.sent();
-                tasks.spawn(one_request(client.clone(), request, scheduled, bucket, tx.clone(), tally.clone()));
+                if outstanding >= config.max_in_flight {
+                    // Not sent: a server that answers nothing must not grow the load generator.
+                    tally.failed(&in_flight_full(config.max_in_flight));
+                    record(&mut report, &Outcome::failed(bucket, class, tenant));
+                } else {
+                    let request = Request {
+                        url: config.url_for(report.sent as usize).to_owned(),
+                        body: body.clone(),
+                        stream: config.stream,
+                        class,
+                        tenant: tenant.map(|i| (i, tenant_headers[i].clone())),
+                    };
+                    outstanding += 1;
+                    tasks.spawn(one_request(client.clone(), request, scheduled, bucket, tx.clone(), tally.clone()));
+                }
                 next = after(scheduled, &mut rng);
             }
             Some(outcome) = rx.recv() => {
@@ -162,6 +168,28 @@ pub async fn run_bench_tallied(config: &BenchConfig, tally: &Arc<Tally>) -> anyh
     drop(progress);
     report.elapsed = (last_answer - start).max(config.duration);
     Ok(report)
+}
+
+impl Outcome {
+    /// A request without an HTTP answer, with nothing measured.
+    fn failed(bucket: usize, class: Option<Class>, tenant: Option<usize>) -> Outcome {
+        Outcome {
+            bucket,
+            answer: Answer::TransportError,
+            ttft: None,
+            latency: Duration::ZERO,
+            tokens: 0,
+            reason: None,
+            class,
+            tenant,
+        }
+    }
+}
+
+/// The error counted for an arrival not sent because `max` requests were in
+/// flight (`BenchConfig::max_in_flight`).
+fn in_flight_full(max: u64) -> std::io::Error {
+    std::io::Error::other(format!("not sent: {max} requests in flight already (--max-in-flight)"))
 }
 
 fn record(report: &mut BenchReport, o: &Outcome) {
@@ -227,16 +255,7 @@ async fn one_request(
             .header(TENANT_HEADER, headers.tenant.clone());
     }
     let sent = post.body(body).send().await;
-    let mut outcome = Outcome {
-        bucket,
-        answer: Answer::TransportError,
-        ttft: None,
-        latency: Duration::ZERO,
-        tokens: 0,
-        reason: None,
-        class,
-        tenant: tenant.map(|(i, _)| i),
-    };
+    let mut outcome = Outcome::failed(bucket, class, tenant.map(|(i, _)| i));
     if let Err(error) = &sent {
         tally.failed(error);
     }

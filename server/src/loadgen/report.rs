@@ -77,7 +77,7 @@ pub struct BenchReport {
     pub sent: u64,
     /// Answers per HTTP status.
     pub by_status: BTreeMap<u16, u64>,
-    /// Connection failures.
+    /// Connection failures, and arrivals not sent past `--max-in-flight`.
     pub transport_errors: u64,
     /// Requests abandoned at the drain deadline.
     pub unfinished: u64,
@@ -148,7 +148,7 @@ pub struct Summary {
     pub rejected: u64,
     /// `rejected / sent`, percent.
     pub rejected_pct: f64,
-    /// Connection failures.
+    /// Connection failures, and arrivals not sent past `--max-in-flight`.
     pub transport_errors: u64,
     /// Abandoned at the drain deadline.
     pub unfinished: u64,
@@ -404,6 +404,7 @@ pub(crate) fn report_for_test(
         stream: true,
         drain_timeout: Duration::ZERO,
         seed: 0,
+        max_in_flight: crate::loadgen::config::DEFAULT_MAX_IN_FLIGHT,
         progress: false,
         mix: None,
         tenants: None,
