@@ -346,6 +346,21 @@ fn bench_refuses_a_plot_it_cannot_write_before_any_request() {
     assert!(connected.is_err(), "the bench connected before the plot was refused: {err}");
 }
 
+/// A `--plot` naming a named pipe nobody reads made the bench (and the
+/// demo) wait without end before its first request: the check that the
+/// plot can be written opened the pipe, which blocks until a reader comes.
+#[test]
+fn bench_refuses_a_plot_that_is_a_named_pipe() {
+    let fifo = std::env::temp_dir().join(format!("loadgate-bench-hostile-{}-fifo.svg", std::process::id()));
+    let _ = std::fs::remove_file(&fifo);
+    assert!(Command::new("mkfifo").arg(&fifo).status().expect("run mkfifo").success());
+    let bench = bench("http://127.0.0.1:9", &["--rate", "1", "--duration", "1", "--plot", fifo.to_str().unwrap()]);
+    let (status, _, err) = finish(bench, Duration::from_secs(20));
+    let _ = std::fs::remove_file(&fifo);
+    assert!(status.is_some_and(|s| !s.success()), "still waiting after 20 s, or accepted: {err}");
+    assert!(err.contains("named pipe"), "{err}");
+}
+
 /// A retry storm is bounded by `--duration` plus `--drain-timeout`, but a
 /// server that never answered its clients' connecting `GET` (before the
 /// burst) held it for `--request-timeout` more: 2 s of storm took 22 s.

@@ -3,6 +3,7 @@
 //! comparison of its modes (no shedding, static thresholds, thresholds with
 //! a waiting line) across load levels.
 
+use std::os::unix::fs::FileTypeExt as _;
 use std::path::Path;
 
 use anyhow::Context as _;
@@ -19,17 +20,20 @@ fn legend(color: RGBColor) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
 }
 
 /// Checks, before a run, that a plot can be written at `path`, so that a
-/// run of minutes does not end in that error: not a directory, and a file
-/// opens there for writing. A file it had to create is removed again; one
-/// that was there is left as it was.
+/// run of minutes does not end in that error: not a directory, not a named
+/// pipe (opening one nobody reads waits without end), and a file opens
+/// there for writing. A file it had to create is removed again; one that
+/// was there is left as it was.
 ///
 /// # Errors
 ///
-/// `path` is a directory, or no file can be written there (no such
-/// directory, no permission).
+/// `path` is a directory or a named pipe, or no file can be written there
+/// (no such directory, no permission).
 pub fn check_writable(path: &Path) -> anyhow::Result<()> {
     let what = || format!("cannot write the plot {}", path.display());
     anyhow::ensure!(!path.is_dir(), "{}: it is a directory", what());
+    let fifo = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo());
+    anyhow::ensure!(!fifo, "{}: it is a named pipe (an SVG file is written there)", what());
     let existed = path.exists();
     std::fs::OpenOptions::new().append(true).create(true).open(path).with_context(what)?;
     if !existed {
