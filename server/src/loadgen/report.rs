@@ -83,7 +83,8 @@ pub struct BenchReport {
     pub unfinished: u64,
     /// Output tokens of accepted requests.
     pub output_tokens: u64,
-    /// From the first arrival to the last answer (or the drain deadline).
+    /// From the run's start (before its first arrival) to the last answer
+    /// (or the drain deadline), at least the arrival window.
     pub elapsed: Duration,
     /// TTFT of accepted requests (µs).
     pub ttft: Histogram<u64>,
@@ -154,7 +155,7 @@ pub struct Summary {
     pub unfinished: u64,
     /// Answers per status.
     pub by_status: BTreeMap<String, u64>,
-    /// First arrival to last answer, seconds.
+    /// The run's start to its last answer (at least `duration_s`), seconds.
     pub elapsed_s: f64,
     /// Completed requests per second of `elapsed`.
     pub goodput_rps: f64,
