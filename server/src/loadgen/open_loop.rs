@@ -157,6 +157,12 @@ pub async fn run_bench_tallied(config: &BenchConfig, tally: &Arc<Tally>) -> anyh
                 record(&mut report, &outcome);
             }
             () = tokio::time::sleep_until(drain_deadline), if next.is_none() => {
+                // Answers already waiting came before the deadline (`select!`
+                // may pick this branch over theirs): counted, not unfinished.
+                while let Ok(outcome) = rx.try_recv() {
+                    outstanding -= 1;
+                    record(&mut report, &outcome);
+                }
                 report.unfinished = outstanding;
                 tasks.abort_all();
                 last_answer = drain_deadline;
