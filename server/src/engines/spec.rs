@@ -41,6 +41,13 @@ impl FromStr for EngineSpec {
         let kind: EngineKind = kind.trim().parse().map_err(|e| format!("engine `{spec}`: {e}"))?;
         let mut parts = rest.split(',');
         let url = parts.next().unwrap_or_default().trim();
+        if has_credentials(url) {
+            // Not echoed: the message would show the password.
+            return Err(format!(
+                "engine `{kind}=…`: a URL with credentials (USER:PASSWORD@) is not supported: loadgate \
+                 sends an engine no credentials, and its URL shows in logs and in a sidecar's /health"
+            ));
+        }
         let base_url = base_url(url).map_err(|e| format!("engine `{spec}`: {e}"))?;
         let mut model = None;
         for option in parts {
@@ -64,9 +71,9 @@ fn base_url(url: &str) -> Result<String, String> {
     if url.trim_end_matches('/').is_empty() {
         return Err("empty URL".to_owned());
     }
-    let with_scheme = if url.contains("://") { url.to_owned() } else { format!("http://{url}") };
-    let base = with_scheme.trim_end_matches('/').to_owned();
-    let parsed = reqwest::Url::parse(&with_scheme).map_err(|e| format!("invalid URL `{url}`: {e}"))?;
+    let full = with_scheme(url);
+    let base = full.trim_end_matches('/').to_owned();
+    let parsed = reqwest::Url::parse(&full).map_err(|e| format!("invalid URL `{url}`: {e}"))?;
     match parsed.scheme() {
         "http" => {}
         "https" => {
@@ -86,6 +93,24 @@ fn base_url(url: &str) -> Result<String, String> {
         return Err(format!("URL `{url}`: a base URL has no query or fragment"));
     }
     Ok(base)
+}
+
+/// `url` with `http://` added when it names no scheme.
+fn with_scheme(url: &str) -> String {
+    if url.contains("://") {
+        url.to_owned()
+    } else {
+        format!("http://{url}")
+    }
+}
+
+/// Whether `url` carries a user name or a password (`USER:PASSWORD@HOST`):
+/// the HTTP client would send them as Basic auth, and every message that
+/// names the URL (logs, scrape errors in a sidecar's unauthenticated
+/// `/health`) would show them.
+fn has_credentials(url: &str) -> bool {
+    reqwest::Url::parse(&with_scheme(url))
+        .is_ok_and(|parsed| !parsed.username().is_empty() || parsed.password().is_some())
 }
 
 #[cfg(test)]
@@ -133,5 +158,21 @@ mod tests {
             let error = parse(spec).unwrap_err();
             assert!(error.contains(says), "{spec}: {error}");
         }
+    }
+
+    /// Found by a review: `vllm=http://user:secret@h:1` was taken; the
+    /// HTTP client sent the pair as Basic auth (docs/engines.md: engines
+    /// get no credentials), and the URL, password included, went into the
+    /// logs and, through a failed scrape, into a sidecar's `/health`, which
+    /// needs no proof. Now refused at start, without echoing the password.
+    #[test]
+    fn credentials_in_the_url_are_refused_unshown() {
+        for spec in ["vllm=http://user:secret@h:1", "llamacpp=user:secret@127.0.0.1:8080", "sglang=http://secret@h:1/p"]
+        {
+            let error = parse(spec).unwrap_err();
+            assert!(error.contains("credentials"), "{spec}: {error}");
+            assert!(!error.contains("secret"), "{spec}: the password is shown: {error}");
+        }
+        assert!(parse("vllm=http://h:1/user@x").is_ok(), "an @ in the path is no credential");
     }
 }
