@@ -96,6 +96,10 @@ impl EngineProxy {
             Outcome::ProofRefused => {
                 error_response(Failure::Proof.status(), SERVER_ERROR, None, "the engine refused the request proof")
             }
+            // This worker's own body budget could not take the rewrite for
+            // the engine: refused as a body it cannot buffer is (503), not
+            // blamed on the engine (nothing is wrong with it).
+            Outcome::Failed(Failure::OverBudget) => bodies.over_budget(),
             // Nothing ran: the frontend may send it to another worker.
             Outcome::Failed(failure) => {
                 let message = format!("the engine did not take the request ({})", failure.label());
@@ -113,3 +117,36 @@ impl EngineProxy {
 
 /// A forwarded request's engine slot, held while the engine answers.
 impl Watcher for Held {}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use axum::http::StatusCode;
+
+    use super::*;
+
+    /// Found by a review: a llama.cpp request whose rewrite to a stream did
+    /// not fit in the worker's body budget was answered 502 "the engine did
+    /// not take the request (frontend_over_budget)" with
+    /// `x-loadgate-refusal: engine-not-reached`, so a frontend quarantined
+    /// this worker as if its engine were down. It is the worker's own
+    /// limit: 503 with a retry hint, as for a body it cannot buffer.
+    #[tokio::test]
+    async fn a_rewrite_over_the_body_budget_is_the_workers_503_not_the_engines_502() {
+        let bodies = BodyBudget::new(1, 1);
+        let _spent = bodies.adopt(vec![0; 1 << 20]).expect("an empty budget takes 1 MiB");
+        // Never reached: the rewrite fails before anything is sent.
+        let timeouts = Timeouts {
+            connect: Duration::from_secs(1),
+            first_byte: Duration::from_secs(1),
+            between_chunks: Duration::from_secs(1),
+        };
+        let proxy = EngineProxy::new(reqwest::Client::new(), "http://127.0.0.1:1".to_owned(), timeouts, true);
+        let body = Bytes::from_static(br#"{"model":"m","prompt":"hi","max_tokens":2}"#);
+        let response = proxy.forward(&Gate::new(None), &bodies, "/v1/completions", &HeaderMap::new(), body).await;
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(response.headers().get(REFUSAL_HEADER).is_none(), "not a refusal the frontend acts on");
+        assert!(response.headers().contains_key(header::RETRY_AFTER));
+    }
+}
