@@ -11,7 +11,10 @@ pub struct RankSample {
     pub running_requests: u32,
 }
 
-/// One scrape; `ranks[i]` is dp rank i; never empty on Ok.
+/// One scrape: the ranks the engine reports, in ascending order of their
+/// rank label, without gaps (a rank number no series names is no rank of
+/// the engine, so `ranks[i]` is the `i`-th rank reported, not necessarily
+/// rank `i`); never empty on Ok.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct EngineSnapshot {
     /// The ranks, in ascending order of the engine's rank label.

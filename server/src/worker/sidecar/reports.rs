@@ -32,10 +32,11 @@
 //!
 //! An engine that comes back after failed scrapes may have been restarted
 //! with another model on the same address (llama.cpp answers a request for
-//! any model with its own). Unless `model=` named the model, the scraper
-//! then reads `/v1/models` again ([`ScrapeEvent::Listed`]); while the
-//! worker's model is not listed, the worker stays out of routing,
-//! unhealthy, and says why; it rejoins once the engine lists it again. A
+//! any model with its own). Unless the model was named (`--model` or
+//! `model=`), the scraper then reads `/v1/models` again
+//! ([`ScrapeEvent::Listed`]); while the worker's model is not listed, the
+//! worker stays out of routing, unhealthy, and says why; it rejoins once
+//! the engine lists it again. A
 //! list that cannot be read counts as a failed scrape: the worker does not
 //! rejoin on a model nobody checked.
 //!
