@@ -17,7 +17,7 @@ use crate::openai::Api;
 use crate::worker::gate::{at_capacity, Gate};
 use crate::worker::proof::ProofCheck;
 use crate::worker::reply::json_response;
-use crate::worker::sidecar::{EngineHealth, EngineProxy};
+use crate::worker::sidecar::{other_model, EngineHealth, EngineProxy};
 use crate::worker::sim::{self, Simulator};
 
 /// Everything the HTTP handlers share.
@@ -78,9 +78,10 @@ async fn serve(worker: Arc<Worker>, api: Api, headers: HeaderMap, body: Body) ->
     };
     match &worker.backend {
         Backend::Simulator(simulator) => sim::generate(&worker.gate, simulator, api, body).await,
-        Backend::Sidecar { proxy, .. } => {
-            proxy.forward(&worker.gate, &worker.bodies, api_path(api), &headers, body).await
-        }
+        Backend::Sidecar { proxy, health } => match health.other_model() {
+            Some(why) => other_model(&why),
+            None => proxy.forward(&worker.gate, &worker.bodies, api_path(api), &headers, body).await,
+        },
     }
 }
 

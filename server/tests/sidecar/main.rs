@@ -380,6 +380,14 @@ async fn an_engine_back_with_another_model_keeps_the_sidecar_out_until_it_lists_
         assert!(Instant::now() < deadline, "the sidecar never told the model was gone: {status} {body}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Found by a review: a request that still reached the sidecar (a frontend
+    // yet to apply its Deregister, a direct client) went to the engine and was
+    // answered 200 by the other model. Now: not sent, a 502 a frontend moves.
+    let sent = engine.seen().len();
+    let response = send(&client, &worker.base, &request(1, 0, false), None).await;
+    assert_eq!(response.status().as_u16(), 502);
+    assert_eq!(response.headers()["x-loadgate-refusal"], "engine-not-reached");
+    assert_eq!(engine.seen().len(), sent, "the engine serving another model got the request");
     // A second of good scrapes (50 ms apart): still out.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(health().await.0, 503);

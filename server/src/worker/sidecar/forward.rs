@@ -115,6 +115,17 @@ impl EngineProxy {
     }
 }
 
+/// The answer to a request while the engine serves another model than the
+/// worker's (`why`, from `reports.rs`): not sent (llama.cpp would answer it
+/// with the other model), 502 with the signal that nothing ran, so a
+/// frontend that still routes here sends it to another worker.
+pub(crate) fn other_model(why: &str) -> Response {
+    let message = format!("the request was not sent to the engine: {why}");
+    let mut response = error_response(axum::http::StatusCode::BAD_GATEWAY, SERVER_ERROR, None, &message);
+    response.headers_mut().insert(REFUSAL_HEADER, HeaderValue::from_static(REFUSAL_NOT_REACHED));
+    response
+}
+
 /// A forwarded request's engine slot, held while the engine answers.
 impl Watcher for Held {}
 

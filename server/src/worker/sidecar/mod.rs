@@ -16,7 +16,7 @@ use loadgate::Admission;
 mod forward;
 mod reports;
 
-pub(crate) use self::forward::EngineProxy;
+pub(crate) use self::forward::{other_model, EngineProxy};
 pub(crate) use self::reports::{with_queue, EngineHealth};
 
 pub(crate) use self::reports::Publishers;

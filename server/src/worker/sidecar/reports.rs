@@ -35,8 +35,9 @@
 //! any model with its own). Unless the model was named (`--model` or
 //! `model=`), the scraper then reads `/v1/models` again
 //! ([`ScrapeEvent::Listed`]); while the worker's model is not listed, the
-//! worker stays out of routing, unhealthy, and says why; it rejoins once
-//! the engine lists it again. A
+//! worker stays out of routing, unhealthy, and says why, and a request
+//! that still reaches it is not sent to the engine (a 502 that a frontend
+//! moves to another worker); it rejoins once the engine lists it again. A
 //! list that cannot be read counts as a failed scrape: the worker does not
 //! rejoin on a model nobody checked.
 //!
@@ -75,12 +76,28 @@ pub(crate) struct EngineHealth {
     healthy: AtomicBool,
     /// Why it is unhealthy (the last scrape error).
     reason: Mutex<String>,
+    /// The engine no longer lists the worker's model (the reason says
+    /// what it lists): its requests are not sent to it.
+    other_model: AtomicBool,
 }
 
 impl EngineHealth {
     /// Healthy (the sidecar starts after a successful scrape).
     pub(crate) fn new() -> Self {
-        EngineHealth { healthy: AtomicBool::new(true), reason: Mutex::new(String::new()) }
+        EngineHealth {
+            healthy: AtomicBool::new(true),
+            reason: Mutex::new(String::new()),
+            other_model: AtomicBool::new(false),
+        }
+    }
+
+    /// `Some(why)` while the engine serves another model than the worker's.
+    pub(crate) fn other_model(&self) -> Option<String> {
+        // Relaxed: a flag read on its own; the reason is read under its lock.
+        if !self.other_model.load(Ordering::Relaxed) {
+            return None;
+        }
+        Some(self.reason.lock().unwrap_or_else(|e| e.into_inner()).clone())
     }
 
     /// `None` when healthy, else why not.
@@ -252,6 +269,8 @@ impl EngineReports {
             }
             ScrapeEvent::Listed { missing, listed } => match (missing.is_empty(), self.model_gone.take()) {
                 (true, Some(_)) => {
+                    // Relaxed: see `other_model`.
+                    self.health.other_model.store(false, Ordering::Relaxed);
                     if let Some(suppressed) = self.log.admit() {
                         tracing::info!(?listed, suppressed, "the engine lists the worker's model again");
                     }
@@ -270,6 +289,9 @@ impl EngineReports {
                             );
                         }
                     }
+                    // Relaxed: before the reason is written under its lock,
+                    // so whoever reads that reason (`/health`) sees this too.
+                    self.health.other_model.store(true, Ordering::Relaxed);
                     self.leave(&reason);
                     self.model_gone = Some(reason);
                 }
