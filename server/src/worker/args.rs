@@ -50,6 +50,11 @@ pub struct Args {
     /// (--engine).
     #[arg(help_heading = "Serving (a simulated engine, or a real one with --engine)", long, env = "LOADGATE_WORKER_ENGINE_CHUNK_TIMEOUT_SECS", value_name = "SECS", default_value_t = 60, value_parser = crate::flag_limits::secs(1))]
     pub engine_chunk_timeout_secs: u64,
+    /// Seconds a starting sidecar waits for its engine to list its model (unless named) and answer
+    /// a scrape; past it, it exits with an error (--engine). An engine still loading a large model
+    /// may need minutes.
+    #[arg(help_heading = "Serving (a simulated engine, or a real one with --engine)", long, env = "LOADGATE_WORKER_ENGINE_START_TIMEOUT_SECS", value_name = "SECS", default_value_t = 60, value_parser = crate::flag_limits::secs(1))]
+    pub engine_start_timeout_secs: u64,
     /// How the engine is scraped (--engine).
     #[command(flatten, next_help_heading = "Serving (a simulated engine, or a real one with --engine)")]
     pub scrape: ScrapeArgs,

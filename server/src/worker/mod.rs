@@ -86,7 +86,7 @@ fn app(worker: Arc<Worker>) -> Router {
 /// An invalid admission configuration (`--engine-request-limit 0`, an invalid
 /// `DYN_DYNAMO_REQUEST_QUEUE_LIMIT`), a port that cannot be bound, an
 /// unspecified bind address without `--advertise-addr`, or (`--engine`) an
-/// engine that does not answer within [`sidecar::ENGINE_START_WAIT`].
+/// engine that does not answer within `--engine-start-timeout-secs`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     crate::logging::init_logging();
     let admission = match args.engine_request_limit {

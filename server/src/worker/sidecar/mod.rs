@@ -29,9 +29,6 @@ use crate::events::Registration;
 use crate::nats::NatsLink;
 use crate::secret::Secrets;
 
-/// How long a starting sidecar waits for its engine to answer.
-pub const ENGINE_START_WAIT: Duration = Duration::from_secs(60);
-
 /// Pause between two tries while the engine is not answering yet.
 const START_RETRY: Duration = Duration::from_millis(250);
 
@@ -74,7 +71,7 @@ struct Engine {
 }
 
 impl Sidecar {
-    /// Waits (at most [`ENGINE_START_WAIT`]) for the engine, then starts
+    /// Waits (at most `--engine-start-timeout-secs`) for the engine, then starts
     /// proxying and reporting. Returns the backend, the model and dp size
     /// the worker registers with, and the load path.
     ///
@@ -101,7 +98,8 @@ impl Sidecar {
         let client = crate::upstream::client(timeouts.connect).context("cannot build the HTTP client to the engine")?;
         let scrape = args.scrape.config();
         let named_by_engine = named.is_none();
-        let engine = wait_for_engine(&client, spec, named, scrape.timeout).await?;
+        let wait = Duration::from_secs(args.engine_start_timeout_secs);
+        let engine = wait_for_engine(&client, spec, named, scrape.timeout, wait).await?;
         let dp_size = u32::try_from(engine.first.ranks.len()).unwrap_or(u32::MAX).max(1);
         tracing::info!(engine = %spec, model = %engine.model, dp_size, "the engine answers");
         let health = Arc::new(EngineHealth::new());
@@ -150,14 +148,15 @@ impl Sidecar {
 }
 
 /// Retries until the engine names its model (unless `named`) and answers
-/// a scrape, for at most [`ENGINE_START_WAIT`].
+/// a scrape, for at most `wait`.
 async fn wait_for_engine(
     client: &reqwest::Client,
     spec: &EngineSpec,
     named: Option<String>,
     timeout: Duration,
+    wait: Duration,
 ) -> anyhow::Result<Engine> {
-    let deadline = Instant::now() + ENGINE_START_WAIT;
+    let deadline = Instant::now() + wait;
     let mut model = named;
     let mut tries = 0u32;
     loop {
@@ -180,7 +179,7 @@ async fn wait_for_engine(
         };
         tries += 1;
         if Instant::now() + START_RETRY >= deadline {
-            anyhow::bail!("the engine {spec} did not answer within {ENGINE_START_WAIT:?}: {error}");
+            anyhow::bail!("the engine {spec} did not answer within {wait:?} (--engine-start-timeout-secs): {error}");
         }
         if tries == 1 {
             tracing::info!(engine = %spec, %error, "waiting for the engine");
