@@ -4,8 +4,10 @@
 //! `waiting_requests` = the engine's waiting requests + the requests queued
 //! in the sidecar's hard cap (they wait for whichever rank frees first, so
 //! every rank carries them; a worker is busy only when all its ranks are).
-//! The queue is read at each scrape, so the frontend sees it at most one
-//! scrape interval late.
+//! The queue is read at each successful scrape, so the frontend sees it
+//! at most one scrape interval and one scrape's duration late; while
+//! scrapes fail, neither the engine's load nor the queue is reported (the
+//! heartbeats then carry no load, see `on_scrape`).
 //!
 //! # An engine that stops answering
 //!
