@@ -165,6 +165,11 @@ pub struct Args {
     /// later): a slot it freed is usually seen within one scrape, not up to an interval later.
     #[arg(help_heading = "Workers and engines", long, env = "LOADGATE_FRONTEND_ENGINE_SCRAPE_ON_END", value_parser = BoolishValueParser::new())]
     pub engine_scrape_on_end: bool,
+    /// Seconds each `--engine` engine has at start to list its models (unless model= names one) and
+    /// answer a scrape; past it, the frontend exits with an error. An engine still loading a large
+    /// model may need minutes.
+    #[arg(help_heading = "Workers and engines", long, env = "LOADGATE_FRONTEND_ENGINE_START_TIMEOUT_SECS", value_name = "SECS", default_value_t = 60, value_parser = crate::flag_limits::secs(1))]
+    pub engine_start_timeout_secs: u64,
     /// A model to keep (repeatable): known before any worker serves it, never forgotten.
     #[arg(
         help_heading = "Workers and engines",

@@ -3,7 +3,7 @@
 //!
 //! At start, each engine must list its models (`GET /v1/models`, unless
 //! `model=` names the one) and answer one scrape, within
-//! [`ENGINE_START_DEADLINE`] (retried meanwhile). It is then registered as
+//! `--engine-start-timeout-secs` (retried meanwhile). It is then registered as
 //! one worker per model it serves: the id is the first 8 bytes of
 //! SHA-256 over the base URL and the model name (stable across frontend
 //! restarts, so dashboards keep their `worker_id`), the incarnation is the
@@ -52,9 +52,6 @@ use crate::engines::spec::EngineSpec;
 use crate::events::{PlaneLimits, Registration};
 use crate::frontend::state::Frontend;
 use crate::throttle::LogThrottle;
-
-/// How long an engine may take to answer at start before the frontend gives up.
-pub const ENGINE_START_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Between two tries while an engine is not ready.
 const START_RETRY: Duration = Duration::from_millis(250);
@@ -105,16 +102,17 @@ pub(crate) fn engine_worker_id(base_url: &str, model: &str) -> WorkerId {
 ///
 /// # Errors
 ///
-/// An engine that did not answer within [`ENGINE_START_DEADLINE`], the same
+/// An engine that did not answer within `start_timeout`, the same
 /// engine and model twice (or an id another `--worker` holds), or a
 /// registration the event-plane limits refuse.
 pub(crate) async fn register_engines(
     frontend: &Frontend,
     specs: &[EngineSpec],
     config: ScrapeConfig,
+    start_timeout: Duration,
     limits: &PlaneLimits,
 ) -> anyhow::Result<Vec<Engine>> {
-    let contacts = specs.iter().map(|spec| first_contact(&frontend.client, spec, config));
+    let contacts = specs.iter().map(|spec| first_contact(&frontend.client, spec, config, start_timeout));
     let answers = futures_util::future::join_all(contacts).await;
     let incarnation = Registration::new_incarnation();
     let mut engines = Vec::with_capacity(specs.len());
@@ -159,13 +157,14 @@ pub(crate) async fn register_engines(
 }
 
 /// The engine's models (its `/v1/models` ids, or `model=`) and a first
-/// scrape, retried until both answer or [`ENGINE_START_DEADLINE`] passes.
+/// scrape, retried until both answer or `start_timeout` passes.
 async fn first_contact(
     client: &reqwest::Client,
     spec: &EngineSpec,
     config: ScrapeConfig,
+    start_timeout: Duration,
 ) -> anyhow::Result<(Vec<String>, EngineSnapshot)> {
-    let deadline = tokio::time::Instant::now() + ENGINE_START_DEADLINE;
+    let deadline = tokio::time::Instant::now() + start_timeout;
     let list_timeout = config.timeout.max(MIN_LIST_TIMEOUT);
     let mut attempt: u32 = 0;
     loop {
@@ -186,7 +185,7 @@ async fn first_contact(
             Err(_) => "no answer in time".to_owned(),
         };
         if tokio::time::Instant::now() + START_RETRY >= deadline {
-            anyhow::bail!("--engine {spec}: not ready within {ENGINE_START_DEADLINE:?}: {error}");
+            anyhow::bail!("--engine {spec}: not ready within {start_timeout:?} (--engine-start-timeout-secs): {error}");
         }
         // The first failure and then one in 20 (every 5 s).
         if attempt % 20 == 1 {

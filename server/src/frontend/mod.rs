@@ -224,7 +224,7 @@ impl Drop for RunningFrontend {
 /// Invalid thresholds, an invalid TLS certificate or key, an invalid admin
 /// token, a port that cannot be bound, a `--worker` whose `/info` never
 /// answered or names what the event-plane limits refuse, or an `--engine`
-/// that never answered (`engines::ENGINE_START_DEADLINE`) or that the
+/// that never answered (`--engine-start-timeout-secs`) or that the
 /// limits refuse.
 pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
     let config = MonitorConfig {
@@ -313,7 +313,8 @@ pub async fn start(args: Args) -> anyhow::Result<RunningFrontend> {
         register::register_http_worker(&frontend, url, &limits).await?;
     }
     let scrape = args.scrape.config();
-    let engines = engines::register_engines(&frontend, &args.engines, scrape, &limits).await?;
+    let start_timeout = Duration::from_secs(args.engine_start_timeout_secs);
+    let engines = engines::register_engines(&frontend, &args.engines, scrape, start_timeout, &limits).await?;
     // A worker leaves routing when its connection is silent for
     // --event-silence-ms, or as soon as its load would go stale.
     let silence = [Some(args.event_silence_ms), args.load_staleness_ms, Some(args.event_idle_timeout_ms)]

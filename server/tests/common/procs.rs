@@ -87,6 +87,24 @@ impl Drop for Proc {
     }
 }
 
+/// Runs `loadgate <args>` expecting it to exit by itself within `within`:
+/// its exit status (`None`: still running then, and killed) and its stderr.
+pub fn exit_within(args: &[&str], within: Duration) -> (Option<std::process::ExitStatus>, String) {
+    let mut child =
+        Command::new(bin()).args(args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("run loadgate");
+    let deadline = Instant::now() + within;
+    let mut status = None;
+    while status.is_none() && Instant::now() < deadline {
+        status = child.try_wait().expect("wait for loadgate");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if status.is_none() {
+        child.kill().expect("kill loadgate");
+    }
+    let out = child.wait_with_output().expect("read loadgate's output");
+    (status, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
 /// Starts `loadgate <args>` with `env` and waits (bounded) for its first
 /// stdout line; returns the process and that line.
 pub fn spawn(name: &str, args: &[&str], env: &[(&str, &str)]) -> (Proc, String) {

@@ -497,25 +497,10 @@ async fn an_engine_that_is_too_slow_gets_a_504_or_a_cut_and_its_connection_close
 fn the_wait_for_the_engine_at_start_is_a_flag() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let spec = format!("vllm={closed}");
-    let mut child = std::process::Command::new(common::bin())
-        .args(["worker", "--engine", &spec, "--engine-start-timeout-secs", "1", "--http-host", "127.0.0.1"])
-        .args(["--http-port", "0"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run loadgate");
+    let args = ["worker", "--engine", &spec, "--engine-start-timeout-secs", "1", "--http-host", "127.0.0.1"];
     // Bounded: a sidecar still waiting after 30 s (1 s asked) is killed.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait().expect("wait for loadgate").is_none() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let waiting = child.try_wait().expect("wait for loadgate").is_none();
-    if waiting {
-        child.kill().expect("kill loadgate");
-    }
-    let out = child.wait_with_output().expect("read loadgate's output");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!waiting && !out.status.success(), "{stderr}");
+    let (status, stderr) = common::exit_within(&[&args[..], &["--http-port", "0"]].concat(), Duration::from_secs(30));
+    assert!(status.is_some_and(|s| !s.success()), "{stderr}");
     assert!(stderr.contains("did not answer within 1s (--engine-start-timeout-secs)"), "{stderr}");
 }
 
