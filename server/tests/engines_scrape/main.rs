@@ -578,17 +578,3 @@ async fn proxies_to_the_engine_and_tracks_prefill_meanwhile() {
     assert_eq!(sum_metric(&text, "loadgate_frontend_tracked_prefill_tokens", &[]), 0.0, "{text}");
     assert_eq!(sum_metric(&text, "dynamo_frontend_worker_active_prefill_tokens", &[&id]), 0.0, "{text}");
 }
-
-/// Found by a review: a frontend gave each `--engine` a fixed 60 s at
-/// start (a vLLM loading a large model may need minutes). The wait is
-/// `--engine-start-timeout-secs`; past it the frontend exits, naming it.
-#[test]
-fn the_frontends_wait_for_an_engine_at_start_is_a_flag() {
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let spec = format!("vllm={closed},model=m");
-    let args = ["frontend", "--engine", &spec, "--engine-start-timeout-secs", "1", "--http-host", "127.0.0.1"];
-    // Bounded: a frontend still waiting after 30 s (1 s asked) is killed.
-    let (status, stderr) = common::exit_within(&[&args[..], &["--http-port", "0"]].concat(), Duration::from_secs(30));
-    assert!(status.is_some_and(|s| !s.success()), "{stderr}");
-    assert!(stderr.contains("not ready within 1s (--engine-start-timeout-secs)"), "{stderr}");
-}

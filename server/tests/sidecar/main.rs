@@ -492,16 +492,20 @@ async fn an_engine_that_is_too_slow_gets_a_504_or_a_cut_and_its_connection_close
 /// Found by a review: a sidecar gave its engine 60 s to answer at start,
 /// fixed, then exited; a vLLM loading a large model takes minutes, so a
 /// sidecar started beside it (a pod's containers) exited before it was up.
-/// Now `--engine-start-timeout-secs` sets the wait (default 60).
+/// A frontend gave each `--engine` the same fixed 60 s. Now
+/// `--engine-start-timeout-secs` sets the wait of both (default 60).
 #[test]
 fn the_wait_for_the_engine_at_start_is_a_flag() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let spec = format!("vllm={closed}");
-    let args = ["worker", "--engine", &spec, "--engine-start-timeout-secs", "1", "--http-host", "127.0.0.1"];
-    // Bounded: a sidecar still waiting after 30 s (1 s asked) is killed.
-    let (status, stderr) = common::exit_within(&[&args[..], &["--http-port", "0"]].concat(), Duration::from_secs(30));
-    assert!(status.is_some_and(|s| !s.success()), "{stderr}");
-    assert!(stderr.contains("did not answer within 1s (--engine-start-timeout-secs)"), "{stderr}");
+    let spec = format!("vllm={closed},model=m");
+    for (command, says) in [("worker", "did not answer within 1s"), ("frontend", "not ready within 1s")] {
+        let args = [command, "--engine", &spec, "--engine-start-timeout-secs", "1", "--http-host", "127.0.0.1"];
+        // Bounded: one still waiting after 30 s (1 s asked) is killed.
+        let args = [&args[..], &["--http-port", "0"]].concat();
+        let (status, stderr) = common::exit_within(&args, Duration::from_secs(30));
+        assert!(status.is_some_and(|s| !s.success()), "{command}: {stderr}");
+        assert!(stderr.contains(&format!("{says} (--engine-start-timeout-secs)")), "{command}: {stderr}");
+    }
 }
 
 #[test]
