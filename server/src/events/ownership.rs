@@ -48,10 +48,10 @@ impl Ownership {
         self.workers.get(&worker).and_then(|p| p.holder)
     }
 
-    /// Whether this plane registered `worker` (held, or orphaned within
-    /// its grace).
-    pub(super) fn knows(&self, worker: WorkerId) -> bool {
-        self.workers.contains_key(&worker)
+    /// The incarnation this plane registered `worker` in (held, or
+    /// orphaned within its grace), if any.
+    pub(super) fn incarnation(&self, worker: WorkerId) -> Option<u64> {
+        self.workers.get(&worker).map(|p| p.incarnation)
     }
 
     /// `token` now holds `worker` in `incarnation`.

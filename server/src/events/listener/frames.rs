@@ -116,12 +116,12 @@ impl PlaneServer {
         // hold it: while that worker is heard, only the same life at the
         // same address (a worker on both planes) registers here; another
         // life or address waits until it is silent or gone, as an id a
-        // connection holds waits for the connection.
-        let elsewhere = !self.ownership.knows(worker)
-            && self
-                .monitor
-                .incarnation(worker)
-                .is_some_and(|held| self.directory.held_by_another_live(worker, held, incarnation, http_addr));
+        // connection holds waits for the connection. That holds too for an
+        // id orphaned here whose life the other plane has replaced since.
+        let current = self.monitor.incarnation(worker);
+        let ours = self.ownership.incarnation(worker).is_some_and(|mine| current == Some(mine));
+        let elsewhere = !ours
+            && current.is_some_and(|held| self.directory.held_by_another_live(worker, held, incarnation, http_addr));
         if elsewhere {
             return Err(Close::Refused(format!("worker id {worker} is held by a live worker on the NATS plane")));
         }

@@ -83,9 +83,21 @@ impl Plane {
         limits: PlaneLimits,
         silence: Duration,
     ) -> Plane {
+        Plane::with_grace(listener, config, secrets, limits, (silence, GRACE))
+    }
+
+    /// As [`Plane::silent_after`], with its own deregistration grace:
+    /// `(silence, grace)`.
+    fn with_grace(
+        listener: std::net::TcpListener,
+        config: MonitorConfig,
+        secrets: Option<Arc<Secrets>>,
+        limits: PlaneLimits,
+        (silence, grace): (Duration, Duration),
+    ) -> Plane {
         let monitor = Arc::new(WorkerMonitor::new(config).unwrap());
         let directory = Arc::new(WorkerDirectory::new(monitor.clone()));
-        let config = PlaneConfig { grace: GRACE, secrets, limits, silence, stats: Default::default() };
+        let config = PlaneConfig { grace, secrets, limits, silence, stats: Default::default() };
         let plane = EventPlane::start(listener, monitor.clone(), directory.clone(), config).unwrap();
         Plane { monitor, directory, plane }
     }

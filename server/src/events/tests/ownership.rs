@@ -131,3 +131,46 @@ fn an_id_registered_by_worker_url_is_refused() {
     assert_eq!(plane.monitor.incarnation(6), Some(0));
     assert_eq!(base_url(&plane, 6), "http://127.0.0.1:1006");
 }
+
+/// A plane whose workers go silent after `silence` and whose closed
+/// connections' ids wait a minute (longer than any test) for a new holder.
+fn long_grace_plane(silence: Duration) -> Plane {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    // Idle connections stay open: only the tests close them.
+    let limits = PlaneLimits { event_idle_timeout: Duration::from_secs(60), ..PlaneLimits::default() };
+    let timing = (silence, Duration::from_secs(60));
+    Plane::with_grace(listener, MonitorConfig::default(), Some(secrets(SECRET, None)), limits, timing)
+}
+
+/// What the NATS plane does when it registers `incarnation` of `worker`
+/// at `addr` (`nats::plane::workers`): the monitor, then the directory.
+fn registered_elsewhere(plane: &Plane, worker: WorkerId, incarnation: u64, addr: &str) {
+    plane.monitor.register(worker, "m", 1, incarnation).unwrap();
+    assert!(plane.directory.insert_again(worker, addr, 1, false));
+    plane.directory.sync(worker);
+    assert!(!plane.directory.out_of_routing().contains(&worker), "the other plane's life is in routing");
+}
+
+/// Found by a review: an id whose connection closed stayed this plane's for
+/// its whole grace, even once another plane (NATS) had registered a new
+/// life of it, heard and in routing: any connection's Register then took
+/// that live worker's id, and its requests, which the check of ids another
+/// plane holds refuses otherwise (docs/deployment.md, *Trust model*).
+#[test]
+fn an_orphaned_id_another_plane_registered_since_is_not_taken_from_it() {
+    let plane = long_grace_plane(Duration::from_secs(60));
+    drop(holder(&plane, 8, 1, "127.0.0.1:1008"));
+    eventually("the closed connection's worker out of routing", || plane.directory.out_of_routing().contains(&8));
+    registered_elsewhere(&plane, 8, 2, "127.0.0.1:2008");
+    // Another life (a thief's, or the old one's again), within the grace.
+    for incarnation in [3, 1] {
+        let mut thief = plane.peer();
+        thief.authenticate(&secrets(SECRET, None));
+        let frame =
+            Frame::Register { worker: 8, incarnation, dp_size: 1, model: "m".into(), http_addr: "6.6.6.6:1".into() };
+        thief.send(&frame).unwrap();
+        assert!(thief.closed_within(Duration::from_secs(5)), "incarnation {incarnation}: the takeover is refused");
+        assert_eq!(plane.monitor.incarnation(8), Some(2), "incarnation {incarnation}");
+        assert_eq!(base_url(&plane, 8), "http://127.0.0.1:2008", "incarnation {incarnation}");
+    }
+}
