@@ -437,11 +437,19 @@ impl PlaneServer {
             }
         }
         let _ = self.poll.registry().deregister(&mut conn.stream);
-        if let Some((worker, _)) = conn.worker {
+        if let Some((worker, incarnation)) = conn.worker {
             // Out of routing while orphaned: nothing reports its load, and
             // its process is likely gone (a new Register brings it back).
-            self.directory.set_silent(worker, true);
+            self.set_silent(worker, incarnation, true);
             self.ownership.release(worker, token, Instant::now() + self.config.grace);
         }
+    }
+
+    /// Marks `worker` silent (out of routing) or speaking again, unless the
+    /// monitor now holds another life of it than `incarnation`, the one
+    /// this plane registered: another plane (NATS) registered it since,
+    /// and its routing is that plane's to judge. Returns whether it changed.
+    fn set_silent(&self, worker: WorkerId, incarnation: u64, silent: bool) -> bool {
+        self.monitor.incarnation(worker) == Some(incarnation) && self.directory.set_silent(worker, silent)
     }
 }

@@ -26,8 +26,8 @@ impl PlaneServer {
     /// routing, and its silence is watched again.
     pub(super) fn speaks_again(&mut self, token: Token, conn: &mut Conn) {
         conn.silent = false;
-        if let Some((worker, _)) = conn.worker {
-            if self.directory.set_silent(worker, false) {
+        if let Some((worker, incarnation)) = conn.worker {
+            if self.set_silent(worker, incarnation, false) {
                 tracing::info!(worker, peer = %conn.peer, "worker reports again; back in routing");
             }
         }
@@ -94,11 +94,12 @@ impl PlaneServer {
                 continue;
             }
             conn.silent = true;
-            if let Some((worker, _)) = conn.worker {
-                if self.directory.set_silent(worker, true) {
+            let (registered, peer) = (conn.worker, conn.peer);
+            if let Some((worker, incarnation)) = registered {
+                if self.set_silent(worker, incarnation, true) {
                     tracing::warn!(
                         worker,
-                        peer = %conn.peer,
+                        %peer,
                         "nothing received for {silence:?} (--event-silence-ms, or a smaller --load-staleness-ms): worker out of routing until it reports"
                     );
                 }

@@ -174,3 +174,22 @@ fn an_orphaned_id_another_plane_registered_since_is_not_taken_from_it() {
         assert_eq!(base_url(&plane, 8), "http://127.0.0.1:2008", "incarnation {incarnation}");
     }
 }
+
+/// Found by a review: a connection whose worker another plane (NATS) had
+/// registered anew since (its own life silent, so the other plane could)
+/// still marked the worker silent when it closed: the other plane's live
+/// worker left routing, and nothing of that plane brought it back (it
+/// clears only the silence it set itself).
+#[test]
+fn a_connection_closing_leaves_another_planes_life_of_its_worker_in_routing() {
+    let plane = long_grace_plane(Duration::from_millis(50));
+    let old = holder(&plane, 9, 1, "127.0.0.1:1009");
+    eventually("the silent worker out of routing", || plane.directory.out_of_routing().contains(&9));
+    registered_elsewhere(&plane, 9, 2, "127.0.0.1:2009");
+    drop(old);
+    // The plane serves the old connection's end before a Register of a
+    // connection opened after it.
+    let _later = holder(&plane, 10, 1, "127.0.0.1:1010");
+    assert!(!plane.directory.out_of_routing().contains(&9), "the other plane's live worker stays in routing");
+    assert_eq!(plane.monitor.incarnation(9), Some(2));
+}
