@@ -12,6 +12,7 @@ use loadgate::Class;
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::redact::without_strings;
 use super::tenant::{Tenant, DEFAULT_TENANT};
 
 /// The largest tenants file read (1 MiB).
@@ -109,7 +110,7 @@ pub(super) fn parse(text: &str, json: bool, origin: &str) -> Result<Vec<Tenant>,
 
 fn toml_entries(text: &str, origin: &str) -> Result<Vec<Entry>, String> {
     let file: RawFile<Spanned<String>, Spanned<i64>> = toml::from_str(text).map_err(|e| {
-        let what = e.message().trim_end();
+        let what = without_strings(e.message().trim_end());
         match e.span() {
             Some(span) => format!("{origin}:{}: {what}", line_of(text, span.start)),
             None => format!("{origin}: {what}"),
@@ -135,7 +136,7 @@ fn json_entries(text: &str, origin: &str) -> Result<Vec<Entry>, String> {
         Some(_) => return Err(Report { text, origin }.error(start, r#"the file is one object, {"tenant": [...]}"#)),
     }
     let file: RawFile<String, i64> = serde_json::from_str(text).map_err(|e| {
-        let what = e.to_string();
+        let what = without_strings(&e.to_string());
         let what = what.strip_suffix(&format!(" at line {} column {}", e.line(), e.column())).unwrap_or(&what);
         match e.line() {
             0 => format!("{origin}: {what}"),
@@ -519,7 +520,7 @@ mod tests {
             ("[[tenant]]\nname = \"x\"\n\nmax_tokens = -5\n", "t.toml:4: tenant \"x\": max_tokens must be at least 1, not -5"),
             ("[[tenant]]\nname = \"x\"\nwieght = 3\n", "t.toml:3: unknown field `wieght`, expected one of `name`, `keys`, `weight`"),
             ("[[tenant]]\nname = \"x\"\n[[tenants]]\nname = \"y\"\n", "t.toml:3: unknown field `tenants`, expected `tenant`"),
-            ("[[tenant]]\nname = \"x\"\nweight = \"10\"\n", "t.toml:3: invalid type: string \"10\", expected i64"),
+            ("[[tenant]]\nname = \"x\"\nweight = \"10\"\n", "t.toml:3: invalid type: a string, expected i64"),
             ("[[tenant]]\nname = \"x\"\nweight = 1.5\n", "t.toml:3: invalid type: floating point `1.5`, expected i64"),
             ("[[tenant]]\nname = \"x\"\nweight = = 3\n", "t.toml:3: "),
             ("[[tenant]]\nname = \"x\"\n\n[[tenant]]\nweight = 3\n", "t.toml:4: missing field `name`"),

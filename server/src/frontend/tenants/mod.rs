@@ -27,6 +27,7 @@
 //! another tenant.
 
 mod file;
+mod redact;
 mod tenant;
 
 pub(crate) use tenant::Tenant;
@@ -398,6 +399,20 @@ mod tests {
         ];
         for error in errors {
             assert!(!error.contains("Raw") && error.contains("a tenant"), "{error}");
+        }
+    }
+
+    /// Found by a review: an API key pasted where its list of hashes
+    /// belongs was refused with the parser's message, which quotes the
+    /// value (`invalid type: string "sk-live-…", expected a sequence`), and
+    /// that message is logged at start and on each SIGHUP.
+    #[test]
+    fn a_key_pasted_for_its_list_is_not_echoed() {
+        let toml = Tenants::parse("[[tenant]]\nname = \"a\"\nkeys = \"sk-live-pasted\"\n", false, "t.toml");
+        let json = Tenants::parse("{\"tenant\": [{\"name\": \"a\",\n \"keys\": \"sk-live-pasted\"}]}", true, "t.json");
+        for (error, line) in [(toml.unwrap_err(), "t.toml:3: "), (json.unwrap_err(), "t.json:2: ")] {
+            assert!(!error.contains("sk-live-pasted"), "the key is in the message: {error}");
+            assert!(error.starts_with(line) && error.contains("expected a sequence"), "{error}");
         }
     }
 
