@@ -221,6 +221,16 @@ struct Outgoing<'a> {
     tenant: Tenant,
 }
 
+impl Outgoing<'_> {
+    /// Whether another worker may still be sent the request: the payload
+    /// holds its body. A worker that refused it (or did not take it) after
+    /// holding the whole body for the release grace has had it let go; the
+    /// request ends with that worker's answer, as with no worker left.
+    fn movable(&self) -> bool {
+        self.payload.body().is_some()
+    }
+}
+
 /// Routes the request and sends it, migrating on refusals and failures,
 /// until a worker answers or none is left.
 /// `labels` add up the time spent in the model's waiting line.
@@ -325,14 +335,14 @@ async fn route_and_send(frontend: &Arc<Frontend>, model: &str, request: &Outgoin
                 }
                 excluded.unreachable.push(worker);
                 excluded.last_failure = Some(Failure::Proof);
-                if excluded.unreachable.len() > frontend.migration_limit.max(1) {
+                if excluded.unreachable.len() > frontend.migration_limit.max(1) || !request.movable() {
                     return frontend.unavailable();
                 }
             }
             Outcome::AtCapacity => {
                 tracing::debug!(worker, ?model, "worker at capacity; migrating");
                 excluded.at_capacity = true;
-                if !migration.refused(worker) {
+                if !migration.refused(worker) || !request.movable() {
                     return frontend.reject_overloaded(model, endpoint, request.class, [Reason::WorkerCapacity]);
                 }
             }
@@ -350,7 +360,7 @@ async fn route_and_send(frontend: &Arc<Frontend>, model: &str, request: &Outgoin
                 frontend.directory.quarantine(worker);
                 excluded.unreachable.push(worker);
                 excluded.last_failure = Some(failure);
-                if excluded.unreachable.len() > frontend.migration_limit.max(1) {
+                if excluded.unreachable.len() > frontend.migration_limit.max(1) || !request.movable() {
                     return failed_answer(failure);
                 }
             }

@@ -1,6 +1,7 @@
 //! Upstream faults: workers killed under load in every router mode, a
-//! worker that stops answering (first byte, between chunks), and refusals
-//! signalled with an overload status of 200.
+//! worker that stops answering (first byte, between chunks), refusals
+//! signalled with an overload status of 200, and refusals that come after
+//! the frontend let go of the body.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -225,6 +226,12 @@ async fn refusals_with_an_overload_status_of_200_are_never_relayed_as_completion
 /// `Content-Length` body), counts it, answers `head` at once, holds the
 /// connection for `hold` and closes it (a chunked body never ended).
 async fn breaking_upstream(head: &'static [u8], hold: Duration) -> (String, Arc<AtomicUsize>) {
+    late_upstream(head, Duration::ZERO, hold).await
+}
+
+/// As [`breaking_upstream`], answering `answer` only `after` the whole
+/// request was read.
+async fn late_upstream(answer: &'static [u8], after: Duration, hold: Duration) -> (String, Arc<AtomicUsize>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let count = Arc::new(AtomicUsize::new(0));
@@ -258,7 +265,8 @@ async fn breaking_upstream(head: &'static [u8], hold: Duration) -> (String, Arc<
                 }
                 // Relaxed: a count read after the client's answer.
                 seen.fetch_add(1, Ordering::Relaxed);
-                let _ = tcp.write_all(head).await;
+                tokio::time::sleep(after).await;
+                let _ = tcp.write_all(answer).await;
                 tokio::time::sleep(hold).await;
             });
         }
@@ -301,5 +309,49 @@ async fn a_request_a_worker_held_past_the_grace_is_not_sent_again_when_it_breaks
     let sent = a_count.load(Ordering::Relaxed) + b_count.load(Ordering::Relaxed);
     assert_eq!(sent, 1, "sent to {sent} workers; the client got {status}: {text}");
     assert_eq!(status, 502, "{text}");
+    drop((conn_a, conn_b));
+}
+
+/// Found by a review: a worker that refuses at its cap only after it has
+/// held the whole body past the release grace (1 s; its cap filled while it
+/// read and parsed a large body, or its engine could not be reached in
+/// time) gets no second attempt elsewhere, since the frontend has let go of
+/// the body. The client got 502 "worker unreachable" (the next worker's
+/// attempt found no body to send); nothing ran, so it gets the overload
+/// answer with its retry hint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_after_the_body_was_let_go_is_the_overload_answer() {
+    let _serial = common::exclusive().await;
+    let frontend = Frontend::secured(&[
+        "--router-mode",
+        "round-robin",
+        "--event-idle-timeout-ms",
+        "600000",
+        "--event-silence-ms",
+        "600000",
+    ]);
+    let refusal: &[u8] = b"HTTP/1.1 529 Overloaded\r\nx-loadgate-refusal: worker-at-capacity\r\n\
+        content-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+    // Margin: the refusal comes 2 s after the grace ends (the first-byte
+    // timeout, 120 s, is far).
+    let (a, a_count) = late_upstream(refusal, Duration::from_secs(3), Duration::ZERO).await;
+    let (b, b_count) = late_upstream(refusal, Duration::from_secs(3), Duration::ZERO).await;
+    let mut conn_a = EventConn::authenticated(frontend.events, SECRET);
+    conn_a.send(&register(7101, 1, 1, "m", &a)).unwrap();
+    let mut conn_b = EventConn::authenticated(frontend.events, SECRET);
+    conn_b.send(&register(7102, 1, 1, "m", &b)).unwrap();
+    frontend.wait_workers(2, Duration::from_secs(5)).await;
+    let client = common::client_within(Duration::from_secs(20));
+    let body = json!({"model": "m", "prompt": "hello", "max_tokens": 8});
+    let response = client.post(format!("{}/v1/completions", frontend.http)).json(&body).send().await.unwrap();
+    let status = response.status().as_u16();
+    let reason = response.headers().get("x-loadgate-rejected-reason").map(|v| v.to_str().unwrap_or("").to_owned());
+    let text = response.text().await.unwrap_or_default();
+    // Relaxed: the upstreams counted before they answered.
+    let sent = a_count.load(Ordering::Relaxed) + b_count.load(Ordering::Relaxed);
+    assert_eq!(sent, 1, "sent to {sent} workers; the client got {status}: {text}");
+    assert_eq!(status, 529, "the client got {status} for a refusal: {text}");
+    assert!(reason.as_deref().is_some_and(|r| r.contains("worker_capacity")), "reason {reason:?}: {text}");
+    assert!(text.contains("Overloaded"), "{text}");
     drop((conn_a, conn_b));
 }
