@@ -9,7 +9,8 @@
 //! is tested against ([`parse_request`], tests only), with the same rules
 //! and messages ([`Field`]); `null` counts as absent for the optional ones:
 //!
-//! - `model`: a non-empty string (required);
+//! - `model`: a non-empty string (required) of at most [`MAX_MODEL_LEN`]
+//!   bytes;
 //! - `prompt` (completions, required): a string, an array of strings, an
 //!   array of token ids (non-negative integers), or an array of arrays of
 //!   token ids;
@@ -44,6 +45,12 @@ pub const DEFAULT_MAX_TOKENS: u32 = 16;
 /// OpenAI-compatible engines take). A request that fits this bound but not
 /// the KV cache is refused later (400, context too long).
 pub const MAX_TOKENS_LIMIT: u64 = (1 << 31) - 1;
+
+/// The longest `model` accepted, in bytes: far above any model's name (a
+/// registration names one of at most `--max-name-len`, 256 bytes by
+/// default), and small enough that the copies of it a request makes
+/// outside the body budget (its metric label, a 404 naming it) stay small.
+pub const MAX_MODEL_LEN: usize = 64 * 1024;
 
 /// The `type` of every 4xx error body: OpenAI's.
 pub const INVALID_REQUEST_ERROR: &str = "invalid_request_error";
@@ -85,12 +92,23 @@ impl InvalidRequest {
 }
 
 impl InvalidRequest {
+    /// `model` longer than [`MAX_MODEL_LEN`].
+    pub fn model_too_long() -> Self {
+        InvalidRequest {
+            param: Some(Field::Model.param()),
+            message: format!("\"model\" must be at most {MAX_MODEL_LEN} bytes"),
+        }
+    }
+
     /// The 400 for `message`, naming the field when the message is one of
     /// those this module makes for a field (so that an error passed on as
     /// its message keeps its `param`).
     pub fn from_message(message: impl Into<String>) -> Self {
         let message = message.into();
-        let known = Field::ALL.iter().map(|field| field.invalid()).chain([Self::stream_options_without_stream()]);
+        let known = Field::ALL
+            .iter()
+            .map(|field| field.invalid())
+            .chain([Self::stream_options_without_stream(), Self::model_too_long()]);
         let param = known.into_iter().find(|known| known.message == message).and_then(|known| known.param);
         InvalidRequest { param, message }
     }
@@ -245,6 +263,7 @@ pub fn parse_request(api: Api, body: &[u8]) -> Result<GenerationRequest, Invalid
         .map_err(|e| InvalidRequest::body(format!("request body is not valid JSON: {e}")))?;
     let Some(obj) = value.as_object() else { return Err(InvalidRequest::body("request body must be a JSON object")) };
     let model = match obj.get("model") {
+        Some(Value::String(model)) if model.len() > MAX_MODEL_LEN => return Err(InvalidRequest::model_too_long()),
         Some(Value::String(model)) if !model.is_empty() => model.clone(),
         _ => return Err(Field::Model.invalid()),
     };

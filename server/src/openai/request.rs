@@ -16,7 +16,9 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
 
 use loadgate::metrics::Endpoint;
 
-use crate::openai::{checked_token_limit, Api, Field, GenerationRequest, InvalidRequest, DEFAULT_MAX_TOKENS};
+use crate::openai::{
+    checked_token_limit, Api, Field, GenerationRequest, InvalidRequest, DEFAULT_MAX_TOKENS, MAX_MODEL_LEN,
+};
 use crate::tokens::words;
 
 mod check;
@@ -119,8 +121,9 @@ fn read_fields(endpoint: Endpoint, body: &[u8], reading: Reading) -> Result<Read
 /// What was read of each checked field (`None`: absent; the last of a
 /// repeated key wins, as in a parsed value).
 struct Found<'de> {
-    /// The model, or `None` when it is not a non-empty string.
-    model: Option<Option<Cow<'de, str>>>,
+    /// The model, or the 400 when it is not a non-empty string within
+    /// [`MAX_MODEL_LEN`].
+    model: Option<Result<Cow<'de, str>, InvalidRequest>>,
     /// `prompt` (completions) or `messages` (chat): its tokens.
     prompt: Option<Result<u64, Wrong>>,
     /// A chat's `tools` (rendered into the prompt): their tokens.
@@ -144,7 +147,7 @@ struct Found<'de> {
 impl<'de> Found<'de> {
     /// The request, or the first field at fault in the module doc's order.
     fn check(self, endpoint: Endpoint) -> Result<Read, InvalidRequest> {
-        let Some(Some(model)) = self.model else { return Err(Field::Model.invalid()) };
+        let model = self.model.unwrap_or_else(|| Err(Field::Model.invalid()))?;
         let prompt_field = match endpoint {
             Endpoint::Completions => Field::Prompt,
             Endpoint::ChatCompletions => Field::Messages,
@@ -258,26 +261,36 @@ impl<'de> Visitor<'de> for Fields {
     }
 }
 
-/// `model`: a non-empty string, borrowed when it has no escapes (`None`:
-/// anything else).
+/// `model`: a non-empty string of at most [`MAX_MODEL_LEN`] bytes, borrowed
+/// when it has no escapes (`Err`: the 400 for anything else; a name past
+/// the bound is never copied).
 struct Model;
 
 impl<'de> Check<'de> for Model {
-    type Out = Option<Cow<'de, str>>;
+    type Out = Result<Cow<'de, str>, InvalidRequest>;
 
     fn wrong(self) -> Self::Out {
-        None
+        Err(Field::Model.invalid())
     }
 
     fn borrowed_str(self, value: &'de str) -> Self::Out {
-        (!value.is_empty()).then_some(Cow::Borrowed(value))
+        model_name(value).map(Cow::Borrowed)
     }
 
     fn scalar(self, value: Scalar<'_>) -> Self::Out {
         match value {
-            Scalar::Str(s) if !s.is_empty() => Some(Cow::Owned(s.to_owned())),
-            _ => None,
+            Scalar::Str(s) => model_name(s).map(|s| Cow::Owned(s.to_owned())),
+            _ => self.wrong(),
         }
+    }
+}
+
+/// `name` if it is a model's name: not empty, within [`MAX_MODEL_LEN`].
+fn model_name(name: &str) -> Result<&str, InvalidRequest> {
+    match name.len() {
+        0 => Err(Field::Model.invalid()),
+        len if len > MAX_MODEL_LEN => Err(InvalidRequest::model_too_long()),
+        _ => Ok(name),
     }
 }
 

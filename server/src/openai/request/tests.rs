@@ -235,3 +235,23 @@ fn an_nvext_priority_past_64_bits_is_the_extreme_of_its_sign() {
     assert_eq!(priority("-9223372036854775808"), Ok(Some(i64::MIN)));
     assert!(priority("1.5").is_err() && priority("2e3").is_err());
 }
+
+/// A model's name past `MAX_MODEL_LEN` is a 400 naming `model` in both
+/// readers (never copied by the one pass); one at the bound is read.
+#[test]
+fn a_model_name_past_the_bound_is_refused() {
+    use crate::openai::{parse_request, MAX_MODEL_LEN};
+    let body = |len: usize| format!(r#"{{"model":"{}","prompt":"a"}}"#, "m".repeat(len));
+    let long = body(MAX_MODEL_LEN + 1);
+    let error = head(Endpoint::Completions, &long).unwrap_err();
+    assert_eq!(error, InvalidRequest::model_too_long());
+    assert_eq!(error.param, Some("model"));
+    assert_eq!(parse_request(Api::Completions, long.as_bytes()), Err(InvalidRequest::model_too_long()));
+    assert_eq!(InvalidRequest::from_message(error.message.clone()), error, "its param survives as a message");
+    // Escaped (read through serde_json's scratch), too.
+    let escaped = format!(r#"{{"model":"\\{}","prompt":"a"}}"#, "m".repeat(MAX_MODEL_LEN));
+    assert_eq!(head(Endpoint::Completions, &escaped), Err(InvalidRequest::model_too_long()));
+    let at_bound = body(MAX_MODEL_LEN);
+    assert_eq!(head(Endpoint::Completions, &at_bound).map(|h| h.model.len()), Ok(MAX_MODEL_LEN));
+    assert!(parse_request(Api::Completions, at_bound.as_bytes()).is_ok());
+}
