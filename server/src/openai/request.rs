@@ -102,14 +102,20 @@ fn read_request(endpoint: Endpoint, body: &[u8], reading: Reading) -> Result<Req
 /// Reads every checked field of `body`.
 fn read_fields(endpoint: Endpoint, body: &[u8], reading: Reading) -> Result<Read, InvalidRequest> {
     let count_prompt = reading.prompt;
-    let is_object = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+    // JSON is UTF-8 throughout, and serde_json checks only the strings it
+    // reads, not those it skips: the whole body is checked first (as a
+    // parsed value's reader does), so that no field passes unread with
+    // bytes no engine would take.
+    let body = std::str::from_utf8(body)
+        .map_err(|e| InvalidRequest::body(format!("request body is not valid JSON: not UTF-8 ({e})")))?;
+    let is_object = body.bytes().find(|b| !b.is_ascii_whitespace()) == Some(b'{');
     if !is_object {
-        return match serde_json::from_slice::<IgnoredAny>(body) {
+        return match serde_json::from_str::<IgnoredAny>(body) {
             Ok(_) => Err(InvalidRequest::body("request body must be a JSON object")),
             Err(e) => Err(InvalidRequest::body(format!("request body is not valid JSON: {e}"))),
         };
     }
-    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let mut deserializer = serde_json::Deserializer::from_str(body);
     let found = Fields { endpoint, count: count_prompt, nvext: reading.nvext_priority }
         .deserialize(&mut deserializer)
         .and_then(|found| deserializer.end().map(|()| found))

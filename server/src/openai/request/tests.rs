@@ -255,3 +255,25 @@ fn a_model_name_past_the_bound_is_refused() {
     assert_eq!(head(Endpoint::Completions, &at_bound).map(|h| h.model.len()), Ok(MAX_MODEL_LEN));
     assert!(parse_request(Api::Completions, at_bound.as_bytes()).is_ok());
 }
+
+/// Found by a review: bytes that are not UTF-8 in a field the reader skips
+/// (serde_json checks only the strings it reads) passed the frontend and
+/// the simulated worker as valid JSON, to be refused, or not, by whatever
+/// engine got them. Both readers refuse them, without a `param`.
+#[test]
+fn a_body_that_is_not_utf8_is_not_json_wherever_the_bytes_are() {
+    use crate::openai::parse_request;
+    for bytes in [
+        &b"{\"model\":\"m\",\"prompt\":\"a\",\"user\":\"\xff\"}"[..],
+        b"{\"model\":\"m\",\"prompt\":\"a\",\"x\":{\"y\":[\"\xc3\"]}}",
+        b"{\"model\":\"m\",\"messages\":[{\"role\":\"\xed\xa0\x80\"}]}",
+        b"[\"\xff\"]",
+    ] {
+        for endpoint in [Endpoint::Completions, Endpoint::ChatCompletions] {
+            let error = read_request(endpoint, bytes, COUNT).expect_err(&String::from_utf8_lossy(bytes));
+            assert!(error.message.starts_with("request body is not valid JSON"), "{error}");
+            assert_eq!(error.param, None);
+        }
+        assert!(parse_request(Api::ChatCompletions, bytes).is_err(), "the reference refuses it too");
+    }
+}
